@@ -1,0 +1,305 @@
+//! Identify data structures (4096 bytes each): controller, namespace, active
+//! namespace list, namespace identification descriptors.
+
+use crate::{get_cstr, le16, le32, le64, put16, put32, put64, put_ascii_padded, put_cstr};
+
+pub const IDENTIFY_LEN: usize = 4096;
+
+pub mod cns {
+    pub const NAMESPACE: u8 = 0x00;
+    pub const CONTROLLER: u8 = 0x01;
+    pub const ACTIVE_NS_LIST: u8 = 0x02;
+    pub const NS_ID_DESCRIPTORS: u8 = 0x03;
+    pub const CSI_NAMESPACE: u8 = 0x05;
+    pub const CSI_CONTROLLER: u8 = 0x06;
+    pub const CS_INDEPENDENT_NS: u8 = 0x08;
+}
+
+/// Controller type (CNTRLTYPE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControllerType {
+    Io = 1,
+    Discovery = 2,
+}
+
+/// What a target says about one controller in Identify Controller.
+#[derive(Clone, Debug)]
+pub struct ControllerInfo {
+    pub kind: ControllerType,
+    pub serial: String,
+    pub model: String,
+    pub firmware: String,
+    pub cntlid: u16,
+    pub version: u32,
+    /// Maximum data transfer size as a power of two of 4 KiB pages.
+    pub mdts: u8,
+    pub subnqn: String,
+    /// Number of namespaces (highest NSID).
+    pub nn: u32,
+    /// In-capsule data bytes accepted on I/O queues.
+    pub icd_bytes: u32,
+    /// Maximum outstanding commands per queue.
+    pub maxcmd: u16,
+    /// Volatile write cache present: the host then sends Flush and FUA.
+    pub vwc: bool,
+    /// Keep-alive granularity in 100 ms units (0 = no keep-alive support).
+    pub kas: u16,
+    pub aerl: u8,
+    /// Async event notices we may send (OAES).
+    pub oaes: u32,
+}
+
+/// Encodes Identify Controller (CNS 01h).
+pub fn encode_controller(c: &ControllerInfo, b: &mut [u8]) {
+    let b = &mut b[..IDENTIFY_LEN];
+    b.fill(0);
+    // VID/SSVID 0: not a PCI device, and not Intel (hosts key quirks off it).
+    put_ascii_padded(&mut b[4..24], &c.serial);
+    put_ascii_padded(&mut b[24..64], &c.model);
+    put_ascii_padded(&mut b[64..72], &c.firmware);
+    b[72] = 6; // RAB
+    let io = c.kind == ControllerType::Io;
+    // CMIC: multi-port and multi-controller subsystem (several hosts/paths).
+    b[76] = if io { 0x03 } else { 0 };
+    b[77] = c.mdts;
+    put16(b, 78, c.cntlid);
+    put32(b, 80, c.version);
+    put32(b, 92, c.oaes);
+    put32(b, 96, 0x1); // CTRATT: 128-bit host identifier
+    b[111] = c.kind as u8;
+    b[258] = 3; // ACL (0-based)
+    b[259] = c.aerl;
+    b[260] = 0x3; // FRMW: slot 1 read-only, one slot
+    b[261] = 0x02 | 0x04; // LPA: commands supported & effects, extended data
+    b[262] = 63; // ELPE: 64 error log entries (0-based)
+    put16(b, 320, c.kas);
+    if io {
+        b[512] = 0x66; // SQES
+        b[513] = 0x44; // CQES
+    }
+    put16(b, 514, c.maxcmd);
+    put32(b, 516, c.nn);
+    if io {
+        put16(b, 520, 0x04 | 0x08); // ONCS: Dataset Management, Write Zeroes
+        b[525] = c.vwc as u8; // VWC
+    }
+    // SGLS: supported (byte aligned); keyed/offset bit 20: address may be an offset.
+    put32(b, 536, 0x0010_0001);
+    put_cstr(&mut b[768..1024], &c.subnqn);
+    if io {
+        put32(b, 1792, 4 + c.icd_bytes / 16); // IOCCSZ in 16-byte units
+        put32(b, 1796, 1); // IORCSZ
+    }
+    put16(b, 1800, 0); // ICDOFF
+    b[1802] = 0; // FCATT: dynamic controller model
+    b[1803] = 1; // MSDBD
+}
+
+/// The Identify Controller fields a host needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdCtrl {
+    pub serial: String,
+    pub model: String,
+    pub cntlid: u16,
+    pub mdts: u8,
+    pub kas: u16,
+    pub nn: u32,
+    pub vwc: bool,
+    pub oncs: u16,
+    pub subnqn: String,
+    pub ioccsz: u32,
+    pub cntrltype: u8,
+    pub maxcmd: u16,
+}
+
+impl IdCtrl {
+    pub fn decode(b: &[u8]) -> IdCtrl {
+        let s = |r: std::ops::Range<usize>| String::from_utf8_lossy(&b[r]).trim_end().to_string();
+        IdCtrl {
+            serial: s(4..24),
+            model: s(24..64),
+            cntlid: le16(b, 78),
+            mdts: b[77],
+            kas: le16(b, 320),
+            nn: le32(b, 516),
+            vwc: b[525] & 1 != 0,
+            oncs: le16(b, 520),
+            subnqn: get_cstr(&b[768..1024]).unwrap_or("").to_string(),
+            ioccsz: le32(b, 1792),
+            cntrltype: b[111],
+            maxcmd: le16(b, 514),
+        }
+    }
+    /// Largest data transfer in bytes (None = no limit).
+    pub fn max_transfer_bytes(&self) -> Option<u64> {
+        if self.mdts == 0 {
+            None
+        } else {
+            Some(4096u64 << self.mdts)
+        }
+    }
+}
+
+/// What a target says about one namespace.
+#[derive(Clone, Debug)]
+pub struct NamespaceInfo {
+    pub size_blocks: u64,
+    /// log2 of the logical block size (9 or 12).
+    pub lbads: u8,
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    pub uuid: [u8; 16],
+    pub read_only: bool,
+    /// Deallocated blocks read back as zeroes (DLFEAT), enabling DEAC.
+    pub deallocate_reads_zeroes: bool,
+}
+
+/// Encodes Identify Namespace (CNS 00h).
+pub fn encode_namespace(n: &NamespaceInfo, b: &mut [u8]) {
+    let b = &mut b[..IDENTIFY_LEN];
+    b.fill(0);
+    put64(b, 0, n.size_blocks); // NSZE
+    put64(b, 8, n.size_blocks); // NCAP: non-zero, or the host drops the namespace
+    put64(b, 16, n.size_blocks); // NUSE
+    b[24] = 0; // NSFEAT: no optional per-namespace limits reported
+    b[25] = 0; // NLBAF: one format
+    b[26] = 0; // FLBAS: format 0, no metadata
+    b[30] = 1; // NMIC: may be shared by several controllers (multipath)
+    b[33] = if n.deallocate_reads_zeroes { 0x09 } else { 0 }; // DLFEAT: reads zeroes + WZ DEAC
+    b[99] = n.read_only as u8; // NSATTR bit 0: write protected
+    b[104..120].copy_from_slice(&n.nguid);
+    b[120..128].copy_from_slice(&n.eui64);
+    // LBAF0: MS 0, LBADS, RP 0 (best performance).
+    b[128 + 2] = n.lbads;
+}
+
+/// Identify Namespace fields a host needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdNs {
+    pub nsze: u64,
+    pub ncap: u64,
+    pub lbads: u8,
+    pub read_only: bool,
+}
+
+impl IdNs {
+    pub fn decode(b: &[u8]) -> IdNs {
+        let fmt = (b[26] & 0xf) as usize;
+        IdNs {
+            nsze: le64(b, 0),
+            ncap: le64(b, 8),
+            lbads: b[128 + fmt * 4 + 2],
+            read_only: b[99] & 1 != 0,
+        }
+    }
+    pub fn block_size(&self) -> u32 {
+        1u32 << self.lbads.clamp(9, 20)
+    }
+}
+
+/// Encodes the active namespace list: NSIDs greater than `after`, ascending.
+pub fn encode_ns_list(nsids: impl Iterator<Item = u32>, after: u32, b: &mut [u8]) {
+    let b = &mut b[..IDENTIFY_LEN];
+    b.fill(0);
+    for (i, id) in nsids
+        .filter(|&id| id > after)
+        .take(IDENTIFY_LEN / 4)
+        .enumerate()
+    {
+        put32(b, i * 4, id);
+    }
+}
+
+/// Encodes the namespace identification descriptor list (CNS 03h). All-zero
+/// identifiers are skipped, as the spec requires.
+pub fn encode_ns_descriptors(n: &NamespaceInfo, b: &mut [u8]) {
+    let b = &mut b[..IDENTIFY_LEN];
+    b.fill(0);
+    let mut off = 0;
+    let mut put = |nidt: u8, id: &[u8]| {
+        if id.iter().all(|&x| x == 0) {
+            return;
+        }
+        b[off] = nidt;
+        b[off + 1] = id.len() as u8;
+        b[off + 4..off + 4 + id.len()].copy_from_slice(id);
+        off += 4 + id.len();
+    };
+    put(1, &n.eui64);
+    put(2, &n.nguid);
+    put(3, &n.uuid);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctrl() -> ControllerInfo {
+        ControllerInfo {
+            kind: ControllerType::Io,
+            serial: "SN1".into(),
+            model: "Trellis".into(),
+            firmware: "0.1".into(),
+            cntlid: 5,
+            version: crate::fabrics::VS_1_4,
+            mdts: 5,
+            subnqn: "nqn.2026-11.io.trellis:x".into(),
+            nn: 2,
+            icd_bytes: 8192,
+            maxcmd: 128,
+            vwc: true,
+            kas: 10,
+            aerl: 3,
+            oaes: 0x100,
+        }
+    }
+
+    #[test]
+    fn controller_fields_linux_checks_are_set() {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        encode_controller(&ctrl(), &mut b);
+        let d = IdCtrl::decode(&b);
+        assert_eq!(d.cntlid, 5);
+        assert_eq!(
+            d.ioccsz,
+            4 + 8192 / 16,
+            "IOCCSZ covers the 64-byte SQE plus ICD"
+        );
+        assert!(
+            d.kas > 0,
+            "Linux rejects an I/O controller without keep-alive"
+        );
+        assert_eq!(le32(&b, 536) & 0x3, 1, "SGLS bits 1:0 must not be 0");
+        assert_eq!(le16(&b, 1800), 0, "ICDOFF must be 0");
+        assert_eq!(d.subnqn, "nqn.2026-11.io.trellis:x");
+        assert_eq!(d.serial, "SN1");
+        assert_eq!(d.max_transfer_bytes(), Some(128 << 10));
+    }
+
+    #[test]
+    fn ns_list_is_strictly_after_and_descriptors_skip_zero_ids() {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        encode_ns_list([1u32, 2, 5].into_iter(), 1, &mut b);
+        assert_eq!((le32(&b, 0), le32(&b, 4), le32(&b, 8)), (2, 5, 0));
+        let ns = NamespaceInfo {
+            size_blocks: 100,
+            lbads: 9,
+            nguid: [7; 16],
+            eui64: [0; 8],
+            uuid: [9; 16],
+            read_only: false,
+            deallocate_reads_zeroes: true,
+        };
+        encode_ns_descriptors(&ns, &mut b);
+        assert_eq!(
+            (b[0], b[1]),
+            (2, 16),
+            "EUI64 of zeroes is skipped, NGUID first"
+        );
+        assert_eq!((b[20], b[21]), (3, 16));
+        assert_eq!(b[40], 0, "terminated");
+        encode_namespace(&ns, &mut b);
+        let n = IdNs::decode(&b);
+        assert_eq!((n.nsze, n.ncap, n.block_size()), (100, 100, 512));
+    }
+}
