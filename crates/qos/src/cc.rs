@@ -1,0 +1,215 @@
+//! Delay-based congestion control (§1.a) and write-cost estimation (§1.b).
+
+use crate::{GimbalConfig, Op};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CcState {
+    Overloaded,
+    Congested,
+    Avoidance,
+    UnderUtilised,
+}
+
+/// Per-direction latency state, in µs (Gimbal's ticks converted to µs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirCc {
+    pub ewma_us: u64,
+    pub thresh_us: u64,
+    pub residue: u64,
+}
+
+pub struct CongestionControl {
+    pub read: DirCc,
+    pub write: DirCc,
+    target_rate: u64,
+    rate_min: u64,
+    rate_max: u64,
+    thresh_min_us: u64,
+    thresh_max_us: u64,
+    cpl_rate: u64,
+    cpl_bytes: u64,
+    cpl_t0_ns: u64,
+    cpl_sample_bytes: u64,
+}
+
+impl CongestionControl {
+    pub fn new(cfg: &GimbalConfig) -> Self {
+        assert!(cfg.thresh_min_us < cfg.thresh_max_us);
+        let dir = DirCc {
+            ewma_us: 0,
+            thresh_us: cfg.thresh_max_us,
+            residue: 0,
+        };
+        CongestionControl {
+            read: dir,
+            write: dir,
+            target_rate: cfg.rate_init_bytes_per_s,
+            rate_min: cfg.rate_min_bytes_per_s,
+            rate_max: cfg.rate_max_bytes_per_s,
+            thresh_min_us: cfg.thresh_min_us,
+            thresh_max_us: cfg.thresh_max_us,
+            cpl_rate: 0,
+            cpl_bytes: 0,
+            cpl_t0_ns: 0,
+            cpl_sample_bytes: cfg.cpl_sample_bytes,
+        }
+    }
+
+    pub fn target_rate(&self) -> u64 {
+        self.target_rate
+    }
+
+    /// Measured completion rate, B/s (0 until the first 16 MiB sample).
+    pub fn cpl_rate(&self) -> u64 {
+        self.cpl_rate
+    }
+
+    /// Apply one successful completion; returns the state it put the SSD in.
+    pub fn on_complete(&mut self, op: Op, len: u32, latency_ns: u64, now_ns: u64) -> CcState {
+        let (tmin, tmax) = (self.thresh_min_us, self.thresh_max_us);
+        let cc = match op {
+            Op::Write => &mut self.write,
+            Op::Read => &mut self.read,
+        };
+        let state = update_dir(cc, latency_ns / 1000, tmin, tmax);
+        let len = len as u64;
+        self.target_rate = match state {
+            CcState::Overloaded => {
+                let r = if self.cpl_rate > 0 {
+                    self.target_rate.min(self.cpl_rate)
+                } else {
+                    self.target_rate
+                };
+                r.saturating_sub(len)
+            }
+            CcState::Congested => self.target_rate.saturating_sub(len),
+            CcState::Avoidance => self.target_rate + len,
+            CcState::UnderUtilised => self.target_rate + 8 * len,
+        }
+        .clamp(self.rate_min, self.rate_max);
+        self.sample_cpl_rate(len, now_ns);
+        state
+    }
+
+    fn sample_cpl_rate(&mut self, len: u64, now_ns: u64) {
+        self.cpl_bytes += len;
+        if self.cpl_bytes > self.cpl_sample_bytes && now_ns > self.cpl_t0_ns {
+            self.cpl_rate =
+                (self.cpl_bytes as u128 * 1_000_000_000 / (now_ns - self.cpl_t0_ns) as u128) as u64;
+            self.cpl_t0_ns = now_ns;
+            self.cpl_bytes = 0;
+        }
+    }
+
+    /// Test hook: set the measured completion rate directly.
+    pub fn set_cpl_rate(&mut self, rate: u64) {
+        self.cpl_rate = rate;
+    }
+}
+
+/// Steps 2-6 of §1.a for one direction.
+pub fn update_dir(cc: &mut DirCc, lat_us: u64, tmin: u64, tmax: u64) -> CcState {
+    cc.ewma_us = (lat_us >> 1) + cc.ewma_us - (cc.ewma_us >> 1);
+    let state = if cc.ewma_us > tmax {
+        CcState::Overloaded
+    } else if cc.ewma_us > cc.thresh_us {
+        CcState::Congested
+    } else if cc.ewma_us > tmin {
+        CcState::Avoidance
+    } else {
+        CcState::UnderUtilised
+    };
+    match state {
+        CcState::Overloaded | CcState::Congested => {
+            cc.thresh_us = (cc.thresh_us + tmax) / 2;
+            cc.residue = 0;
+        }
+        _ => {
+            // Decay toward the observed latency by 1/16, carrying the 4-bit remainder.
+            cc.residue += cc.thresh_us - cc.ewma_us;
+            cc.thresh_us -= cc.residue >> 4;
+            cc.residue &= 15;
+        }
+    }
+    cc.thresh_us = cc.thresh_us.clamp(tmin, tmax);
+    state
+}
+
+/// Write cost in FP10 (1024 = 1.0), AD/MI every window [G], range [1.0, 9.0].
+pub struct WriteCost {
+    fp10: u64,
+    window_ns: u64,
+    window_start_ns: u64,
+    reads: u64,
+    writes: u64,
+    write_lat_sum_us: u64,
+}
+
+pub const WC_ONE: u64 = 1024;
+pub const WC_MAX: u64 = 9216;
+pub const WC_DESC: u64 = 512;
+
+impl WriteCost {
+    pub fn new(init_fp10: u64, window_ns: u64, now_ns: u64) -> Self {
+        WriteCost {
+            fp10: init_fp10.clamp(WC_ONE, WC_MAX),
+            window_ns,
+            window_start_ns: now_ns,
+            reads: 0,
+            writes: 0,
+            write_lat_sum_us: 0,
+        }
+    }
+
+    pub fn fp10(&self) -> u64 {
+        self.fp10
+    }
+
+    /// Weighted length used by DRR and slots: writes cost (wc × len) >> 10 [G].
+    pub fn weighted(op: Op, len: u32, wc_fp10: u64) -> u64 {
+        match op {
+            Op::Write => (wc_fp10 * len as u64) >> 10,
+            Op::Read => len as u64,
+        }
+    }
+
+    pub fn on_complete(
+        &mut self,
+        op: Op,
+        latency_ns: u64,
+        now_ns: u64,
+        tmin_us: u64,
+        tmax_us: u64,
+    ) {
+        if now_ns >= self.window_start_ns + self.window_ns {
+            self.end_window(tmin_us, tmax_us);
+            self.window_start_ns = now_ns;
+        }
+        match op {
+            Op::Read => self.reads += 1,
+            Op::Write => {
+                self.writes += 1;
+                self.write_lat_sum_us += latency_ns / 1000;
+            }
+        }
+    }
+
+    /// One 100 ms window: MI toward 9.0 when writes look slow, else AD by 0.5.
+    /// [G] divides a count by a count here (a bug); we use the latency sum (§1.b).
+    pub fn end_window(&mut self, tmin_us: u64, tmax_us: u64) {
+        let w_avg = if self.writes == 0 {
+            0
+        } else {
+            self.write_lat_sum_us / self.writes
+        };
+        if (self.reads > 0 && w_avg > tmin_us) || w_avg > tmax_us {
+            self.fp10 = (self.fp10 + WC_MAX) / 2;
+        } else {
+            self.fp10 = self.fp10.saturating_sub(WC_DESC);
+        }
+        self.fp10 = self.fp10.clamp(WC_ONE, WC_MAX);
+        self.reads = 0;
+        self.writes = 0;
+        self.write_lat_sum_us = 0;
+    }
+}

@@ -1,0 +1,313 @@
+//! Hand-computed cases from algorithms.md §1.
+
+use super::*;
+use crate::cc::{update_dir, DirCc};
+
+#[test]
+fn cc_threshold_follows_table_1a() {
+    // §1.a examples: 128 KiB reads, ticks = µs, Thresh 250..1500.
+    let mut cc = DirCc {
+        ewma_us: 0,
+        thresh_us: 1500,
+        residue: 0,
+    };
+    let rows = [
+        (800, 400, CcState::Avoidance, 1432, 12),
+        (800, 600, CcState::Avoidance, 1380, 12),
+        (3000, 1800, CcState::Overloaded, 1440, 0),
+        (1400, 1600, CcState::Overloaded, 1470, 0),
+        (1400, 1500, CcState::Congested, 1485, 0),
+        (200, 850, CcState::Avoidance, 1446, 11),
+    ];
+    for (i, (lat, ewma, state, thresh, residue)) in rows.into_iter().enumerate() {
+        let s = update_dir(&mut cc, lat, 250, 1500);
+        assert_eq!(
+            (s, cc.ewma_us, cc.thresh_us, cc.residue),
+            (state, ewma, thresh, residue),
+            "I/O {}",
+            i + 1
+        );
+    }
+}
+
+#[test]
+fn cc_rate_follows_example_1a1() {
+    let mut cc = CongestionControl::new(&GimbalConfig::default());
+    cc.on_complete(Op::Read, 131_072, 800_000, 1);
+    assert_eq!(cc.target_rate(), 1_048_707_072);
+    cc.on_complete(Op::Read, 131_072, 800_000, 2);
+    cc.set_cpl_rate(838_860_800);
+    let s = cc.on_complete(Op::Read, 131_072, 3_000_000, 3);
+    assert_eq!(s, CcState::Overloaded);
+    assert_eq!(cc.target_rate(), 838_729_728);
+}
+
+#[test]
+fn cc_underutilised_adds_eight_lengths() {
+    // Ex 1.a-2: a 4 KiB read with ewma 200 µs raises the rate by 32,768 B/s.
+    let mut cc = CongestionControl::new(&GimbalConfig::default());
+    cc.read.ewma_us = 200;
+    let before = cc.target_rate();
+    assert_eq!(
+        cc.on_complete(Op::Read, 4096, 200_000, 1),
+        CcState::UnderUtilised
+    );
+    assert_eq!(cc.target_rate() - before, 32_768);
+}
+
+#[test]
+fn write_cost_ad_mi_examples() {
+    // Ex 1.b-1: sixteen calm windows take 9.0 to 1.0.
+    let mut wc = WriteCost::new(9216, 100_000_000, 0);
+    for _ in 0..16 {
+        wc.end_window(250, 1500);
+    }
+    assert_eq!(wc.fp10(), 1024);
+    // Ex 1.b-2: congested → 5120, congested → 7168, calm → 6656.
+    let congested = |wc: &mut WriteCost| {
+        wc.on_complete(Op::Read, 100_000, 1, 250, 1500);
+        wc.on_complete(Op::Write, 900_000, 1, 250, 1500);
+        wc.end_window(250, 1500);
+    };
+    congested(&mut wc);
+    assert_eq!(wc.fp10(), 5120);
+    congested(&mut wc);
+    assert_eq!(wc.fp10(), 7168);
+    wc.end_window(250, 1500);
+    assert_eq!(wc.fp10(), 6656);
+    // Ex 1.b-3: weighted 4 KiB write at 4.0.
+    assert_eq!(WriteCost::weighted(Op::Write, 4096, 4096), 16_384);
+    assert_eq!(WriteCost::weighted(Op::Read, 4096, 4096), 4096);
+}
+
+fn drr_cfg() -> GimbalConfig {
+    GimbalConfig {
+        max_tenants: 4,
+        ..GimbalConfig::default()
+    }
+}
+
+fn req(op: Op, size: u32) -> Request {
+    Request {
+        tag: 0,
+        op,
+        size_bytes: size,
+    }
+}
+
+/// Dequeue `n` I/Os, completing each at once (so slots never bind); bytes per tenant.
+fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, Op, u32)]) -> [u64; 4] {
+    let mut bytes = [0u64; 4];
+    for _ in 0..n {
+        let (t, r, slot) = drr.dequeue(wc).expect("backlogged tenants");
+        bytes[t as usize] += r.size_bytes as u64;
+        let (_, op, size) = refill[t as usize];
+        drr.enqueue(t, req(op, size)).unwrap();
+        drr.release(t, slot);
+    }
+    bytes
+}
+
+#[test]
+fn drr_4k_vs_64k_reads_share_bytes_equally() {
+    // Ex 1.c-1: per round A sends 32 × 4 KiB, B 2 × 64 KiB: 50/50 bytes, 32/34 I/Os.
+    let mut drr = Drr::new(&drr_cfg());
+    let spec = [(0, Op::Read, 4096), (1, Op::Read, 65536)];
+    for _ in 0..64 {
+        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
+        drr.enqueue(1, req(Op::Read, 65536)).unwrap();
+    }
+    let mut counts = [0u32; 2];
+    for _ in 0..34 {
+        let (t, _, slot) = drr.dequeue(1024).unwrap();
+        counts[t as usize] += 1;
+        drr.release(t, slot);
+        drr.enqueue(t, req(spec[t as usize].1, spec[t as usize].2))
+            .unwrap();
+    }
+    assert_eq!(counts, [32, 2], "one DRR round");
+    let b = run_drr(&mut drr, 34 * 50, 1024, &spec);
+    assert_eq!(b[0], b[1], "50 rounds: equal bytes");
+}
+
+#[test]
+fn drr_read_vs_write_split_by_write_cost() {
+    // Ex 1.c-2: wc = 4.0; per round 32 reads vs 8 writes: raw bytes 80/20.
+    let mut drr = Drr::new(&drr_cfg());
+    let spec = [(0, Op::Read, 4096), (1, Op::Write, 4096)];
+    for _ in 0..64 {
+        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
+        drr.enqueue(1, req(Op::Write, 4096)).unwrap();
+    }
+    let b = run_drr(&mut drr, 40 * 25, 4096, &spec);
+    assert_eq!(b[0], 4 * b[1]);
+}
+
+#[test]
+fn drr_deficit_carries_between_rounds() {
+    // Ex 1.c-3: 48 KiB reads against a 4 KiB tenant: 2, 3, 3 I/Os per round (3Q total).
+    let mut drr = Drr::new(&drr_cfg());
+    let spec = [(0, Op::Read, 49_152), (1, Op::Read, 4096)];
+    for _ in 0..16 {
+        drr.enqueue(0, req(Op::Read, 49_152)).unwrap();
+        drr.enqueue(1, req(Op::Read, 4096)).unwrap();
+    }
+    let mut per_round = Vec::new();
+    let mut run = 0;
+    for _ in 0..(8 + 3 * 32) {
+        let (t, r, slot) = drr.dequeue(1024).unwrap();
+        if t == 0 {
+            run += 1;
+        } else if run > 0 {
+            per_round.push(run);
+            run = 0;
+        }
+        drr.release(t, slot);
+        drr.enqueue(t, req(Op::Read, spec[t as usize].2)).unwrap();
+        let _ = r;
+    }
+    assert_eq!(&per_round[..3], &[2, 3, 3]);
+}
+
+#[test]
+fn virtual_slots_defer_after_sixteen_64k_ios() {
+    // Ex 1.c-4: one tenant, vqmaxqd = 8, two 64 KiB I/Os per slot: deferred after 16.
+    let mut drr = Drr::new(&drr_cfg());
+    for _ in 0..40 {
+        drr.enqueue(0, req(Op::Read, 65536)).unwrap();
+    }
+    let mut out = Vec::new();
+    while let Some(d) = drr.dequeue(1024) {
+        out.push(d);
+    }
+    assert_eq!(out.len(), 16);
+    // Completing both I/Os of the first slot reopens one slot: two more I/Os.
+    drr.release(0, out[0].2);
+    assert!(
+        drr.dequeue(1024).is_none(),
+        "half a slot retired: still deferred"
+    );
+    drr.release(0, out[1].2);
+    assert!(drr.dequeue(1024).is_some());
+    assert!(drr.dequeue(1024).is_some());
+    assert!(drr.dequeue(1024).is_none());
+}
+
+#[test]
+fn vqmaxqd_divides_slots_among_active_tenants() {
+    let mut drr = Drr::new(&GimbalConfig {
+        max_tenants: 16,
+        ..GimbalConfig::default()
+    });
+    let expect = [(1, 8), (2, 4), (3, 2), (5, 1), (9, 1)];
+    let mut active = 0;
+    for (n, limit) in expect {
+        while active < n {
+            drr.enqueue(active as u16, req(Op::Read, 4096)).unwrap();
+            active += 1;
+        }
+        assert_eq!(drr.vqmaxqd(), limit, "{n} tenants");
+    }
+}
+
+#[test]
+fn credits_follow_slot_sizes() {
+    // Ex 1.e-1: N_active = 2, 4 KiB-read tenant → 4 × 32 = 128; 64 KiB → 4 × 2 = 8.
+    let mut drr = Drr::new(&drr_cfg());
+    for _ in 0..200 {
+        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
+        drr.enqueue(1, req(Op::Read, 65536)).unwrap();
+    }
+    let mut held = Vec::new();
+    for _ in 0..68 {
+        held.push(drr.dequeue(1024).unwrap());
+    }
+    for (t, _, s) in held {
+        drr.release(t, s);
+    }
+    assert_eq!(drr.credits(0), 128);
+    assert_eq!(drr.credits(1), 8);
+}
+
+#[test]
+fn token_split_and_overflow_examples() {
+    // Ex 1.d-1: 100,000 B at wc = 4.0 → 80,000 read / 20,000 write.
+    let mut b = DualTokenBucket::new(262_144, 0);
+    b.zero();
+    b.refill(1_000_000_000, 4096, 100_000);
+    assert_eq!((b.read_tokens, b.write_tokens), (80_000, 20_000));
+    // Ex 1.d-2: from 250,000 / 10,000 → read full, write 97,856.
+    b.read_tokens = 250_000;
+    b.write_tokens = 10_000;
+    b.add(100_000, 4096);
+    assert_eq!((b.read_tokens, b.write_tokens), (262_144, 97_856));
+    // Ex 1.d-3: wc = 1.0 splits evenly.
+    b.zero();
+    b.add(100_000, 1024);
+    assert_eq!((b.read_tokens, b.write_tokens), (50_000, 50_000));
+    // Ex 1.d-4: write-only stream: read bucket full, writes receive all 100,000 B.
+    b.read_tokens = 262_144;
+    b.write_tokens = 0;
+    b.add(100_000, 4096);
+    assert_eq!((b.read_tokens, b.write_tokens), (262_144, 100_000));
+}
+
+#[test]
+fn refill_in_small_steps_loses_no_bytes() {
+    let mut a = DualTokenBucket::new(1 << 30, 0);
+    a.zero();
+    for t in 1..=1000 {
+        a.refill(52_428_800, 1024, t * 7_000);
+    }
+    // 1000 steps of 7 µs at 52,428,800 B/s = 367,001.6 B: nothing lost to truncation.
+    assert_eq!(a.read_tokens + a.write_tokens, 367_001);
+}
+
+#[test]
+fn gimbal_paces_writes_by_tokens_and_never_reorders() {
+    let cfg = GimbalConfig {
+        max_tenants: 2,
+        write_cost_init_fp10: 4096,
+        ..GimbalConfig::default()
+    };
+    let mut g = Gimbal::new(cfg, 0);
+    // Drain the initial buckets with 4 × 64 KiB writes (write bucket holds 256 KiB).
+    for i in 0..6 {
+        g.submit(0, Op::Write, 65536, i).unwrap();
+    }
+    let mut sent = Vec::new();
+    while let Some(d) = g.poll_dispatch(0) {
+        sent.push(d.req.tag);
+    }
+    assert_eq!(sent, vec![0, 1, 2, 3]);
+    // The 5th write blocks on tokens; a read (with a full read bucket) must wait behind it.
+    g.submit(1, Op::Read, 4096, 100).unwrap();
+    assert!(g.poll_dispatch(0).is_none());
+    // The read bucket is full, so its share overflows to writes (Ex 1.d-4): the write
+    // gets the whole 1,048,576,000 B/s and has 64 KiB after 62.5 µs.
+    assert!(g.poll_dispatch(62_499).is_none());
+    assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(4));
+    // The read, queued behind, goes next; the timer estimate ignores overflow (conservative).
+    assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(100));
+    g.submit(0, Op::Write, 65536, 9).unwrap();
+    let _ = g.poll_dispatch(62_500);
+    if let Some(w) = g.next_wakeup_ns(62_500) {
+        assert!(
+            w >= 62_500 + 62_500,
+            "estimate {w} earlier than the fastest refill"
+        );
+    }
+}
+
+#[test]
+fn credit_window_example_1e2() {
+    let mut w = CreditWindow {
+        credit_tot: 8,
+        inflight: 8,
+    };
+    assert!(!w.try_submit());
+    w.on_complete(16);
+    assert_eq!((w.credit_tot, w.inflight), (16, 7));
+    let admitted = (0..20).filter(|_| w.try_submit()).count();
+    assert_eq!(admitted, 9);
+}

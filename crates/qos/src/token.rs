@@ -1,0 +1,93 @@
+//! Dual token bucket, Algorithm 4 of the Gimbal appendix (§1.d).
+
+use crate::Op;
+
+pub struct DualTokenBucket {
+    pub read_tokens: u64,
+    pub write_tokens: u64,
+    max_tokens: u64,
+    last_ns: u64,
+    /// Sub-byte remainder of rate × Δt (units: B·ns/s), so frequent refills lose nothing.
+    carry: u128,
+}
+
+const NS_PER_S: u128 = 1_000_000_000;
+
+impl DualTokenBucket {
+    /// Both buckets start full [G].
+    pub fn new(max_tokens: u64, now_ns: u64) -> Self {
+        DualTokenBucket {
+            read_tokens: max_tokens,
+            write_tokens: max_tokens,
+            max_tokens,
+            last_ns: now_ns,
+            carry: 0,
+        }
+    }
+
+    pub fn refill(&mut self, rate_bytes_per_s: u64, wc_fp10: u64, now_ns: u64) {
+        if now_ns <= self.last_ns {
+            return;
+        }
+        let num = rate_bytes_per_s as u128 * (now_ns - self.last_ns) as u128 + self.carry;
+        self.carry = num % NS_PER_S;
+        self.last_ns = now_ns;
+        self.add((num / NS_PER_S) as u64, wc_fp10);
+    }
+
+    /// Lines 4-11 of Algorithm 4: split by write cost, overflow moves to the other bucket.
+    pub fn add(&mut self, avail: u64, wc_fp10: u64) {
+        let avail = avail as u128;
+        let wc = wc_fp10 as u128;
+        let to_read = (avail * wc / (wc + 1024)) as u64;
+        self.read_tokens += to_read;
+        // [R] The write share is the remainder, so truncation never loses a byte
+        // (Algorithm 4 truncates both shares; identical on the worked examples).
+        self.write_tokens += avail as u64 - to_read;
+        let max = self.max_tokens;
+        if self.read_tokens > max {
+            self.write_tokens = (self.write_tokens + self.read_tokens - max).min(max);
+            self.read_tokens = max;
+        }
+        if self.write_tokens > max {
+            self.read_tokens = (self.read_tokens + self.write_tokens - max).min(max);
+            self.write_tokens = max;
+        }
+    }
+
+    /// Take the raw length from the matching bucket. [R] An I/O larger than the bucket
+    /// needs only a full bucket, or it could never pass.
+    pub fn try_take(&mut self, op: Op, len: u32) -> bool {
+        let need = (len as u64).min(self.max_tokens);
+        let b = match op {
+            Op::Write => &mut self.write_tokens,
+            Op::Read => &mut self.read_tokens,
+        };
+        if *b < need {
+            return false;
+        }
+        *b -= need;
+        true
+    }
+
+    /// OVERLOADED empties both buckets [G].
+    pub fn zero(&mut self) {
+        self.read_tokens = 0;
+        self.write_tokens = 0;
+    }
+
+    /// Conservative time until `op` has `len` tokens, ignoring overflow from the other bucket.
+    pub fn wait_ns(&self, op: Op, len: u32, rate: u64, wc_fp10: u64) -> u64 {
+        let need = (len as u64).min(self.max_tokens);
+        let (have, share_num) = match op {
+            Op::Write => (self.write_tokens, 1024u128),
+            Op::Read => (self.read_tokens, wc_fp10 as u128),
+        };
+        let missing = need.saturating_sub(have) as u128;
+        let per_s = rate as u128 * share_num / (wc_fp10 as u128 + 1024);
+        if per_s == 0 {
+            return 1_000_000;
+        }
+        ((missing * NS_PER_S).div_ceil(per_s) as u64).max(1)
+    }
+}
