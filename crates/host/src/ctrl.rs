@@ -1,0 +1,361 @@
+//! Controller setup over the admin queue: Connect, enable, Identify, number
+//! of queues, I/O queue creation, Keep Alive, shutdown, and discovery.
+//!
+//! These paths run once per session (or every KATO/2 for Keep Alive), so
+//! they favour clarity over speed and block the calling thread.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use trellis_nvme::fabrics::{self, prop, ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN};
+use trellis_nvme::identify::{cns, IdCtrl, IdNs, IDENTIFY_LEN};
+use trellis_nvme::log::{self, DiscoveryEntry, GetLogPage, DISC_ENTRY_LEN, DISC_HDR_LEN};
+use trellis_nvme::pdu::Digests;
+use trellis_nvme::sqe::admin;
+use trellis_nvme::Sqe;
+
+use crate::engine::{EngineConfig, Xfer, MAX_QUEUE_SIZE};
+use crate::error::{Error, Result};
+use crate::queue::{resolve, Queue, SockOpts};
+
+/// Admin queue depth; both reference hosts use 32.
+const ADMIN_QUEUE_SIZE: u16 = 32;
+/// Admin buffers hold one Identify page or one 4 KiB log chunk (and Connect data).
+const ADMIN_BUF_BYTES: usize = 8192;
+/// Discovery logs longer than this many entries are refused (bounded memory).
+const MAX_DISCOVERY_ENTRIES: u64 = 1024;
+/// Feature identifier of Number of Queues.
+const FID_NUM_QUEUES: u32 = 0x07;
+
+/// Host-wide settings shared by every queue of a controller.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub digests: Digests,
+    pub connect_timeout: Duration,
+    pub command_timeout: Duration,
+    /// Keep Alive Timeout sent in the admin Connect; 0 disables keep-alive
+    /// (fine for short-lived tools). With KATO set, [`Controller::tick`] sends a
+    /// Keep Alive every KATO/2.
+    pub kato_ms: u32,
+    pub staging_bytes: usize,
+    /// SO_SNDBUF/SO_RCVBUF per connection; 0 = kernel autotuning.
+    pub sock_buf_bytes: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        let hostnqn = "nqn.2026-11.io.trellis:host".to_string();
+        HostConfig {
+            hostid: hostid_from(&hostnqn),
+            hostnqn,
+            digests: Digests::default(),
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(10),
+            kato_ms: 10_000,
+            staging_bytes: 256 << 10,
+            sock_buf_bytes: 2 << 20,
+        }
+    }
+}
+
+/// A stable 16-byte host ID derived from the host NQN, so one tenant keeps
+/// one ID across runs (targets may compare HOSTID between queues).
+pub fn hostid_from(hostnqn: &str) -> [u8; 16] {
+    let a = crc32c::crc32c(hostnqn.as_bytes());
+    let b = crc32c::crc32c_append(a, b"trellis-hostid-1");
+    let c = crc32c::crc32c_append(b, b"trellis-hostid-2");
+    let d = crc32c::crc32c_append(c, b"trellis-hostid-3");
+    let mut id = [0u8; 16];
+    for (i, w) in [a, b, c, d].iter().enumerate() {
+        id[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+    }
+    id[6] = (id[6] & 0x0f) | 0x40; // shaped like a v4 UUID
+    id[8] = (id[8] & 0x3f) | 0x80;
+    id
+}
+
+/// A connected, enabled controller and its admin queue.
+pub struct Controller {
+    admin: Queue,
+    addr: SocketAddr,
+    subnqn: String,
+    cfg: HostConfig,
+    pub cntlid: u16,
+    pub cap: u64,
+    pub id: IdCtrl,
+    next_qid: u16,
+    last_keep_alive: Instant,
+}
+
+impl Controller {
+    /// Connects the admin queue to `subnqn` at `addr`, enables the controller
+    /// and reads Identify Controller.
+    pub fn connect(addr: &str, subnqn: &str, cfg: &HostConfig) -> Result<Controller> {
+        let addr = resolve(addr)?;
+        let ecfg = EngineConfig {
+            qid: 0,
+            queue_size: ADMIN_QUEUE_SIZE,
+            digests: cfg.digests,
+            buf_bytes: ADMIN_BUF_BYTES,
+            staging_bytes: 64 << 10,
+            max_pdu_bytes: ADMIN_BUF_BYTES + 512,
+            command_timeout: cfg.command_timeout,
+        };
+        let mut admin = Queue::connect(addr, ecfg, sock_opts(cfg))?;
+        let cntlid = fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE, 0xFFFF)?;
+        let cap = prop_get(&mut admin, prop::CAP, true)?;
+        enable(&mut admin, cap, cfg.connect_timeout)?;
+        let mut page = vec![0u8; IDENTIFY_LEN];
+        let mut sqe = Sqe::new(admin::IDENTIFY, 0, 0);
+        sqe.set_cdw(10, cns::CONTROLLER as u32);
+        admin.exec_ok(sqe, Xfer::FromCtrl(IDENTIFY_LEN as u32), &[], &mut page)?;
+        let id = IdCtrl::decode(&page);
+        Ok(Controller {
+            admin,
+            addr,
+            subnqn: subnqn.to_string(),
+            cfg: cfg.clone(),
+            cntlid,
+            cap,
+            id,
+            next_qid: 1,
+            last_keep_alive: Instant::now(),
+        })
+    }
+
+    /// Maximum I/O queue entries the controller allows (CAP.MQES + 1).
+    pub fn max_queue_entries(&self) -> u32 {
+        (self.cap & 0xffff) as u32 + 1
+    }
+
+    /// In-capsule data the controller accepts on I/O queues (IOCCSZ·16 − 64).
+    pub fn icd_bytes(&self) -> u32 {
+        (self.id.ioccsz.saturating_mul(16)).saturating_sub(64)
+    }
+
+    pub fn identify_ns(&mut self, nsid: u32) -> Result<IdNs> {
+        let mut page = vec![0u8; IDENTIFY_LEN];
+        let mut sqe = Sqe::new(admin::IDENTIFY, 0, nsid);
+        sqe.set_cdw(10, cns::NAMESPACE as u32);
+        self.admin
+            .exec_ok(sqe, Xfer::FromCtrl(IDENTIFY_LEN as u32), &[], &mut page)?;
+        let ns = IdNs::decode(&page);
+        if ns.ncap == 0 {
+            return Err(Error::protocol(format!(
+                "namespace {nsid} is not allocated (NCAP 0)"
+            )));
+        }
+        Ok(ns)
+    }
+
+    /// Set Features Number of Queues. Returns how many I/O queues were granted.
+    pub fn set_num_queues(&mut self, n: u16) -> Result<u16> {
+        let n = n.max(1) - 1;
+        let mut sqe = Sqe::new(admin::SET_FEATURES, 0, 0);
+        sqe.set_cdw(10, FID_NUM_QUEUES);
+        sqe.set_cdw(11, n as u32 | (n as u32) << 16);
+        let c = self.admin.exec_ok(sqe, Xfer::None, &[], &mut [])?;
+        let granted = (c.dw0 & 0xffff).min(c.dw0 >> 16) as u16;
+        Ok(granted.min(n) + 1)
+    }
+
+    /// Opens the next I/O queue: its own TCP connection, ICReq, Connect.
+    /// `queue_size` is clamped to what the controller allows; `buf_bytes` is
+    /// the largest transfer one command on this queue may move.
+    pub fn connect_io_queue(&mut self, queue_size: u16, buf_bytes: usize) -> Result<Queue> {
+        let qid = self.next_qid;
+        self.next_qid += 1;
+        let mut size = (queue_size as u32).min(self.max_queue_entries());
+        if self.id.maxcmd > 0 {
+            size = size.min(self.id.maxcmd as u32);
+        }
+        let size = size.clamp(2, MAX_QUEUE_SIZE as u32) as u16;
+        let ecfg = EngineConfig {
+            qid,
+            queue_size: size,
+            digests: self.cfg.digests,
+            buf_bytes,
+            staging_bytes: self.cfg.staging_bytes,
+            max_pdu_bytes: buf_bytes + 512,
+            command_timeout: self.cfg.command_timeout,
+        };
+        let mut q = Queue::connect(self.addr, ecfg, sock_opts(&self.cfg))?;
+        fabric_connect(&mut q, &self.cfg, &self.subnqn, qid, size, self.cntlid)?;
+        q.engine_mut().set_icd_bytes(self.icd_bytes());
+        Ok(q)
+    }
+
+    /// Sends a Keep Alive if KATO/2 has passed since the last one. Call it
+    /// from the thread that owns the controller at least every KATO/4.
+    pub fn tick(&mut self) -> Result<()> {
+        if self.cfg.kato_ms == 0 {
+            return Ok(());
+        }
+        let half = Duration::from_millis(self.cfg.kato_ms as u64 / 2);
+        if self.last_keep_alive.elapsed() >= half {
+            self.keep_alive()?;
+        }
+        Ok(())
+    }
+
+    pub fn keep_alive(&mut self) -> Result<()> {
+        let sqe = Sqe::new(admin::KEEP_ALIVE, 0, 0);
+        self.admin.exec_ok(sqe, Xfer::None, &[], &mut [])?;
+        self.last_keep_alive = Instant::now();
+        Ok(())
+    }
+
+    /// Reads the whole discovery log (on a discovery controller).
+    pub fn discovery_log(&mut self) -> Result<Vec<DiscoveryEntry>> {
+        let mut chunk = vec![0u8; 4096];
+        self.get_log(log::lid::DISCOVERY, 0, &mut chunk)?;
+        let (_gen, numrec, recfmt) = log::decode_discovery_header(&chunk);
+        if recfmt != 0 {
+            return Err(Error::protocol(format!("discovery log RECFMT {recfmt}")));
+        }
+        if numrec > MAX_DISCOVERY_ENTRIES {
+            return Err(Error::protocol(format!(
+                "discovery log has {numrec} entries"
+            )));
+        }
+        let total = DISC_HDR_LEN + numrec as usize * DISC_ENTRY_LEN;
+        let mut whole = chunk.clone();
+        while whole.len() < total {
+            self.get_log(log::lid::DISCOVERY, whole.len() as u64, &mut chunk)?;
+            whole.extend_from_slice(&chunk);
+        }
+        Ok((0..numrec as usize)
+            .map(|i| DiscoveryEntry::decode(&whole[DISC_HDR_LEN + i * DISC_ENTRY_LEN..]))
+            .collect())
+    }
+
+    fn get_log(&mut self, lid: u8, offset: u64, out: &mut [u8]) -> Result<()> {
+        let sqe = GetLogPage {
+            lid,
+            lsp: 0,
+            rae: true,
+            len_bytes: out.len() as u64,
+            offset_bytes: offset,
+        }
+        .to_sqe(0, 0);
+        self.admin
+            .exec_ok(sqe, Xfer::FromCtrl(out.len() as u32), &[], out)?;
+        Ok(())
+    }
+
+    /// Normal shutdown (CC.SHN = 01), waiting briefly for CSTS.SHST = complete.
+    /// I/O queues should be dropped first.
+    pub fn shutdown(mut self) -> Result<()> {
+        let cc = cc_value(false) | 1 << fabrics::cc::SHN_SHIFT;
+        prop_set(&mut self.admin, prop::CC, cc)?;
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let csts = prop_get(&mut self.admin, prop::CSTS, false)? as u32;
+            if csts & (0x3 << 2) == fabrics::csts::SHST_COMPLETE {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Err(Error::Timeout("controller shutdown (CSTS.SHST)".into()))
+    }
+}
+
+/// Connects to a discovery controller and returns its log entries.
+pub fn discover(addr: &str, cfg: &HostConfig) -> Result<Vec<DiscoveryEntry>> {
+    let cfg = HostConfig {
+        kato_ms: 0, // one-shot discovery, as `nvme discover` does
+        ..cfg.clone()
+    };
+    let mut c = Controller::connect(addr, DISCOVERY_NQN, &cfg)?;
+    let entries = c.discovery_log()?;
+    let _ = c.shutdown();
+    Ok(entries)
+}
+
+fn sock_opts(cfg: &HostConfig) -> SockOpts {
+    SockOpts {
+        connect_timeout: cfg.connect_timeout,
+        sock_buf_bytes: cfg.sock_buf_bytes,
+    }
+}
+
+/// Fabrics Connect on `q`. Returns the controller ID.
+fn fabric_connect(
+    q: &mut Queue,
+    cfg: &HostConfig,
+    subnqn: &str,
+    qid: u16,
+    size: u16,
+    cntlid: u16,
+) -> Result<u16> {
+    let cmd = ConnectCmd {
+        recfmt: 0,
+        qid,
+        sqsize: size - 1,
+        cattr: 0,
+        kato_ms: if qid == 0 { cfg.kato_ms } else { 0 },
+    };
+    let mut data = [0u8; fabrics::CONNECT_DATA_LEN];
+    ConnectData {
+        hostid: cfg.hostid,
+        cntlid,
+        subnqn: subnqn.to_string(),
+        hostnqn: cfg.hostnqn.clone(),
+    }
+    .encode(&mut data);
+    let len = data.len() as u32;
+    let c = q.exec_ok(cmd.to_sqe(0), Xfer::ToCtrl(len), &data, &mut [])?;
+    Ok((c.dw0 & 0xffff) as u16)
+}
+
+fn prop_get(q: &mut Queue, offset: u32, size8: bool) -> Result<u64> {
+    let sqe = PropertyCmd {
+        size8,
+        offset,
+        value: 0,
+    }
+    .to_sqe(0, false);
+    let c = q.exec_ok(sqe, Xfer::None, &[], &mut [])?;
+    Ok(c.dw0 as u64 | (c.dw1 as u64) << 32)
+}
+
+fn prop_set(q: &mut Queue, offset: u32, value: u32) -> Result<()> {
+    let sqe = PropertyCmd {
+        size8: false,
+        offset,
+        value: value as u64,
+    }
+    .to_sqe(0, true);
+    q.exec_ok(sqe, Xfer::None, &[], &mut [])?;
+    Ok(())
+}
+
+/// CC with IOSQES = 6 (64 B), IOCQES = 4 (16 B), NVM command set, 4 KiB pages.
+fn cc_value(enable: bool) -> u32 {
+    6 << 16 | 4 << 20 | enable as u32
+}
+
+/// Writes CC with EN=0 then EN=1 and waits for CSTS.RDY within CAP.TO.
+fn enable(q: &mut Queue, cap: u64, limit: Duration) -> Result<()> {
+    prop_set(q, prop::CC, cc_value(false))?;
+    prop_set(q, prop::CC, cc_value(true))?;
+    let to = Duration::from_millis(((cap >> 24) & 0xff) as u64 * 500).max(limit);
+    let deadline = Instant::now() + to;
+    loop {
+        let csts = prop_get(q, prop::CSTS, false)? as u32;
+        if csts & fabrics::csts::CFS != 0 {
+            return Err(Error::protocol(
+                "controller fatal status (CSTS.CFS) during enable",
+            ));
+        }
+        if csts & fabrics::csts::RDY != 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout("controller ready (CSTS.RDY)".into()));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

@@ -1,0 +1,867 @@
+//! Sans-IO host side of one NVMe/TCP queue pair.
+//!
+//! The engine owns everything one connection needs and allocates it once:
+//! command slots (CID = slot index plus a 4-bit generation), one data buffer
+//! per slot, a receive staging buffer, and the output queue (a header arena
+//! plus a segment list that the socket layer turns into one gathered
+//! `sendmsg`). It never touches a socket or a clock: the caller passes `now`,
+//! hands it received bytes and asks it what to send. That keeps the protocol
+//! logic testable byte-for-byte and lets the socket layer stay a thin loop.
+//!
+//! Every peer-controlled value is checked before use; a violation makes the
+//! queue fail with [`Error::Protocol`] and every later call reports the same
+//! error, so a misbehaving target can never hang or panic the host.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use trellis_nvme::pdu::{
+    self, check_layout, flags, verify_header_digest, DataHdr, Digests, IcReq, IcResp, Layout,
+    PduType, R2t, TermReq, DIGEST_LEN, IC_LEN, MAX_HDR_LEN, SMALL_HLEN,
+};
+use trellis_nvme::sqe::admin;
+use trellis_nvme::{crc, put32, CommonHeader, Cqe, Sgl, Sqe, Status};
+
+use crate::error::{Error, Result};
+
+/// Bits of the CID that hold the slot index; the rest is a generation that
+/// catches completions for a slot's previous use.
+const SLOT_BITS: u16 = 12;
+pub const MAX_QUEUE_SIZE: u16 = 1 << SLOT_BITS;
+/// Fabrics commands (Connect) and admin commands may carry this much
+/// in-capsule data regardless of IOCCSZ (NVMe/TCP transport spec).
+const ADMIN_ICD_BYTES: u32 = 8192;
+/// Payloads at least this large are received straight into the slot buffer
+/// when staging is empty, saving a copy (SPDK's 1 KiB rule).
+const DIRECT_RECV_MIN: usize = 1024;
+/// Smallest MAXH2CDATA the transport spec allows.
+const MIN_MAXH2CDATA: u32 = 4096;
+
+/// Fixed parameters of one queue pair.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub qid: u16,
+    /// Command slots, i.e. the most commands outstanding at once.
+    pub queue_size: u16,
+    /// Requested digests; the controller must echo them exactly.
+    pub digests: Digests,
+    /// Data buffer per slot: the largest transfer one command may move.
+    pub buf_bytes: usize,
+    /// Receive staging buffer (one `recv` lands here, then PDUs are parsed in place).
+    pub staging_bytes: usize,
+    /// Largest PDU accepted from the controller (header + data + digests).
+    pub max_pdu_bytes: usize,
+    /// A command outstanding longer than this fails the queue with a timeout.
+    pub command_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            qid: 0,
+            queue_size: 32,
+            digests: Digests::default(),
+            buf_bytes: 128 << 10,
+            staging_bytes: 256 << 10,
+            max_pdu_bytes: (1 << 20) + 256,
+            command_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Data movement of a command, from the host's point of view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Xfer {
+    None,
+    /// Host to controller (Write, DSM, Connect): the slot buffer's first bytes.
+    ToCtrl(u32),
+    /// Controller to host (Read, Identify, Get Log Page): into the slot buffer.
+    FromCtrl(u32),
+}
+
+/// A finished command. The slot stays with the caller (its buffer holds read
+/// data) until it is submitted again or [`Engine::free`]d.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Completion {
+    pub slot: u16,
+    pub status: Status,
+    pub dw0: u32,
+    pub dw1: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Allocated to the caller, not on the wire.
+    User,
+    InFlight,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: SlotState,
+    gen: u16,
+    xfer: Xfer,
+    /// Bytes received (reads) or handed to the output queue (writes).
+    done: u32,
+    submitted: Instant,
+}
+
+/// One part of the output stream: bytes in the header arena, or a range of
+/// the data buffers. Offsets, not pointers, so the arena may grow safely.
+#[derive(Clone, Copy, Debug)]
+pub enum Seg {
+    Arena { off: u32, len: u32 },
+    Data { off: u32, len: u32 },
+}
+
+/// Where the receive parser stands.
+#[derive(Clone, Copy, Debug)]
+enum Rx {
+    /// Waiting for (the rest of) a PDU header.
+    Header,
+    /// Skipping `pad` bytes, then moving `remaining` payload bytes to the slot
+    /// buffer at `at`; `start..at+remaining` is this PDU's data.
+    Payload {
+        slot: u16,
+        pad: usize,
+        start: usize,
+        at: usize,
+        remaining: usize,
+        flags: u8,
+        ddgst: bool,
+    },
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    inflight: usize,
+    data: Vec<u8>,
+    done: VecDeque<Completion>,
+    // Output queue.
+    arena: Vec<u8>,
+    segs: Vec<Seg>,
+    seg_head: usize,
+    seg_off: usize,
+    // Input.
+    rx: Vec<u8>,
+    rx_head: usize,
+    rx_tail: usize,
+    rx_state: Rx,
+    direct: bool,
+    // Connection parameters from ICResp / Identify.
+    ic_done: bool,
+    maxh2cdata: u32,
+    icd_bytes: u32,
+    failed: Option<Error>,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Engine {
+        let n = cfg.queue_size.clamp(1, MAX_QUEUE_SIZE) as usize;
+        let now = Instant::now();
+        let slot = Slot {
+            state: SlotState::Free,
+            gen: 0,
+            xfer: Xfer::None,
+            done: 0,
+            submitted: now,
+        };
+        // The arena holds at most: a capsule header and a data digest per slot,
+        // plus the H2CData headers of the R2Ts being answered. It may grow past
+        // this once, then keeps its capacity.
+        let arena_cap = n * (MAX_HDR_LEN + 2 * DIGEST_LEN) + 4096;
+        Engine {
+            slots: vec![slot; n],
+            free: (0..n as u16).rev().collect(),
+            inflight: 0,
+            data: vec![0; n * cfg.buf_bytes],
+            done: VecDeque::with_capacity(n),
+            arena: Vec::with_capacity(arena_cap),
+            segs: Vec::with_capacity(3 * n + 16),
+            seg_head: 0,
+            seg_off: 0,
+            rx: vec![0; cfg.staging_bytes.max(4096)],
+            rx_head: 0,
+            rx_tail: 0,
+            rx_state: Rx::Header,
+            direct: false,
+            ic_done: false,
+            maxh2cdata: MIN_MAXH2CDATA,
+            icd_bytes: 0,
+            failed: None,
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+    pub fn queue_size(&self) -> u16 {
+        self.slots.len() as u16
+    }
+    pub fn inflight(&self) -> usize {
+        self.inflight
+    }
+    pub fn ic_done(&self) -> bool {
+        self.ic_done
+    }
+    pub fn maxh2cdata(&self) -> u32 {
+        self.maxh2cdata
+    }
+    /// In-capsule data limit for I/O commands (IOCCSZ·16 − 64), set once the
+    /// controller has been identified; 0 means always use R2T.
+    pub fn set_icd_bytes(&mut self, n: u32) {
+        self.icd_bytes = n;
+    }
+    /// The terminal error, if the queue has failed.
+    pub fn check(&self) -> Result<()> {
+        match &self.failed {
+            Some(e) => Err(e.duplicate()),
+            None => Ok(()),
+        }
+    }
+    fn fail(&mut self, e: Error) -> Error {
+        if self.failed.is_none() {
+            self.failed = Some(e.duplicate());
+        }
+        e
+    }
+    /// Marks the queue failed from outside (socket errors).
+    pub fn fail_with(&mut self, e: Error) -> Error {
+        self.fail(e)
+    }
+
+    // ---- slots and buffers -------------------------------------------------
+
+    pub fn alloc(&mut self) -> Option<u16> {
+        let s = self.free.pop()?;
+        self.slots[s as usize].state = SlotState::User;
+        Some(s)
+    }
+    pub fn free(&mut self, slot: u16) {
+        let s = &mut self.slots[slot as usize];
+        assert_eq!(
+            s.state,
+            SlotState::User,
+            "free of a slot the caller does not own"
+        );
+        s.state = SlotState::Free;
+        self.free.push(slot);
+    }
+    pub fn buf(&self, slot: u16) -> &[u8] {
+        let b = self.cfg.buf_bytes;
+        &self.data[slot as usize * b..][..b]
+    }
+    pub fn buf_mut(&mut self, slot: u16) -> &mut [u8] {
+        let b = self.cfg.buf_bytes;
+        &mut self.data[slot as usize * b..][..b]
+    }
+    pub fn next_completion(&mut self) -> Option<Completion> {
+        self.done.pop_front()
+    }
+    /// Puts a completion back at the end of the queue (synchronous helpers
+    /// that wait for one command keep the others).
+    pub fn push_completion(&mut self, c: Completion) {
+        self.done.push_back(c);
+    }
+    pub fn completions_pending(&self) -> usize {
+        self.done.len()
+    }
+
+    // ---- output ------------------------------------------------------------
+
+    /// Queues the ICReq. Must be the first thing sent on the connection.
+    pub fn start(&mut self) {
+        let mut b = [0u8; IC_LEN];
+        IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: self.cfg.digests,
+            maxr2t: 0, // one outstanding R2T per command, as Linux and SPDK hosts
+        }
+        .encode(&mut b);
+        self.push_arena(&b);
+    }
+
+    fn push_arena(&mut self, bytes: &[u8]) {
+        let off = self.arena.len() as u32;
+        self.arena.extend_from_slice(bytes);
+        self.segs.push(Seg::Arena {
+            off,
+            len: bytes.len() as u32,
+        });
+    }
+    fn push_data(&mut self, slot: u16, off: usize, len: usize) {
+        let base = slot as usize * self.cfg.buf_bytes + off;
+        self.segs.push(Seg::Data {
+            off: base as u32,
+            len: len as u32,
+        });
+        if self.cfg.digests.data {
+            let c = crc::digest(&self.data[base..base + len]);
+            self.push_arena(&c.to_le_bytes());
+        }
+    }
+
+    /// Whether output is queued.
+    pub fn has_output(&self) -> bool {
+        self.seg_head < self.segs.len()
+    }
+
+    /// Calls `f(bytes)` for each queued output piece in order, starting after
+    /// what was already sent, until `f` returns false (iovec list full).
+    pub fn for_each_output(&self, mut f: impl FnMut(&[u8]) -> bool) {
+        let mut skip = self.seg_off;
+        for seg in &self.segs[self.seg_head..] {
+            let b = match *seg {
+                Seg::Arena { off, len } => &self.arena[off as usize..][..len as usize],
+                Seg::Data { off, len } => &self.data[off as usize..][..len as usize],
+            };
+            if !f(&b[skip..]) {
+                return;
+            }
+            skip = 0;
+        }
+    }
+
+    /// Records that the transport accepted `n` more output bytes.
+    pub fn sent(&mut self, mut n: usize) {
+        while n > 0 && self.seg_head < self.segs.len() {
+            let len = match self.segs[self.seg_head] {
+                Seg::Arena { len, .. } | Seg::Data { len, .. } => len as usize,
+            };
+            let left = len - self.seg_off;
+            if n >= left {
+                n -= left;
+                self.seg_head += 1;
+                self.seg_off = 0;
+            } else {
+                self.seg_off += n;
+                n = 0;
+            }
+        }
+        if self.seg_head == self.segs.len() {
+            self.segs.clear();
+            self.arena.clear();
+            self.seg_head = 0;
+            self.seg_off = 0;
+        }
+    }
+
+    /// Test and tooling helper: takes all queued output as one byte vector.
+    pub fn take_output(&mut self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.for_each_output(|b| {
+            v.extend_from_slice(b);
+            true
+        });
+        self.sent(v.len());
+        v
+    }
+
+    // ---- submission --------------------------------------------------------
+
+    /// Puts a command for `slot` (owned by the caller) on the output queue.
+    /// The engine fills in CID and SGL; data for `ToCtrl` is the first bytes of
+    /// the slot buffer, sent in the capsule when it fits, else on R2T.
+    pub fn submit(&mut self, slot: u16, mut sqe: Sqe, xfer: Xfer, now: Instant) -> Result<()> {
+        self.check()?;
+        if !self.ic_done {
+            return Err(Error::protocol("command submitted before ICResp"));
+        }
+        let len = match xfer {
+            Xfer::None => 0,
+            Xfer::ToCtrl(n) | Xfer::FromCtrl(n) => n,
+        };
+        assert!(
+            len as usize <= self.cfg.buf_bytes,
+            "transfer larger than the slot buffer"
+        );
+        let s = &mut self.slots[slot as usize];
+        assert_eq!(
+            s.state,
+            SlotState::User,
+            "submit of a slot the caller does not own"
+        );
+        s.gen = (s.gen + 1) & 0xf;
+        s.state = SlotState::InFlight;
+        s.xfer = xfer;
+        s.done = 0;
+        s.submitted = now;
+        sqe.set_cid(slot | s.gen << SLOT_BITS);
+        self.inflight += 1;
+        let icd = match xfer {
+            Xfer::ToCtrl(n) if n <= self.icd_limit(&sqe) => n,
+            _ => 0,
+        };
+        sqe.set_sgl(if icd > 0 {
+            Sgl::in_capsule(icd)
+        } else {
+            Sgl::transport(len)
+        });
+        let mut hdr = [0u8; MAX_HDR_LEN];
+        let n = pdu::encode_capsule_cmd(&mut hdr, &sqe, icd as usize, self.cfg.digests);
+        self.push_arena(&hdr[..n]);
+        if icd > 0 {
+            self.slots[slot as usize].done = icd;
+            self.push_data(slot, 0, icd as usize);
+        }
+        Ok(())
+    }
+
+    fn icd_limit(&self, sqe: &Sqe) -> u32 {
+        if self.cfg.qid == 0 || sqe.opcode() == admin::FABRICS {
+            ADMIN_ICD_BYTES
+        } else {
+            self.icd_bytes
+        }
+    }
+
+    // ---- input -------------------------------------------------------------
+
+    /// Where the next `recv` should write. Straight into a slot buffer when a
+    /// large payload is pending and staging is empty, else into staging.
+    pub fn recv_space(&mut self) -> &mut [u8] {
+        if let Rx::Payload {
+            pad: 0,
+            at,
+            remaining,
+            ..
+        } = self.rx_state
+        {
+            if self.rx_head == self.rx_tail && remaining >= DIRECT_RECV_MIN {
+                self.direct = true;
+                return &mut self.data[at..at + remaining];
+            }
+        }
+        self.direct = false;
+        if self.rx_head == self.rx_tail {
+            self.rx_head = 0;
+            self.rx_tail = 0;
+        } else if self.rx.len() - self.rx_tail < MAX_HDR_LEN + TERM_SPACE {
+            // Too little room for even a header: move the partial PDU to the front.
+            self.rx.copy_within(self.rx_head..self.rx_tail, 0);
+            self.rx_tail -= self.rx_head;
+            self.rx_head = 0;
+        }
+        &mut self.rx[self.rx_tail..]
+    }
+
+    /// Accounts `n` bytes written into the space from [`Engine::recv_space`]
+    /// and parses every complete PDU.
+    pub fn recv_done(&mut self, n: usize, now: Instant) -> Result<()> {
+        self.check()?;
+        if self.direct {
+            self.direct = false;
+            if let Rx::Payload {
+                ref mut at,
+                ref mut remaining,
+                ..
+            } = self.rx_state
+            {
+                *at += n;
+                *remaining -= n;
+            }
+        } else {
+            self.rx_tail += n;
+        }
+        let r = self.parse(now);
+        r.map_err(|e| self.fail(e))
+    }
+
+    /// Test helper: feeds bytes as if received.
+    pub fn feed(&mut self, mut bytes: &[u8], now: Instant) -> Result<()> {
+        while !bytes.is_empty() {
+            let space = self.recv_space();
+            let n = space.len().min(bytes.len());
+            space[..n].copy_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            self.recv_done(n, now)?;
+        }
+        Ok(())
+    }
+
+    fn parse(&mut self, now: Instant) -> Result<()> {
+        loop {
+            let avail = self.rx_tail - self.rx_head;
+            match self.rx_state {
+                Rx::Header => {
+                    if !self.parse_header(avail, now)? {
+                        return Ok(());
+                    }
+                }
+                Rx::Payload { .. } => {
+                    if !self.parse_payload(avail, now)? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parses one PDU header if complete; false when more bytes are needed.
+    fn parse_header(&mut self, avail: usize, now: Instant) -> Result<bool> {
+        let Some(ch) = CommonHeader::decode(&self.rx[self.rx_head..self.rx_tail]) else {
+            return Ok(false);
+        };
+        let l = check_layout(
+            &ch,
+            false,
+            !self.ic_done,
+            self.cfg.digests,
+            self.cfg.max_pdu_bytes,
+        )
+        .map_err(|f| {
+            Error::protocol(format!(
+                "bad PDU header from controller (type {:#04x}): {} (FES {:#x}, field {})",
+                ch.pdu_type,
+                f.name(),
+                f.fes,
+                f.fei
+            ))
+        })?;
+        // TermReqs are read whole; every other PDU only up to its data.
+        let need = match l.pdu_type {
+            PduType::C2HTermReq => l.plen,
+            _ => l.header_total(),
+        };
+        if avail < need {
+            return Ok(false);
+        }
+        let start = self.rx_head;
+        self.rx_head += need;
+        let hdr: [u8; TERM_SPACE] = {
+            let mut h = [0u8; TERM_SPACE];
+            h[..need].copy_from_slice(&self.rx[start..start + need]);
+            h
+        };
+        verify_header_digest(&l, &hdr)
+            .map_err(|_| Error::protocol(format!("header digest mismatch on {:?}", l.pdu_type)))?;
+        self.on_header(&l, &hdr, now)?;
+        Ok(true)
+    }
+
+    fn on_header(&mut self, l: &Layout, h: &[u8], now: Instant) -> Result<()> {
+        match l.pdu_type {
+            PduType::IcResp => self.on_icresp(IcResp::decode(h)),
+            PduType::CapsuleResp => self.on_resp(Cqe::decode(&h[8..24])),
+            PduType::C2HData => self.on_c2h(l, DataHdr::decode(h)),
+            PduType::R2T => self.on_r2t(R2t::decode(h)),
+            PduType::C2HTermReq => {
+                let t = TermReq::decode(h);
+                let name = trellis_nvme::Fatal::new(t.fes, t.fei).name();
+                Err(Error::protocol(format!(
+                    "controller terminated the connection: C2HTermReq FES {:#x} ({name}), FEI {}",
+                    t.fes, t.fei
+                )))
+            }
+            other => {
+                let _ = now;
+                Err(Error::protocol(format!(
+                    "unexpected {other:?} from controller"
+                )))
+            }
+        }
+    }
+
+    fn on_icresp(&mut self, r: IcResp) -> Result<()> {
+        if r.pfv != 0 {
+            return Err(Error::protocol(format!(
+                "ICResp PFV {} (expected 0)",
+                r.pfv
+            )));
+        }
+        if r.cpda != 0 {
+            // We never pad our data PDUs, so only CPDA 0 (dword alignment) works.
+            return Err(Error::protocol(format!(
+                "ICResp CPDA {} unsupported",
+                r.cpda
+            )));
+        }
+        if r.digests != self.cfg.digests {
+            return Err(Error::protocol(format!(
+                "ICResp digests {:?} differ from requested {:?}",
+                r.digests, self.cfg.digests
+            )));
+        }
+        if r.maxh2cdata < MIN_MAXH2CDATA || r.maxh2cdata % 4 != 0 {
+            return Err(Error::protocol(format!(
+                "ICResp MAXH2CDATA {} invalid",
+                r.maxh2cdata
+            )));
+        }
+        self.maxh2cdata = r.maxh2cdata;
+        self.ic_done = true;
+        Ok(())
+    }
+
+    /// Looks up an in-flight slot by CID, checking index and generation.
+    fn slot_of(&self, cid: u16, what: &str) -> Result<u16> {
+        let slot = cid & (MAX_QUEUE_SIZE - 1);
+        let gen = cid >> SLOT_BITS;
+        match self.slots.get(slot as usize) {
+            Some(s) if s.state == SlotState::InFlight && s.gen == gen => Ok(slot),
+            _ => Err(Error::protocol(format!(
+                "{what} for unknown command id {cid:#06x}"
+            ))),
+        }
+    }
+
+    fn on_resp(&mut self, cqe: Cqe) -> Result<()> {
+        let slot = self.slot_of(cqe.cid, "CapsuleResp")?;
+        let s = self.slots[slot as usize];
+        if cqe.status.is_success() {
+            if let Xfer::FromCtrl(len) = s.xfer {
+                if s.done != len {
+                    return Err(Error::protocol(format!(
+                        "short data: command {:#06x} completed after {} of {} bytes",
+                        cqe.cid, s.done, len
+                    )));
+                }
+            }
+            if let Xfer::ToCtrl(len) = s.xfer {
+                if s.done != len {
+                    return Err(Error::protocol(format!(
+                        "write {:#06x} completed before its data was requested ({} of {} bytes)",
+                        cqe.cid, s.done, len
+                    )));
+                }
+            }
+        }
+        self.complete(slot, cqe.status, cqe.dw0, cqe.dw1);
+        Ok(())
+    }
+
+    fn complete(&mut self, slot: u16, status: Status, dw0: u32, dw1: u32) {
+        self.slots[slot as usize].state = SlotState::User;
+        self.inflight -= 1;
+        self.done.push_back(Completion {
+            slot,
+            status,
+            dw0,
+            dw1,
+        });
+    }
+
+    fn on_c2h(&mut self, l: &Layout, h: DataHdr) -> Result<()> {
+        let slot = self.slot_of(h.cccid, "C2HData")?;
+        let s = self.slots[slot as usize];
+        let Xfer::FromCtrl(len) = s.xfer else {
+            return Err(Error::protocol(format!(
+                "C2HData for command {:#06x}, which reads no data",
+                h.cccid
+            )));
+        };
+        if h.datal as usize != l.data_len {
+            return Err(Error::protocol(format!(
+                "C2HData DATAL {} but PDU carries {} bytes",
+                h.datal, l.data_len
+            )));
+        }
+        if h.datao != s.done || h.datao as u64 + h.datal as u64 > len as u64 {
+            return Err(Error::protocol(format!(
+                "C2HData out of range: offset {} length {} (expected offset {}, command length {})",
+                h.datao, h.datal, s.done, len
+            )));
+        }
+        if l.flags & flags::SUCCESS != 0 && l.flags & flags::LAST_PDU == 0 {
+            return Err(Error::protocol("C2HData SUCCESS without LAST_PDU"));
+        }
+        let start = slot as usize * self.cfg.buf_bytes + h.datao as usize;
+        self.rx_state = Rx::Payload {
+            slot,
+            pad: l.data_off - l.header_total(),
+            start,
+            at: start,
+            remaining: h.datal as usize,
+            flags: l.flags,
+            ddgst: l.ddgst,
+        };
+        Ok(())
+    }
+
+    fn parse_payload(&mut self, avail: usize, now: Instant) -> Result<bool> {
+        let Rx::Payload {
+            slot,
+            pad,
+            start,
+            at,
+            remaining,
+            flags: fl,
+            ddgst,
+        } = self.rx_state
+        else {
+            unreachable!()
+        };
+        if pad > 0 {
+            let n = pad.min(avail);
+            self.rx_head += n;
+            self.set_payload(pad - n, at, remaining);
+            return Ok(n > 0);
+        }
+        if remaining > 0 {
+            let n = remaining.min(avail);
+            if n == 0 {
+                return Ok(false);
+            }
+            self.data[at..at + n].copy_from_slice(&self.rx[self.rx_head..self.rx_head + n]);
+            self.rx_head += n;
+            self.set_payload(0, at + n, remaining - n);
+            return Ok(true);
+        }
+        if ddgst {
+            if avail < DIGEST_LEN {
+                return Ok(false);
+            }
+            let want = trellis_nvme::le32(&self.rx, self.rx_head);
+            self.rx_head += DIGEST_LEN;
+            if crc::digest(&self.data[start..at]) != want {
+                return Err(Error::protocol("C2HData data digest mismatch"));
+            }
+        }
+        self.rx_state = Rx::Header;
+        let s = &mut self.slots[slot as usize];
+        s.done += (at - start) as u32;
+        let len = match s.xfer {
+            Xfer::FromCtrl(n) => n,
+            _ => 0,
+        };
+        if fl & flags::LAST_PDU != 0 && s.done != len {
+            return Err(Error::protocol(format!(
+                "short data: last C2HData after {} of {} bytes",
+                s.done, len
+            )));
+        }
+        if fl & flags::SUCCESS != 0 {
+            self.complete(slot, Status::SUCCESS, 0, 0);
+        }
+        let _ = now;
+        Ok(true)
+    }
+
+    fn set_payload(&mut self, p: usize, a: usize, r: usize) {
+        if let Rx::Payload {
+            ref mut pad,
+            ref mut at,
+            ref mut remaining,
+            ..
+        } = self.rx_state
+        {
+            *pad = p;
+            *at = a;
+            *remaining = r;
+        }
+    }
+
+    /// Answers an R2T with H2CData PDUs of at most MAXH2CDATA bytes each.
+    fn on_r2t(&mut self, r: R2t) -> Result<()> {
+        let slot = self.slot_of(r.cccid, "R2T")?;
+        let s = self.slots[slot as usize];
+        let Xfer::ToCtrl(len) = s.xfer else {
+            return Err(Error::protocol(format!(
+                "R2T for command {:#06x}, which writes no data",
+                r.cccid
+            )));
+        };
+        if r.r2tl == 0 || r.r2to != s.done || r.r2to as u64 + r.r2tl as u64 > len as u64 {
+            return Err(Error::protocol(format!(
+                "R2T out of range: offset {} length {} (sent {}, command length {})",
+                r.r2to, r.r2tl, s.done, len
+            )));
+        }
+        let end = r.r2to + r.r2tl;
+        let mut off = r.r2to;
+        while off < end {
+            let n = (end - off).min(self.maxh2cdata);
+            let last = off + n == end;
+            let mut hdr = [0u8; SMALL_HLEN + DIGEST_LEN];
+            let hl = pdu::encode_data_hdr(
+                &mut hdr,
+                PduType::H2CData,
+                &DataHdr {
+                    cccid: r.cccid,
+                    ttag: r.ttag,
+                    datao: off,
+                    datal: n,
+                },
+                if last { flags::LAST_PDU } else { 0 },
+                self.cfg.digests,
+            );
+            self.push_arena(&hdr[..hl]);
+            self.push_data(slot, off as usize, n as usize);
+            off += n;
+        }
+        self.slots[slot as usize].done = end;
+        Ok(())
+    }
+
+    /// Fails the queue if any command has been outstanding too long.
+    pub fn check_timeouts(&mut self, now: Instant) -> Result<()> {
+        self.check()?;
+        if self.inflight == 0 {
+            return Ok(());
+        }
+        let limit = self.cfg.command_timeout;
+        let late = self.slots.iter().enumerate().find(|(_, s)| {
+            s.state == SlotState::InFlight && now.saturating_duration_since(s.submitted) > limit
+        });
+        if let Some((i, s)) = late {
+            let e = Error::Timeout(format!(
+                "command {:#06x} on queue {} outstanding for more than {:?}",
+                i as u16 | s.gen << SLOT_BITS,
+                self.cfg.qid,
+                limit
+            ));
+            return Err(self.fail(e));
+        }
+        Ok(())
+    }
+
+    /// Puts an in-flight slot's SQE bytes back in `out` (debug helper for tests).
+    #[doc(hidden)]
+    pub fn cid_of(&self, slot: u16) -> u16 {
+        slot | self.slots[slot as usize].gen << SLOT_BITS
+    }
+}
+
+/// Room for the largest header we buffer whole (a TermReq is at most 152 bytes).
+const TERM_SPACE: usize = pdu::TERM_MAX_PLEN;
+
+/// Builds an NVMe Read/Write SQE (`nlb` 1-based).
+pub fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    Sqe::rw(opcode, 0, nsid, slba, nlb, false)
+}
+
+/// Builds a Write Zeroes SQE; `deallocate` sets DEAC.
+pub fn write_zeroes_sqe(nsid: u32, slba: u64, nlb: u32, deallocate: bool) -> Sqe {
+    let mut s = Sqe::rw(
+        trellis_nvme::sqe::io::WRITE_ZEROES,
+        0,
+        nsid,
+        slba,
+        nlb,
+        false,
+    );
+    if deallocate {
+        s.set_cdw(12, s.cdw12() | 1 << 25);
+    }
+    s
+}
+
+/// Builds a Dataset Management (deallocate) SQE for one range and writes the
+/// 16-byte range descriptor into `range` (the data the command carries).
+pub fn deallocate_sqe(nsid: u32, slba: u64, nlb: u32, range: &mut [u8]) -> Sqe {
+    let mut s = Sqe::new(trellis_nvme::sqe::io::DATASET_MANAGEMENT, 0, nsid);
+    s.set_cdw(10, 0); // NR: one range (0-based)
+    s.set_cdw(11, 1 << 2); // AD: deallocate
+    range[..16].fill(0);
+    put32(range, 4, nlb); // NLB is 1-based in ranges
+    range[8..16].copy_from_slice(&slba.to_le_bytes());
+    s
+}
+
+#[cfg(test)]
+mod tests;

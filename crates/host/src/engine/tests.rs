@@ -1,0 +1,387 @@
+//! Byte-level tests of the queue-pair engine: no sockets, no threads.
+
+use super::*;
+use trellis_nvme::sqe::io;
+
+const NO: Digests = Digests {
+    header: false,
+    data: false,
+};
+const BOTH: Digests = Digests {
+    header: true,
+    data: true,
+};
+
+fn engine(d: Digests, maxh2cdata: u32) -> Engine {
+    let mut e = Engine::new(EngineConfig {
+        qid: 1,
+        queue_size: 8,
+        digests: d,
+        buf_bytes: 64 << 10,
+        staging_bytes: 8192,
+        max_pdu_bytes: (64 << 10) + 512,
+        command_timeout: Duration::from_millis(50),
+    });
+    e.start();
+    let ic = e.take_output();
+    assert_eq!(ic.len(), IC_LEN);
+    assert_eq!(IcReq::decode(&ic).digests, d);
+    let mut r = [0u8; IC_LEN];
+    IcResp {
+        pfv: 0,
+        cpda: 0,
+        digests: d,
+        maxh2cdata,
+    }
+    .encode(&mut r);
+    e.feed(&r, Instant::now()).unwrap();
+    assert!(e.ic_done());
+    e.set_icd_bytes(4096);
+    e
+}
+
+fn resp(cid: u16, d: Digests) -> Vec<u8> {
+    let mut b = [0u8; 32];
+    let n = pdu::encode_capsule_resp(
+        &mut b,
+        &Cqe {
+            cid,
+            ..Default::default()
+        },
+        d,
+    );
+    b[..n].to_vec()
+}
+
+fn c2h(cid: u16, off: u32, data: &[u8], fl: u8, d: Digests) -> Vec<u8> {
+    let mut h = [0u8; 32];
+    let dh = DataHdr {
+        cccid: cid,
+        ttag: 0,
+        datao: off,
+        datal: data.len() as u32,
+    };
+    let n = pdu::encode_data_hdr(&mut h, PduType::C2HData, &dh, fl, d);
+    let mut v = h[..n].to_vec();
+    v.extend_from_slice(data);
+    if d.data {
+        v.extend_from_slice(&crc::digest(data).to_le_bytes());
+    }
+    v
+}
+
+fn submit_read(e: &mut Engine, len: u32) -> (u16, u16) {
+    let s = e.alloc().unwrap();
+    e.submit(
+        s,
+        rw_sqe(io::READ, 1, 0, len / 512),
+        Xfer::FromCtrl(len),
+        Instant::now(),
+    )
+    .unwrap();
+    (s, e.cid_of(s))
+}
+
+#[test]
+fn icresp_digest_mismatch_is_a_protocol_error() {
+    let mut e = Engine::new(EngineConfig {
+        digests: BOTH,
+        ..Default::default()
+    });
+    e.start();
+    e.take_output();
+    let mut r = [0u8; IC_LEN];
+    IcResp {
+        pfv: 0,
+        cpda: 0,
+        digests: NO,
+        maxh2cdata: 8192,
+    }
+    .encode(&mut r);
+    let err = e.feed(&r, Instant::now()).unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(ref m) if m.contains("digests")),
+        "{err}"
+    );
+    // The queue stays failed.
+    assert!(e.check().is_err());
+}
+
+#[test]
+fn read_in_several_pdus_fed_one_byte_at_a_time_with_digests() {
+    let mut e = engine(BOTH, 8192);
+    let (slot, cid) = submit_read(&mut e, 8192);
+    let cmd = e.take_output();
+    // CapsuleCmd with header digest and no data: 72 + 4 bytes, transport SGL.
+    assert_eq!(cmd.len(), 76);
+    let sqe = Sqe::from_slice(&cmd[8..72]);
+    assert_eq!(sqe.cid(), cid);
+    assert_eq!(sqe.sgl(), Sgl::transport(8192));
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+    let mut wire = c2h(cid, 0, &data[..3000], 0, BOTH);
+    wire.extend(c2h(cid, 3000, &data[3000..], flags::LAST_PDU, BOTH));
+    wire.extend(resp(cid, BOTH));
+    for b in &wire {
+        e.feed(std::slice::from_ref(b), Instant::now()).unwrap();
+    }
+    let c = e.next_completion().expect("completed");
+    assert_eq!((c.slot, c.status), (slot, Status::SUCCESS));
+    assert_eq!(&e.buf(slot)[..8192], &data[..]);
+    assert_eq!(e.inflight(), 0);
+}
+
+#[test]
+fn large_payload_is_received_directly_into_the_slot_buffer() {
+    let mut e = engine(NO, 8192);
+    let (slot, cid) = submit_read(&mut e, 32768);
+    e.take_output();
+    let data: Vec<u8> = (0..32768u32).map(|i| (i % 251) as u8).collect();
+    let mut wire = c2h(cid, 0, &data, flags::LAST_PDU | flags::SUCCESS, NO);
+    // Header only first, so staging is empty when the payload arrives.
+    let rest = wire.split_off(24);
+    e.feed(&wire, Instant::now()).unwrap();
+    let space = e.recv_space();
+    assert!(
+        space.len() >= 32768,
+        "direct receive covers the whole payload"
+    );
+    space[..32768].copy_from_slice(&rest);
+    e.recv_done(32768, Instant::now()).unwrap();
+    let c = e
+        .next_completion()
+        .expect("SUCCESS flag completes without a CapsuleResp");
+    assert_eq!(c.slot, slot);
+    assert_eq!(&e.buf(slot)[..32768], &data[..]);
+}
+
+#[test]
+fn small_write_goes_in_capsule_and_large_write_answers_r2t_in_maxh2cdata_chunks() {
+    let mut e = engine(BOTH, 4096);
+    let s = e.alloc().unwrap();
+    e.buf_mut(s)[..4096].fill(0xAB);
+    e.submit(
+        s,
+        rw_sqe(io::WRITE, 1, 8, 8),
+        Xfer::ToCtrl(4096),
+        Instant::now(),
+    )
+    .unwrap();
+    let out = e.take_output();
+    // 72 header + 4 HDGST + 4096 data + 4 DDGST.
+    assert_eq!(out.len(), 72 + 4 + 4096 + 4);
+    assert_eq!(Sqe::from_slice(&out[8..72]).sgl(), Sgl::in_capsule(4096));
+    assert_eq!(out[3] as usize, 76, "PDO right after the header digest");
+
+    let s2 = e.alloc().unwrap();
+    e.buf_mut(s2)[..10000].fill(0xCD);
+    e.submit(
+        s2,
+        rw_sqe(io::WRITE, 1, 0, 20),
+        Xfer::ToCtrl(10240),
+        Instant::now(),
+    )
+    .unwrap();
+    let out = e.take_output();
+    assert_eq!(out.len(), 76, "no in-capsule data above the ICD limit");
+    let cid = e.cid_of(s2);
+    let mut r = [0u8; 32];
+    let n = pdu::encode_r2t(
+        &mut r,
+        &R2t {
+            cccid: cid,
+            ttag: 9,
+            r2to: 0,
+            r2tl: 10240,
+        },
+        BOTH,
+    );
+    e.feed(&r[..n], Instant::now()).unwrap();
+    let out = e.take_output();
+    // Three H2CData PDUs: 4096, 4096, 2048 bytes, LAST only on the final one.
+    let mut off = 0;
+    let mut seen = vec![];
+    while off < out.len() {
+        let ch = CommonHeader::decode(&out[off..]).unwrap();
+        assert_eq!(ch.pdu_type, PduType::H2CData as u8);
+        let dh = DataHdr::decode(&out[off..]);
+        assert_eq!((dh.cccid, dh.ttag), (cid, 9));
+        seen.push((dh.datao, dh.datal, ch.flags & flags::LAST_PDU != 0));
+        off += ch.plen as usize;
+    }
+    assert_eq!(
+        seen,
+        vec![(0, 4096, false), (4096, 4096, false), (8192, 2048, true)]
+    );
+    e.feed(&resp(cid, BOTH), Instant::now()).unwrap();
+    assert_eq!(e.next_completion().unwrap().slot, s2);
+}
+
+#[test]
+fn unknown_cid_fails_the_queue_and_keeps_failing() {
+    let mut e = engine(NO, 8192);
+    let (_, cid) = submit_read(&mut e, 512);
+    e.take_output();
+    let err = e.feed(&resp(cid ^ 0x8000, NO), Instant::now()).unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(ref m) if m.contains("unknown command id")),
+        "{err}"
+    );
+    let again = e.feed(&resp(cid, NO), Instant::now()).unwrap_err();
+    assert!(matches!(again, Error::Protocol(_)));
+    let s = e.alloc().unwrap();
+    assert!(e
+        .submit(
+            s,
+            rw_sqe(io::READ, 1, 0, 1),
+            Xfer::FromCtrl(512),
+            Instant::now()
+        )
+        .is_err());
+}
+
+#[test]
+fn completion_before_all_read_data_is_short_data() {
+    let mut e = engine(NO, 8192);
+    let (_, cid) = submit_read(&mut e, 4096);
+    e.take_output();
+    let mut wire = c2h(cid, 0, &[1; 2048], 0, NO);
+    wire.extend(resp(cid, NO));
+    let err = e.feed(&wire, Instant::now()).unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(ref m) if m.contains("short data")),
+        "{err}"
+    );
+}
+
+#[test]
+fn data_beyond_the_command_or_out_of_order_is_rejected() {
+    let mut e = engine(NO, 8192);
+    let (_, cid) = submit_read(&mut e, 1024);
+    e.take_output();
+    let err = e
+        .feed(
+            &c2h(cid, 512, &[0; 512], flags::LAST_PDU, NO),
+            Instant::now(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(ref m) if m.contains("out of range")),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_data_digest_and_host_only_pdu_are_protocol_errors() {
+    let mut e = engine(BOTH, 8192);
+    let (_, cid) = submit_read(&mut e, 512);
+    e.take_output();
+    let mut w = c2h(cid, 0, &[3; 512], flags::LAST_PDU, BOTH);
+    let n = w.len();
+    w[n - 1] ^= 0xff;
+    let err = e.feed(&w, Instant::now()).unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(ref m) if m.contains("digest")),
+        "{err}"
+    );
+
+    let mut e = engine(NO, 8192);
+    let (_, cid) = submit_read(&mut e, 512);
+    e.take_output();
+    let mut h = [0u8; 32];
+    let dh = DataHdr {
+        cccid: cid,
+        ttag: 0,
+        datao: 0,
+        datal: 4,
+    };
+    let n = pdu::encode_data_hdr(&mut h, PduType::H2CData, &dh, 0, NO);
+    let mut w = h[..n].to_vec();
+    w.extend([0; 4]);
+    let err = e.feed(&w, Instant::now()).unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(ref m) if m.contains("bad PDU header")),
+        "{err}"
+    );
+}
+
+#[test]
+fn term_req_is_reported_with_its_fes() {
+    let mut e = engine(NO, 8192);
+    let mut b = [0u8; 200];
+    let n = pdu::encode_term_req(
+        &mut b,
+        PduType::C2HTermReq,
+        trellis_nvme::Fatal::new(pdu::fes::HEADER_DIGEST_ERROR, 0),
+        &[0xAA; 30],
+    );
+    let err = e.feed(&b[..n], Instant::now()).unwrap_err();
+    assert!(
+        matches!(err, Error::Protocol(ref m) if m.contains("Header Digest Error")),
+        "{err}"
+    );
+}
+
+#[test]
+fn outstanding_command_times_out() {
+    let mut e = engine(NO, 8192);
+    let t0 = Instant::now();
+    let s = e.alloc().unwrap();
+    e.submit(s, rw_sqe(io::READ, 1, 0, 1), Xfer::FromCtrl(512), t0)
+        .unwrap();
+    e.check_timeouts(t0 + Duration::from_millis(10)).unwrap();
+    let err = e
+        .check_timeouts(t0 + Duration::from_millis(60))
+        .unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+}
+
+#[test]
+fn partial_sends_resume_mid_segment() {
+    let mut e = engine(NO, 8192);
+    let s = e.alloc().unwrap();
+    e.buf_mut(s)[..512].fill(0x5A);
+    e.submit(
+        s,
+        rw_sqe(io::WRITE, 1, 0, 1),
+        Xfer::ToCtrl(512),
+        Instant::now(),
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    // Take 50 bytes at a time, as a socket with a tiny buffer would.
+    while e.has_output() {
+        let mut chunk = Vec::new();
+        e.for_each_output(|b| {
+            chunk.extend_from_slice(b);
+            chunk.len() < 50
+        });
+        chunk.truncate(50);
+        e.sent(chunk.len());
+        all.extend(chunk);
+    }
+    assert_eq!(all.len(), 72 + 512);
+    assert!(all[72..].iter().all(|&b| b == 0x5A));
+}
+
+#[test]
+fn slots_are_reused_with_a_new_generation() {
+    let mut e = engine(NO, 8192);
+    let (slot, cid1) = submit_read(&mut e, 512);
+    e.take_output();
+    let mut w = c2h(cid1, 0, &[0; 512], flags::LAST_PDU, NO);
+    w.extend(resp(cid1, NO));
+    e.feed(&w, Instant::now()).unwrap();
+    e.next_completion().unwrap();
+    e.submit(
+        slot,
+        rw_sqe(io::READ, 1, 0, 1),
+        Xfer::FromCtrl(512),
+        Instant::now(),
+    )
+    .unwrap();
+    let cid2 = e.cid_of(slot);
+    assert_ne!(cid1, cid2);
+    assert_eq!(cid1 & 0xfff, cid2 & 0xfff);
+    // A late duplicate completion for the old generation is a protocol error.
+    assert!(e.feed(&resp(cid1, NO), Instant::now()).is_err());
+}

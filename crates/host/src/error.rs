@@ -1,0 +1,41 @@
+//! The one error type of the host library. Every failure is one of four kinds,
+//! so callers can decide what to do without parsing messages:
+//! the transport broke, the controller said no, nobody answered in time, or the
+//! peer broke the NVMe/TCP protocol.
+
+use trellis_nvme::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The TCP connection failed (connect refused, reset, EOF, ...).
+    #[error("transport error: {0}")]
+    Transport(#[from] std::io::Error),
+    /// The controller completed a command with a non-success status.
+    #[error("NVMe status: {0}")]
+    Nvme(Status),
+    /// A connect, command or keep-alive did not complete in time.
+    #[error("timeout: {0}")]
+    Timeout(String),
+    /// The controller sent something NVMe/TCP does not allow (bad PDU, unknown
+    /// CID, short data, bad digest, TermReq). The queue is unusable afterwards.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    pub fn protocol(what: impl Into<String>) -> Error {
+        Error::Protocol(what.into())
+    }
+    /// A copy for re-reporting a queue's terminal error on every later call
+    /// (io::Error is not Clone, so the kind and message are carried over).
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Transport(e) => Error::Transport(std::io::Error::new(e.kind(), e.to_string())),
+            Error::Nvme(s) => Error::Nvme(*s),
+            Error::Timeout(s) => Error::Timeout(s.clone()),
+            Error::Protocol(s) => Error::Protocol(s.clone()),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,24 @@
+//! Trellis host: a user-space NVMe/TCP initiator.
+//!
+//! - [`engine`]: the sans-IO queue pair (slots, PDUs in and out, checks).
+//! - [`queue`]: one queue pair on a non-blocking socket, busy-polled by the
+//!   thread that owns it (one gathered `sendmsg` and one `recv` per poll).
+//! - [`ctrl`]: admin queue, controller enable/identify, I/O queue creation,
+//!   Keep Alive, discovery.
+//! - [`fake_target`]: a small, deliberately breakable target over a raw
+//!   socket, for tests of this crate and of `trellis bench`.
+//!
+//! Every encode and decode goes through `trellis-nvme`, the same crate the
+//! target uses. See `docs/host.md` for the design and API walk-through.
+
+pub mod ctrl;
+pub mod engine;
+pub mod error;
+pub mod fake_target;
+pub mod queue;
+
+pub use ctrl::{discover, Controller, HostConfig};
+pub use engine::{Completion, Engine, EngineConfig, Xfer};
+pub use error::{Error, Result};
+pub use queue::{PollStats, Queue};
+pub use trellis_nvme::pdu::Digests;

@@ -1,0 +1,293 @@
+//! One queue pair on a non-blocking TCP socket: the engine plus a thin
+//! busy-poll loop. Each [`Queue::poll`] does at most one gathered `sendmsg`
+//! of everything queued and one large `recv`, then parses every PDU received.
+//!
+//! A `Queue` is `Send` and meant to be owned by exactly one reactor thread.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use trellis_nvme::Sqe;
+
+use crate::engine::{Completion, Engine, EngineConfig, Xfer};
+use crate::error::{Error, Result};
+
+/// Most iovecs per sendmsg; the rest goes in the next call (IOV_MAX is 1024).
+const MAX_IOV: usize = 256;
+/// Check command timeouts at most this often while polling.
+const TIMEOUT_CHECK_EVERY: Duration = Duration::from_millis(1);
+
+/// Counters of the poll loop, for the "is the client the bottleneck" check.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PollStats {
+    pub polls: u64,
+    /// Polls that neither sent nor received a byte.
+    pub idle_polls: u64,
+    pub sendmsg_calls: u64,
+    pub recv_calls: u64,
+}
+
+pub struct Queue {
+    engine: Engine,
+    sock: TcpStream,
+    iov: Vec<libc::iovec>,
+    last_timeout_check: Instant,
+    pub stats: PollStats,
+}
+
+// SAFETY: the iovec array only ever holds pointers into `engine`'s buffers
+// while `flush` runs; between calls its contents are stale and never read.
+unsafe impl Send for Queue {}
+
+/// Socket options for a queue's connection.
+#[derive(Clone, Copy, Debug)]
+pub struct SockOpts {
+    pub connect_timeout: Duration,
+    /// SO_SNDBUF / SO_RCVBUF; 0 keeps the kernel's autotuning.
+    pub sock_buf_bytes: usize,
+}
+
+pub fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(Error::Transport)?
+        .next()
+        .ok_or_else(|| Error::Transport(io::Error::new(io::ErrorKind::NotFound, addr.to_string())))
+}
+
+impl Queue {
+    /// Opens the TCP connection and exchanges ICReq/ICResp.
+    pub fn connect(addr: SocketAddr, cfg: EngineConfig, opts: SockOpts) -> Result<Queue> {
+        let sock = TcpStream::connect_timeout(&addr, opts.connect_timeout).map_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                Error::Timeout(format!("TCP connect to {addr}"))
+            } else {
+                Error::Transport(e)
+            }
+        })?;
+        sock.set_nodelay(true)?;
+        if opts.sock_buf_bytes > 0 {
+            set_buf(&sock, opts.sock_buf_bytes)?;
+        }
+        sock.set_nonblocking(true)?;
+        let mut q = Queue {
+            engine: Engine::new(cfg),
+            sock,
+            iov: Vec::with_capacity(MAX_IOV),
+            last_timeout_check: Instant::now(),
+            stats: PollStats::default(),
+        };
+        q.engine.start();
+        let deadline = Instant::now() + opts.connect_timeout;
+        while !q.engine.ic_done() {
+            q.poll_once(Instant::now())?;
+            if Instant::now() > deadline {
+                return Err(Error::Timeout(format!("ICResp from {addr}")));
+            }
+            std::thread::yield_now();
+        }
+        Ok(q)
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    // Thin forwards so reactor code reads naturally.
+    pub fn alloc(&mut self) -> Option<u16> {
+        self.engine.alloc()
+    }
+    pub fn free(&mut self, slot: u16) {
+        self.engine.free(slot)
+    }
+    pub fn buf(&self, slot: u16) -> &[u8] {
+        self.engine.buf(slot)
+    }
+    pub fn buf_mut(&mut self, slot: u16) -> &mut [u8] {
+        self.engine.buf_mut(slot)
+    }
+    pub fn submit(&mut self, slot: u16, sqe: Sqe, xfer: Xfer, now: Instant) -> Result<()> {
+        self.engine.submit(slot, sqe, xfer, now)
+    }
+    pub fn next_completion(&mut self) -> Option<Completion> {
+        self.engine.next_completion()
+    }
+
+    /// One reactor iteration: flush, receive once, parse, check timeouts.
+    /// Returns the number of completions now waiting.
+    pub fn poll(&mut self, now: Instant) -> Result<usize> {
+        self.poll_once(now)?;
+        if now.saturating_duration_since(self.last_timeout_check) >= TIMEOUT_CHECK_EVERY {
+            self.last_timeout_check = now;
+            self.engine.check_timeouts(now)?;
+        }
+        Ok(self.engine.completions_pending())
+    }
+
+    fn poll_once(&mut self, now: Instant) -> Result<()> {
+        self.engine.check()?;
+        self.stats.polls += 1;
+        let sent = self.flush().map_err(|e| self.engine.fail_with(e))?;
+        let got = self.recv(now)?;
+        if sent == 0 && got == 0 {
+            self.stats.idle_polls += 1;
+        }
+        Ok(())
+    }
+
+    /// One gathered sendmsg of queued output. Returns bytes sent.
+    pub fn flush(&mut self) -> Result<usize> {
+        if !self.engine.has_output() {
+            return Ok(0);
+        }
+        self.iov.clear();
+        let iov = &mut self.iov;
+        self.engine.for_each_output(|b| {
+            iov.push(libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            });
+            iov.len() < MAX_IOV
+        });
+        // SAFETY: msghdr is plain data; iov points into engine buffers that
+        // are not touched until sendmsg returns.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = self.iov.as_mut_ptr();
+            msg.msg_iovlen = self.iov.len() as _;
+            libc::sendmsg(
+                self.sock.as_raw_fd(),
+                &msg,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        self.stats.sendmsg_calls += 1;
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(Error::Transport(e));
+        }
+        self.engine.sent(n as usize);
+        Ok(n as usize)
+    }
+
+    /// One recv into staging (or straight into a payload buffer), then parse.
+    fn recv(&mut self, now: Instant) -> Result<usize> {
+        let fd = self.sock.as_raw_fd();
+        let space = self.engine.recv_space();
+        // SAFETY: `space` is a valid writable slice for its length.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                space.as_mut_ptr() as *mut libc::c_void,
+                space.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        self.stats.recv_calls += 1;
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(self.engine.fail_with(Error::Transport(e)));
+        }
+        if n == 0 {
+            let e = io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "controller closed the connection",
+            );
+            return Err(self.engine.fail_with(Error::Transport(e)));
+        }
+        self.engine.recv_done(n as usize, now)?;
+        Ok(n as usize)
+    }
+
+    /// Runs one command to completion (admin path, setup): submit, then poll
+    /// until its completion arrives. Other completions are left queued.
+    pub fn exec(&mut self, sqe: Sqe, xfer: Xfer, data: &[u8]) -> Result<(Completion, u16)> {
+        let slot = self
+            .alloc()
+            .ok_or_else(|| Error::protocol("no free command slot for a synchronous command"))?;
+        self.buf_mut(slot)[..data.len()].copy_from_slice(data);
+        let r = self.exec_slot(slot, sqe, xfer);
+        if r.is_err() && self.engine.check().is_ok() {
+            // Still on the wire only if it timed out, and then the queue failed.
+            self.free(slot);
+        }
+        r.map(|c| (c, slot))
+    }
+
+    fn exec_slot(&mut self, slot: u16, sqe: Sqe, xfer: Xfer) -> Result<Completion> {
+        self.submit(slot, sqe, xfer, Instant::now())?;
+        let mut spins = 0u32;
+        loop {
+            let now = Instant::now();
+            self.poll(now)?;
+            // Completions are FIFO; ours is found and others kept in order.
+            let n = self.engine.completions_pending();
+            for _ in 0..n {
+                let c = self.engine.next_completion().expect("pending");
+                if c.slot == slot {
+                    return Ok(c);
+                }
+                self.requeue(c);
+            }
+            spins += 1;
+            if spins > 64 {
+                // Setup commands are not latency critical; let the peer run.
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    fn requeue(&mut self, c: Completion) {
+        self.engine.push_completion(c);
+    }
+
+    /// Convenience for setup code: exec and turn a non-success status into an
+    /// error, freeing the slot. Returns DW0 and a copy of the first `out.len()`
+    /// bytes of read data.
+    pub fn exec_ok(
+        &mut self,
+        sqe: Sqe,
+        xfer: Xfer,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> Result<Completion> {
+        let (c, slot) = self.exec(sqe, xfer, data)?;
+        let n = out.len();
+        out.copy_from_slice(&self.buf(slot)[..n]);
+        self.free(slot);
+        if !c.status.is_success() {
+            return Err(Error::Nvme(c.status));
+        }
+        Ok(c)
+    }
+}
+
+fn set_buf(sock: &TcpStream, bytes: usize) -> Result<()> {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt with a valid int option value.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(Error::Transport(io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
