@@ -81,7 +81,8 @@ pub fn encode_controller(c: &ControllerInfo, b: &mut [u8]) {
     put32(b, 516, c.nn);
     if io {
         put16(b, 520, 0x04 | 0x08); // ONCS: Dataset Management, Write Zeroes
-        b[525] = c.vwc as u8; // VWC
+                                    // VWC: bit 0 cache present; bits 2:1 = 10b, flush of NSID FFFFFFFFh not supported.
+        b[525] = c.vwc as u8 | 0x04;
     }
     // SGLS: supported (byte aligned); keyed/offset bit 20: address may be an offset.
     put32(b, 536, 0x0010_0001);

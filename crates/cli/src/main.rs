@@ -1,0 +1,39 @@
+//! `trellis`: one binary for the storage node daemon, the load generator and
+//! the SAN simulator.
+
+mod target_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "trellis", version, about = "Trellis: NVMe/TCP storage fabric")]
+struct Cli {
+    /// Log filter (tracing env-filter syntax), e.g. "info" or "trellis_target=debug".
+    #[arg(long, global = true, env = "TRELLIS_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the storage node: an NVMe/TCP target (defaults: 1 GiB RAM namespace on 127.0.0.1:4420, discovery on 4420 and 8009).
+    Target(target_cmd::TargetArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let r = match cli.cmd {
+        Cmd::Target(a) => target_cmd::run(a),
+    };
+    if let Err(e) = r {
+        eprintln!("trellis: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,139 @@
+//! `trellis target`: flags for the common cases, `--config` for the rest.
+
+use anyhow::Context;
+use clap::Args;
+use trellis_target::config::{
+    BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig, DEFAULT_NQN,
+};
+
+#[derive(Args, Debug)]
+pub struct TargetArgs {
+    /// TOML configuration file (see README "Configuration").
+    #[arg(long, short = 'c')]
+    config: Option<String>,
+    /// Listen address (repeatable); replaces the configured listeners. Port
+    /// 8009 serves discovery only, any other port I/O and discovery.
+    #[arg(long)]
+    listen: Vec<std::net::SocketAddr>,
+    /// Subsystem NQN for namespaces given by flags.
+    #[arg(long, default_value = DEFAULT_NQN)]
+    nqn: String,
+    /// Add a RAM namespace of this size (repeatable), e.g. 1G.
+    #[arg(long)]
+    ram: Vec<ByteSize>,
+    /// Add a null namespace of this size (repeatable): discards writes, reads zeroes.
+    #[arg(long)]
+    null: Vec<ByteSize>,
+    /// Add a file or block-device namespace (repeatable).
+    #[arg(long)]
+    file: Vec<String>,
+    /// Size to create --file paths with when they do not exist.
+    #[arg(long)]
+    file_size: Option<ByteSize>,
+    /// Logical block size of namespaces given by flags (512 or 4096).
+    #[arg(long, default_value_t = 512)]
+    block_size: u32,
+    /// Only these host NQNs may connect (repeatable); default: any host.
+    #[arg(long)]
+    allow_host: Vec<String>,
+    /// Reactor threads.
+    #[arg(long)]
+    reactors: Option<usize>,
+    /// CPUs to pin reactors to, e.g. 0,1.
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+pub fn run(a: TargetArgs) -> anyhow::Result<()> {
+    let cfg = build(a.config.as_deref(), &a)?;
+    if a.check {
+        println!("{cfg:#?}");
+        return Ok(());
+    }
+    trellis_target::server::run(&cfg)
+}
+
+fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
+    let mut cfg = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?;
+            Config::from_toml(&text).with_context(|| format!("in {p}"))?
+        }
+        None => Config::embedded_default(),
+    };
+    let mut nss: Vec<NamespaceConfig> = Vec::new();
+    for s in &a.ram {
+        nss.push(ns(BackendKind::Ram, Some(*s), None, a.block_size));
+    }
+    for s in &a.null {
+        nss.push(ns(BackendKind::Null, Some(*s), None, a.block_size));
+    }
+    for p in &a.file {
+        nss.push(ns(
+            BackendKind::File,
+            a.file_size,
+            Some(p.clone()),
+            a.block_size,
+        ));
+    }
+    if !nss.is_empty() || !a.allow_host.is_empty() || a.nqn != DEFAULT_NQN {
+        // Flags describe the subsystem: replace the default one (or add to the file's).
+        if path.is_none() {
+            cfg.subsystems.clear();
+        }
+        if nss.is_empty() && path.is_none() {
+            nss.push(ns(
+                BackendKind::Ram,
+                Some(ByteSize(1 << 30)),
+                None,
+                a.block_size,
+            ));
+        }
+        if !nss.is_empty() {
+            cfg.subsystems
+                .push(trellis_target::config::SubsystemConfig {
+                    nqn: a.nqn.clone(),
+                    serial: "TRELLIS0001".into(),
+                    model: "Trellis".into(),
+                    allow_any_host: Some(a.allow_host.is_empty()),
+                    allowed_hosts: a.allow_host.clone(),
+                    namespaces: nss,
+                });
+        }
+    }
+    if !a.listen.is_empty() {
+        cfg.listeners = a
+            .listen
+            .iter()
+            .map(|&addr| ListenerConfig { addr, kind: None })
+            .collect();
+    }
+    if let Some(r) = a.reactors {
+        cfg.target.reactors = r;
+    }
+    if !a.cpus.is_empty() {
+        cfg.target.cpus = a.cpus.clone();
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn ns(
+    backend: BackendKind,
+    size: Option<ByteSize>,
+    path: Option<String>,
+    block_size: u32,
+) -> NamespaceConfig {
+    NamespaceConfig {
+        nsid: None,
+        backend,
+        size,
+        path,
+        block_size,
+        read_only: false,
+        direct: true,
+    }
+}

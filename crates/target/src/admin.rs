@@ -1,0 +1,673 @@
+//! Fabrics (Connect, Property Get/Set) and admin commands, dispatched by
+//! opcode as in Linux nvmet's admin-cmd.c: one handler per command.
+
+use crate::config::ListenerKind;
+use crate::conn::{Conn, Ctx, Exec, QueueCtx, QueueKind};
+use crate::subsystem::{Controller, Features, Subsystem};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use trellis_nvme::fabrics::{self, cc, csts, fctype, ipo, ConnectCmd, ConnectData, PropertyCmd};
+use trellis_nvme::identify::{self, cns, ControllerInfo, ControllerType};
+use trellis_nvme::log::{self, lid, DiscoveryEntry, GetLogPage, Smart};
+use trellis_nvme::sqe::admin as op;
+use trellis_nvme::status::{generic, specific};
+use trellis_nvme::{Sqe, Status};
+
+/// Async event requests held per controller (AERL + 1).
+pub const AER_LIMIT: usize = 4;
+const FIRMWARE: &str = env!("CARGO_PKG_VERSION");
+
+fn invalid_param(in_data: bool, offset: u16) -> Exec {
+    Exec::DoneWith(
+        specific::CONNECT_INVALID_PARAMS.dnr(),
+        fabrics::invalid_param_dw0(in_data, offset),
+        0,
+    )
+}
+
+impl Conn {
+    /// Fabrics Connect: creates a controller (admin queue) or attaches an I/O queue.
+    pub(crate) fn connect(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe) -> Exec {
+        let cmd = ConnectCmd::decode(sqe);
+        let slot = &self.slots[s as usize];
+        if slot.xfer_len as usize != fabrics::CONNECT_DATA_LEN {
+            return Exec::Done(generic::DATA_SGL_LENGTH_INVALID.dnr());
+        }
+        let data = match ConnectData::decode(slot.buf.slice(fabrics::CONNECT_DATA_LEN)) {
+            Ok(d) => d,
+            Err(bad) => return invalid_param(true, bad.0),
+        };
+        if cmd.recfmt != 0 {
+            return Exec::Done(specific::CONNECT_INCOMPATIBLE_FORMAT.dnr());
+        }
+        let discovery = data.subnqn == fabrics::DISCOVERY_NQN;
+        let sub = if discovery {
+            None
+        } else {
+            let Some(sub) = self.reg.subsystem(&data.subnqn).cloned() else {
+                return invalid_param(true, ipo::DATA_SUBNQN);
+            };
+            if self.listener_kind == ListenerKind::Discovery {
+                return invalid_param(true, ipo::DATA_SUBNQN); // not exposed on a discovery-only port
+            }
+            if !sub.host_allowed(&data.hostnqn) {
+                tracing::warn!(host = %data.hostnqn, subsystem = %sub.nqn, "connect refused: host not allowed");
+                return Exec::DoneWith(
+                    specific::CONNECT_INVALID_HOST.dnr(),
+                    fabrics::invalid_param_dw0(true, ipo::DATA_HOSTNQN),
+                    0,
+                );
+            }
+            Some(sub)
+        };
+        if cmd.sqsize == 0 || cmd.sqsize >= self.reg.limits.max_queue_depth {
+            return invalid_param(false, ipo::SQE_SQSIZE);
+        }
+        if cmd.qid == 0 {
+            self.connect_admin(ctx, &cmd, data, sub)
+        } else {
+            self.connect_io(&cmd, data, sub)
+        }
+    }
+
+    fn connect_admin(
+        &mut self,
+        ctx: &mut Ctx,
+        cmd: &ConnectCmd,
+        data: ConnectData,
+        sub: Option<Arc<Subsystem>>,
+    ) -> Exec {
+        if data.cntlid != fabrics::CNTLID_DYNAMIC {
+            return invalid_param(true, ipo::DATA_CNTLID); // static controller model is not offered
+        }
+        let max = self.reg.limits.max_controllers;
+        let map = match &sub {
+            Some(s) => &s.controllers,
+            None => &self.reg.discovery_controllers,
+        };
+        let mut ctrls = map.lock().unwrap();
+        if ctrls.len() >= max {
+            return Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
+        }
+        let Some(cntlid) = self.reg.alloc_cntlid(&|id| ctrls.contains_key(&id)) else {
+            return Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
+        };
+        let ctrl = Arc::new(Controller {
+            cntlid,
+            subsys: sub.clone(),
+            hostnqn: data.hostnqn.clone(),
+            hostid: data.hostid,
+            kato_ms: AtomicU32::new(cmd.kato_ms),
+            last_keepalive_ns: AtomicU64::new(ctx.now_ns),
+            cc: AtomicU32::new(0),
+            csts: AtomicU32::new(0),
+            io_queues: AtomicU16::new(self.reg.limits.max_io_queues),
+            connected_qids: Mutex::new(HashSet::from([0])),
+            dead: AtomicBool::new(false),
+            async_event_config: AtomicU32::new(0),
+            features: Mutex::new(Features::default()),
+            errors: Mutex::new(Default::default()),
+        });
+        ctrls.insert(cntlid, ctrl.clone());
+        drop(ctrls);
+        tracing::info!(cntlid, host = %data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
+        self.size_slots(cmd.sqsize);
+        self.q = Some(QueueCtx {
+            qid: 0,
+            sqsize: cmd.sqsize,
+            kind: QueueKind::Admin,
+            ctrl,
+            sqflow_disabled: cmd.disable_sqflow(),
+            sqhd: 0,
+        });
+        Exec::DoneWith(Status::SUCCESS, cntlid as u32, 0)
+    }
+
+    fn connect_io(
+        &mut self,
+        cmd: &ConnectCmd,
+        data: ConnectData,
+        sub: Option<Arc<Subsystem>>,
+    ) -> Exec {
+        let Some(sub) = sub else {
+            return invalid_param(false, ipo::SQE_QID);
+        }; // discovery has no I/O queues
+        let ctrl = sub.controllers.lock().unwrap().get(&data.cntlid).cloned();
+        let Some(ctrl) = ctrl.filter(|c| c.hostnqn == data.hostnqn && !c.dead.load(Relaxed)) else {
+            return invalid_param(true, ipo::DATA_CNTLID);
+        };
+        if cmd.qid > ctrl.io_queues.load(Relaxed) {
+            return invalid_param(false, ipo::SQE_QID);
+        }
+        if !ctrl.ready() {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        }
+        if !ctrl.connected_qids.lock().unwrap().insert(cmd.qid) {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()); // queue already connected
+        }
+        tracing::debug!(
+            cntlid = ctrl.cntlid,
+            qid = cmd.qid,
+            sqsize = cmd.sqsize,
+            "I/O queue connected"
+        );
+        self.size_slots(cmd.sqsize);
+        self.q = Some(QueueCtx {
+            qid: cmd.qid,
+            sqsize: cmd.sqsize,
+            kind: QueueKind::Io,
+            ctrl,
+            sqflow_disabled: cmd.disable_sqflow(),
+            sqhd: 0,
+        });
+        Exec::DoneWith(Status::SUCCESS, data.cntlid as u32, 0)
+    }
+
+    /// Fabrics commands after Connect.
+    pub(crate) fn exec_fabrics(&mut self, ctx: &mut Ctx, sqe: &Sqe) -> Exec {
+        let admin = self.q.as_ref().is_some_and(|q| q.kind == QueueKind::Admin);
+        match sqe.fctype() {
+            fctype::CONNECT => Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()),
+            fctype::PROPERTY_GET if admin => self.property_get(sqe),
+            fctype::PROPERTY_SET if admin => self.property_set(ctx, sqe),
+            // Authentication is not offered: hosts skip it unless asked.
+            _ => Exec::Done(generic::INVALID_OPCODE.dnr()),
+        }
+    }
+
+    fn property_get(&self, sqe: &Sqe) -> Exec {
+        let p = PropertyCmd::decode(sqe);
+        let ctrl = &self.q.as_ref().unwrap().ctrl;
+        let cap = fabrics::cap(self.reg.limits.max_queue_depth - 1, 15);
+        let v: u64 = match (p.offset, p.size8) {
+            (fabrics::prop::CAP, true) => cap,
+            (fabrics::prop::CAP, false) => cap & 0xffff_ffff,
+            (0x04, false) => cap >> 32,
+            (fabrics::prop::VS, false) => fabrics::VS_1_4 as u64,
+            (fabrics::prop::CC, false) => ctrl.cc.load(Relaxed) as u64,
+            (fabrics::prop::CSTS, false) => ctrl.csts.load(Relaxed) as u64,
+            (fabrics::prop::NSSR, false) => 0,
+            _ => return Exec::Done(generic::INVALID_FIELD.dnr()),
+        };
+        Exec::DoneWith(Status::SUCCESS, v as u32, (v >> 32) as u32)
+    }
+
+    fn property_set(&mut self, ctx: &mut Ctx, sqe: &Sqe) -> Exec {
+        let p = PropertyCmd::decode(sqe);
+        if p.offset != fabrics::prop::CC || p.size8 {
+            return Exec::Done(generic::INVALID_FIELD.dnr());
+        }
+        let ctrl = self.q.as_ref().unwrap().ctrl.clone();
+        let new = p.value as u32;
+        let old = ctrl.cc.swap(new, Relaxed);
+        if new & cc::EN != 0 && old & cc::EN == 0 {
+            if cc_valid(new, ctrl.is_discovery()) {
+                ctrl.csts.fetch_or(csts::RDY, Relaxed);
+                ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+            } else {
+                tracing::warn!(
+                    cntlid = ctrl.cntlid,
+                    "CC {new:#x} invalid; controller fatal status"
+                );
+                ctrl.csts.fetch_or(csts::CFS, Relaxed);
+            }
+        }
+        if new & cc::EN == 0 && old & cc::EN != 0 {
+            ctrl.csts.fetch_and(!csts::RDY, Relaxed); // controller reset
+        }
+        let (shn_new, shn_old) = (new & cc::SHN_MASK, old & cc::SHN_MASK);
+        if shn_new != 0 && shn_old == 0 {
+            // A shutdown notification: make every acknowledged write durable
+            // before reporting shutdown complete.
+            if let Some(sub) = &ctrl.subsys {
+                for ns in &sub.namespaces {
+                    if let Err(e) = ns.backend.sync_all() {
+                        tracing::error!("flush of nsid {} at shutdown failed: {e}", ns.nsid);
+                    }
+                }
+            }
+            ctrl.csts.fetch_or(csts::SHST_COMPLETE, Relaxed);
+        } else if shn_new == 0 && shn_old != 0 {
+            ctrl.csts.fetch_and(!(0x3 << 2), Relaxed);
+        }
+        Exec::Done(Status::SUCCESS)
+    }
+
+    /// Admin queue dispatch.
+    pub(crate) fn exec_admin(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe) -> Exec {
+        let ctrl = self.q.as_ref().unwrap().ctrl.clone();
+        if sqe.opcode() == op::FABRICS {
+            return self.exec_fabrics(ctx, sqe);
+        }
+        if !ctrl.ready() {
+            return Exec::Done(
+                if ctrl.is_discovery() {
+                    generic::INVALID_OPCODE
+                } else {
+                    generic::COMMAND_SEQUENCE_ERROR
+                }
+                .dnr(),
+            );
+        }
+        let disc = ctrl.is_discovery();
+        match sqe.opcode() {
+            op::IDENTIFY => self.identify(ctx, s, sqe, &ctrl),
+            op::GET_LOG_PAGE => self.get_log_page(ctx, s, sqe, &ctrl),
+            op::SET_FEATURES => self.set_features(ctx, sqe, &ctrl),
+            op::GET_FEATURES => self.get_features(s, sqe, &ctrl),
+            op::ASYNC_EVENT_REQUEST => self.async_event_request(s),
+            op::KEEP_ALIVE => keep_alive(ctx, &ctrl),
+            op::ABORT if !disc => Exec::DoneWith(Status::SUCCESS, 1, 0), // bit 0: command not aborted
+            _ => Exec::Done(generic::INVALID_OPCODE.dnr()),
+        }
+    }
+
+    /// Copies `scratch[..]` (zero-filled to the transfer length) into slot `s`.
+    fn reply_data(&mut self, s: u16, data: &[u8]) -> Exec {
+        let slot = &mut self.slots[s as usize];
+        let len = slot.xfer_len as usize;
+        let out = slot.buf.slice_mut(len);
+        let n = data.len().min(len);
+        out[..n].copy_from_slice(&data[..n]);
+        out[n..].fill(0);
+        Exec::Done(Status::SUCCESS)
+    }
+
+    fn controller_info(&self, ctrl: &Controller) -> ControllerInfo {
+        let l = &self.reg.limits;
+        let mdts = (l.max_io_size.0 / 4096).trailing_zeros() as u8;
+        match &ctrl.subsys {
+            Some(sub) => ControllerInfo {
+                kind: ControllerType::Io,
+                serial: sub.serial.clone(),
+                model: sub.model.clone(),
+                firmware: FIRMWARE.into(),
+                cntlid: ctrl.cntlid,
+                version: fabrics::VS_1_4,
+                mdts,
+                subnqn: sub.nqn.clone(),
+                nn: sub.max_nsid(),
+                icd_bytes: l.in_capsule_data.0 as u32,
+                maxcmd: l.max_queue_depth,
+                vwc: true,
+                kas: 10,
+                aerl: AER_LIMIT as u8 - 1,
+                oaes: 0,
+            },
+            None => ControllerInfo {
+                kind: ControllerType::Discovery,
+                serial: "TRELLIS-DISCOVERY".into(),
+                model: "Trellis Discovery".into(),
+                firmware: FIRMWARE.into(),
+                cntlid: ctrl.cntlid,
+                version: fabrics::VS_1_4,
+                mdts,
+                subnqn: fabrics::DISCOVERY_NQN.into(),
+                nn: 0,
+                icd_bytes: 0,
+                maxcmd: l.max_queue_depth,
+                vwc: false,
+                kas: 10,
+                aerl: AER_LIMIT as u8 - 1,
+                oaes: 0,
+            },
+        }
+    }
+
+    fn identify(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe, ctrl: &Controller) -> Exec {
+        let c = (sqe.cdw10() & 0xff) as u8;
+        let csi = (sqe.cdw11() >> 24) as u8;
+        let nsid = sqe.nsid();
+        let mut page = std::mem::take(ctx.scratch);
+        page.clear();
+        page.resize(identify::IDENTIFY_LEN, 0);
+        let r = match (&ctrl.subsys, c) {
+            (_, cns::CONTROLLER) => {
+                identify::encode_controller(&self.controller_info(ctrl), &mut page);
+                Ok(())
+            }
+            (None, _) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(sub), cns::NAMESPACE) => match sub.namespace(nsid) {
+                Some(ns) => {
+                    identify::encode_namespace(&ns.info, &mut page);
+                    Ok(())
+                }
+                // An inactive NSID within NN reads as zeroes (NCAP 0).
+                None if nsid != 0 && nsid <= sub.max_nsid() => Ok(()),
+                None => Err(generic::INVALID_NAMESPACE.dnr()),
+            },
+            (Some(sub), cns::ACTIVE_NS_LIST) if nsid < 0xFFFF_FFFE => {
+                identify::encode_ns_list(sub.namespaces.iter().map(|n| n.nsid), nsid, &mut page);
+                Ok(())
+            }
+            (Some(sub), cns::NS_ID_DESCRIPTORS) => match sub.namespace(nsid) {
+                Some(ns) => {
+                    identify::encode_ns_descriptors(&ns.info, &mut page);
+                    Ok(())
+                }
+                None => Err(generic::INVALID_NAMESPACE.dnr()),
+            },
+            // NVM command set specific structures: no limits to report.
+            (Some(_), cns::CSI_CONTROLLER | cns::CSI_NAMESPACE) if csi == 0 => Ok(()),
+            _ => Err(generic::INVALID_FIELD.dnr()),
+        };
+        let e = match r {
+            Ok(()) => self.reply_data(s, &page),
+            Err(st) => Exec::Done(st),
+        };
+        *ctx.scratch = page;
+        e
+    }
+
+    fn get_log_page(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe, ctrl: &Controller) -> Exec {
+        let lp = GetLogPage::decode(sqe);
+        if lp.len_bytes != self.slots[s as usize].xfer_len as u64 {
+            return Exec::Done(generic::DATA_SGL_LENGTH_INVALID.dnr());
+        }
+        if lp.offset_bytes % 4 != 0 {
+            return Exec::Done(generic::INVALID_FIELD.dnr());
+        }
+        let mut page = std::mem::take(ctx.scratch);
+        page.clear();
+        let r = match (&ctrl.subsys, lp.lid) {
+            (None, lid::DISCOVERY) => {
+                self.discovery_log(ctrl, &mut page);
+                Ok(())
+            }
+            (None, _) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(_), lid::DISCOVERY) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(sub), l) => self.io_log(l, sqe.nsid(), sub, ctrl, &mut page),
+        };
+        let e = match r {
+            Ok(()) => {
+                let len = lp.len_bytes as usize;
+                let slot = &mut self.slots[s as usize];
+                log::copy_window(&page, lp.offset_bytes, slot.buf.slice_mut(len));
+                Exec::Done(Status::SUCCESS)
+            }
+            Err(st) => Exec::Done(st),
+        };
+        *ctx.scratch = page;
+        e
+    }
+
+    fn io_log(
+        &mut self,
+        l: u8,
+        nsid: u32,
+        sub: &Subsystem,
+        ctrl: &Controller,
+        page: &mut Vec<u8>,
+    ) -> Result<(), Status> {
+        match l {
+            lid::SUPPORTED_LOGS => {
+                page.resize(1024, 0);
+                let lids = [
+                    lid::SUPPORTED_LOGS,
+                    lid::ERROR,
+                    lid::SMART,
+                    lid::FIRMWARE_SLOT,
+                    lid::CHANGED_NS_LIST,
+                    lid::COMMANDS_EFFECTS,
+                ];
+                log::encode_supported_logs(&lids, page);
+            }
+            lid::ERROR => {
+                let errs = ctrl.errors.lock().unwrap();
+                page.resize(crate::subsystem::ERROR_LOG_ENTRIES * 64, 0);
+                for (i, e) in errs.entries.iter().enumerate() {
+                    e.encode(&mut page[i * 64..]);
+                }
+            }
+            lid::SMART => {
+                page.resize(log::SMART_LEN, 0);
+                self.smart(nsid, sub, ctrl)?.encode(page);
+            }
+            lid::FIRMWARE_SLOT => {
+                page.resize(512, 0);
+                page[0] = 1; // active firmware in slot 1
+                trellis_nvme::put_ascii_padded(&mut page[8..16], FIRMWARE);
+            }
+            // Namespaces do not change while the target runs: the list is empty.
+            lid::CHANGED_NS_LIST => page.resize(4096, 0),
+            lid::COMMANDS_EFFECTS => {
+                page.resize(4096, 0);
+                use trellis_nvme::sqe::io;
+                let admin = [
+                    op::GET_LOG_PAGE,
+                    op::IDENTIFY,
+                    op::ABORT,
+                    op::SET_FEATURES,
+                    op::GET_FEATURES,
+                    op::ASYNC_EVENT_REQUEST,
+                    op::KEEP_ALIVE,
+                ];
+                let ios = [
+                    (io::FLUSH, false),
+                    (io::WRITE, true),
+                    (io::READ, false),
+                    (io::WRITE_ZEROES, true),
+                    (io::DATASET_MANAGEMENT, true),
+                ];
+                log::encode_commands_effects(&admin, &ios, page);
+            }
+            _ => return Err(generic::INVALID_FIELD.dnr()),
+        }
+        Ok(())
+    }
+
+    /// SMART / health from the live counters: all namespaces for NSID 0 or
+    /// FFFFFFFFh, else the one named.
+    fn smart(&mut self, nsid: u32, sub: &Subsystem, ctrl: &Controller) -> Result<Smart, Status> {
+        self.flush_stats();
+        let nss: Vec<_> = if nsid == 0 || nsid == 0xFFFF_FFFF {
+            sub.namespaces.iter().collect()
+        } else {
+            vec![sub
+                .namespace(nsid)
+                .ok_or(generic::INVALID_NAMESPACE.dnr())?]
+        };
+        let mut s = Smart {
+            available_spare_pct: 100,
+            ..Default::default()
+        };
+        let (mut rb, mut wb) = (0u64, 0u64);
+        for ns in nss {
+            rb += ns.stats.read_bytes.load(Relaxed);
+            wb += ns.stats.write_bytes.load(Relaxed);
+            s.host_read_commands += ns.stats.read_cmds.load(Relaxed) as u128;
+            s.host_write_commands += ns.stats.write_cmds.load(Relaxed) as u128;
+            s.media_errors += ns.stats.media_errors.load(Relaxed) as u128;
+        }
+        s.data_units_read = log::data_units(rb);
+        s.data_units_written = log::data_units(wb);
+        s.power_on_hours = self.reg.uptime_hours() as u128;
+        s.unsafe_shutdowns = self.reg.unsafe_shutdowns.load(Relaxed) as u128;
+        s.error_log_entries = ctrl.errors.lock().unwrap().count as u128;
+        Ok(s)
+    }
+
+    /// The discovery log as this host sees it: our own entry, then one entry
+    /// per (allowed subsystem, I/O listener).
+    fn discovery_log(&self, ctrl: &Controller, page: &mut Vec<u8>) {
+        let mut entries = Vec::new();
+        let here = self.reg.listeners.iter().find(|l| l.portid == self.portid);
+        let addr_of = |a: std::net::SocketAddr| {
+            // Never advertise 0.0.0.0: report the address the host reached us on.
+            if a.ip().is_unspecified() {
+                self.local.ip()
+            } else {
+                a.ip()
+            }
+        };
+        let entry = |sub_type, nqn: &str, a: std::net::SocketAddr, portid| DiscoveryEntry {
+            adrfam: if addr_of(a).is_ipv4() { 1 } else { 2 },
+            subtype: sub_type,
+            // Secure channel not required; SQ flow control disable supported.
+            treq: 0x2 | 0x4,
+            portid,
+            trsvcid: a.port().to_string(),
+            subnqn: nqn.into(),
+            traddr: addr_of(a).to_string(),
+        };
+        if let Some(l) = here {
+            entries.push(entry(
+                log::subtype::CURRENT_DISCOVERY,
+                fabrics::DISCOVERY_NQN,
+                l.addr,
+                l.portid,
+            ));
+        }
+        for sub in self
+            .reg
+            .subsystems
+            .iter()
+            .filter(|s| s.host_allowed(&ctrl.hostnqn))
+        {
+            for l in self
+                .reg
+                .listeners
+                .iter()
+                .filter(|l| l.kind == ListenerKind::Both)
+            {
+                entries.push(entry(log::subtype::NVME, &sub.nqn, l.addr, l.portid));
+            }
+        }
+        log::encode_discovery_log(self.reg.discovery_genctr.load(Relaxed), &entries, page);
+    }
+
+    fn set_features(&mut self, ctx: &mut Ctx, sqe: &Sqe, ctrl: &Controller) -> Exec {
+        let fid = (sqe.cdw10() & 0xff) as u8;
+        let v = sqe.cdw11();
+        if sqe.cdw10() & (1 << 31) != 0 {
+            return Exec::Done(specific::FEATURE_NOT_SAVEABLE.dnr());
+        }
+        let disc = ctrl.is_discovery();
+        let mut f = ctrl.features.lock().unwrap();
+        match fid {
+            feat::KATO => {
+                ctrl.kato_ms.store(v, Relaxed);
+                ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+            }
+            feat::ASYNC_EVENT_CONFIG => {
+                let allowed = if disc { 1 << 31 } else { 0x0000_0BFF };
+                if v & !allowed != 0 {
+                    return Exec::Done(generic::INVALID_FIELD.dnr());
+                }
+                ctrl.async_event_config.store(v, Relaxed);
+            }
+            _ if disc => return Exec::Done(generic::INVALID_FIELD.dnr()),
+            feat::NUM_QUEUES => {
+                let (nsq, ncq) = (v & 0xffff, v >> 16);
+                if nsq == 0xffff || ncq == 0xffff {
+                    return Exec::Done(generic::INVALID_FIELD.dnr());
+                }
+                let n = (nsq.max(ncq) + 1).min(self.reg.limits.max_io_queues as u32);
+                ctrl.io_queues.store(n as u16, Relaxed);
+                return Exec::DoneWith(Status::SUCCESS, (n - 1) | (n - 1) << 16, 0);
+            }
+            feat::ARBITRATION => f.arbitration = v,
+            feat::POWER_MGMT if v & 0x1f == 0 => f.power_mgmt = v, // one power state
+            feat::TEMP_THRESHOLD => f.temp_threshold = v,
+            feat::ERROR_RECOVERY => f.error_recovery = v,
+            feat::WRITE_CACHE => f.write_cache = v & 1,
+            feat::IRQ_COALESCING => f.irq_coalescing = v,
+            feat::IRQ_CONFIG => f.irq_config = v,
+            feat::WRITE_ATOMICITY => f.write_atomicity = v,
+            _ => return Exec::Done(generic::INVALID_FIELD.dnr()),
+        }
+        Exec::Done(Status::SUCCESS)
+    }
+
+    fn get_features(&mut self, s: u16, sqe: &Sqe, ctrl: &Controller) -> Exec {
+        let fid = (sqe.cdw10() & 0xff) as u8;
+        let sel = (sqe.cdw10() >> 8) & 0x7;
+        let disc = ctrl.is_discovery();
+        let known = matches!(fid, feat::KATO | feat::ASYNC_EVENT_CONFIG)
+            || (!disc
+                && (fid == feat::NUM_QUEUES
+                    || fid == feat::HOST_ID
+                    || (feat::ARBITRATION..=feat::WRITE_ATOMICITY).contains(&fid) && fid != 0x03));
+        if !known {
+            return Exec::Done(generic::INVALID_FIELD.dnr());
+        }
+        if sel == 3 {
+            return Exec::DoneWith(Status::SUCCESS, 0x4, 0); // changeable, not saveable
+        }
+        let d = if sel == 1 {
+            Features::default()
+        } else {
+            ctrl.features.lock().unwrap().clone()
+        };
+        let v = match fid {
+            feat::KATO => ctrl.kato_ms.load(Relaxed),
+            feat::ASYNC_EVENT_CONFIG => ctrl.async_event_config.load(Relaxed),
+            feat::NUM_QUEUES => {
+                let n = ctrl.io_queues.load(Relaxed) as u32;
+                (n - 1) | (n - 1) << 16
+            }
+            feat::HOST_ID => {
+                if sqe.cdw11() & 1 == 0 || self.slots[s as usize].xfer_len < 16 {
+                    return Exec::Done(generic::INVALID_FIELD.dnr()); // only the 128-bit host ID
+                }
+                let id = ctrl.hostid;
+                return self.reply_data(s, &id);
+            }
+            feat::ARBITRATION => d.arbitration,
+            feat::POWER_MGMT => d.power_mgmt,
+            feat::TEMP_THRESHOLD => d.temp_threshold,
+            feat::ERROR_RECOVERY => d.error_recovery,
+            feat::WRITE_CACHE => d.write_cache,
+            feat::IRQ_COALESCING => d.irq_coalescing,
+            feat::IRQ_CONFIG => d.irq_config,
+            feat::WRITE_ATOMICITY => d.write_atomicity,
+            _ => unreachable!(),
+        };
+        Exec::DoneWith(Status::SUCCESS, v, 0)
+    }
+
+    /// AERs are held until an event; the controller keeps at most AER_LIMIT.
+    fn async_event_request(&mut self, s: u16) -> Exec {
+        if self.aers.len() >= AER_LIMIT {
+            return Exec::Done(specific::AER_LIMIT_EXCEEDED);
+        }
+        self.aers.push(s);
+        Exec::Held
+    }
+}
+
+fn keep_alive(ctx: &mut Ctx, ctrl: &Controller) -> Exec {
+    if ctrl.kato_ms.load(Relaxed) == 0 && !ctrl.is_discovery() {
+        return Exec::Done(generic::KEEP_ALIVE_INVALID);
+    }
+    ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+    Exec::Done(Status::SUCCESS)
+}
+
+/// On enable, the controller configuration must match what we implement.
+fn cc_valid(v: u32, discovery: bool) -> bool {
+    let css = (v >> 4) & 0x7;
+    let mps = (v >> 7) & 0xf;
+    let ams = (v >> 11) & 0x7;
+    let iosqes = (v >> 16) & 0xf;
+    let iocqes = (v >> 20) & 0xf;
+    let queues_ok = discovery || (iosqes == 6 && iocqes == 4);
+    (css == 0 || css == 6) && mps == 0 && ams == 0 && queues_ok
+}
+
+/// Feature identifiers.
+mod feat {
+    pub const ARBITRATION: u8 = 0x01;
+    pub const POWER_MGMT: u8 = 0x02;
+    pub const TEMP_THRESHOLD: u8 = 0x04;
+    pub const ERROR_RECOVERY: u8 = 0x05;
+    pub const WRITE_CACHE: u8 = 0x06;
+    pub const NUM_QUEUES: u8 = 0x07;
+    pub const IRQ_COALESCING: u8 = 0x08;
+    pub const IRQ_CONFIG: u8 = 0x09;
+    pub const WRITE_ATOMICITY: u8 = 0x0A;
+    pub const ASYNC_EVENT_CONFIG: u8 = 0x0B;
+    pub const KATO: u8 = 0x0F;
+    pub const HOST_ID: u8 = 0x81;
+}

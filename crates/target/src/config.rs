@@ -1,0 +1,422 @@
+//! Target configuration: listeners, subsystems, namespaces and limits, read
+//! from TOML (`trellis target --config FILE`) or built from flags.
+//!
+//! Every bound the daemon enforces lives here with a sane default, so an
+//! operator can see and change all of them in one place.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+
+pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub target: TargetConfig,
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+    #[serde(default, rename = "subsystem")]
+    pub subsystems: Vec<SubsystemConfig>,
+}
+
+/// Daemon-wide settings and limits.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TargetConfig {
+    /// Reactor threads (each owns its connections for their whole life).
+    pub reactors: usize,
+    /// CPUs to pin reactors to, in order (empty: no pinning).
+    pub cpus: Vec<usize>,
+    /// Largest data transfer per command (MDTS), a power of two ≥ 4 KiB.
+    pub max_io_size: ByteSize,
+    /// In-capsule data accepted on I/O queues (IOCCSZ). Admin queues and
+    /// Connect always accept 8 KiB, as hosts require.
+    pub in_capsule_data: ByteSize,
+    /// MAXH2CDATA: the largest H2CData PDU payload.
+    pub max_h2c_data: ByteSize,
+    /// Largest queue a host may create (CAP.MQES + 1).
+    pub max_queue_depth: u16,
+    /// I/O queues granted per controller.
+    pub max_io_queues: u16,
+    /// Connections accepted across all listeners.
+    pub max_connections: usize,
+    /// Live controllers per subsystem.
+    pub max_controllers: usize,
+    /// How long a reactor keeps spinning without work before it sleeps.
+    pub idle_spin_us: u64,
+    /// Longest sleep of an idle reactor (bounds timer latency).
+    pub idle_sleep_ms: u64,
+    /// Idle timeout of discovery controllers connected with KATO 0.
+    pub discovery_idle_timeout_s: u64,
+    /// A connection must send ICReq and Connect within this time.
+    pub connect_timeout_ms: u64,
+    /// Time allowed at shutdown to finish in-flight commands.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            reactors: 1,
+            cpus: Vec::new(),
+            max_io_size: ByteSize(128 << 10),
+            in_capsule_data: ByteSize(8 << 10),
+            max_h2c_data: ByteSize(128 << 10),
+            max_queue_depth: 128,
+            max_io_queues: 16,
+            max_connections: 1024,
+            max_controllers: 64,
+            idle_spin_us: 200,
+            idle_sleep_ms: 10,
+            discovery_idle_timeout_s: 120,
+            connect_timeout_ms: 10_000,
+            shutdown_grace_ms: 5_000,
+        }
+    }
+}
+
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    /// I/O controllers and the discovery controller.
+    Both,
+    /// Only the discovery subsystem (the 8009 convention).
+    Discovery,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    pub addr: SocketAddr,
+    /// Default: discovery-only on port 8009, both elsewhere.
+    pub kind: Option<ListenerKind>,
+}
+
+impl ListenerConfig {
+    pub fn kind(&self) -> ListenerKind {
+        self.kind.unwrap_or(if self.addr.port() == 8009 {
+            ListenerKind::Discovery
+        } else {
+            ListenerKind::Both
+        })
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    #[serde(default = "default_serial")]
+    pub serial: String,
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Any host may connect (default true when no host list is given).
+    pub allow_any_host: Option<bool>,
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    #[serde(default, rename = "namespace")]
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+impl SubsystemConfig {
+    pub fn allow_any(&self) -> bool {
+        self.allow_any_host.unwrap_or(self.allowed_hosts.is_empty())
+    }
+}
+
+fn default_serial() -> String {
+    "TRELLIS0001".into()
+}
+fn default_model() -> String {
+    "Trellis".into()
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Discards writes and reads zeroes: for benchmarks.
+    Null,
+    /// Memory-backed, lost at exit.
+    Ram,
+    /// A regular file or a block device, through io_uring.
+    File,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Default: position in the list, from 1.
+    pub nsid: Option<u32>,
+    pub backend: BackendKind,
+    /// Size for null/ram; for a file, the size to create it with if missing
+    /// (an existing file or device keeps its own size).
+    pub size: Option<ByteSize>,
+    pub path: Option<String>,
+    /// Logical block size: 512 or 4096.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    #[serde(default)]
+    pub read_only: bool,
+    /// Open files with O_DIRECT when the filesystem or device allows it.
+    #[serde(default = "yes")]
+    pub direct: bool,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+fn yes() -> bool {
+    true
+}
+
+/// A byte count written as an integer or a string like "1GiB", "512M", "4k".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+        let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            _ => return Err(format!("bad size unit in {s:?} (use k, M, G, T)")),
+        };
+        n.checked_mul(mul)
+            .map(ByteSize)
+            .ok_or_else(|| format!("size {s:?} overflows"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> anyhow::Result<Config> {
+        let c: Config = toml::from_str(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The embedded default: one subsystem with a 1 GiB RAM namespace, I/O on
+    /// 127.0.0.1:4420 and discovery on 4420 and 8009.
+    pub fn embedded_default() -> Config {
+        let c = Config {
+            target: TargetConfig::default(),
+            listeners: vec![
+                ListenerConfig {
+                    addr: "127.0.0.1:4420".parse().unwrap(),
+                    kind: None,
+                },
+                ListenerConfig {
+                    addr: "127.0.0.1:8009".parse().unwrap(),
+                    kind: None,
+                },
+            ],
+            subsystems: vec![SubsystemConfig {
+                nqn: DEFAULT_NQN.into(),
+                serial: default_serial(),
+                model: default_model(),
+                allow_any_host: Some(true),
+                allowed_hosts: vec![],
+                namespaces: vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 30)],
+            }],
+        };
+        c.validate().expect("embedded default is valid");
+        c
+    }
+
+    /// Checks every bound and name before anything is opened.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        use anyhow::{bail, ensure};
+        let t = &self.target;
+        ensure!(
+            t.reactors >= 1 && t.reactors <= 256,
+            "target.reactors must be 1..=256"
+        );
+        let io = t.max_io_size.0;
+        ensure!(
+            io.is_power_of_two() && (4096..=(8 << 20)).contains(&io),
+            "target.max_io_size must be a power of two in 4KiB..=8MiB"
+        );
+        ensure!(
+            t.in_capsule_data.0 % 16 == 0 && t.in_capsule_data.0 <= 64 << 10,
+            "target.in_capsule_data must be a multiple of 16 up to 64KiB"
+        );
+        let h2c = t.max_h2c_data.0;
+        ensure!(
+            h2c >= 4096 && h2c % 4 == 0 && h2c <= 1 << 20,
+            "target.max_h2c_data must be 4KiB..=1MiB and a multiple of 4"
+        );
+        ensure!(
+            t.max_queue_depth >= 2 && t.max_queue_depth <= 4096,
+            "target.max_queue_depth must be 2..=4096"
+        );
+        ensure!(
+            t.max_io_queues >= 1 && t.max_io_queues <= 1024,
+            "target.max_io_queues must be 1..=1024"
+        );
+        ensure!(t.max_connections >= 1, "target.max_connections must be ≥ 1");
+        ensure!(
+            t.max_controllers >= 1 && t.max_controllers < 0xFFEF,
+            "target.max_controllers out of range"
+        );
+        ensure!(
+            !self.listeners.is_empty(),
+            "at least one [[listener]] is needed"
+        );
+        let mut nqns = std::collections::HashSet::new();
+        for s in &self.subsystems {
+            check_nqn(&s.nqn)?;
+            ensure!(
+                s.nqn != trellis_nvme::fabrics::DISCOVERY_NQN,
+                "the discovery NQN is reserved"
+            );
+            ensure!(nqns.insert(s.nqn.clone()), "duplicate subsystem {}", s.nqn);
+            ensure!(
+                !s.serial.is_empty() && s.serial.len() <= 20 && s.serial.is_ascii(),
+                "serial of {} must be 1..=20 ASCII chars",
+                s.nqn
+            );
+            ensure!(
+                s.model.len() <= 40 && s.model.is_ascii(),
+                "model of {} must be ≤ 40 ASCII chars",
+                s.nqn
+            );
+            for h in &s.allowed_hosts {
+                check_nqn(h)?;
+            }
+            if s.allow_any_host == Some(false) && s.allowed_hosts.is_empty() {
+                bail!("subsystem {} allows no host at all", s.nqn);
+            }
+            let mut ids = std::collections::HashSet::new();
+            for (i, n) in s.namespaces.iter().enumerate() {
+                let id = n.nsid.unwrap_or(i as u32 + 1);
+                ensure!(id >= 1 && id < 0xFFFF_FFFE, "nsid {id} out of range");
+                ensure!(ids.insert(id), "duplicate nsid {id} in {}", s.nqn);
+                ensure!(
+                    n.block_size == 512 || n.block_size == 4096,
+                    "block_size must be 512 or 4096"
+                );
+                match n.backend {
+                    BackendKind::File => ensure!(n.path.is_some(), "file namespace needs a path"),
+                    _ => ensure!(
+                        n.size.map_or(false, |s| s.0 >= n.block_size as u64),
+                        "{:?} namespace needs a size",
+                        n.backend
+                    ),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl NamespaceConfig {
+    pub fn sized(backend: BackendKind, size_bytes: u64) -> NamespaceConfig {
+        NamespaceConfig {
+            nsid: None,
+            backend,
+            size: Some(ByteSize(size_bytes)),
+            path: None,
+            block_size: 512,
+            read_only: false,
+            direct: true,
+        }
+    }
+}
+
+/// NQNs: "nqn." prefix, at most 223 bytes, printable ASCII.
+pub fn check_nqn(n: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        n.starts_with("nqn.")
+            && n.len() <= trellis_nvme::fabrics::NQN_MAX_LEN
+            && n.bytes().all(|c| c.is_ascii_graphic()),
+        "bad NQN {n:?}: must start with \"nqn.\", be ≤ 223 printable ASCII bytes"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!("1GiB".parse::<ByteSize>().unwrap().0, 1 << 30);
+        assert_eq!("512M".parse::<ByteSize>().unwrap().0, 512 << 20);
+        assert_eq!("4096".parse::<ByteSize>().unwrap().0, 4096);
+        assert!("12 parsecs".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn toml_config_reads_listeners_subsystems_namespaces() {
+        let c = Config::from_toml(
+            r#"
+            [target]
+            reactors = 2
+            [[listener]]
+            addr = "127.0.0.1:4420"
+            [[listener]]
+            addr = "127.0.0.1:8009"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.trellis:a"
+            allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:1"]
+            [[subsystem.namespace]]
+            backend = "ram"
+            size = "64MiB"
+            [[subsystem.namespace]]
+            backend = "null"
+            size = 1073741824
+            nsid = 7
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.target.reactors, 2);
+        assert_eq!(c.listeners[1].kind(), ListenerKind::Discovery);
+        assert_eq!(c.listeners[0].kind(), ListenerKind::Both);
+        let s = &c.subsystems[0];
+        assert!(
+            !s.allow_any(),
+            "a host list without allow_any_host means only those hosts"
+        );
+        assert_eq!(s.namespaces[0].size, Some(ByteSize(64 << 20)));
+        assert_eq!(s.namespaces[1].nsid, Some(7));
+    }
+
+    #[test]
+    fn invalid_configs_are_refused_with_a_reason() {
+        let bad = Config::from_toml(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"bogus\"\n",
+        );
+        assert!(bad.unwrap_err().to_string().contains("bad NQN"));
+        let bad = Config::from_toml(
+            "[target]\nmax_io_size = \"3k\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n",
+        );
+        assert!(bad.unwrap_err().to_string().contains("max_io_size"));
+        assert!(
+            Config::from_toml("[target]\nnonsense = 1\n").is_err(),
+            "unknown keys are errors"
+        );
+    }
+}

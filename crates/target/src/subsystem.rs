@@ -1,0 +1,310 @@
+//! Shared state: the registry of subsystems, namespaces and live
+//! controllers. Reactors read it on the data path without locks; locks are
+//! taken only on the control path (Connect, teardown, error log).
+
+use crate::backend::{self, Backend};
+use crate::config::{Config, ListenerConfig, ListenerKind, TargetConfig};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use trellis_nvme::identify::NamespaceInfo;
+use trellis_nvme::log::ErrorEntry;
+
+/// Per-namespace counters behind the SMART log. Reactors add to them in
+/// batches (see `conn::LocalStats`), not once per I/O.
+#[derive(Default)]
+pub struct NsStats {
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub read_cmds: AtomicU64,
+    pub write_cmds: AtomicU64,
+    pub media_errors: AtomicU64,
+}
+
+pub struct Namespace {
+    pub nsid: u32,
+    /// Index into `Registry::namespaces`; reactors key their backend queues by it.
+    pub uid: usize,
+    pub backend: Arc<dyn Backend>,
+    pub block_size: u32,
+    pub lbads: u8,
+    pub size_blocks: u64,
+    pub read_only: bool,
+    pub info: NamespaceInfo,
+    pub stats: NsStats,
+}
+
+pub struct Subsystem {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    pub allow_any: bool,
+    pub allowed_hosts: HashSet<String>,
+    /// Sorted by NSID.
+    pub namespaces: Vec<Arc<Namespace>>,
+    pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+}
+
+impl Subsystem {
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.allow_any || self.allowed_hosts.contains(hostnqn)
+    }
+    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.namespaces
+            .binary_search_by_key(&nsid, |n| n.nsid)
+            .ok()
+            .map(|i| &self.namespaces[i])
+    }
+    pub fn max_nsid(&self) -> u32 {
+        self.namespaces.last().map_or(0, |n| n.nsid)
+    }
+}
+
+/// Per-controller error log: a ring of the last 64 failed commands.
+#[derive(Default)]
+pub struct ErrorLog {
+    pub count: u64,
+    pub entries: std::collections::VecDeque<ErrorEntry>,
+}
+
+pub const ERROR_LOG_ENTRIES: usize = 64;
+
+/// Feature values a host may set and read back.
+#[derive(Clone, Debug)]
+pub struct Features {
+    pub arbitration: u32,
+    pub power_mgmt: u32,
+    pub temp_threshold: u32,
+    pub error_recovery: u32,
+    pub write_cache: u32,
+    pub irq_coalescing: u32,
+    pub irq_config: u32,
+    pub write_atomicity: u32,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            arbitration: 0,
+            power_mgmt: 0,
+            temp_threshold: 0x157, // 343 K, the common default over-temperature threshold
+            error_recovery: 0,
+            write_cache: 1,
+            irq_coalescing: 0,
+            irq_config: 0,
+            write_atomicity: 0,
+        }
+    }
+}
+
+/// One controller (dynamic model: created by an admin Connect).
+pub struct Controller {
+    pub cntlid: u16,
+    /// None for a discovery controller.
+    pub subsys: Option<Arc<Subsystem>>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub kato_ms: AtomicU32,
+    pub last_keepalive_ns: AtomicU64,
+    pub cc: AtomicU32,
+    pub csts: AtomicU32,
+    /// I/O queues granted by Set Features Number of Queues.
+    pub io_queues: AtomicU16,
+    pub connected_qids: Mutex<HashSet<u16>>,
+    /// Set once: every queue of the controller must close.
+    pub dead: AtomicBool,
+    pub async_event_config: AtomicU32,
+    pub features: Mutex<Features>,
+    pub errors: Mutex<ErrorLog>,
+}
+
+impl Controller {
+    pub fn is_discovery(&self) -> bool {
+        self.subsys.is_none()
+    }
+    pub fn ready(&self) -> bool {
+        self.csts.load(Relaxed) & trellis_nvme::fabrics::csts::RDY != 0
+    }
+    pub fn kill(&self, why: &str) {
+        if !self.dead.swap(true, Relaxed) {
+            tracing::info!(cntlid = self.cntlid, host = %self.hostnqn, "controller torn down: {why}");
+            self.csts
+                .fetch_or(trellis_nvme::fabrics::csts::CFS, Relaxed);
+        }
+    }
+    pub fn record_error(&self, e: ErrorEntry) {
+        let mut log = self.errors.lock().unwrap();
+        log.count += 1;
+        let mut e = e;
+        e.error_count = log.count;
+        if log.entries.len() == ERROR_LOG_ENTRIES {
+            log.entries.pop_back();
+        }
+        log.entries.push_front(e);
+    }
+}
+
+pub struct ListenerInfo {
+    pub addr: SocketAddr,
+    pub kind: ListenerKind,
+    pub portid: u16,
+}
+
+pub struct Registry {
+    pub limits: TargetConfig,
+    pub subsystems: Vec<Arc<Subsystem>>,
+    pub namespaces: Vec<Arc<Namespace>>,
+    pub listeners: Vec<ListenerInfo>,
+    /// Discovery controllers live here (they belong to no subsystem).
+    pub discovery_controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    next_cntlid: Mutex<u16>,
+    pub discovery_genctr: AtomicU64,
+    pub started: std::time::Instant,
+    pub unsafe_shutdowns: AtomicU64,
+}
+
+impl Registry {
+    /// Opens every backend the config names.
+    pub fn build(cfg: &Config) -> anyhow::Result<Registry> {
+        let mut all_ns = Vec::new();
+        let mut subsystems = Vec::new();
+        for s in &cfg.subsystems {
+            let mut nss = Vec::new();
+            for (i, n) in s.namespaces.iter().enumerate() {
+                let nsid = n.nsid.unwrap_or(i as u32 + 1);
+                let backend = backend::open(n)?;
+                let bs = n.block_size;
+                let size_blocks = backend.size_bytes() / bs as u64;
+                anyhow::ensure!(
+                    size_blocks > 0,
+                    "namespace {nsid} of {} is smaller than a block",
+                    s.nqn
+                );
+                let info = NamespaceInfo {
+                    size_blocks,
+                    lbads: bs.trailing_zeros() as u8,
+                    nguid: stable_id(&s.nqn, nsid, b"nguid"),
+                    eui64: [0; 8],
+                    uuid: uuid_v8(stable_id(&s.nqn, nsid, b"uuid")),
+                    read_only: n.read_only,
+                    deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
+                };
+                tracing::info!(subsystem = %s.nqn, nsid, "namespace: {}", backend.describe());
+                let ns = Arc::new(Namespace {
+                    nsid,
+                    uid: all_ns.len(),
+                    backend,
+                    block_size: bs,
+                    lbads: bs.trailing_zeros() as u8,
+                    size_blocks,
+                    read_only: n.read_only,
+                    info,
+                    stats: NsStats::default(),
+                });
+                all_ns.push(ns.clone());
+                nss.push(ns);
+            }
+            nss.sort_by_key(|n| n.nsid);
+            subsystems.push(Arc::new(Subsystem {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone(),
+                model: s.model.clone(),
+                allow_any: s.allow_any(),
+                allowed_hosts: s.allowed_hosts.iter().cloned().collect(),
+                namespaces: nss,
+                controllers: Mutex::new(HashMap::new()),
+            }));
+        }
+        let listeners = cfg
+            .listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l): (usize, &ListenerConfig)| ListenerInfo {
+                addr: l.addr,
+                kind: l.kind(),
+                portid: i as u16 + 1,
+            })
+            .collect();
+        Ok(Registry {
+            limits: cfg.target.clone(),
+            subsystems,
+            namespaces: all_ns,
+            listeners,
+            discovery_controllers: Mutex::new(HashMap::new()),
+            next_cntlid: Mutex::new(1),
+            discovery_genctr: AtomicU64::new(1),
+            started: std::time::Instant::now(),
+            unsafe_shutdowns: AtomicU64::new(0),
+        })
+    }
+
+    pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
+        self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// Allocates a controller ID in 1..=0xFFEF unique among live controllers,
+    /// advancing round-robin so a just-freed ID is not handed out again at once.
+    pub fn alloc_cntlid(&self, in_use: &dyn Fn(u16) -> bool) -> Option<u16> {
+        let mut next = self.next_cntlid.lock().unwrap();
+        for _ in 0..0xFFEF {
+            let id = *next;
+            *next = if id >= 0xFFEF { 1 } else { id + 1 };
+            if !in_use(id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    pub fn uptime_hours(&self) -> u64 {
+        self.started.elapsed().as_secs() / 3600
+    }
+}
+
+/// A namespace identifier derived from the subsystem NQN and NSID, so it is
+/// stable across restarts and reconnects and unique across subsystems (hosts
+/// drop namespaces whose IDs change or collide).
+fn stable_id(nqn: &str, nsid: u32, salt: &[u8]) -> [u8; 16] {
+    // Two FNV-1a 64 passes with different seeds: not cryptographic, only unique enough.
+    let mut out = [0u8; 16];
+    for (half, seed) in [
+        (0usize, 0xcbf2_9ce4_8422_2325u64),
+        (8, 0x6c62_272e_07bb_0142),
+    ] {
+        let mut h = seed;
+        for b in nqn.as_bytes().iter().chain(&nsid.to_le_bytes()).chain(salt) {
+            h ^= *b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        out[half..half + 8].copy_from_slice(&h.to_be_bytes());
+    }
+    out
+}
+
+/// Marks 16 bytes as an RFC 9562 version 8 (custom) UUID.
+fn uuid_v8(mut b: [u8; 16]) -> [u8; 16] {
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_ids_are_stable_and_distinct() {
+        assert_eq!(stable_id("nqn.a", 1, b"x"), stable_id("nqn.a", 1, b"x"));
+        assert_ne!(stable_id("nqn.a", 1, b"x"), stable_id("nqn.a", 2, b"x"));
+        assert_ne!(stable_id("nqn.a", 1, b"x"), stable_id("nqn.b", 1, b"x"));
+    }
+
+    #[test]
+    fn cntlid_allocation_skips_live_ids() {
+        let r = Registry::build(&Config::embedded_default()).unwrap();
+        let a = r.alloc_cntlid(&|_| false).unwrap();
+        let b = r.alloc_cntlid(&|id| id == a + 1).unwrap();
+        assert_eq!(b, a + 2);
+    }
+}
