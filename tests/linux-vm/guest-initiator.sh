@@ -1,0 +1,248 @@
+#!/bin/sh
+# guest-initiator.sh - runs INSIDE the test VM (busybox sh): drives the Linux kernel NVMe/TCP
+# initiator (nvme-cli + fio + ext4) against an NVMe/TCP target and prints one line per step:
+#   STEP <name>: ok (<seconds>s)   |   STEP <name>: FAIL (<seconds>s) <reason>
+# followed by "SUMMARY: ok=N fail=M skipped=K total=<seconds>s". Exit status 0 only if every step passed.
+# By default the first failing step ends the run (the remaining steps are skipped, then cleanup).
+#
+# Environment (vm.sh --env KEY=VALUE, or /run/env); defaults in brackets:
+#   TARGET_ADDR [10.0.2.2 = host loopback; 127.0.0.1 with SELFTEST=1]
+#   IO_PORT [4420]   DISC_PORT [8009]
+#   SUBNQN [nqn.2026-11.io.trellis:default]
+#   BAD_HOSTNQN [nqn.2014-08.org.example:not-allowed]   a host NQN the target must refuse
+#   BAD_HOSTID [5472656c-6c69-4073-8000-0000000000ff]
+#   NR_IO_QUEUES [2]  MIN_IO_QUEUES [2] (fail if the controller ends up with fewer I/O queues)
+#   FIO_SIZE [32M]  FIO_IODEPTH [16]  FIO_ENGINE [libaio]  FIO_TIMEOUT [300]
+#   CTRL_LOSS_TMO [20]  (seconds the kernel keeps reconnecting after a connection loss)
+#   STEPS ["discover-io discover-8009 connect fio-4k fio-128k ext4 digest-connect digest-fio-4k
+#           digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
+#   KEEP_GOING [0]  1 = run all steps even after a failure
+#   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
+#                   to the guest as /run/guest-nvmet.sh) on 127.0.0.1:IO_PORT and :DISC_PORT with only
+#                   this guest's host NQN allowed, and test against it (validates this script)
+# The host NQN/ID come from /etc/nvme/hostnqn and /etc/nvme/hostid (fixed by vm.sh).
+SELFTEST=${SELFTEST:-0}
+if [ "$SELFTEST" = 1 ]; then TARGET_ADDR=${TARGET_ADDR:-127.0.0.1}; fi
+TARGET_ADDR=${TARGET_ADDR:-10.0.2.2}
+IO_PORT=${IO_PORT:-4420}
+DISC_PORT=${DISC_PORT:-8009}
+SUBNQN=${SUBNQN:-nqn.2026-11.io.trellis:default}
+BAD_HOSTNQN=${BAD_HOSTNQN:-nqn.2014-08.org.example:not-allowed}
+BAD_HOSTID=${BAD_HOSTID:-5472656c-6c69-4073-8000-0000000000ff}
+NR_IO_QUEUES=${NR_IO_QUEUES:-2}
+MIN_IO_QUEUES=${MIN_IO_QUEUES:-2}
+FIO_SIZE=${FIO_SIZE:-32M}
+FIO_IODEPTH=${FIO_IODEPTH:-16}
+FIO_ENGINE=${FIO_ENGINE:-libaio}
+FIO_TIMEOUT=${FIO_TIMEOUT:-300}
+CTRL_LOSS_TMO=${CTRL_LOSS_TMO:-20}
+STEPS=${STEPS:-"discover-io discover-8009 connect fio-4k fio-128k ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
+KEEP_GOING=${KEEP_GOING:-0}
+HOSTNQN=$(cat /etc/nvme/hostnqn)
+HOSTID=$(cat /etc/nvme/hostid)
+MNT=/mnt/trellis
+W=/tmp/gi; mkdir -p $W $MNT
+
+now() { cut -d' ' -f1 /proc/uptime; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+info() { echo "  | $*"; }
+# run CMD..., show its output indented; status of CMD
+show() { info "\$ $*"; "$@" > $W/out 2>&1; r=$?; sed 's/^/  |   /' $W/out; [ $r = 0 ] || info "(exit $r)"; return $r; }
+REASON=""
+why() { REASON="$*"; info "error: $*"; return 1; }
+kmsg() { dmesg -c >> $W/dmesg.all 2>/dev/null; }
+
+# ---------------------------------------------------------------- helpers
+# controller name (nvmeN) connected to SUBNQN at TARGET_ADDR:IO_PORT, state live
+find_ctrl() {
+  for c in /sys/class/nvme/nvme*; do
+    [ -e "$c/subsysnqn" ] || continue
+    [ "$(cat $c/subsysnqn)" = "$SUBNQN" ] || continue
+    [ "$(cat $c/transport 2>/dev/null)" = tcp ] || continue
+    case "$(cat $c/address 2>/dev/null)" in *"traddr=$TARGET_ADDR,trsvcid=$IO_PORT"*) ;; *) continue;; esac
+    [ "$(cat $c/state 2>/dev/null)" = live ] || continue
+    basename $c; return 0
+  done
+  return 1
+}
+# namespace block device (nvmeXnY, the multipath head if native multipath is on) of SUBNQN
+find_ns() {
+  for b in /sys/block/nvme*n*; do
+    [ -e "$b" ] || continue
+    n=$(basename $b)
+    case "$n" in nvme*c*n*) continue;; esac           # hidden per-path devices
+    [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$SUBNQN" ] || continue
+    [ -b /dev/$n ] || continue
+    [ "$(cat $b/size)" -gt 0 ] 2>/dev/null || continue
+    echo $n; return 0
+  done
+  return 1
+}
+wait_for() { # SECONDS FUNC -> prints FUNC's output once it succeeds
+  _end=$(( $(cut -d. -f1 /proc/uptime) + $1 )); shift
+  while :; do
+    "$@" && return 0
+    [ "$(cut -d. -f1 /proc/uptime)" -ge $_end ] && return 1
+    sleep 0.2
+  done
+}
+ctrl_count() { # controllers of SUBNQN (any state)
+  k=0
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat $c/subsysnqn 2>/dev/null)" = "$SUBNQN" ] && k=$((k+1))
+  done
+  echo $k
+}
+
+do_connect() { # extra nvme-connect args...
+  show timeout 90 nvme connect -t tcp -a "$TARGET_ADDR" -s "$IO_PORT" -n "$SUBNQN" -i "$NR_IO_QUEUES" \
+       --ctrl-loss-tmo="$CTRL_LOSS_TMO" --reconnect-delay=2 "$@" || { kmsg; why "nvme connect failed"; return 1; }
+  CTRL=$(wait_for 30 find_ctrl) || why "no live controller for $SUBNQN at $TARGET_ADDR:$IO_PORT" || return 1
+  DEV=$(wait_for 30 find_ns) || why "no namespace block device for $SUBNQN" || return 1
+  info "controller /dev/$CTRL, namespace /dev/$DEV ($(( $(cat /sys/block/$DEV/size) / 2048 )) MiB)," \
+       "address: $(cat /sys/class/nvme/$CTRL/address)"
+  if [ -r /sys/class/nvme/$CTRL/queue_count ]; then
+    q=$(( $(cat /sys/class/nvme/$CTRL/queue_count) - 1 ))
+    info "I/O queues: $q (requested $NR_IO_QUEUES), sqsize $(cat /sys/class/nvme/$CTRL/sqsize 2>/dev/null)"
+    [ $q -ge "$MIN_IO_QUEUES" ] || why "only $q I/O queues (want >= $MIN_IO_QUEUES)" || return 1
+  fi
+  return 0
+}
+do_disconnect() {
+  show timeout 60 nvme disconnect -n "$SUBNQN" || why "nvme disconnect failed" || return 1
+  wait_for 20 sh -c '[ "$(ls /sys/class/nvme 2>/dev/null | wc -l)" = 0 ] || ! grep -qxF "$0" /sys/class/nvme/*/subsysnqn' "$SUBNQN" ||
+    why "controller still present after disconnect" || return 1
+  CTRL=""; DEV=""
+}
+
+run_fio() { # NAME BS
+  [ -n "$DEV" ] || why "not connected" || return 1
+  out=$W/fio-$1.txt
+  info "\$ fio --rw=randrw --bs=$2 --size=$FIO_SIZE --iodepth=$FIO_IODEPTH --ioengine=$FIO_ENGINE --direct=1 --verify=crc32c --verify_fatal=1 /dev/$DEV"
+  timeout "$FIO_TIMEOUT" fio --name="$1" --filename=/dev/$DEV --rw=randrw --rwmixread=50 --bs="$2" \
+      --size="$FIO_SIZE" --iodepth="$FIO_IODEPTH" --ioengine="$FIO_ENGINE" --direct=1 \
+      --verify=crc32c --do_verify=1 --verify_fatal=1 --verify_dump=0 \
+      --numjobs=1 --group_reporting --output="$out" > $W/fio.stdout 2>&1
+  r=$?
+  cat $W/fio.stdout >> "$out"
+  grep -E 'err=|READ:|WRITE:|verify|bad magic|crc32c|error' "$out" | sed 's/^ */  |   /'
+  [ $r = 0 ] || { kmsg; why "fio exit status $r"; return 1; }
+  grep -q 'err= *0' "$out" || why "fio reported a job error" || return 1
+  if grep -qiE 'verify failed|bad magic|verify: bad|crc32c: verify|got [0-9a-fx]*, wanted|checksum mismatch' "$out"; then
+    why "fio verify errors"; return 1
+  fi
+  grep -qE 'READ:.*io=' "$out" && grep -qE 'WRITE:.*io=' "$out" || why "fio did no I/O?" || return 1
+  return 0
+}
+
+# ------------------------------------------------------------------ steps
+step_discover_io() {
+  show timeout 60 nvme discover -t tcp -a "$TARGET_ADDR" -s "$IO_PORT" || { kmsg; why "nvme discover on $IO_PORT failed"; return 1; }
+  grep -qF "$SUBNQN" $W/out || why "$SUBNQN not in the discovery log from port $IO_PORT"
+}
+step_discover_8009() {
+  show timeout 60 nvme discover -t tcp -a "$TARGET_ADDR" -s "$DISC_PORT" || { kmsg; why "nvme discover on $DISC_PORT failed"; return 1; }
+  grep -qF "$SUBNQN" $W/out || why "$SUBNQN not in the discovery log from port $DISC_PORT"
+}
+step_connect() {
+  do_connect || return 1
+  show nvme list || why "nvme list failed" || return 1
+  grep -q "$DEV" $W/out || why "nvme list does not show /dev/$DEV" || return 1
+  show nvme id-ctrl /dev/$CTRL || why "nvme id-ctrl failed" || return 1
+  grep -qE "^subnqn *: *$SUBNQN\$" $W/out || why "id-ctrl subnqn differs from $SUBNQN" || return 1
+  show nvme id-ns /dev/$DEV || why "nvme id-ns failed" || return 1
+  show nvme smart-log /dev/$CTRL || why "nvme smart-log failed" || return 1
+  return 0
+}
+step_fio_4k() { run_fio fio-4k 4k; }
+step_fio_128k() { run_fio fio-128k 128k; }
+step_ext4() {
+  [ -n "$DEV" ] || why "not connected" || return 1
+  show mkfs.ext4 -q -F /dev/$DEV || why "mkfs.ext4 failed" || return 1
+  show mount -t ext4 /dev/$DEV $MNT || why "mount failed" || return 1
+  mkdir -p $MNT/dir
+  head -c 8388608 /dev/urandom > $MNT/big.bin
+  head -c 123457 /dev/urandom > $MNT/odd.bin
+  i=0; while [ $i -lt 40 ]; do head -c $((i * 517 + 1)) /dev/urandom > $MNT/dir/f$i; i=$((i+1)); done
+  echo "trellis ext4 round trip $(date)" > $MNT/hello.txt
+  (cd $MNT && find . -type f | sort | xargs md5sum) > $W/sums || why "md5sum failed" || return 1
+  info "$(wc -l < $W/sums) files, $(du -sk $MNT | cut -f1) KiB written"
+  sync
+  show umount $MNT || why "umount failed" || return 1
+  do_disconnect || return 1
+  do_connect || return 1
+  show mount -t ext4 -o ro /dev/$DEV $MNT || why "mount after reconnect failed" || return 1
+  (cd $MNT && md5sum -c $W/sums) > $W/check 2>&1; r=$?
+  grep -v ': OK$' $W/check | sed 's/^/  |   /'
+  info "md5sum -c: $(grep -c ': OK$' $W/check) OK of $(wc -l < $W/sums)"
+  show umount $MNT || why "umount failed" || return 1
+  [ $r = 0 ] || why "checksums differ after reconnect" || return 1
+  show e2fsck -fn /dev/$DEV || why "e2fsck found problems" || return 1
+  do_disconnect
+}
+step_digest_connect() {
+  do_connect -g -G || return 1
+  show nvme id-ctrl /dev/$CTRL -H >/dev/null || why "id-ctrl over digest connection failed"
+}
+step_digest_fio_4k() { run_fio digest-fio-4k 4k; }
+step_digest_fio_128k() { run_fio digest-fio-128k 128k && do_disconnect; }
+step_denied_host() {
+  kmsg
+  before=$(ctrl_count)
+  show timeout 90 nvme connect -t tcp -a "$TARGET_ADDR" -s "$IO_PORT" -n "$SUBNQN" -i "$NR_IO_QUEUES" \
+       --hostnqn="$BAD_HOSTNQN" --hostid="$BAD_HOSTID" --ctrl-loss-tmo=0
+  r=$?
+  dmesg -c > $W/dmesg.denied; cat $W/dmesg.denied >> $W/dmesg.all
+  sed 's/^/  |   kernel: /' $W/dmesg.denied
+  if [ $r = 0 ]; then
+    nvme disconnect -n "$SUBNQN" >/dev/null 2>&1
+    why "connect with disallowed host NQN $BAD_HOSTNQN succeeded"; return 1
+  fi
+  [ "$(ctrl_count)" = "$before" ] || why "a controller appeared for the refused host" || return 1
+  # Linux logs this for status 0x184 (Connect Invalid Host) only
+  grep -q 'is not allowed' $W/dmesg.denied || why "refused, but not with Connect Invalid Host (status 0x184)" || return 1
+  return 0
+}
+step_disconnect_all() {
+  show timeout 60 nvme disconnect-all || why "nvme disconnect-all failed" || return 1
+  wait_for 20 sh -c '[ -z "$(ls /sys/class/nvme 2>/dev/null)" ]' || why "controllers left: $(ls /sys/class/nvme)" || return 1
+  CTRL=""; DEV=""
+}
+
+# ------------------------------------------------------------------ main
+T_START=$(now)
+echo "guest-initiator: target $TARGET_ADDR io=$IO_PORT disc=$DISC_PORT subnqn=$SUBNQN hostnqn=$HOSTNQN selftest=$SELFTEST"
+kmsg
+if [ "$SELFTEST" = 1 ]; then
+  [ -f /run/guest-nvmet.sh ] || { echo "guest-initiator: SELFTEST=1 needs /run/guest-nvmet.sh (vm.sh --add guest-nvmet.sh)"; exit 2; }
+  NVMET_NQN=$SUBNQN NVMET_ADDR=$TARGET_ADDR NVMET_PORTS="$IO_PORT $DISC_PORT" NVMET_ALLOWED_HOSTS=$HOSTNQN \
+    sh /run/guest-nvmet.sh setup || { echo "guest-initiator: SELFTEST target setup failed"; exit 2; }
+fi
+
+OK=0; FAIL=0; SKIP=0; STOP=0; FAILED=""
+for s in $STEPS; do
+  if [ $STOP = 1 ]; then echo "STEP $s: skipped"; SKIP=$((SKIP+1)); continue; fi
+  fn=step_$(echo $s | tr - _)
+  if ! type $fn >/dev/null 2>&1; then echo "STEP $s: FAIL unknown step"; FAIL=$((FAIL+1)); FAILED="$FAILED $s"; continue; fi
+  echo "--- $s"
+  t0=$(now); REASON=""
+  if $fn; then
+    echo "STEP $s: ok ($(since $t0)s)"; OK=$((OK+1))
+  else
+    echo "STEP $s: FAIL ($(since $t0)s) ${REASON:-}"; FAIL=$((FAIL+1)); FAILED="$FAILED $s"
+    [ "$KEEP_GOING" = 1 ] || STOP=1
+  fi
+done
+
+# cleanup: never leave controllers behind (the kernel would keep reconnecting)
+mountpoint -q $MNT 2>/dev/null && umount $MNT
+if [ -n "$(ls /sys/class/nvme 2>/dev/null)" ]; then
+  echo "--- cleanup"; timeout 60 nvme disconnect-all >/dev/null 2>&1
+fi
+kmsg
+if [ $FAIL -gt 0 ]; then
+  echo "--- kernel log (nvme lines, last 60)"
+  grep -iE 'nvme|nvmet|tcp|blk|I/O error|EXT4' $W/dmesg.all | tail -60 | sed 's/^/  | /'
+fi
+echo "SUMMARY: ok=$OK fail=$FAIL skipped=$SKIP total=$(since $T_START)s${FAILED:+ failed:$FAILED}"
+[ $FAIL = 0 ]

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# run-interop.sh - CI entry point: the Linux kernel NVMe/TCP initiator (in a QEMU VM) against the
+# Trellis target running on this host.
+#
+# Usage:
+#   run-interop.sh [options] PATH_TO_TRELLIS_BINARY
+#   run-interop.sh [options] --selftest      no Trellis: the guest tests against its own Linux
+#                                            kernel target (validates the harness and the steps)
+# Options:
+#   --config FILE       target config (default: tests/linux-vm/interop.toml)
+#   --log-dir DIR       keep target.log, console.log, summary.txt here (default: a new /tmp dir)
+#   --timeout S         VM timeout (default 600)
+#   --keep-going        run every guest step even after a failure
+#   --steps "A B ..."   run only these guest steps (see guest-initiator.sh)
+#   --guest-env K=V     extra environment for guest-initiator.sh (repeatable)
+#   --target-arg ARG    extra argument for `trellis target` (repeatable)
+#
+# Flow: check 127.0.0.1:4420/8009 are free; start `TRELLIS target --config interop.toml` in the
+# background (log level from $TRELLIS_LOG, default info); wait until both ports accept TCP (30 s);
+# boot the VM and run guest-initiator.sh (guest sees the host loopback as 10.0.2.2); check the
+# target is still alive; SIGTERM it and require exit status 0 within 20 s; print a summary.
+# Exit status: 0 only if every guest step passed and the target exited cleanly.
+set -uo pipefail
+DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CONFIG=$DIR/interop.toml
+LOGDIR=""; TIMEOUT=600; SELFTEST=0; TRELLIS=""
+GENV=(); TARGS=()
+
+die() { echo "run-interop: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --config) CONFIG=$2; shift 2;;
+    --log-dir) LOGDIR=$2; shift 2;;
+    --timeout) TIMEOUT=$2; shift 2;;
+    --keep-going) GENV+=(--env KEEP_GOING=1); shift;;
+    --steps) GENV+=(--env "STEPS=$2"); shift 2;;
+    --guest-env) GENV+=(--env "$2"); shift 2;;
+    --target-arg) TARGS+=("$2"); shift 2;;
+    --selftest) SELFTEST=1; shift;;
+    -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/,""); print; next} NR>1 {exit}' "$0"; exit 0;;
+    -*) die "unknown option $1";;
+    *) TRELLIS=$1; shift;;
+  esac
+done
+if [ "$SELFTEST" = 0 ]; then
+  [ -n "$TRELLIS" ] || die "usage: run-interop.sh PATH_TO_TRELLIS_BINARY | --selftest (see --help)"
+  [ -x "$TRELLIS" ] || die "$TRELLIS is not executable"
+  TRELLIS=$(readlink -f "$TRELLIS")
+  [ -r "$CONFIG" ] || die "cannot read $CONFIG"
+fi
+[ -n "$LOGDIR" ] || LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/trellis-interop.XXXXXX")
+mkdir -p "$LOGDIR"; LOGDIR=$(cd "$LOGDIR" && pwd)
+: > "$LOGDIR/console.log"
+
+T0=$SECONDS
+TPID=""; TARGET_RC="-"; TARGET_NOTE=""
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# alive and not a zombie (kill -0 succeeds on an unreaped child)
+running() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]; }
+stop_target() {
+  [ -n "$TPID" ] || return 0
+  if ! running "$TPID"; then
+    wait "$TPID"; TARGET_RC=$?; TARGET_NOTE="target died during the test (exit $TARGET_RC)"; TPID=""; return 1
+  fi
+  kill -TERM "$TPID"
+  local n=0
+  while running "$TPID" && [ $n -lt 40 ]; do sleep 0.5; n=$((n + 1)); done
+  if running "$TPID"; then
+    kill -KILL "$TPID" 2>/dev/null; wait "$TPID" 2>/dev/null
+    TARGET_RC=137; TARGET_NOTE="target did not exit within 20 s of SIGTERM (killed)"; TPID=""; return 1
+  fi
+  wait "$TPID"; TARGET_RC=$?; TPID=""
+  if [ "$TARGET_RC" != 0 ]; then TARGET_NOTE="target exited with status $TARGET_RC after SIGTERM"; return 1; fi
+  TARGET_NOTE="target exited cleanly after SIGTERM"
+  return 0
+}
+trap 'stop_target >/dev/null 2>&1; exit 130' INT TERM
+
+if [ "$SELFTEST" = 0 ]; then
+  for p in 4420 8009; do port_open $p && die "127.0.0.1:$p is already in use (a stale target?)"; done
+  echo "run-interop: starting $TRELLIS target --config $CONFIG ${TARGS[*]:-}" >&2
+  TRELLIS_LOG=${TRELLIS_LOG:-info} "$TRELLIS" target --config "$CONFIG" ${TARGS[@]+"${TARGS[@]}"} \
+    > "$LOGDIR/target.log" 2>&1 < /dev/null &
+  TPID=$!
+  n=0
+  until port_open 4420 && port_open 8009; do
+    if ! running "$TPID"; then
+      wait "$TPID"; rc=$?; TPID=""
+      sed 's/^/  target: /' "$LOGDIR/target.log" | tail -30 >&2
+      die "the target exited (status $rc) before listening"
+    fi
+    [ $n -lt 300 ] || { stop_target; sed 's/^/  target: /' "$LOGDIR/target.log" | tail -30 >&2; die "target not listening on 4420 and 8009 after 30 s"; }
+    sleep 0.1; n=$((n + 1))
+  done
+  echo "run-interop: target listening (pid $TPID) after $((SECONDS - T0))s" >&2
+  GENV=(--env TARGET_ADDR=10.0.2.2 ${GENV[@]+"${GENV[@]}"})
+else
+  GENV=(--env SELFTEST=1 ${GENV[@]+"${GENV[@]}"})
+fi
+
+T_VM=$SECONDS
+"$DIR/vm.sh" --timeout "$TIMEOUT" --log "$LOGDIR/console.log" --add "$DIR/guest-nvmet.sh" \
+  ${GENV[@]+"${GENV[@]}"} "$DIR/guest-initiator.sh" 2> >(tee "$LOGDIR/vm.err" >&2)
+VM_RC=$?
+sleep 0.3   # let the stderr tee finish
+T_VM=$((SECONDS - T_VM))
+TARGET_OK=1
+if [ "$SELFTEST" = 0 ]; then stop_target || TARGET_OK=0; fi
+
+{
+  echo "==================== Linux NVMe/TCP initiator interop summary"
+  if [ "$SELFTEST" = 1 ]; then echo "target : Linux nvmet inside the guest (--selftest)"
+  else echo "target : $TRELLIS ($CONFIG)"; fi
+  grep -E '^STEP |^SUMMARY' "$LOGDIR/console.log" || echo "(no guest step output)"
+  echo "vm     : exit $VM_RC, ${T_VM}s ($(grep -o 'vm.sh: accel=.*' "$LOGDIR/vm.err" | tail -1))"
+  [ "$SELFTEST" = 1 ] || echo "target : $TARGET_NOTE"
+  echo "total  : $((SECONDS - T0))s; logs in $LOGDIR"
+} | tee "$LOGDIR/summary.txt"
+if [ "$SELFTEST" = 0 ] && [ "$TARGET_OK" = 0 ]; then
+  echo "--- target log (last 40 lines)"; tail -40 "$LOGDIR/target.log"
+fi
+if [ "$VM_RC" = 0 ] && [ "$TARGET_OK" = 1 ]; then echo "RESULT: PASS"; exit 0; fi
+echo "RESULT: FAIL"
+[ "$VM_RC" = 0 ] && exit 1 || exit "$VM_RC"
