@@ -21,15 +21,19 @@ impl Target {
     /// Opens backends, binds every listener and starts the reactors.
     pub fn start(cfg: &Config) -> anyhow::Result<Target> {
         cfg.validate()?;
-        let reg = Arc::new(Registry::build(cfg)?);
         let mut listeners = Vec::new();
-        for l in &cfg.listeners {
+        let mut cfg = cfg.clone();
+        for l in &mut cfg.listeners {
             let sock = TcpListener::bind(l.addr)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", l.addr))?;
             sock.set_nonblocking(true)?;
-            tracing::info!("listening on {} ({:?})", sock.local_addr()?, l.kind());
+            // Port 0 picks a free port: record the real one, which the
+            // discovery log must advertise.
+            l.addr = sock.local_addr()?;
+            tracing::info!("listening on {} ({:?})", l.addr, l.kind());
             listeners.push(sock);
         }
+        let reg = Arc::new(Registry::build(&cfg)?);
         let local_addrs = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let shutdown = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(AtomicUsize::new(0));

@@ -1,0 +1,286 @@
+//! End-to-end protocol behaviour over real loopback sockets.
+
+mod common;
+use common::*;
+use trellis_nvme::fabrics::{CNTLID_DYNAMIC, DISCOVERY_NQN};
+use trellis_nvme::identify::{IdCtrl, IdNs};
+use trellis_nvme::log::{self, GetLogPage, Smart};
+use trellis_nvme::pdu::Digests;
+use trellis_nvme::sqe::{admin, io};
+use trellis_nvme::status::{generic, specific};
+use trellis_nvme::{Sgl, Sqe};
+
+const NO: Digests = Digests {
+    header: false,
+    data: false,
+};
+const BOTH: Digests = Digests {
+    header: true,
+    data: true,
+};
+
+fn identify(q: &mut Queue, cns: u8, nsid: u32) -> (trellis_nvme::Cqe, Vec<u8>) {
+    let mut s = Sqe::new(admin::IDENTIFY, 0, nsid);
+    s.set_cdw(10, cns as u32);
+    q.cmd(s, &[], 4096, 0)
+}
+
+fn get_log(q: &mut Queue, lid: u8, nsid: u32, len: u64, off: u64) -> (trellis_nvme::Cqe, Vec<u8>) {
+    let s = GetLogPage {
+        lid,
+        lsp: 0,
+        rae: false,
+        len_bytes: len,
+        offset_bytes: off,
+    }
+    .to_sqe(0, nsid);
+    q.cmd(s, &[], len as usize, 0)
+}
+
+#[test]
+fn identify_reports_what_linux_checks() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    let (cqe, d) = identify(&mut c.admin, 1, 0);
+    assert!(cqe.status.is_success());
+    let id = IdCtrl::decode(&d);
+    assert_eq!(
+        id.cntlid, c.cntlid,
+        "Identify CNTLID equals the Connect result"
+    );
+    assert_eq!(id.subnqn, NQN);
+    assert!(id.kas > 0 && id.ioccsz >= 4 && id.cntrltype == 1);
+    let (cqe, d) = identify(&mut c.admin, 0, 1);
+    assert!(cqe.status.is_success());
+    let ns = IdNs::decode(&d);
+    assert_eq!(
+        (ns.nsze, ns.ncap, ns.block_size()),
+        (16 << 20 >> 9, 16 << 20 >> 9, 512)
+    );
+    let (cqe, d) = identify(&mut c.admin, 2, 0);
+    assert!(cqe.status.is_success());
+    assert_eq!(trellis_nvme::le32(&d, 0), 1);
+    assert_eq!(trellis_nvme::le32(&d, 4), 0);
+    let (cqe, d) = identify(&mut c.admin, 3, 1);
+    assert!(cqe.status.is_success());
+    assert_eq!(
+        d[0], 2,
+        "NGUID descriptor first (EUI64 is zero and omitted)"
+    );
+    let (cqe, _) = identify(&mut c.admin, 0, 5);
+    assert_eq!(cqe.status, generic::INVALID_NAMESPACE.dnr());
+    t.stop();
+}
+
+#[test]
+fn write_read_verify_in_capsule_and_r2t_with_and_without_digests() {
+    let t = start_target();
+    for dg in [NO, BOTH] {
+        let mut c = controller(t.local_addrs[0], NQN, 2, dg, 5000);
+        for (q, blocks) in [(0usize, 8usize), (1, 256)] {
+            // 4 KiB fits in-capsule (8 KiB ICD); 128 KiB goes by R2T/H2CData.
+            let data = pattern(100, blocks, blocks as u64);
+            let cqe = write(&mut c.io[q], 100, &data);
+            assert!(
+                cqe.status.is_success(),
+                "write {blocks} blocks: {:?}",
+                cqe.status
+            );
+            let (cqe, back) = read(&mut c.io[q], 100, blocks as u32);
+            assert!(cqe.status.is_success());
+            assert!(
+                back == data,
+                "read back what was written ({blocks} blocks, digests {dg:?})"
+            );
+        }
+    }
+    t.stop();
+}
+
+#[test]
+fn flush_write_zeroes_and_deallocate_zero_the_data() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    let q = &mut c.io[0];
+    assert!(write(q, 0, &pattern(0, 64, 1)).status.is_success());
+    let (cqe, _) = q.cmd(Sqe::new(io::FLUSH, 0, 1), &[], 0, 8192);
+    assert!(cqe.status.is_success());
+    // Write Zeroes of blocks 0..8.
+    let mut wz = Sqe::rw(io::WRITE_ZEROES, 0, 1, 0, 8, false);
+    wz.set_sgl(Sgl::transport(0));
+    assert!(q.cmd(wz, &[], 0, 8192).0.status.is_success());
+    let (_, d) = read(q, 0, 8);
+    assert!(d.iter().all(|&b| b == 0), "write zeroes cleared the range");
+    // Deallocate blocks 16..48 with a 4 KiB range list, as Linux sends.
+    let mut ranges = vec![0u8; 4096];
+    trellis_nvme::put32(&mut ranges, 4, 32);
+    trellis_nvme::put64(&mut ranges, 8, 16);
+    let mut dsm = Sqe::new(io::DATASET_MANAGEMENT, 0, 1);
+    dsm.set_cdw(10, 0);
+    dsm.set_cdw(11, 1 << 2);
+    assert!(q.cmd(dsm, &ranges, 0, 8192).0.status.is_success());
+    let (_, d) = read(q, 16, 32);
+    assert!(
+        d.iter().all(|&b| b == 0),
+        "deallocated blocks read as zeroes"
+    );
+    let (_, d) = read(q, 8, 8);
+    assert_eq!(
+        d,
+        pattern(0, 64, 1)[8 * 512..16 * 512],
+        "blocks outside the ranges are untouched"
+    );
+    t.stop();
+}
+
+#[test]
+fn smart_log_counts_host_commands_and_data_units() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    for i in 0..10u64 {
+        assert!(write(&mut c.io[0], i * 1000, &pattern(i, 200, 0))
+            .status
+            .is_success());
+    }
+    for i in 0..3u64 {
+        read(&mut c.io[0], i * 1000, 200);
+    }
+    // Reactors publish their counters in batches (about every millisecond,
+    // or every idle sleep): poll until they appear, failing after 5 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let s = loop {
+        let (cqe, d) = get_log(&mut c.admin, log::lid::SMART, 0xFFFF_FFFF, 512, 0);
+        assert!(cqe.status.is_success());
+        let s = Smart::decode(&d);
+        if s.host_read_commands == 3 || std::time::Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(s.host_write_commands, 10);
+    assert_eq!(s.host_read_commands, 3);
+    assert_eq!(s.data_units_written, log::data_units(10 * 200 * 512));
+    assert_eq!(s.data_units_read, log::data_units(3 * 200 * 512));
+    t.stop();
+}
+
+#[test]
+fn discovery_log_lists_allowed_subsystem_and_zero_fills() {
+    let t = start_target();
+    let mut q = Queue::open(t.local_addrs[0], NO);
+    let c = q.fabrics_connect(0, 31, DISCOVERY_NQN, HOST, CNTLID_DYNAMIC, 0);
+    assert!(c.status.is_success());
+    assert!(q.prop_set(0x14, 1).status.is_success());
+    let (cqe, d) = identify(&mut q, 1, 0);
+    assert!(cqe.status.is_success());
+    assert_eq!(
+        IdCtrl::decode(&d).cntrltype,
+        2,
+        "a discovery controller says so"
+    );
+    let (cqe, hdr) = get_log(&mut q, log::lid::DISCOVERY, 0, 20, 0);
+    assert!(cqe.status.is_success());
+    let (_, numrec, recfmt) = log::decode_discovery_header(&hdr);
+    assert_eq!((numrec, recfmt), (2, 0), "self entry plus the subsystem");
+    let (cqe, e) = get_log(&mut q, log::lid::DISCOVERY, 0, 4096, 1024);
+    assert!(cqe.status.is_success());
+    let me = log::DiscoveryEntry::decode(&e[0..1024]);
+    assert_eq!(me.subtype, log::subtype::CURRENT_DISCOVERY);
+    let sub = log::DiscoveryEntry::decode(&e[1024..2048]);
+    assert_eq!(sub.subnqn, NQN);
+    assert_eq!(sub.traddr, "127.0.0.1");
+    assert_eq!(sub.trsvcid, t.local_addrs[0].port().to_string());
+    assert!(
+        e[2048..].iter().all(|&b| b == 0),
+        "past the end reads zeroes"
+    );
+    t.stop();
+}
+
+#[test]
+fn connect_refuses_unknown_host_and_subsystem_with_dnr() {
+    let t = start_target();
+    let mut q = Queue::open(t.local_addrs[0], NO);
+    let c = q.fabrics_connect(
+        0,
+        31,
+        NQN,
+        "nqn.2014-08.org.example:intruder",
+        CNTLID_DYNAMIC,
+        0,
+    );
+    assert_eq!(c.status, specific::CONNECT_INVALID_HOST.dnr());
+    let c = q.fabrics_connect(
+        0,
+        31,
+        "nqn.2026-11.io.trellis:nope",
+        HOST,
+        CNTLID_DYNAMIC,
+        0,
+    );
+    assert_eq!(c.status, specific::CONNECT_INVALID_PARAMS.dnr());
+    assert_eq!(c.dw0, (1 << 16) | 256, "IATTR data, IPO = SUBNQN offset");
+    // An I/O queue for a controller that does not exist.
+    let mut q2 = Queue::open(t.local_addrs[0], NO);
+    let c = q2.fabrics_connect(1, 31, NQN, HOST, 999, 0);
+    assert_eq!(c.status, specific::CONNECT_INVALID_PARAMS.dnr());
+    t.stop();
+}
+
+#[test]
+fn keep_alive_timeout_tears_down_the_controller_and_its_queues() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 1000);
+    let (cqe, _) = c.admin.cmd(Sqe::new(admin::KEEP_ALIVE, 0, 0), &[], 0, 0);
+    assert!(cqe.status.is_success());
+    // No keep-alive for longer than KATO (1 s): both queues are closed.
+    std::thread::sleep(std::time::Duration::from_millis(1600));
+    assert!(c.admin.closed(), "admin queue closed after KATO");
+    assert!(c.io[0].closed(), "I/O queue closed with its controller");
+    t.stop();
+}
+
+#[test]
+fn set_features_number_of_queues_bounds_io_queue_connects() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 0, NO, 5000);
+    let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
+    s.set_cdw(10, 0x07);
+    s.set_cdw(11, 1 | 1 << 16); // 2 queues, 0-based
+    let (cqe, _) = c.admin.cmd(s, &[], 0, 0);
+    assert!(cqe.status.is_success());
+    assert_eq!(cqe.dw0, 1 | 1 << 16);
+    let mut q3 = Queue::open(t.local_addrs[0], NO);
+    let r = q3.fabrics_connect(3, 31, NQN, HOST, c.cntlid, 0);
+    assert_eq!(
+        r.status,
+        specific::CONNECT_INVALID_PARAMS.dnr(),
+        "qid beyond the granted count"
+    );
+    let mut q2 = Queue::open(t.local_addrs[0], NO);
+    assert!(q2
+        .fabrics_connect(2, 31, NQN, HOST, c.cntlid, 0)
+        .status
+        .is_success());
+    let mut again = Queue::open(t.local_addrs[0], NO);
+    let r = again.fabrics_connect(2, 31, NQN, HOST, c.cntlid, 0);
+    assert_eq!(
+        r.status,
+        generic::COMMAND_SEQUENCE_ERROR.dnr(),
+        "a qid connects once"
+    );
+    t.stop();
+}
+
+#[test]
+fn shutdown_notification_reports_complete() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 0, NO, 5000);
+    assert!(c.admin.prop_set(0x14, 0x0046_4001).status.is_success());
+    assert_eq!(
+        c.admin.prop_get(0x1c, false) & 0xc,
+        0x8,
+        "CSTS.SHST = shutdown complete"
+    );
+    t.stop();
+}
