@@ -264,7 +264,7 @@ build_initramfs() {
   mv "$BASE.tmp" "$BASE"
   rm -rf "$r"
   # drop initramfs images of older script versions
-  ls "$CACHE"/initramfs-*.cpio 2>/dev/null | grep -vxF "$BASE" | xargs -r rm -f
+  ls "$CACHE"/initramfs-*.cpio 2>/dev/null | grep -vxF "$BASE" | xargs -r rm -f || true
 }
 
 # ------------------------------------------------------------------------ main
