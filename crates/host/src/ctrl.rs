@@ -104,7 +104,7 @@ impl Controller {
             command_timeout: cfg.command_timeout,
         };
         let mut admin = Queue::connect(addr, ecfg, sock_opts(cfg))?;
-        let cntlid = fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE, 0xFFFF)?;
+        let cntlid = fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE - 1, 0xFFFF)?;
         let cap = prop_get(&mut admin, prop::CAP, true)?;
         enable(&mut admin, cap, cfg.connect_timeout)?;
         let mut page = vec![0u8; IDENTIFY_LEN];
@@ -182,7 +182,10 @@ impl Controller {
             command_timeout: self.cfg.command_timeout,
         };
         let mut q = Queue::connect(self.addr, ecfg, sock_opts(&self.cfg))?;
-        fabric_connect(&mut q, &self.cfg, &self.subnqn, qid, size, self.cntlid)?;
+        // SQSIZE is 0-based and a queue of N entries holds N−1 commands, so ask
+        // for one entry more than the slots we use (within MQES).
+        let sqsize = (size as u32).min(self.max_queue_entries() - 1) as u16;
+        fabric_connect(&mut q, &self.cfg, &self.subnqn, qid, sqsize, self.cntlid)?;
         q.engine_mut().set_icd_bytes(self.icd_bytes());
         Ok(q)
     }
@@ -287,13 +290,13 @@ fn fabric_connect(
     cfg: &HostConfig,
     subnqn: &str,
     qid: u16,
-    size: u16,
+    sqsize: u16,
     cntlid: u16,
 ) -> Result<u16> {
     let cmd = ConnectCmd {
         recfmt: 0,
         qid,
-        sqsize: size - 1,
+        sqsize,
         cattr: 0,
         kato_ms: if qid == 0 { cfg.kato_ms } else { 0 },
     };

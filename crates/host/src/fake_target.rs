@@ -43,6 +43,9 @@ pub enum Fault {
     TermReq,
     /// Sends a C2HData whose offset skips ahead.
     BadOffset,
+    /// Flips one data byte of the read, with valid digests, and carries on:
+    /// a storage bug only end-to-end verification can catch.
+    CorruptData,
 }
 
 #[derive(Clone, Debug)]
@@ -135,6 +138,8 @@ struct Conn {
     cc: u32,
     /// After a fault the connection only drains input.
     broken: bool,
+    /// Capsules that arrived while H2CData for an earlier command was awaited.
+    pending: std::collections::VecDeque<Vec<u8>>,
 }
 
 type R<T> = std::io::Result<T>;
@@ -149,6 +154,7 @@ impl Conn {
             qid: 0,
             cc: 0,
             broken: false,
+            pending: Default::default(),
         }
     }
 
@@ -189,7 +195,10 @@ impl Conn {
     }
 
     fn read_capsule(&mut self) -> R<(Sqe, Vec<u8>)> {
-        let b = self.read_pdu()?;
+        let b = match self.pending.pop_front() {
+            Some(b) => b,
+            None => self.read_pdu()?,
+        };
         let ch = trellis_nvme::CommonHeader::decode(&b).expect("8 bytes");
         let l = check_layout(&ch, true, false, self.d, 4 << 20).map_err(|_| bad("layout"))?;
         if l.pdu_type != PduType::CapsuleCmd {
@@ -357,11 +366,17 @@ impl Conn {
         } else {
             Fault::None
         };
-        if fault != Fault::None {
+        if fault != Fault::None && fault != Fault::CorruptData {
             self.broken = true;
         }
         match fault {
             Fault::None => self.send_read(&sqe, &data, false),
+            Fault::CorruptData => {
+                let mut d = data;
+                let i = d.len() / 2 + 100;
+                d[i] ^= 0x40;
+                self.send_read(&sqe, &d, false)
+            }
             Fault::WrongPduType => {
                 let mut h = [0u8; 32];
                 let dh = DataHdr {
@@ -462,6 +477,11 @@ impl Conn {
             let b = self.read_pdu()?;
             let ch = trellis_nvme::CommonHeader::decode(&b).expect("8 bytes");
             let l = check_layout(&ch, true, false, self.d, 4 << 20).map_err(|_| bad("layout"))?;
+            if l.pdu_type == PduType::CapsuleCmd {
+                // The host keeps submitting while we wait for this command's data.
+                self.pending.push_back(b);
+                continue;
+            }
             let dh = DataHdr::decode(&b);
             if l.pdu_type != PduType::H2CData
                 || dh.cccid != sqe.cid()

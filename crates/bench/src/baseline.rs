@@ -1,0 +1,266 @@
+//! Raw TCP request/response baseline: what this machine's loopback can do
+//! with the same bytes per I/O and the same queue depth as an NVMe/TCP run,
+//! and no NVMe work at all. Both ends busy-poll non-blocking sockets with
+//! one send and one recv per loop iteration, like the real data path.
+//!
+//! Wire format (ours, not NVMe): every request is a 72-byte header (the size
+//! of a CapsuleCmd) — byte 0 kind (1 read, 2 write), bytes 4..8 payload
+//! length — followed, for writes, by the payload. The server answers a read
+//! with 24 + len + 24 bytes (C2HData header, data, CapsuleResp) and a write
+//! with 24 bytes (CapsuleResp), all zeros.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::report::Latency;
+
+pub const REQ_HDR: usize = 72;
+const RESP_HDR: usize = 24;
+const KIND_READ: u8 = 1;
+const KIND_WRITE: u8 = 2;
+const STAGING: usize = 1 << 20;
+/// Largest payload per request (keeps a hostile client from sizing our buffers).
+const MAX_LEN: u32 = 16 << 20;
+
+fn nonblocking_recv(fd: i32, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: valid writable buffer.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    if n == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(n as usize)
+}
+
+fn nonblocking_send(fd: i32, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: valid readable buffer.
+    let n = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(n as usize)
+}
+
+/// Serves connections until killed; one busy-polling thread per connection.
+pub fn serve(listen: &str) -> Result<()> {
+    let l = TcpListener::bind(listen).with_context(|| format!("bind {listen}"))?;
+    println!("baseline server listening on {}", l.local_addr()?);
+    for s in l.incoming() {
+        let s = s?;
+        std::thread::spawn(move || {
+            let _ = serve_conn(s);
+        });
+    }
+    Ok(())
+}
+
+fn serve_conn(s: TcpStream) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_nonblocking(true)?;
+    let fd = s.as_raw_fd();
+    let zeros = vec![0u8; STAGING];
+    let mut st = vec![0u8; STAGING];
+    let (mut head, mut tail, mut skip, mut pending_out) = (0usize, 0usize, 0usize, 0usize);
+    loop {
+        if pending_out > 0 {
+            pending_out -= nonblocking_send(fd, &zeros[..pending_out.min(zeros.len())])?;
+        }
+        if head == tail {
+            head = 0;
+            tail = 0;
+        } else if STAGING - tail < REQ_HDR {
+            st.copy_within(head..tail, 0);
+            tail -= head;
+            head = 0;
+        }
+        tail += nonblocking_recv(fd, &mut st[tail..])?;
+        while head < tail {
+            if skip > 0 {
+                let n = skip.min(tail - head);
+                head += n;
+                skip -= n;
+                continue;
+            }
+            if tail - head < REQ_HDR {
+                break;
+            }
+            let kind = st[head];
+            let len = u32::from_le_bytes(st[head + 4..head + 8].try_into().unwrap());
+            if len > MAX_LEN || !(kind == KIND_READ || kind == KIND_WRITE) {
+                return Err(io::ErrorKind::InvalidData.into());
+            }
+            head += REQ_HDR;
+            if kind == KIND_WRITE {
+                skip = len as usize;
+                pending_out += RESP_HDR;
+            } else {
+                pending_out += 2 * RESP_HDR + len as usize;
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientOpts {
+    pub addr: String,
+    pub bs: u32,
+    pub iodepth: u32,
+    pub write: bool,
+    pub runtime: Duration,
+    pub ramp: Duration,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClientResult {
+    pub bs: u32,
+    pub iodepth: u32,
+    pub write: bool,
+    pub ios: u64,
+    pub iops: f64,
+    pub mib_per_s: f64,
+    #[serde(flatten)]
+    pub lat: Latency,
+    pub idle_poll_pct: f64,
+}
+
+/// Runs the client side for ramp + runtime and measures the runtime part.
+pub fn run_client(o: &ClientOpts) -> Result<ClientResult> {
+    if o.iodepth == 0 || o.bs == 0 || o.bs > MAX_LEN {
+        bail!("bad baseline parameters");
+    }
+    let s = TcpStream::connect(&o.addr).with_context(|| format!("connect {}", o.addr))?;
+    s.set_nodelay(true)?;
+    s.set_nonblocking(true)?;
+    let fd = s.as_raw_fd();
+    let req_len = REQ_HDR + if o.write { o.bs as usize } else { 0 };
+    let resp_len = if o.write {
+        RESP_HDR
+    } else {
+        2 * RESP_HDR + o.bs as usize
+    };
+    // A periodic request stream: send from (position within one request).
+    let reps = (o.iodepth as usize).min((4 << 20) / req_len).max(2);
+    let mut stream = vec![0u8; req_len * reps];
+    for r in 0..reps {
+        let h = &mut stream[r * req_len..];
+        h[0] = if o.write { KIND_WRITE } else { KIND_READ };
+        h[4..8].copy_from_slice(&o.bs.to_le_bytes());
+    }
+    let mut rx = vec![0u8; STAGING];
+    let mut hist = Histogram::<u64>::new_with_bounds(100, 60_000_000_000, 3)?;
+    let mut t0s: VecDeque<Instant> = VecDeque::with_capacity(o.iodepth as usize);
+    let (mut pos, mut out_pending, mut in_bytes) = (0usize, 0usize, 0usize);
+    let (mut polls, mut idle) = (0u64, 0u64);
+    let start = Instant::now();
+    let measure_from = start + o.ramp;
+    let end = measure_from + o.runtime;
+    let mut measure_start = None;
+    loop {
+        let now = Instant::now();
+        if measure_start.is_none() && now >= measure_from {
+            measure_start = Some(now);
+            hist.reset();
+            polls = 0;
+            idle = 0;
+        }
+        let issuing = now < end;
+        if !issuing && t0s.is_empty() {
+            break;
+        }
+        while issuing && t0s.len() < o.iodepth as usize {
+            t0s.push_back(now);
+            out_pending += req_len;
+        }
+        let mut moved = 0;
+        if out_pending > 0 {
+            let n = nonblocking_send(fd, &stream[pos..pos + out_pending.min(stream.len() - pos)])?;
+            pos = (pos + n) % req_len;
+            out_pending -= n;
+            moved += n;
+        }
+        let n = nonblocking_recv(fd, &mut rx)?;
+        moved += n;
+        in_bytes += n;
+        let done_at = Instant::now();
+        while in_bytes >= resp_len {
+            in_bytes -= resp_len;
+            let t = t0s.pop_front().context("response without a request")?;
+            if measure_start.is_some() && t >= measure_from {
+                hist.saturating_record(done_at.saturating_duration_since(t).as_nanos() as u64);
+            }
+        }
+        polls += 1;
+        if moved == 0 {
+            idle += 1;
+        }
+    }
+    let secs = end
+        .saturating_duration_since(measure_start.unwrap_or(end))
+        .as_secs_f64()
+        .max(1e-9);
+    let ios = hist.len();
+    Ok(ClientResult {
+        bs: o.bs,
+        iodepth: o.iodepth,
+        write: o.write,
+        ios,
+        iops: ios as f64 / secs,
+        mib_per_s: ios as f64 * o.bs as f64 / secs / (1 << 20) as f64,
+        lat: Latency::from_hist(&hist),
+        idle_poll_pct: 100.0 * idle as f64 / polls.max(1) as f64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_and_server_complete_requests_for_reads_and_writes() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let s = s.unwrap();
+                std::thread::spawn(move || serve_conn(s));
+            }
+        });
+        for write in [false, true] {
+            let r = run_client(&ClientOpts {
+                addr: addr.clone(),
+                bs: 16384,
+                iodepth: 4,
+                write,
+                runtime: Duration::from_millis(200),
+                ramp: Duration::from_millis(20),
+            })
+            .unwrap();
+            assert!(r.ios > 0, "some requests completed");
+            assert!(r.lat.lat_us_p50 > 0.0);
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! `trellis bench`: command-line surface. The `trellis` binary (crates/cli)
+//! flattens [`BenchArgs`] into its `bench` subcommand and calls [`run`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+
+use crate::job::{resolve_jobs, JobOpts};
+use crate::report::human_table;
+use crate::runner::{run_jobs, RunOpts};
+use crate::suite::SuiteArgs;
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub cmd: Option<BenchCmd>,
+    /// TOML job file: a [global] table and [[job]] entries with the same
+    /// option names as the flags (flags override the file).
+    #[arg(long = "jobs", value_name = "FILE.toml")]
+    pub jobs: Option<PathBuf>,
+    #[command(flatten)]
+    pub opts: JobOpts,
+    /// Write per-job results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Keep Alive Timeout in ms (0 = no keep-alive).
+    #[arg(long, default_value_t = 10_000)]
+    pub kato_ms: u32,
+    /// Per-command timeout in ms; a command outstanding longer fails its queue.
+    #[arg(long, default_value_t = 10_000)]
+    pub cmd_timeout_ms: u64,
+    /// CPUs to pin worker threads to, e.g. 1 or 2,3 (round-robin).
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+    /// Never show the live progress line (it is shown only on a terminal anyway).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCmd {
+    /// The benchmark suite against `trellis target` and the raw TCP baseline.
+    Suite(SuiteArgs),
+    /// Raw TCP baseline server (busy-polling echo-style responder).
+    BaselineServer {
+        #[arg(long, default_value = "127.0.0.1:4499")]
+        listen: String,
+    },
+    /// Raw TCP baseline client.
+    BaselineClient {
+        #[arg(long, default_value = "127.0.0.1:4499")]
+        addr: String,
+        #[arg(long, default_value = "4k")]
+        bs: String,
+        #[arg(long, default_value_t = 1)]
+        iodepth: u32,
+        /// Send the payload (write-like) instead of receiving it.
+        #[arg(long)]
+        write: bool,
+        #[arg(long, default_value = "5")]
+        runtime: String,
+        #[arg(long, default_value = "1")]
+        ramp_time: String,
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    match args.cmd {
+        Some(BenchCmd::Suite(s)) => crate::suite::run(&s, &self_prefix()),
+        Some(BenchCmd::BaselineServer { listen }) => crate::baseline::serve(&listen),
+        Some(BenchCmd::BaselineClient {
+            addr,
+            bs,
+            iodepth,
+            write,
+            runtime,
+            ramp_time,
+            json,
+        }) => {
+            let r = crate::baseline::run_client(&crate::baseline::ClientOpts {
+                addr,
+                bs: crate::job::parse_size(&bs)? as u32,
+                iodepth,
+                write,
+                runtime: crate::job::parse_duration(&runtime)?,
+                ramp: crate::job::parse_duration(&ramp_time)?,
+            })?;
+            println!(
+                "baseline {} bs {} qd {}: {:.0} IOPS, {:.1} MiB/s, p50 {:.1} µs, p99 {:.1} µs",
+                if write { "write" } else { "read" },
+                bs,
+                iodepth,
+                r.iops,
+                r.mib_per_s,
+                r.lat.lat_us_p50,
+                r.lat.lat_us_p99
+            );
+            if let Some(p) = json {
+                std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+            }
+            Ok(())
+        }
+        None => run_bench(args),
+    }
+}
+
+fn run_bench(args: BenchArgs) -> Result<()> {
+    let jobs = resolve_jobs(args.jobs.as_deref(), &args.opts)?;
+    let mut opts = RunOpts {
+        kato_ms: args.kato_ms,
+        command_timeout: Duration::from_millis(args.cmd_timeout_ms),
+        cpus: args.cpus.clone(),
+        ..Default::default()
+    };
+    if args.no_progress {
+        opts.progress = false;
+    }
+    let report = run_jobs(&jobs, &opts)?;
+    print!("{}", human_table(&report));
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    let errors: u64 = report.jobs.iter().map(|j| j.errors).sum();
+    let verify: u64 = report.jobs.iter().map(|j| j.verify_failures).sum();
+    if verify > 0 {
+        let first = report
+            .jobs
+            .iter()
+            .flat_map(|j| j.verify_failure_samples.first())
+            .next()
+            .map(|f| f.to_string())
+            .unwrap_or_default();
+        bail!("data integrity failure: {verify} block(s) failed verification; first: {first}");
+    }
+    if errors > 0 {
+        bail!("{errors} I/O error(s)");
+    }
+    if report.jobs.iter().any(|j| j.ios == 0) {
+        bail!("a job completed no I/O");
+    }
+    Ok(())
+}
+
+/// How this process was invoked up to the bench command, so the suite can
+/// start `<prefix> baseline-server` (works for both `trellis bench suite`
+/// and `trellis-bench-dev suite`).
+fn self_prefix() -> Vec<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let pos = args.iter().position(|a| a == "suite").unwrap_or(1);
+    let mut v = args[..pos].to_vec();
+    if let Ok(exe) = std::env::current_exe() {
+        v[0] = exe.to_string_lossy().into_owned();
+    }
+    v
+}

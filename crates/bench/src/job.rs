@@ -1,0 +1,486 @@
+//! Job options: one struct serves the command line flags, the TOML `[global]`
+//! table and each `[[job]]`, so every option is spelled the same everywhere.
+//! Merge order: built-in defaults < file `[global]` < `[[job]]` < command-line flags.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Deserializer};
+
+/// Every job option is optional here; [`JobSpec`] is the resolved form.
+#[derive(clap::Args, Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobOpts {
+    /// Job name (in a job file: the job's own name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// read, write, randread, randwrite, randrw (or rw/readwrite: sequential mix).
+    #[arg(long)]
+    pub rw: Option<String>,
+    /// Block size per I/O, e.g. 4k, 128k.
+    #[arg(long)]
+    pub bs: Option<String>,
+    /// Size mix instead of --bs, fio style: 4k/70:64k/30 (percentages).
+    #[arg(long)]
+    pub bssplit: Option<String>,
+    /// Outstanding I/Os per worker (spread over its --queues).
+    #[arg(long)]
+    pub iodepth: Option<u32>,
+    /// Worker threads (reactors) for this job.
+    #[arg(long)]
+    pub numjobs: Option<u32>,
+    /// Measured duration after the ramp: 10, 10s, 500ms, 1m.
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Warm-up before measuring (I/O runs, nothing is recorded).
+    #[arg(long)]
+    pub ramp_time: Option<String>,
+    /// IOPS cap for the whole job (0 = unlimited).
+    #[arg(long)]
+    pub rate_iops: Option<u64>,
+    /// Bytes/s cap for the whole job, e.g. 100m (0 = unlimited).
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Percentage of reads in randrw/rw.
+    #[arg(long)]
+    pub rwmixread: Option<u32>,
+    /// Start of the I/O range in bytes (e.g. 1g).
+    #[arg(long)]
+    pub offset: Option<String>,
+    /// Length of the I/O range in bytes (default: namespace end).
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Per-block verification (crc32c); `--verify` alone turns it on, `--verify=0` off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "crc32c")]
+    #[serde(deserialize_with = "bool_or_string")]
+    pub verify: Option<String>,
+    /// Target address HOST:PORT.
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// Subsystem NQN.
+    #[arg(long)]
+    pub nqn: Option<String>,
+    /// Host NQN (default: derived from --tenant).
+    #[arg(long)]
+    pub hostnqn: Option<String>,
+    /// Tenant name (the host NQN identifies it on the wire).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// latency or throughput.
+    #[arg(long)]
+    pub class: Option<String>,
+    /// I/O queue pairs per worker.
+    #[arg(long)]
+    pub queues: Option<u32>,
+    /// Digests: none, header, data, header,data.
+    #[arg(long)]
+    pub digest: Option<String>,
+    /// Namespace ID.
+    #[arg(long)]
+    pub nsid: Option<u32>,
+    /// Random seed (runs with the same seed issue the same offsets).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+fn bool_or_string<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum V {
+        B(bool),
+        S(String),
+    }
+    Ok(Option::<V>::deserialize(d)?.map(|v| match v {
+        V::B(true) => "crc32c".into(),
+        V::B(false) => "0".into(),
+        V::S(s) => s,
+    }))
+}
+
+impl JobOpts {
+    /// Fills every unset field from `base`.
+    pub fn or(mut self, base: &JobOpts) -> JobOpts {
+        macro_rules! fill {
+            ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = base.$f.clone(); } )* };
+        }
+        fill!(
+            name, rw, bs, bssplit, iodepth, numjobs, runtime, ramp_time, rate_iops, rate,
+            rwmixread, offset, size, verify, addr, nqn, hostnqn, tenant, class, queues, digest,
+            nsid, seed
+        );
+        self
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct JobFile {
+    #[serde(default)]
+    global: JobOpts,
+    #[serde(default)]
+    job: Vec<JobOpts>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    Latency,
+    Throughput,
+}
+
+/// A fully resolved job.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    pub name: String,
+    pub rw: String,
+    pub random: bool,
+    /// Percentage of reads (100 = read only, 0 = write only).
+    pub read_pct: u32,
+    /// (bytes, weight) pairs; weights sum to 100.
+    pub sizes: Vec<(u32, u32)>,
+    pub iodepth: u32,
+    pub numjobs: u32,
+    pub runtime: Duration,
+    pub ramp: Duration,
+    pub rate_iops: u64,
+    pub rate_bytes: u64,
+    pub offset_bytes: u64,
+    /// None = to the end of the namespace.
+    pub size_bytes: Option<u64>,
+    pub verify: bool,
+    pub addr: String,
+    pub nqn: String,
+    pub hostnqn: String,
+    pub tenant: String,
+    pub class: Class,
+    pub queues: u32,
+    pub header_digest: bool,
+    pub data_digest: bool,
+    pub nsid: u32,
+    pub seed: u64,
+}
+
+pub const DEFAULT_ADDR: &str = "127.0.0.1:4420";
+pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
+/// Limits: keep a typo from allocating the machine away.
+const MAX_IODEPTH: u32 = 4096;
+const MAX_NUMJOBS: u32 = 256;
+const MAX_QUEUES: u32 = 64;
+const MAX_BS: u64 = 4 << 20;
+
+impl JobSpec {
+    pub fn max_bs(&self) -> u32 {
+        self.sizes.iter().map(|s| s.0).max().unwrap_or(4096)
+    }
+    pub fn min_bs(&self) -> u32 {
+        self.sizes.iter().map(|s| s.0).min().unwrap_or(4096)
+    }
+    /// Human label of the size (or mix).
+    pub fn bs_label(&self) -> String {
+        self.sizes
+            .iter()
+            .map(|(b, w)| {
+                if self.sizes.len() == 1 {
+                    fmt_size(*b as u64)
+                } else {
+                    format!("{}/{}", fmt_size(*b as u64), w)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(":")
+    }
+    pub fn digest_label(&self) -> &'static str {
+        match (self.header_digest, self.data_digest) {
+            (false, false) => "none",
+            (true, false) => "header",
+            (false, true) => "data",
+            (true, true) => "header,data",
+        }
+    }
+}
+
+/// Resolves the jobs to run: from the file (if any) and the flags.
+pub fn resolve_jobs(file: Option<&Path>, flags: &JobOpts) -> Result<Vec<JobSpec>> {
+    let parsed = match file {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str::<JobFile>(&text).with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => JobFile::default(),
+    };
+    let jobs = if parsed.job.is_empty() {
+        vec![JobOpts::default()]
+    } else {
+        parsed.job
+    };
+    let mut out = Vec::new();
+    for (i, j) in jobs.into_iter().enumerate() {
+        // Flags win over the file so one can vary a job file from the shell;
+        // the job's own name is kept unless --name is given with one job.
+        let mut merged = flags.clone();
+        if file.is_some() {
+            merged.name = None;
+        }
+        let o = merged.or(&j.or(&parsed.global));
+        out.push(resolve(o, i).with_context(|| format!("job {i}"))?);
+    }
+    Ok(out)
+}
+
+fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
+    let rw = o.rw.clone().unwrap_or_else(|| "randread".into());
+    let (random, read_pct) = match rw.as_str() {
+        "read" => (false, 100),
+        "write" => (false, 0),
+        "randread" => (true, 100),
+        "randwrite" => (true, 0),
+        "randrw" => (true, o.rwmixread.unwrap_or(50)),
+        "rw" | "readwrite" => (false, o.rwmixread.unwrap_or(50)),
+        other => bail!("unknown rw {other:?} (read, write, randread, randwrite, randrw, rw)"),
+    };
+    if read_pct > 100 {
+        bail!("rwmixread must be 0..=100");
+    }
+    let sizes = match (&o.bssplit, &o.bs) {
+        (Some(s), _) => parse_bssplit(s)?,
+        (None, Some(b)) => vec![(parse_size(b)? as u32, 100)],
+        (None, None) => vec![(4096, 100)],
+    };
+    for (b, _) in &sizes {
+        if *b == 0 || *b as u64 > MAX_BS || b % 512 != 0 {
+            bail!("block size {b} must be a multiple of 512 up to {MAX_BS}");
+        }
+    }
+    let iodepth = o.iodepth.unwrap_or(1);
+    let numjobs = o.numjobs.unwrap_or(1);
+    let queues = o.queues.unwrap_or(1);
+    if !(1..=MAX_IODEPTH).contains(&iodepth) || !(1..=MAX_NUMJOBS).contains(&numjobs) {
+        bail!("iodepth must be 1..={MAX_IODEPTH}, numjobs 1..={MAX_NUMJOBS}");
+    }
+    if !(1..=MAX_QUEUES).contains(&queues) || queues > iodepth {
+        bail!("queues must be 1..={MAX_QUEUES} and at most iodepth");
+    }
+    let verify = match o.verify.as_deref() {
+        None | Some("0") | Some("false") | Some("none") | Some("off") => false,
+        Some("crc32c") | Some("1") | Some("true") | Some("on") | Some("") => true,
+        Some(other) => bail!("unsupported verify {other:?} (crc32c)"),
+    };
+    let (header_digest, data_digest) = parse_digest(o.digest.as_deref().unwrap_or("none"))?;
+    let tenant = o
+        .tenant
+        .clone()
+        .or_else(|| o.hostnqn.clone())
+        .unwrap_or_else(|| "default".into());
+    let hostnqn = o.hostnqn.clone().unwrap_or_else(|| {
+        if tenant.starts_with("nqn.") {
+            tenant.clone()
+        } else {
+            format!("nqn.2026-11.io.trellis:tenant:{tenant}")
+        }
+    });
+    let class = match o.class.as_deref().unwrap_or("throughput") {
+        "latency" | "L" | "l" => Class::Latency,
+        "throughput" | "T" | "t" => Class::Throughput,
+        other => bail!("unknown class {other:?} (latency, throughput)"),
+    };
+    Ok(JobSpec {
+        name: o.name.clone().unwrap_or_else(|| format!("job{index}")),
+        rw,
+        random,
+        read_pct,
+        sizes,
+        iodepth,
+        numjobs,
+        runtime: parse_duration(o.runtime.as_deref().unwrap_or("10"))?,
+        ramp: parse_duration(o.ramp_time.as_deref().unwrap_or("0"))?,
+        rate_iops: o.rate_iops.unwrap_or(0),
+        rate_bytes: o.rate.as_deref().map(parse_size).transpose()?.unwrap_or(0),
+        offset_bytes: o
+            .offset
+            .as_deref()
+            .map(parse_size)
+            .transpose()?
+            .unwrap_or(0),
+        size_bytes: o.size.as_deref().map(parse_size).transpose()?,
+        verify,
+        addr: o.addr.clone().unwrap_or_else(|| DEFAULT_ADDR.into()),
+        nqn: o.nqn.clone().unwrap_or_else(|| DEFAULT_NQN.into()),
+        hostnqn,
+        tenant,
+        class,
+        queues,
+        header_digest,
+        data_digest,
+        nsid: o.nsid.unwrap_or(1),
+        seed: o.seed.unwrap_or(0x7e11_15),
+    })
+}
+
+pub fn parse_digest(s: &str) -> Result<(bool, bool)> {
+    let mut h = false;
+    let mut d = false;
+    for p in s.split(',').map(str::trim) {
+        match p {
+            "none" | "" => {}
+            "header" | "hdgst" => h = true,
+            "data" | "ddgst" => d = true,
+            "both" => {
+                h = true;
+                d = true
+            }
+            other => bail!("unknown digest {other:?} (none, header, data, header,data)"),
+        }
+    }
+    Ok((h, d))
+}
+
+/// Sizes with fio-style binary suffixes: 512, 4k, 128K, 1m, 1g.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim().to_ascii_lowercase();
+    let s = s.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mul) = match s.chars().last() {
+        Some('k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m') => (&s[..s.len() - 1], 1 << 20),
+        Some('g') => (&s[..s.len() - 1], 1 << 30),
+        Some('t') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    n.checked_mul(mul).context("size overflows")
+}
+
+pub fn fmt_size(b: u64) -> String {
+    if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{}m", b >> 20)
+    } else if b >= 1024 && b % 1024 == 0 {
+        format!("{}k", b >> 10)
+    } else {
+        b.to_string()
+    }
+}
+
+/// Durations: plain seconds, or with ms/s/m suffix.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    let (num, scale) = if let Some(v) = s.strip_suffix("ms") {
+        (v, 1e-3)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1.0)
+    } else if let Some(v) = s.strip_suffix('m') {
+        (v, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num.parse().with_context(|| format!("bad duration {s:?}"))?;
+    if !(0.0..=86400.0 * 7.0).contains(&(v * scale)) {
+        bail!("duration {s:?} out of range");
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+fn parse_bssplit(s: &str) -> Result<Vec<(u32, u32)>> {
+    let mut v = Vec::new();
+    for part in s.split(':') {
+        let (b, w) = part
+            .split_once('/')
+            .with_context(|| format!("bssplit entry {part:?} is not SIZE/PERCENT"))?;
+        v.push((parse_size(b)? as u32, w.trim().parse::<u32>()?));
+    }
+    let total: u32 = v.iter().map(|x| x.1).sum();
+    if total != 100 {
+        bail!("bssplit percentages add up to {total}, not 100");
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations_parse_like_fio() {
+        assert_eq!(parse_size("4k").unwrap(), 4096);
+        assert_eq!(parse_size("128K").unwrap(), 131072);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("4q").is_err());
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn job_file_merges_global_job_and_flags() {
+        let dir = std::env::temp_dir().join(format!("trellis-jobs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("j.toml");
+        std::fs::write(
+            &p,
+            r#"
+[global]
+addr = "127.0.0.1:9999"
+runtime = "5"
+verify = true
+[[job]]
+name = "lat"
+class = "latency"
+tenant = "alice"
+rw = "randread"
+iodepth = 1
+[[job]]
+name = "bulk"
+rw = "write"
+bs = "128k"
+iodepth = 8
+"#,
+        )
+        .unwrap();
+        let flags = JobOpts {
+            runtime: Some("2".into()),
+            ..Default::default()
+        };
+        let j = resolve_jobs(Some(&p), &flags).unwrap();
+        assert_eq!(j.len(), 2);
+        assert_eq!(j[0].name, "lat");
+        assert_eq!(j[0].class, Class::Latency);
+        assert_eq!(j[0].hostnqn, "nqn.2026-11.io.trellis:tenant:alice");
+        assert_eq!(j[1].max_bs(), 128 << 10);
+        assert_eq!(j[1].read_pct, 0);
+        assert!(j[0].verify && j[1].verify);
+        assert_eq!(j[0].addr, "127.0.0.1:9999");
+        assert_eq!(
+            j[1].runtime,
+            Duration::from_secs(2),
+            "flags override the file"
+        );
+    }
+
+    #[test]
+    fn bad_options_are_rejected() {
+        let bad = |o: JobOpts| resolve(o, 0).is_err();
+        assert!(bad(JobOpts {
+            rw: Some("randfoo".into()),
+            ..Default::default()
+        }));
+        assert!(bad(JobOpts {
+            bs: Some("1000".into()),
+            ..Default::default()
+        }));
+        assert!(bad(JobOpts {
+            bssplit: Some("4k/50:8k/40".into()),
+            ..Default::default()
+        }));
+        assert!(bad(JobOpts {
+            iodepth: Some(0),
+            ..Default::default()
+        }));
+        assert!(bad(JobOpts {
+            digest: Some("hdr".into()),
+            ..Default::default()
+        }));
+    }
+}

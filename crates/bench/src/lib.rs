@@ -1,0 +1,20 @@
+//! `trellis bench`: a fio-like NVMe/TCP load generator built on
+//! `trellis-host`, plus the benchmark suite and its raw TCP baseline.
+//!
+//! - [`cli`]: flags and subcommands (`suite`, `baseline-server`, `baseline-client`).
+//! - [`job`]: job options from flags or a TOML job file.
+//! - [`worker`]: one reactor thread per worker, owning its queue pairs.
+//! - [`verify`]: per-block header (LBA, generation, checksum).
+//! - [`report`]: HDR histograms, the human table and the JSON.
+//! - [`baseline`], [`suite`]: the raw TCP baseline and the suite runner.
+//!
+//! See `docs/bench.md`.
+
+pub mod baseline;
+pub mod cli;
+pub mod job;
+pub mod report;
+pub mod runner;
+pub mod suite;
+pub mod verify;
+pub mod worker;

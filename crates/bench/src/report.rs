@@ -1,0 +1,252 @@
+//! Aggregation of worker results per job, the human table and the JSON.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::job::{Class, JobSpec};
+use crate::verify::VerifyFailure;
+use crate::worker::{empty_result, WorkerResult};
+
+/// Latency summary in microseconds (completion latency as the application sees it).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latency {
+    pub lat_us_mean: f64,
+    pub lat_us_p50: f64,
+    pub lat_us_p99: f64,
+    pub lat_us_p99_9: f64,
+    pub lat_us_p99_99: f64,
+    pub lat_us_max: f64,
+}
+
+impl Latency {
+    pub fn from_hist(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Latency {
+            lat_us_mean: h.mean() / 1000.0,
+            lat_us_p50: us(h.value_at_quantile(0.50)),
+            lat_us_p99: us(h.value_at_quantile(0.99)),
+            lat_us_p99_9: us(h.value_at_quantile(0.999)),
+            lat_us_p99_99: us(h.value_at_quantile(0.9999)),
+            lat_us_max: us(h.max()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DirStats {
+    pub ios: u64,
+    pub bytes: u64,
+    pub iops: f64,
+    pub mib_per_s: f64,
+    #[serde(flatten)]
+    pub lat: Latency,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct JobReport {
+    pub name: String,
+    pub class: Class,
+    pub tenant: String,
+    pub hostnqn: String,
+    pub rw: String,
+    pub bs: String,
+    pub iodepth: u32,
+    pub numjobs: u32,
+    pub queues: u32,
+    pub digest: String,
+    pub verify: bool,
+    pub runtime_s: f64,
+    pub ios: u64,
+    pub iops: f64,
+    pub mib_per_s: f64,
+    #[serde(flatten)]
+    pub lat: Latency,
+    pub read: DirStats,
+    pub write: DirStats,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    pub verify_failures: u64,
+    pub verified_blocks: u64,
+    pub verify_failure_samples: Vec<VerifyFailure>,
+    /// Polls in which the client neither sent nor received: < 40 % at the
+    /// target's peak means the measurement may be client-bound.
+    pub client_idle_poll_pct: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuTime {
+    pub user_s: f64,
+    pub sys_s: f64,
+    pub total_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunReport {
+    pub jobs: Vec<JobReport>,
+    /// CPU time of the bench process over the whole run (setup included).
+    pub bench_cpu: CpuTime,
+    pub ok: bool,
+}
+
+fn dir_stats(h: &Histogram<u64>, bytes: u64, secs: f64) -> DirStats {
+    let ios = h.len();
+    DirStats {
+        ios,
+        bytes,
+        iops: ios as f64 / secs,
+        mib_per_s: bytes as f64 / secs / (1 << 20) as f64,
+        lat: Latency::from_hist(h),
+    }
+}
+
+/// Merges the workers of one job.
+pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
+    let mut acc = empty_result();
+    let mut measured = 0f64;
+    for r in results {
+        acc.read_hist
+            .add(&r.read_hist)
+            .expect("same histogram bounds");
+        acc.write_hist
+            .add(&r.write_hist)
+            .expect("same histogram bounds");
+        acc.read_bytes += r.read_bytes;
+        acc.write_bytes += r.write_bytes;
+        acc.errors += r.errors;
+        if acc.first_error.is_none() {
+            acc.first_error = r.first_error;
+        }
+        acc.verify_failures += r.verify_failures;
+        acc.verified_blocks += r.verified_blocks;
+        for s in r.verify_samples {
+            if acc.verify_samples.len() < 16 {
+                acc.verify_samples.push(s);
+            }
+        }
+        measured = measured.max(r.measured.as_secs_f64());
+        acc.polls += r.polls;
+        acc.idle_polls += r.idle_polls;
+    }
+    let secs = measured.max(1e-9);
+    let mut all = acc.read_hist.clone();
+    all.add(&acc.write_hist).expect("same bounds");
+    let bytes = acc.read_bytes + acc.write_bytes;
+    JobReport {
+        name: job.name.clone(),
+        class: job.class,
+        tenant: job.tenant.clone(),
+        hostnqn: job.hostnqn.clone(),
+        rw: job.rw.clone(),
+        bs: job.bs_label(),
+        iodepth: job.iodepth,
+        numjobs: job.numjobs,
+        queues: job.queues,
+        digest: job.digest_label().into(),
+        verify: job.verify,
+        runtime_s: measured,
+        ios: all.len(),
+        iops: all.len() as f64 / secs,
+        mib_per_s: bytes as f64 / secs / (1 << 20) as f64,
+        lat: Latency::from_hist(&all),
+        read: dir_stats(&acc.read_hist, acc.read_bytes, secs),
+        write: dir_stats(&acc.write_hist, acc.write_bytes, secs),
+        errors: acc.errors,
+        first_error: acc.first_error,
+        verify_failures: acc.verify_failures,
+        verified_blocks: acc.verified_blocks,
+        verify_failure_samples: acc.verify_samples,
+        client_idle_poll_pct: if acc.polls > 0 {
+            100.0 * acc.idle_polls as f64 / acc.polls as f64
+        } else {
+            0.0
+        },
+    }
+}
+
+pub fn cpu_time() -> CpuTime {
+    // SAFETY: getrusage fills a plain struct.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let user_s = tv(ru.ru_utime);
+    let sys_s = tv(ru.ru_stime);
+    CpuTime {
+        user_s,
+        sys_s,
+        total_s: user_s + sys_s,
+    }
+}
+
+pub fn cpu_delta(a: &CpuTime, b: &CpuTime) -> CpuTime {
+    CpuTime {
+        user_s: b.user_s - a.user_s,
+        sys_s: b.sys_s - a.sys_s,
+        total_s: b.total_s - a.total_s,
+    }
+}
+
+/// The table printed at the end of a run.
+pub fn human_table(r: &RunReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{:<12} {:<10} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7} {:>6}\n",
+        "job", "class", "rw", "bs", "qd", "IOPS", "MiB/s", "mean", "p50", "p99", "p99.9", "p99.99",
+        "max", "errors", "verify", "idle%"
+    ));
+    for j in &r.jobs {
+        s.push_str(&format!(
+            "{:<12} {:<10} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>9.1} {:>6} {:>7} {:>6.1}\n",
+            trunc(&j.name, 12),
+            format!("{:?}", j.class).to_lowercase(),
+            j.rw,
+            j.bs,
+            j.iodepth,
+            j.iops,
+            j.mib_per_s,
+            j.lat.lat_us_mean,
+            j.lat.lat_us_p50,
+            j.lat.lat_us_p99,
+            j.lat.lat_us_p99_9,
+            j.lat.lat_us_p99_99,
+            j.lat.lat_us_max,
+            j.errors,
+            if j.verify {
+                if j.verify_failures == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("{}!", j.verify_failures)
+                }
+            } else {
+                "-".to_string()
+            },
+            j.client_idle_poll_pct,
+        ));
+    }
+    s.push_str("latency columns in microseconds (completion latency seen by the application)\n");
+    s.push_str(&format!(
+        "bench CPU: {:.2} s user + {:.2} s sys\n",
+        r.bench_cpu.user_s, r.bench_cpu.sys_s
+    ));
+    for j in &r.jobs {
+        if let Some(e) = &j.first_error {
+            s.push_str(&format!(
+                "{}: {} error(s), first: {}\n",
+                j.name, j.errors, e
+            ));
+        }
+        for f in &j.verify_failure_samples {
+            s.push_str(&format!("{}: {}\n", j.name, f));
+        }
+    }
+    s
+}
+
+fn trunc(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}

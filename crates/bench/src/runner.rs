@@ -1,0 +1,237 @@
+//! Runs a set of jobs: connects one controller per (target, subsystem,
+//! tenant, digests), gives every worker its own I/O queues, runs the workers
+//! on their own threads, keeps the admin queues alive, and collects results.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use trellis_host::{Controller, Digests, HostConfig};
+
+use crate::job::JobSpec;
+use crate::report::{cpu_delta, cpu_time, job_report, RunReport};
+use crate::worker::{self, WorkerPlan};
+
+/// Settings that apply to the whole run, not to one job.
+#[derive(Clone, Debug)]
+pub struct RunOpts {
+    pub kato_ms: u32,
+    pub command_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// CPUs to pin worker threads to, round-robin (empty: no pinning).
+    pub cpus: Vec<usize>,
+    pub progress: bool,
+}
+
+impl Default for RunOpts {
+    fn default() -> Self {
+        RunOpts {
+            kato_ms: 10_000,
+            command_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            cpus: Vec::new(),
+            progress: std::io::stderr().is_terminal(),
+        }
+    }
+}
+
+type CtrlKey = (String, String, String, bool, bool);
+
+fn key(j: &JobSpec) -> CtrlKey {
+    (
+        j.addr.clone(),
+        j.nqn.clone(),
+        j.hostnqn.clone(),
+        j.header_digest,
+        j.data_digest,
+    )
+}
+
+pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
+    let cpu0 = cpu_time();
+    let mut ctrls = connect_all(jobs, opts)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    let mut progress = Vec::new();
+    let mut wi = 0usize;
+    for (ji, job) in jobs.iter().enumerate() {
+        let job = Arc::new(job.clone());
+        let ctrl = ctrls.get_mut(&key(&job)).expect("connected above");
+        let ns = ctrl
+            .identify_ns(job.nsid)
+            .with_context(|| format!("identify namespace {}", job.nsid))?;
+        let bsz = ns.block_size();
+        let (first, count) = range_blocks(&job, ns.nsze, bsz)?;
+        let per = count / job.numjobs as u64;
+        let counter = Arc::new(AtomicU64::new(0));
+        progress.push(counter.clone());
+        for w in 0..job.numjobs {
+            let queues = open_queues(ctrl, &job)?;
+            let plan = WorkerPlan {
+                job: job.clone(),
+                index: w,
+                queues,
+                block_size: bsz,
+                first_lba: first + per * w as u64,
+                nblocks: per,
+                progress: counter.clone(),
+                stop: stop.clone(),
+                cpu: (!opts.cpus.is_empty()).then(|| opts.cpus[wi % opts.cpus.len()]),
+            };
+            wi += 1;
+            let h = std::thread::Builder::new()
+                .name(format!("bench-{}-{w}", job.name))
+                .spawn(move || worker::run(plan))?;
+            handles.push((ji, h));
+        }
+    }
+    watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
+    let mut per_job: Vec<Vec<_>> = jobs.iter().map(|_| Vec::new()).collect();
+    for (ji, h) in handles {
+        per_job[ji].push(h.join().map_err(|_| anyhow::anyhow!("worker panicked"))?);
+    }
+    for (_, c) in ctrls {
+        let _ = c.shutdown();
+    }
+    let reports: Vec<_> = jobs
+        .iter()
+        .zip(per_job)
+        .map(|(j, r)| job_report(j, r))
+        .collect();
+    let ok = reports
+        .iter()
+        .all(|r| r.errors == 0 && r.verify_failures == 0);
+    Ok(RunReport {
+        jobs: reports,
+        bench_cpu: cpu_delta(&cpu0, &cpu_time()),
+        ok,
+    })
+}
+
+fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Controller>> {
+    let mut need: BTreeMap<CtrlKey, u32> = BTreeMap::new();
+    for j in jobs {
+        *need.entry(key(j)).or_default() += j.numjobs * j.queues;
+    }
+    let mut out = BTreeMap::new();
+    for (k, nq) in need {
+        let cfg = HostConfig {
+            hostnqn: k.2.clone(),
+            hostid: trellis_host::ctrl::hostid_from(&k.2),
+            digests: Digests {
+                header: k.3,
+                data: k.4,
+            },
+            kato_ms: opts.kato_ms,
+            command_timeout: opts.command_timeout,
+            connect_timeout: opts.connect_timeout,
+            ..Default::default()
+        };
+        let mut c = Controller::connect(&k.0, &k.1, &cfg)
+            .with_context(|| format!("connecting to {} at {} as {}", k.1, k.0, k.2))?;
+        let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
+        if (granted as u32) < nq {
+            bail!("controller granted {granted} I/O queues, jobs need {nq}");
+        }
+        out.insert(k, c);
+    }
+    Ok(out)
+}
+
+/// The job's LBA range: [offset, offset + size), clipped to the namespace and
+/// aligned to the largest I/O so workers split it evenly.
+fn range_blocks(job: &JobSpec, nsze: u64, bsz: u32) -> Result<(u64, u64)> {
+    let align = (job.max_bs() / bsz).max(1) as u64;
+    let first = job.offset_bytes / bsz as u64;
+    if first >= nsze {
+        bail!("offset beyond the namespace ({nsze} blocks)");
+    }
+    let count = match job.size_bytes {
+        Some(s) => (s / bsz as u64).min(nsze - first),
+        None => nsze - first,
+    };
+    let per = count / job.numjobs as u64 / align * align;
+    if per == 0 {
+        bail!(
+            "range too small for {} workers of {} bytes",
+            job.numjobs,
+            job.max_bs()
+        );
+    }
+    if job.min_bs() % bsz != 0 {
+        bail!(
+            "block size {} is not a multiple of the LBA size {bsz}",
+            job.min_bs()
+        );
+    }
+    Ok((first, per * job.numjobs as u64))
+}
+
+/// The worker's queues: depth split evenly, largest transfer = largest bs.
+fn open_queues(c: &mut Controller, job: &JobSpec) -> Result<Vec<(trellis_host::Queue, u32)>> {
+    let mut v = Vec::new();
+    for i in 0..job.queues {
+        let depth = job.iodepth / job.queues + u32::from(i < job.iodepth % job.queues);
+        let size = depth.min(trellis_host::engine::MAX_QUEUE_SIZE as u32) as u16;
+        let q = c
+            .connect_io_queue(size, job.max_bs() as usize)
+            .context("connecting an I/O queue")?;
+        v.push((q, depth));
+    }
+    Ok(v)
+}
+
+/// Main thread while workers run: Keep Alive, live progress, Ctrl-C-free stop
+/// on worker failure.
+fn watch(
+    jobs: &[JobSpec],
+    handles: &[(usize, std::thread::JoinHandle<worker::WorkerResult>)],
+    progress: &[Arc<AtomicU64>],
+    ctrls: &mut BTreeMap<CtrlKey, Controller>,
+    opts: &RunOpts,
+    stop: &Arc<AtomicBool>,
+) -> Result<()> {
+    let total = jobs
+        .iter()
+        .map(|j| j.ramp + j.runtime)
+        .max()
+        .unwrap_or_default();
+    let bar = opts.progress.then(|| {
+        let b = indicatif::ProgressBar::new(total.as_millis() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {msg}")
+                .expect("valid template"),
+        );
+        b
+    });
+    let start = Instant::now();
+    let mut last = (Instant::now(), vec![0u64; progress.len()]);
+    while !handles.iter().all(|(_, h)| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(100));
+        for c in ctrls.values_mut() {
+            if let Err(e) = c.tick() {
+                stop.store(true, Ordering::Relaxed);
+                eprintln!("keep alive failed: {e}");
+            }
+        }
+        if let Some(b) = &bar {
+            let dt = last.0.elapsed().as_secs_f64();
+            let now: Vec<u64> = progress.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+            let msg: Vec<String> = jobs
+                .iter()
+                .zip(now.iter().zip(&last.1))
+                .map(|(j, (n, l))| format!("{}: {:.0} IOPS", j.name, (n - l) as f64 / dt))
+                .collect();
+            b.set_position(start.elapsed().as_millis() as u64);
+            b.set_message(msg.join("  "));
+            last = (Instant::now(), now);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(())
+}

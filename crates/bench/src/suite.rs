@@ -1,0 +1,368 @@
+//! The benchmark suite: fixed workloads against `trellis target` (null
+//! backend), each next to the raw TCP baseline with the same bytes per I/O
+//! and queue depth. Target and client are pinned to different cores; the
+//! target's CPU time comes from /proc/<pid>/stat. Writes `suite.json` and
+//! `summary.md` into the output directory.
+
+use std::io::Write as _;
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::baseline::{self, ClientOpts, ClientResult};
+use crate::job::{resolve_jobs, JobOpts, JobSpec};
+use crate::report::JobReport;
+use crate::runner::{run_jobs, RunOpts};
+use crate::worker::pin_current_thread;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SuiteArgs {
+    /// Command that starts the target (run under `taskset -c TARGET_CPU`).
+    /// Empty: use an already running target (then pass --target-pid for CPU figures).
+    #[arg(long, default_value = "trellis target --null 1G")]
+    pub target_cmd: String,
+    /// PID of an already running target (with --target-cmd "").
+    #[arg(long)]
+    pub target_pid: Option<u32>,
+    #[arg(long, default_value = crate::job::DEFAULT_ADDR)]
+    pub addr: String,
+    #[arg(long, default_value = crate::job::DEFAULT_NQN)]
+    pub nqn: String,
+    #[arg(long, default_value_t = 0)]
+    pub target_cpu: usize,
+    #[arg(long, default_value_t = 1)]
+    pub client_cpu: usize,
+    /// Measured seconds per workload.
+    #[arg(long, default_value = "10")]
+    pub runtime: String,
+    /// Warm-up seconds per workload.
+    #[arg(long, default_value = "2")]
+    pub ramp_time: String,
+    /// A few seconds in total: short runs, same workloads (for CI).
+    #[arg(long)]
+    pub smoke: bool,
+    /// Port for the raw TCP baseline server.
+    #[arg(long, default_value_t = 4499)]
+    pub baseline_port: u16,
+    /// Output directory.
+    #[arg(long, default_value = "bench/results/latest")]
+    pub out: PathBuf,
+}
+
+struct Workload {
+    name: &'static str,
+    rw: &'static str,
+    bs: u32,
+    qd: u32,
+}
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "4k randread QD1",
+        rw: "randread",
+        bs: 4096,
+        qd: 1,
+    },
+    Workload {
+        name: "4k randread QD32",
+        rw: "randread",
+        bs: 4096,
+        qd: 32,
+    },
+    Workload {
+        name: "4k randread QD128",
+        rw: "randread",
+        bs: 4096,
+        qd: 128,
+    },
+    Workload {
+        name: "4k randwrite QD32",
+        rw: "randwrite",
+        bs: 4096,
+        qd: 32,
+    },
+    Workload {
+        name: "128k read QD8",
+        rw: "read",
+        bs: 131072,
+        qd: 8,
+    },
+    Workload {
+        name: "128k write QD8",
+        rw: "write",
+        bs: 131072,
+        qd: 8,
+    },
+];
+
+#[derive(Serialize)]
+struct Row {
+    workload: String,
+    rw: String,
+    bs_bytes: u32,
+    iodepth: u32,
+    trellis: JobReport,
+    baseline: ClientResult,
+    /// Trellis / baseline: 1.0 = as fast as raw loopback TCP.
+    iops_ratio: f64,
+    /// Trellis p50 latency / baseline p50 latency (1.0 = no added latency).
+    lat_p50_ratio: f64,
+    lat_p99_ratio: f64,
+    target_cpu_s_per_mio: Option<f64>,
+    target_cpu_util_pct: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct SuiteReport {
+    smoke: bool,
+    runtime_s: f64,
+    target_cmd: String,
+    target_cpu: usize,
+    client_cpu: usize,
+    rows: Vec<Row>,
+}
+
+/// `prefix` is how to invoke this same program's bench command (so the
+/// baseline server can be started as a child pinned to the target core).
+pub fn run(a: &SuiteArgs, prefix: &[String]) -> Result<()> {
+    let (runtime, ramp) = if a.smoke {
+        ("0.5".to_string(), "0.1".to_string())
+    } else {
+        (a.runtime.clone(), a.ramp_time.clone())
+    };
+    std::fs::create_dir_all(&a.out)?;
+    pin_current_thread(a.client_cpu);
+    eprintln!("suite: raw TCP baseline");
+    let baselines = run_baselines(a, prefix, &runtime, &ramp)?;
+    eprintln!("suite: trellis target");
+    let mut target = match a.target_cmd.trim() {
+        "" => None,
+        cmd => Some(spawn_pinned(cmd, a.target_cpu)?),
+    };
+    let pid = target.as_ref().map(|c| c.id()).or(a.target_pid);
+    let rows = (|| {
+        wait_port(&a.addr, Duration::from_secs(30))?;
+        let mut rows = Vec::new();
+        for (w, b) in WORKLOADS.iter().zip(baselines) {
+            rows.push(run_trellis(a, w, b, pid, &runtime, &ramp)?);
+        }
+        Ok::<_, anyhow::Error>(rows)
+    })();
+    if let Some(t) = target.as_mut() {
+        stop_child(t);
+    }
+    let rows = rows?;
+    let report = SuiteReport {
+        smoke: a.smoke,
+        runtime_s: crate::job::parse_duration(&runtime)?.as_secs_f64(),
+        target_cmd: a.target_cmd.clone(),
+        target_cpu: a.target_cpu,
+        client_cpu: a.client_cpu,
+        rows,
+    };
+    let json = a.out.join("suite.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
+    let md = markdown(&report);
+    std::fs::write(a.out.join("summary.md"), &md)?;
+    println!("{md}");
+    println!(
+        "wrote {} and {}",
+        json.display(),
+        a.out.join("summary.md").display()
+    );
+    let bad: Vec<_> = report
+        .rows
+        .iter()
+        .filter(|r| r.trellis.errors > 0 || r.trellis.ios == 0)
+        .map(|r| r.workload.clone())
+        .collect();
+    if !bad.is_empty() {
+        bail!("workloads with errors or no completed I/O: {bad:?}");
+    }
+    Ok(())
+}
+
+fn run_baselines(
+    a: &SuiteArgs,
+    prefix: &[String],
+    runtime: &str,
+    ramp: &str,
+) -> Result<Vec<ClientResult>> {
+    let addr = format!("127.0.0.1:{}", a.baseline_port);
+    let mut cmd = Command::new("taskset");
+    cmd.arg("-c").arg(a.target_cpu.to_string());
+    cmd.args(prefix)
+        .arg("baseline-server")
+        .arg("--listen")
+        .arg(&addr);
+    let mut server = cmd
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting the baseline server (is taskset installed?)")?;
+    let r = (|| {
+        wait_port(&addr, Duration::from_secs(10))?;
+        let mut out = Vec::new();
+        for w in WORKLOADS {
+            out.push(baseline::run_client(&ClientOpts {
+                addr: addr.clone(),
+                bs: w.bs,
+                iodepth: w.qd,
+                write: w.rw.contains("write"),
+                runtime: crate::job::parse_duration(runtime)?,
+                ramp: crate::job::parse_duration(ramp)?,
+            })?);
+            eprintln!("  {:<20} {:>10.0} IOPS", w.name, out.last().unwrap().iops);
+        }
+        Ok(out)
+    })();
+    stop_child(&mut server);
+    r
+}
+
+fn run_trellis(
+    a: &SuiteArgs,
+    w: &Workload,
+    b: ClientResult,
+    pid: Option<u32>,
+    runtime: &str,
+    ramp: &str,
+) -> Result<Row> {
+    let flags = JobOpts {
+        name: Some(w.name.replace(' ', "-")),
+        rw: Some(w.rw.into()),
+        bs: Some(w.bs.to_string()),
+        iodepth: Some(w.qd),
+        runtime: Some(runtime.into()),
+        ramp_time: Some(ramp.into()),
+        addr: Some(a.addr.clone()),
+        nqn: Some(a.nqn.clone()),
+        tenant: Some("suite".into()),
+        ..Default::default()
+    };
+    let jobs: Vec<JobSpec> = resolve_jobs(None, &flags)?;
+    let opts = RunOpts {
+        cpus: vec![a.client_cpu],
+        progress: false,
+        ..Default::default()
+    };
+    let cpu0 = pid.map(proc_cpu_s).transpose()?;
+    let t0 = Instant::now();
+    let mut r = run_jobs(&jobs, &opts)?;
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu1 = pid.map(proc_cpu_s).transpose()?;
+    let t = r.jobs.remove(0);
+    let util = cpu0.zip(cpu1).map(|(x, y)| (y - x) / wall);
+    // CPU over the whole call includes connect and ramp; scale the rate to
+    // the measured window so the figure is per measured I/O.
+    let per_mio = util.map(|u| u * t.runtime_s / (t.ios.max(1) as f64) * 1e6);
+    eprintln!("  {:<20} {:>10.0} IOPS", w.name, t.iops);
+    Ok(Row {
+        workload: w.name.into(),
+        rw: w.rw.into(),
+        bs_bytes: w.bs,
+        iodepth: w.qd,
+        iops_ratio: t.iops / b.iops.max(1e-9),
+        lat_p50_ratio: t.lat.lat_us_p50 / b.lat.lat_us_p50.max(1e-9),
+        lat_p99_ratio: t.lat.lat_us_p99 / b.lat.lat_us_p99.max(1e-9),
+        target_cpu_s_per_mio: per_mio,
+        target_cpu_util_pct: util.map(|u| u * 100.0),
+        trellis: t,
+        baseline: b,
+    })
+}
+
+fn markdown(r: &SuiteReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "Trellis suite ({}; {} s per workload; target on CPU {}, client on CPU {}; target: `{}`)\n\n",
+        if r.smoke { "smoke" } else { "full" },
+        r.runtime_s,
+        r.target_cpu,
+        r.client_cpu,
+        r.target_cmd
+    ));
+    s.push_str("| workload | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | target CPU s / M I/O | baseline IOPS | baseline p50 µs | IOPS ratio | p50 ratio | client idle % |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for row in &r.rows {
+        let t = &row.trellis;
+        s.push_str(&format!(
+            "| {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.0} |\n",
+            row.workload,
+            t.iops,
+            t.mib_per_s,
+            t.lat.lat_us_p50,
+            t.lat.lat_us_p99,
+            t.lat.lat_us_p99_9,
+            t.lat.lat_us_max,
+            row.target_cpu_s_per_mio
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_else(|| "n/a".into()),
+            row.baseline.iops,
+            row.baseline.lat.lat_us_p50,
+            row.iops_ratio,
+            row.lat_p50_ratio,
+            t.client_idle_poll_pct,
+        ));
+    }
+    s.push_str("\nRatios are Trellis / raw TCP baseline with the same bytes per I/O and queue depth (IOPS ratio 1.0 = loopback speed; p50 ratio 1.0 = no added latency). Client idle % below 40 means the figure may be client-bound.\n");
+    s
+}
+
+/// utime + stime of a process, in seconds.
+pub fn proc_cpu_s(pid: u32) -> Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // Fields after the command name (which may contain spaces) start at ") ".
+    let rest = &s[s.rfind(')').context("malformed stat")? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime field 15.
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // SAFETY: sysconf is always safe to call.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}
+
+fn spawn_pinned(cmd: &str, cpu: usize) -> Result<Child> {
+    // `exec` twice so the child PID is the target itself (for /proc).
+    let line = format!("exec taskset -c {cpu} {cmd}");
+    let log = std::fs::File::create(std::env::temp_dir().join("trellis-suite-target.log"))?;
+    Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting target: {line}"))
+}
+
+fn wait_port(addr: &str, limit: Duration) -> Result<()> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if TcpStream::connect(addr).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("nothing listening on {addr} after {limit:?}")
+}
+
+fn stop_child(c: &mut Child) {
+    // SAFETY: kill on our own child's PID.
+    unsafe {
+        libc::kill(c.id() as i32, libc::SIGTERM);
+    }
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+    let _ = std::io::stderr().flush();
+}

@@ -1,0 +1,495 @@
+//! One bench worker: a reactor thread that owns its queue pairs and drives
+//! them run-to-completion. Each loop iteration polls every queue (one
+//! gathered sendmsg + one recv each), completes what arrived, and immediately
+//! refills the queue, so all new commands of an iteration leave together in
+//! the next flush. Nothing on this path allocates: per-slot I/O contexts and
+//! data buffers are set up before the first command.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use trellis_host::engine::rw_sqe;
+use trellis_host::{Completion, Queue, Xfer};
+use trellis_nvme::sqe::io;
+
+use crate::job::JobSpec;
+use crate::verify::{check_block, fill_block, VerifyFailure};
+
+/// Verification state per block: generation, with the top bit marking a
+/// block that has an I/O in flight (no overlapping I/O while verifying).
+const BUSY: u32 = 1 << 31;
+/// A block whose content is unknown (a write to it failed): never checked.
+const UNKNOWN: u32 = BUSY - 1;
+/// Keep this many verify failures with full detail; count the rest.
+const MAX_FAILURE_SAMPLES: usize = 16;
+/// Latency histogram range: 100 ns .. 60 s, 3 significant digits.
+const HIST_MAX_NS: u64 = 60_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Io {
+    op: Op,
+    lba: u64,
+    nlb: u32,
+    t0: Instant,
+}
+
+pub struct WorkerPlan {
+    pub job: Arc<JobSpec>,
+    pub index: u32,
+    /// Queue pairs and the depth this worker keeps on each.
+    pub queues: Vec<(Queue, u32)>,
+    pub block_size: u32,
+    pub first_lba: u64,
+    pub nblocks: u64,
+    pub progress: Arc<AtomicU64>,
+    pub stop: Arc<AtomicBool>,
+    pub cpu: Option<usize>,
+}
+
+pub struct WorkerResult {
+    pub read_hist: Histogram<u64>,
+    pub write_hist: Histogram<u64>,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub errors: u64,
+    pub first_error: Option<String>,
+    /// The worker stopped early because a queue failed.
+    pub fatal: bool,
+    pub verify_failures: u64,
+    pub verify_samples: Vec<VerifyFailure>,
+    pub verified_blocks: u64,
+    pub measured: Duration,
+    pub polls: u64,
+    pub idle_polls: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// Write every block once (verify with reads needs known content).
+    Prefill,
+    Main,
+    /// Read every block back and check it (verify with writes).
+    Readback,
+}
+
+struct Worker {
+    job: Arc<JobSpec>,
+    queues: Vec<QueueCtx>,
+    block_size: u32,
+    first_lba: u64,
+    nblocks: u64,
+    align_blocks: u64,
+    gens: Vec<u32>,
+    seed: u32,
+    rng: SmallRng,
+    cursor: u64,
+    measuring: bool,
+    res: WorkerResult,
+    progress: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    // Rate limit state for the main phase.
+    rate_start: Instant,
+    issued_ios: u64,
+    issued_bytes: u64,
+    rate_iops: f64,
+    rate_bytes: f64,
+}
+
+struct QueueCtx {
+    q: Queue,
+    depth: u32,
+    inflight: u32,
+    ios: Vec<Io>,
+}
+
+pub fn run(plan: WorkerPlan) -> WorkerResult {
+    if let Some(cpu) = plan.cpu {
+        pin_to_cpu(cpu);
+    }
+    let mut w = Worker::new(plan);
+    let phases: &[Phase] = match (w.job.verify, w.job.read_pct) {
+        (false, _) => &[Phase::Main],
+        (true, 0) => &[Phase::Main, Phase::Readback],
+        (true, 100) => &[Phase::Prefill, Phase::Main],
+        (true, _) => &[Phase::Prefill, Phase::Main, Phase::Readback],
+    };
+    for &p in phases {
+        if let Err(e) = w.run_phase(p) {
+            w.res.fatal = true;
+            w.res.errors += 1;
+            w.res.first_error.get_or_insert(e);
+            w.stop.store(true, Ordering::Relaxed);
+            break;
+        }
+        if w.stop.load(Ordering::Relaxed) && p != Phase::Main {
+            break;
+        }
+    }
+    for qc in &w.queues {
+        w.res.polls += qc.q.stats.polls;
+        w.res.idle_polls += qc.q.stats.idle_polls;
+    }
+    w.res
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(100, HIST_MAX_NS, 3).expect("valid histogram bounds")
+}
+
+pub fn empty_result() -> WorkerResult {
+    WorkerResult {
+        read_hist: hist(),
+        write_hist: hist(),
+        read_bytes: 0,
+        write_bytes: 0,
+        errors: 0,
+        first_error: None,
+        fatal: false,
+        verify_failures: 0,
+        verify_samples: Vec::new(),
+        verified_blocks: 0,
+        measured: Duration::ZERO,
+        polls: 0,
+        idle_polls: 0,
+    }
+}
+
+impl Worker {
+    fn new(p: WorkerPlan) -> Worker {
+        let job = p.job;
+        let bs_blocks = (job.min_bs() / p.block_size).max(1);
+        let gens = if job.verify {
+            vec![0u32; p.nblocks as usize]
+        } else {
+            Vec::new()
+        };
+        let queues = p
+            .queues
+            .into_iter()
+            .map(|(q, depth)| {
+                let depth = depth.min(q.engine().queue_size() as u32).max(1);
+                let n = q.engine().queue_size() as usize;
+                let now = Instant::now();
+                QueueCtx {
+                    q,
+                    depth,
+                    inflight: 0,
+                    ios: vec![
+                        Io {
+                            op: Op::Read,
+                            lba: 0,
+                            nlb: 0,
+                            t0: now
+                        };
+                        n
+                    ],
+                }
+            })
+            .collect();
+        let nj = job.numjobs as f64;
+        Worker {
+            rate_iops: job.rate_iops as f64 / nj,
+            rate_bytes: job.rate_bytes as f64 / nj,
+            seed: (job.seed as u32) ^ p.index.wrapping_mul(0x9E37_79B9),
+            rng: SmallRng::seed_from_u64(job.seed ^ (p.index as u64) << 32),
+            align_blocks: bs_blocks as u64,
+            block_size: p.block_size,
+            first_lba: p.first_lba,
+            nblocks: p.nblocks,
+            gens,
+            cursor: 0,
+            measuring: false,
+            res: empty_result(),
+            progress: p.progress,
+            stop: p.stop,
+            rate_start: Instant::now(),
+            issued_ios: 0,
+            issued_bytes: 0,
+            queues,
+            job,
+        }
+    }
+
+    fn run_phase(&mut self, phase: Phase) -> Result<(), String> {
+        let start = Instant::now();
+        let measure_from = start + self.job.ramp;
+        let end = measure_from + self.job.runtime;
+        self.cursor = 0;
+        self.rate_start = start;
+        self.issued_ios = 0;
+        self.issued_bytes = 0;
+        let mut measure_start = start;
+        loop {
+            let now = Instant::now();
+            if phase == Phase::Main && !self.measuring && now >= measure_from {
+                self.measuring = true;
+                measure_start = now;
+            }
+            let issuing = !self.stop.load(Ordering::Relaxed)
+                && match phase {
+                    Phase::Main => now < end,
+                    _ => self.cursor < self.nblocks,
+                };
+            let mut done = 0u64;
+            let mut inflight = 0;
+            for qi in 0..self.queues.len() {
+                done += self.poll_queue(qi, phase, now)?;
+                if issuing {
+                    self.top_up(qi, phase)?;
+                }
+                inflight += self.queues[qi].inflight;
+            }
+            if done > 0 && self.measuring {
+                self.progress.fetch_add(done, Ordering::Relaxed);
+            }
+            if !issuing && inflight == 0 {
+                break;
+            }
+        }
+        if phase == Phase::Main && self.measuring {
+            self.res.measured = Instant::now()
+                .min(end)
+                .saturating_duration_since(measure_start);
+            self.measuring = false;
+        }
+        Ok(())
+    }
+
+    /// Polls one queue and handles its completions. Returns how many completed.
+    fn poll_queue(&mut self, qi: usize, phase: Phase, now: Instant) -> Result<u64, String> {
+        self.queues[qi].q.poll(now).map_err(|e| e.to_string())?;
+        let mut n = 0;
+        while let Some(c) = self.queues[qi].q.next_completion() {
+            self.complete(qi, c, phase, now);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn complete(&mut self, qi: usize, c: Completion, phase: Phase, now: Instant) {
+        let qc = &mut self.queues[qi];
+        let io = qc.ios[c.slot as usize];
+        qc.inflight -= 1;
+        let ok = c.status.is_success();
+        if !ok {
+            self.res.errors += 1;
+            self.res.first_error.get_or_insert_with(|| {
+                format!(
+                    "{:?} of {} blocks at LBA {}: {}",
+                    io.op, io.nlb, io.lba, c.status
+                )
+            });
+        }
+        if self.job.verify {
+            self.settle_verify(qi, c.slot, &io, ok);
+        }
+        if ok && self.measuring && phase == Phase::Main {
+            let ns = now.saturating_duration_since(io.t0).as_nanos() as u64;
+            let bytes = io.nlb as u64 * self.block_size as u64;
+            match io.op {
+                Op::Read => {
+                    self.res.read_hist.saturating_record(ns.max(100));
+                    self.res.read_bytes += bytes;
+                }
+                Op::Write => {
+                    self.res.write_hist.saturating_record(ns.max(100));
+                    self.res.write_bytes += bytes;
+                }
+            }
+        }
+        self.queues[qi].q.free(c.slot);
+    }
+
+    /// After an I/O: check read blocks, commit or poison written ones, and
+    /// release the in-flight marks.
+    fn settle_verify(&mut self, qi: usize, slot: u16, io: &Io, ok: bool) {
+        let bsz = self.block_size as usize;
+        for i in 0..io.nlb as u64 {
+            let idx = (io.lba + i - self.first_lba) as usize;
+            let gen = self.gens[idx] & !BUSY;
+            self.gens[idx] = match (io.op, ok) {
+                (Op::Write, false) => UNKNOWN,
+                _ => gen,
+            };
+            if io.op != Op::Read || !ok || gen == 0 || gen == UNKNOWN {
+                continue;
+            }
+            let b = &self.queues[qi].q.buf(slot)[i as usize * bsz..][..bsz];
+            self.res.verified_blocks += 1;
+            if let Err(f) = check_block(b, io.lba + i, gen, self.seed) {
+                self.res.verify_failures += 1;
+                if self.res.verify_samples.len() < MAX_FAILURE_SAMPLES {
+                    self.res.verify_samples.push(f);
+                }
+            }
+        }
+    }
+
+    fn rate_allows(&self, bytes: u64) -> bool {
+        if self.rate_iops == 0.0 && self.rate_bytes == 0.0 {
+            return true;
+        }
+        let t = self.rate_start.elapsed().as_secs_f64();
+        (self.rate_iops == 0.0 || (self.issued_ios as f64) < self.rate_iops * t + 1.0)
+            && (self.rate_bytes == 0.0
+                || (self.issued_bytes as f64) < self.rate_bytes * t + bytes as f64)
+    }
+
+    /// Fills queue `qi` up to its depth.
+    fn top_up(&mut self, qi: usize, phase: Phase) -> Result<(), String> {
+        let t0 = Instant::now();
+        while self.queues[qi].inflight < self.queues[qi].depth {
+            // Ask the limiter before picking, so a refused I/O reserves nothing.
+            if phase == Phase::Main && !self.rate_allows(self.job.min_bs() as u64) {
+                return Ok(());
+            }
+            let Some((op, lba, nlb)) = self.next_io(phase) else {
+                return Ok(());
+            };
+            let bytes = nlb as u64 * self.block_size as u64;
+            self.issue(qi, Io { op, lba, nlb, t0 })?;
+            self.issued_ios += 1;
+            self.issued_bytes += bytes;
+        }
+        Ok(())
+    }
+
+    fn issue(&mut self, qi: usize, io: Io) -> Result<(), String> {
+        let bsz = self.block_size as usize;
+        let seed = self.seed;
+        let verify = self.job.verify;
+        let qc = &mut self.queues[qi];
+        let slot = qc.q.alloc().ok_or("no free slot below queue depth")?;
+        let len = io.nlb * self.block_size;
+        let (opc, x) = match io.op {
+            Op::Read => (io::READ, Xfer::FromCtrl(len)),
+            Op::Write => (io::WRITE, Xfer::ToCtrl(len)),
+        };
+        if verify && io.op == Op::Write {
+            let buf = qc.q.buf_mut(slot);
+            for i in 0..io.nlb as u64 {
+                let idx = (io.lba + i - self.first_lba) as usize;
+                let gen = self.gens[idx] & !BUSY;
+                fill_block(&mut buf[i as usize * bsz..][..bsz], io.lba + i, gen, seed);
+            }
+        }
+        qc.ios[slot as usize] = io;
+        qc.inflight += 1;
+        qc.q.submit(slot, rw_sqe(opc, self.job.nsid, io.lba, io.nlb), x, io.t0)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Picks the next I/O and, with verify, reserves its blocks (marks them
+    /// busy; writes also take their new generation). None when nothing can be
+    /// issued now.
+    fn next_io(&mut self, phase: Phase) -> Option<(Op, u64, u32)> {
+        let (op, nlb) = match phase {
+            Phase::Prefill => (Op::Write, self.chunk_blocks()),
+            Phase::Readback => (Op::Read, self.chunk_blocks()),
+            Phase::Main => (self.pick_op(), self.pick_nlb()),
+        };
+        let nlb = nlb.min(self.nblocks as u32);
+        let tries = if self.job.verify { 8 } else { 1 };
+        for _ in 0..tries {
+            let off = self.pick_offset(phase, nlb)?;
+            if self.reserve(op, off, nlb) {
+                return Some((op, self.first_lba + off, nlb));
+            }
+        }
+        None
+    }
+
+    fn chunk_blocks(&self) -> u32 {
+        let max = self.job.max_bs() / self.block_size;
+        max.min((self.nblocks - self.cursor.min(self.nblocks)).max(1) as u32)
+    }
+
+    fn pick_op(&mut self) -> Op {
+        match self.job.read_pct {
+            100 => Op::Read,
+            0 => Op::Write,
+            p => {
+                if self.rng.gen_range(0..100) < p {
+                    Op::Read
+                } else {
+                    Op::Write
+                }
+            }
+        }
+    }
+
+    fn pick_nlb(&mut self) -> u32 {
+        let sizes = &self.job.sizes;
+        if sizes.len() == 1 {
+            return sizes[0].0 / self.block_size;
+        }
+        let mut r = self.rng.gen_range(0..100);
+        for &(b, w) in sizes {
+            if r < w {
+                return b / self.block_size;
+            }
+            r -= w;
+        }
+        sizes[0].0 / self.block_size
+    }
+
+    /// Block offset within this worker's range.
+    fn pick_offset(&mut self, phase: Phase, nlb: u32) -> Option<u64> {
+        let span = self.nblocks.checked_sub(nlb as u64)? + 1;
+        if phase == Phase::Main && self.job.random {
+            let slots = (span + self.align_blocks - 1) / self.align_blocks;
+            let off = self.rng.gen_range(0..slots) * self.align_blocks;
+            return Some(off.min(span - 1));
+        }
+        if phase != Phase::Main && self.cursor >= self.nblocks {
+            return None;
+        }
+        let mut off = self.cursor;
+        if off + nlb as u64 > self.nblocks {
+            off = 0; // wrap (main phase) — prefill/readback chunks never cross the end
+        }
+        self.cursor = off + nlb as u64;
+        Some(off)
+    }
+
+    fn reserve(&mut self, op: Op, off: u64, nlb: u32) -> bool {
+        if !self.job.verify {
+            return true;
+        }
+        let r = off as usize..off as usize + nlb as usize;
+        if self.gens[r.clone()].iter().any(|g| g & BUSY != 0) {
+            return false;
+        }
+        for g in &mut self.gens[r] {
+            *g = match op {
+                Op::Read => *g | BUSY,
+                Op::Write if *g == UNKNOWN => 1 | BUSY,
+                Op::Write => (*g + 1).min(UNKNOWN - 1) | BUSY,
+            };
+        }
+        true
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) pins this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+pub fn pin_current_thread(cpu: usize) {
+    pin_to_cpu(cpu)
+}
