@@ -28,6 +28,8 @@ fn main() {
             tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: logs collected by CI or systemd stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let r = match cli.cmd {
         Cmd::Target(a) => target_cmd::run(a),

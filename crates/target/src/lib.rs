@@ -11,6 +11,8 @@ pub mod backend;
 pub mod buf;
 pub mod config;
 pub mod conn;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod io;
 pub mod reactor;
 pub mod server;
