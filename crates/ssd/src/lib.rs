@@ -115,8 +115,8 @@ impl Ssd {
             lun_avail_ns: vec![0; luns as usize],
             ch_avail_ns: vec![0; profile.channels as usize],
             pcie_avail_ns: 0,
-            map: vec![UNMAPPED; logical_pages as usize],
-            rmap: vec![FREE; physical as usize],
+            map: if profile.static_map { Vec::new() } else { vec![UNMAPPED; logical_pages as usize] },
+            rmap: if profile.static_map { Vec::new() } else { vec![FREE; physical as usize] },
             lines: vec![
                 Line {
                     vpc: 0,
@@ -158,6 +158,9 @@ impl Ssd {
     /// fill (clean) or a fill plus random overwrites (fragmented), as fio-based
     /// preconditioning does before Gimbal's and the NSDI paper's clean/fragmented runs.
     pub fn precondition(&mut self, state: Precondition, seed: u64) {
+        if self.p.static_map {
+            return;
+        }
         match state {
             Precondition::Empty => {}
             Precondition::Clean => self.fill_sequential(),
@@ -249,6 +252,9 @@ impl Ssd {
     /// Unmapped pages are read from their striped home location: real drives
     /// answer them fast, but charging a read keeps an un-preconditioned device honest.
     fn ppa_for_read(&self, lpn: u32) -> u32 {
+        if self.p.static_map {
+            return lpn % self.pages_per_line;
+        }
         let ppa = self.map[lpn as usize];
         if ppa != UNMAPPED {
             return ppa;
@@ -343,6 +349,10 @@ impl Ssd {
     /// Map `lpn` to the write pointer and charge the program; returns when the page is durable.
     fn write_page(&mut self, lpn: u32, t: u64) -> u64 {
         self.stats.pages_written += 1;
+        if self.p.static_map {
+            let ppa = lpn % self.pages_per_line;
+            return if ppa % self.subpages == self.subpages - 1 { self.program(ppa, t) } else { t };
+        }
         self.invalidate(lpn);
         let ppa = self.wp_line * self.pages_per_line + self.wp_index;
         self.map[lpn as usize] = ppa;
@@ -434,6 +444,9 @@ impl Ssd {
 
     /// FEMU: forced GC while free lines ≤ gc_hi; one background pass when ≤ gc_lo.
     fn gc_if_needed(&mut self, now_ns: u64) {
+        if self.p.static_map {
+            return;
+        }
         while self.free_lines() <= self.gc_hi_lines {
             let before = self.free_lines();
             // Stop when a pass gains nothing: relocation ate the line it freed.
@@ -511,6 +524,9 @@ impl Ssd {
 
     /// Check FTL invariants (used by tests; O(capacity)).
     pub fn check_invariants(&self) {
+        if self.p.static_map {
+            return;
+        }
         let mut valid = 0u64;
         for (lpn, &ppa) in self.map.iter().enumerate() {
             if ppa != UNMAPPED {

@@ -53,6 +53,11 @@ pub struct SsdProfile {
     pub gc_lo_free_permille: u32,
     /// Forced (foreground) GC when free lines ≤ this share of lines (at least 2 lines).
     pub gc_hi_free_permille: u32,
+    /// [R] Static mapping: LPN → fixed striped page, no FTL tables, no GC. Exact for
+    /// clean devices and reads; used for very large simulations where per-SSD tables
+    /// would not fit in memory.
+    #[serde(default)]
+    pub static_map: bool,
 }
 
 impl SsdProfile {
@@ -86,6 +91,7 @@ impl SsdProfile {
             overprovision_permille: 70,
             gc_lo_free_permille: 250,
             gc_hi_free_permille: 50,
+            static_map: false,
         }
     }
 
@@ -120,6 +126,7 @@ impl SsdProfile {
             overprovision_permille: 70,
             gc_lo_free_permille: 0,
             gc_hi_free_permille: 0,
+            static_map: false,
         }
     }
 
@@ -154,6 +161,7 @@ impl SsdProfile {
             overprovision_permille: 70,
             gc_lo_free_permille: 100,
             gc_hi_free_permille: 30,
+            static_map: false,
         }
     }
 

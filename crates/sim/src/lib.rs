@@ -1,0 +1,18 @@
+//! Trellis SAN simulator: switched vs switchless NVMe-oF fabrics with the policy cores
+//! (trellis-ssd, trellis-qos, trellis-fabric) that the target daemon runs.
+
+pub mod cli;
+pub mod config;
+pub mod cost;
+pub mod engine;
+pub mod metrics;
+pub mod model;
+pub mod reproduce;
+pub mod run;
+pub mod svg;
+pub mod topo;
+pub mod trace;
+pub mod workload;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1131 @@
+//! The SAN model: hosts, fabric nodes, egress queues, targets with Gimbal and SSDs.
+//!
+//! Per packet per hop there is one `Arrive` event, plus one `TxDone` only when the
+//! egress was busy. Packets, I/Os and events are plain structs in slabs and a heap.
+
+use crate::config::{SimConfig, TopologyKind};
+use crate::engine::{EventQueue, Rng, Slab};
+use crate::metrics::Metrics;
+use crate::topo::{self, Graph, NodeKind};
+use crate::workload::{Cluster, Gen, IoSpec};
+use anyhow::Result;
+use std::collections::{HashMap, VecDeque};
+use trellis_fabric::credit::{self, HostRateLimiter};
+use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
+use trellis_fabric::reserve::{self, PortReservation};
+use trellis_fabric::IoKind;
+use trellis_qos::{CongestionControl, Dispatch, Gimbal, Op};
+use trellis_ssd::{IoOp, Ssd};
+
+// Event kinds.
+const EV_ARRIVE: u8 = 0;
+const EV_TXDONE: u8 = 1;
+const EV_SSD_DONE: u8 = 2;
+const EV_HOST_ARRIVAL: u8 = 3;
+const EV_ADMIT: u8 = 4;
+const EV_GIMBAL_WAKE: u8 = 5;
+const EV_FAIL: u8 = 6;
+const EV_RETRY: u8 = 7;
+
+/// Egress classes: 0 = reserved responses and write completions, 1..=8 = rank 0..7.
+const NQ: usize = 9;
+const NO_PORT: u8 = u8::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PktKind {
+    /// Host → target: command capsule, possibly with write data.
+    Fwd,
+    /// Target → host: read data and/or the completion.
+    Rev,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Packet {
+    io: u32,
+    gen: u16,
+    kind: PktKind,
+    /// Carries the completion (last reverse packet) or the command (first forward packet).
+    marker: bool,
+    wire_bytes: u32,
+    /// Forward: index of the hop record for the node being entered; reverse: the hop
+    /// record index of the node being entered (counting down), or NO_PORT if routed.
+    hop: u8,
+    /// Node the packet is travelling to.
+    to: u32,
+    /// Egress port it left through (to detect loss on a failed link).
+    via: u32,
+    enq_ns: u64,
+    class: u8,
+}
+
+struct Io {
+    gen: u16,
+    host: u32,
+    job: u16,
+    spec: IoSpec,
+    target_node: u32,
+    submit_ns: u64,
+    rank: u8,
+    hdr: IsrHeader,
+    target_in_port: u32,
+    fwd_expected: u16,
+    fwd_arrived: u16,
+    rev_expected: u16,
+    rev_arrived: u16,
+    headroom: u64,
+    ssd_latency_ns: u64,
+    /// Reservation grants (port, B/s), released at completion.
+    grants: [(u32, u64); 8],
+    n_grants: u8,
+    lost: bool,
+}
+
+struct PortQ {
+    q: [VecDeque<u32>; NQ],
+    bytes: u64,
+    busy_until: u64,
+    tx_pending: bool,
+    tx_bytes: u64,
+    resv: PortReservation,
+}
+
+struct SsdSlot {
+    ssd: Ssd,
+    node: u32,
+    gimbal: Option<Gimbal>,
+    cc: CongestionControl,
+    fifo: VecDeque<u32>,
+    outstanding: u32,
+    wake_at: u64,
+    /// In-flight device commands: (io, gen, dispatch, device submit time).
+    inflight: Slab<(u32, u16, Option<Dispatch>, u64)>,
+    alive: bool,
+}
+
+struct Host {
+    node: u32,
+    port: u32,
+    jobs: Vec<Option<Gen>>,
+    limiters: HashMap<u32, HostRateLimiter>,
+}
+
+pub struct Sim {
+    pub cfg: SimConfig,
+    pub g: Graph,
+    pub q: EventQueue,
+    rng: Rng,
+    ports: Vec<PortQ>,
+    pkts: Slab<Packet>,
+    ios: Slab<Io>,
+    ssds: Vec<SsdSlot>,
+    hosts: Vec<Host>,
+    isr: Vec<Option<IsrTable>>,
+    /// Storage node → its index among storage nodes (ISR tables are per target node).
+    pub metrics: Metrics,
+    payload_max: u32,
+    retry_ns: u64,
+    /// Test hook: verify that each completion enters every hop through the link its
+    /// command left by (ISR symmetry).
+    pub trace_paths: bool,
+    pub path_checks: u64,
+    pub path_mismatches: u64,
+    cand: [u32; 64],
+}
+
+impl Sim {
+    pub fn new(cfg: SimConfig) -> Result<Self> {
+        let g = topo::build(&cfg.topology)?;
+        anyhow::ensure!(!g.hosts.is_empty(), "need at least one host");
+        let profile = cfg.ssd.profile()?;
+        let mut rng = Rng::new(cfg.seed);
+        let mut ssds = Vec::new();
+        for (i, &node) in g.storage.iter().enumerate() {
+            for k in 0..cfg.ssd.per_node {
+                let mut ssd = Ssd::new(profile.clone());
+                ssd.precondition(
+                    cfg.ssd.precondition,
+                    cfg.seed ^ ((i as u64) << 16 | k as u64),
+                );
+                let gimbal = cfg
+                    .mechanisms
+                    .gimbal
+                    .then(|| Gimbal::new(cfg.gimbal.clone(), 0));
+                ssds.push(SsdSlot {
+                    ssd,
+                    node,
+                    gimbal,
+                    cc: CongestionControl::new(&cfg.gimbal),
+                    fifo: VecDeque::new(),
+                    outstanding: 0,
+                    wake_at: u64::MAX,
+                    inflight: Slab::new(1 << 20),
+                    alive: true,
+                });
+            }
+        }
+        anyhow::ensure!(!ssds.is_empty(), "need at least one SSD");
+        let ssd_bytes = ssds[0].ssd.logical_bytes();
+        let ports = g
+            .ports
+            .iter()
+            .map(|p| PortQ {
+                q: Default::default(),
+                bytes: 0,
+                busy_until: 0,
+                tx_pending: false,
+                tx_bytes: 0,
+                resv: PortReservation::new(p.bits_per_s / 8, cfg.reserve.burst_bytes),
+            })
+            .collect();
+        // Storage nodes are numbered first, so a storage node's id is its target index.
+        let n_targets = g.storage.len();
+        let isr = (0..g.n())
+            .map(|u| {
+                let multi = g.node_ports[u].len() > 1 && g.kinds[u] != NodeKind::Host;
+                (cfg.mechanisms.isr && multi)
+                    .then(|| IsrTable::new(cfg.isr.clone(), n_targets, g.node_ports[u].len()))
+            })
+            .collect();
+        let mut hosts = Vec::new();
+        for (hi, &node) in g.hosts.iter().enumerate() {
+            let c = Cluster {
+                n_ssds: ssds.len() as u32,
+                ssd_bytes,
+                host_index: hi as u32,
+                n_hosts: g.hosts.len() as u32,
+            };
+            let mut jobs = Vec::new();
+            for job in &cfg.workload.jobs {
+                if job.hosts.is_empty() || job.hosts.contains(&(hi as u32)) {
+                    let mut gen = Gen::new(job, c)?;
+                    if let Gen::Ycsb(y) = &mut gen {
+                        y.measure_from_ns = cfg.warmup_ns;
+                    }
+                    jobs.push(Some(gen));
+                } else {
+                    jobs.push(None);
+                }
+            }
+            hosts.push(Host {
+                node,
+                port: g.node_ports[node as usize][0],
+                jobs,
+                limiters: HashMap::new(),
+            });
+        }
+        let _ = rng.next_u64();
+        let payload_max = cfg.topology.mtu_bytes - cfg.topology.frame_overhead_bytes;
+        let metrics = Metrics::new(&cfg, g.ports.len());
+        Ok(Sim {
+            payload_max,
+            retry_ns: 1_000_000,
+            trace_paths: false,
+            path_checks: 0,
+            path_mismatches: 0,
+            g,
+            q: EventQueue::new(),
+            rng,
+            ports,
+            pkts: Slab::new(1 << 26),
+            ios: Slab::new(1 << 24),
+            ssds,
+            hosts,
+            isr,
+            metrics,
+            cand: [0; 64],
+            cfg,
+        })
+    }
+
+    pub fn n_ssds(&self) -> usize {
+        self.ssds.len()
+    }
+
+    /// Schedule the workloads and failures.
+    pub fn start(&mut self) {
+        for h in 0..self.hosts.len() {
+            for j in 0..self.hosts[h].jobs.len() {
+                let Some(gen) = self.hosts[h].jobs[j].as_ref() else {
+                    continue;
+                };
+                let qd = gen.qd();
+                if qd > 0 {
+                    for ctx in 0..qd {
+                        let spec = self.hosts[h].jobs[j]
+                            .as_mut()
+                            .unwrap()
+                            .first(ctx, &mut self.rng);
+                        self.new_io(h as u32, j as u16, spec, 0);
+                    }
+                } else {
+                    self.schedule_arrival(h as u32, j as u16, 0);
+                }
+            }
+        }
+        for (i, f) in self.cfg.failures.clone().iter().enumerate() {
+            self.q.push(f.at_ns, EV_FAIL, i as u32);
+        }
+    }
+
+    fn schedule_arrival(&mut self, h: u32, j: u16, now: u64) {
+        // Pending open-loop arrivals live in the host's job; encode (host, job) in the event.
+        let gen = self.hosts[h as usize].jobs[j as usize]
+            .as_mut()
+            .expect("arrival for a job the host does not run");
+        if let Some((t, spec)) = gen.next_arrival(now, &mut self.rng) {
+            let io = self.alloc_io(h, j, spec, t);
+            self.q.push(t, EV_HOST_ARRIVAL, io);
+        }
+    }
+
+    /// Run until `until_ns` (or the queue empties); `tick` is called every ~2^16 events.
+    pub fn run_until(&mut self, until_ns: u64, mut tick: impl FnMut(u64)) {
+        while let Some(t) = self.q.peek_t() {
+            if t > until_ns {
+                break;
+            }
+            let e = self.q.pop().unwrap();
+            if self.q.processed & 0xFFFF == 0 {
+                tick(e.t);
+            }
+            match e.kind {
+                EV_ARRIVE => self.on_arrive(e.a),
+                EV_TXDONE => self.on_txdone(e.a),
+                EV_SSD_DONE => self.on_ssd_done(e.a),
+                EV_HOST_ARRIVAL => self.on_host_arrival(e.a),
+                EV_ADMIT => self.admit(e.a),
+                EV_GIMBAL_WAKE => {
+                    self.ssds[e.a as usize].wake_at = u64::MAX;
+                    self.pump(e.a)
+                }
+                EV_FAIL => self.on_fail(e.a as usize),
+                EV_RETRY => self.on_retry(e.a),
+                k => unreachable!("event kind {k}"),
+            }
+        }
+        self.q.now = self
+            .q
+            .now
+            .max(until_ns.min(self.q.peek_t().unwrap_or(until_ns)));
+    }
+
+    // ---------------------------------------------------------------- hosts
+
+    fn alloc_io(&mut self, host: u32, job: u16, spec: IoSpec, now: u64) -> u32 {
+        let target_node = self.ssds[spec.ssd as usize].node;
+        self.ios.insert(Io {
+            gen: 0,
+            host,
+            job,
+            spec,
+            target_node,
+            submit_ns: now,
+            rank: 0,
+            hdr: IsrHeader::default(),
+            target_in_port: u32::MAX,
+            fwd_expected: 0,
+            fwd_arrived: 0,
+            rev_expected: 0,
+            rev_arrived: 0,
+            headroom: 0,
+            ssd_latency_ns: 0,
+            grants: [(0, 0); 8],
+            n_grants: 0,
+            lost: false,
+        })
+    }
+
+    fn new_io(&mut self, host: u32, job: u16, spec: IoSpec, now: u64) {
+        let io = self.alloc_io(host, job, spec, now);
+        self.admit(io);
+    }
+
+    fn on_host_arrival(&mut self, io: u32) {
+        let (h, j) = {
+            let o = self.ios.get(io);
+            (o.host, o.job)
+        };
+        let now = self.q.now;
+        self.schedule_arrival(h, j, now);
+        self.admit(io);
+    }
+
+    /// Host-side admission: the storage-driven rate limiter (if on), then send.
+    fn admit(&mut self, io: u32) {
+        let now = self.q.now;
+        if !self.ssds[self.ios.get(io).spec.ssd as usize].alive {
+            // The target is gone: the application sees an error; count it and drop.
+            self.metrics.failed_ios += 1;
+            self.finish_io_without_completion(io);
+            return;
+        }
+        if self.cfg.mechanisms.credits {
+            let (host, ssd, bytes) = {
+                let o = self.ios.get(io);
+                (o.host, o.spec.ssd, o.spec.size_bytes as u64)
+            };
+            let lcfg = &self.cfg.limiter;
+            let lim = self.hosts[host as usize]
+                .limiters
+                .entry(ssd)
+                .or_insert_with(|| HostRateLimiter::new(lcfg));
+            if let Err(t) = lim.admit(lcfg, bytes, now) {
+                self.q.push(t, EV_ADMIT, io);
+                return;
+            }
+            let headroom = lim.last_headroom();
+            let cap = self.cfg.gimbal.rate_init_bytes_per_s;
+            self.ios.get_mut(io).rank = if headroom == u64::MAX {
+                0
+            } else {
+                credit::rank(headroom, cap)
+            };
+        }
+        self.send_command(io);
+    }
+
+    fn send_command(&mut self, io: u32) {
+        let (host, op, size, gen) = {
+            let o = self.ios.get(io);
+            (o.host, o.spec.op, o.spec.size_bytes, o.gen)
+        };
+        let kind = if op == Op::Read {
+            IoKind::Read
+        } else {
+            IoKind::Write
+        };
+        let fwd = reserve::request_bytes(kind, size);
+        let n = fwd.div_ceil(self.payload_max);
+        let hnode = self.hosts[host as usize].node;
+        let hport = self.hosts[host as usize].port;
+        {
+            let o = self.ios.get_mut(io);
+            o.fwd_expected = n as u16;
+            o.hdr.push(HopRec {
+                node: hnode,
+                in_port: NO_PORT,
+                out_port: 0,
+                ..Default::default()
+            });
+        }
+        let rank = self.ios.get(io).rank;
+        let mut left = fwd;
+        for i in 0..n {
+            let payload = left.min(self.payload_max);
+            left -= payload;
+            let p = self.pkts.insert(Packet {
+                io,
+                gen,
+                kind: PktKind::Fwd,
+                marker: i == 0,
+                wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
+                hop: 1,
+                to: self.g.peer_node(hport),
+                via: hport,
+                enq_ns: 0,
+                class: 1 + rank,
+            });
+            self.enqueue(p, hport);
+        }
+    }
+
+    fn host_complete(&mut self, io: u32) {
+        let now = self.q.now;
+        let (host, job, spec, submit, headroom) = {
+            let o = self.ios.get(io);
+            (o.host, o.job, o.spec, o.submit_ns, o.headroom)
+        };
+        self.release_grants(io);
+        if self.cfg.mechanisms.credits {
+            let lcfg = &self.cfg.limiter;
+            if let Some(l) = self.hosts[host as usize].limiters.get_mut(&spec.ssd) {
+                l.on_credit(lcfg, headroom);
+            }
+        }
+        let ssd_lat = self.ios.get(io).ssd_latency_ns;
+        self.metrics
+            .on_complete(spec.op, spec.size_bytes, now - submit, ssd_lat, submit, now);
+        self.ios.remove(io);
+        let gen = self.hosts[host as usize].jobs[job as usize]
+            .as_mut()
+            .expect("job");
+        let follow = gen.on_complete(&spec, now, &mut self.rng);
+        for s in follow.into_iter().flatten() {
+            self.new_io(host, job, s, now);
+        }
+    }
+
+    fn finish_io_without_completion(&mut self, io: u32) {
+        let (host, job, spec) = {
+            let o = self.ios.get(io);
+            (o.host, o.job, o.spec)
+        };
+        self.release_grants(io);
+        self.ios.remove(io);
+        // Keep closed loops alive: the application moves on to its next I/O.
+        let now = self.q.now;
+        let gen = self.hosts[host as usize].jobs[job as usize]
+            .as_mut()
+            .expect("job");
+        let follow = gen.on_complete(&spec, now, &mut self.rng);
+        if let Some(s) = follow[0] {
+            if self.ssds[s.ssd as usize].alive {
+                self.new_io(host, job, s, now);
+            }
+        }
+    }
+
+    fn release_grants(&mut self, io: u32) {
+        let o = self.ios.get_mut(io);
+        let n = o.n_grants as usize;
+        let grants = o.grants;
+        o.n_grants = 0;
+        for &(p, r) in &grants[..n] {
+            self.ports[p as usize].resv.release(r);
+        }
+    }
+
+    // ---------------------------------------------------------------- fabric
+
+    fn local_of(&self, node: u32, port: u32) -> u8 {
+        self.g.node_ports[node as usize]
+            .iter()
+            .position(|&p| p == port)
+            .expect("port not on node") as u8
+    }
+
+    fn qdelay_ns(&self, port: u32) -> u64 {
+        let bytes = self.ports[port as usize].bytes;
+        let backlog = self.ports[port as usize]
+            .busy_until
+            .saturating_sub(self.q.now);
+        backlog + bytes * 8_000_000_000 / self.g.ports[port as usize].bits_per_s
+    }
+
+    /// Choose the egress of `node` toward `dest`: ISR (least congested) or per-flow ECMP.
+    fn route(&mut self, node: u32, dest: u32, io: u32) -> Option<u32> {
+        let mut cand = self.cand;
+        let k = self.g.candidates(node, dest, &mut cand);
+        if k == 0 {
+            return None;
+        }
+        if k == 1 {
+            return Some(cand[0]);
+        }
+        let now = self.q.now;
+        // ISR tables are kept per target storage node; routes toward hosts use ECMP.
+        let to_storage = (dest as usize) < self.g.storage.len();
+        if let (true, Some(t)) = (to_storage, &self.isr[node as usize]) {
+            let mut locals = [0u8; 64];
+            for (i, &p) in cand[..k].iter().enumerate() {
+                locals[i] = self.local_of(node, p);
+            }
+            let ports = &self.g.node_ports[node as usize];
+            let tie = self.rng.next_u64();
+            let pick = t.choose(
+                dest,
+                &locals[..k],
+                |lp| self.qdelay_ns(ports[lp as usize]),
+                now,
+                tie,
+            );
+            return Some(ports[pick as usize]);
+        }
+        // ECMP: hash of the flow (host, SSD) and the node, fixed for the flow's life.
+        let o = self.ios.get(io);
+        let h = mix64((o.host as u64) << 32 | o.spec.ssd as u64 ^ (node as u64) << 48);
+        Some(cand[(h % k as u64) as usize])
+    }
+
+    fn enqueue(&mut self, p: u32, port: u32) {
+        let now = self.q.now;
+        if !self.g.port_up[port as usize] {
+            self.drop_packet(p);
+            return;
+        }
+        let bytes = self.pkts.get(p).wire_bytes as u64;
+        let class = self.classify(p, port);
+        let pq = &mut self.ports[port as usize];
+        if pq.bytes + bytes > self.cfg.topology.queue_bytes {
+            self.metrics.drops += 1;
+            self.drop_packet(p);
+            return;
+        }
+        {
+            let pk = self.pkts.get_mut(p);
+            pk.enq_ns = now;
+            pk.via = port;
+            pk.class = class;
+        }
+        let idle = !pq.tx_pending && pq.busy_until <= now && pq.bytes == 0;
+        if idle {
+            self.start_tx(p, port);
+            return;
+        }
+        pq.q[class as usize].push_back(p);
+        pq.bytes += bytes;
+        if !pq.tx_pending {
+            pq.tx_pending = true;
+            let t = pq.busy_until.max(now);
+            self.q.push(t, EV_TXDONE, port);
+        }
+    }
+
+    fn classify(&mut self, p: u32, port: u32) -> u8 {
+        let now = self.q.now;
+        let pk = *self.pkts.get(p);
+        let rank = self.ios.get(pk.io).rank;
+        let base = if self.cfg.mechanisms.credits {
+            1 + rank
+        } else {
+            1
+        };
+        if !self.cfg.mechanisms.reservation || pk.kind != PktKind::Rev {
+            return base;
+        }
+        let op = self.ios.get(pk.io).spec.op;
+        // Write completions are tiny and always go first (Q_wcpl).
+        if op == Op::Write {
+            return 0;
+        }
+        if self.ports[port as usize]
+            .resv
+            .conform(pk.wire_bytes as u64, now)
+        {
+            0
+        } else {
+            base
+        }
+    }
+
+    fn start_tx(&mut self, p: u32, port: u32) {
+        let now = self.q.now;
+        let pk = *self.pkts.get(p);
+        let info = &self.g.ports[port as usize];
+        let ser = (pk.wire_bytes as u64 * 8_000_000_000).div_ceil(info.bits_per_s);
+        let node = info.node;
+        let fwd_ns = self.forwarding_ns(node, pk.io);
+        let arrive = now + ser + info.prop_ns + fwd_ns;
+        let pq = &mut self.ports[port as usize];
+        pq.busy_until = now + ser;
+        if now >= self.cfg.warmup_ns {
+            pq.tx_bytes += pk.wire_bytes as u64;
+        }
+        self.record_qdelay(&pk, node, now.saturating_sub(pk.enq_ns), port);
+        self.q.push(arrive, EV_ARRIVE, p);
+    }
+
+    /// Forwarding latency charged when `node` passes a packet on (not at its endpoints).
+    fn forwarding_ns(&self, node: u32, io: u32) -> u64 {
+        match self.g.kinds[node as usize] {
+            NodeKind::Switch => self.cfg.topology.switch_hop_ns,
+            NodeKind::Host => 0,
+            NodeKind::Storage => {
+                // The seed's 2.9 µs is per extra hop of a whole I/O (command and response),
+                // so each direction pays half.
+                if self.ios.get(io).target_node == node {
+                    0
+                } else {
+                    self.cfg.topology.adapter_hop_ns / 2
+                }
+            }
+        }
+    }
+
+    /// The ISR header records queueing per hop (command and completion packets only).
+    fn record_qdelay(&mut self, pk: &Packet, node: u32, qdelay: u64, port: u32) {
+        if !pk.marker || pk.gen != self.ios.get(pk.io).gen {
+            return;
+        }
+        let ecn = self.ports[port as usize].bytes > self.cfg.isr.ecn_threshold_bytes;
+        let o = self.ios.get_mut(pk.io);
+        let q = qdelay.min(u32::MAX as u64) as u32;
+        match pk.kind {
+            PktKind::Fwd => {
+                let i = pk.hop as usize - 1;
+                if i < o.hdr.n_hops as usize && o.hdr.hops[i].node == node {
+                    o.hdr.hops[i].qdelay_ns = q;
+                    o.hdr.hops[i].ecn |= ecn;
+                }
+            }
+            PktKind::Rev => {
+                let i = pk.hop as usize + 1;
+                if pk.hop != NO_PORT && i < o.hdr.n_hops as usize && o.hdr.hops[i].node == node {
+                    o.hdr.hops[i].rev_qdelay_ns = q;
+                }
+            }
+        }
+    }
+
+    fn on_txdone(&mut self, port: u32) {
+        let pq = &mut self.ports[port as usize];
+        pq.tx_pending = false;
+        let Some(p) = pq.q.iter_mut().find_map(|q| q.pop_front()) else {
+            return;
+        };
+        let bytes = self.pkts.get(p).wire_bytes as u64;
+        pq.bytes -= bytes;
+        self.start_tx(p, port);
+        let pq = &mut self.ports[port as usize];
+        if pq.bytes > 0 {
+            pq.tx_pending = true;
+            let t = pq.busy_until;
+            self.q.push(t, EV_TXDONE, port);
+        }
+    }
+
+    fn on_arrive(&mut self, p: u32) {
+        let pk = *self.pkts.get(p);
+        let stale = pk.gen != self.ios.get(pk.io).gen || self.ios.get(pk.io).lost;
+        if stale {
+            self.pkts.remove(p);
+            return;
+        }
+        if !self.g.port_up[pk.via as usize] {
+            // The link failed while the packet was on the wire.
+            self.drop_packet(p);
+            return;
+        }
+        match pk.kind {
+            PktKind::Fwd => self.arrive_fwd(p, pk),
+            PktKind::Rev => self.arrive_rev(p, pk),
+        }
+    }
+
+    fn arrive_fwd(&mut self, p: u32, pk: Packet) {
+        let node = pk.to;
+        let in_port = self.g.ports[pk.via as usize].peer;
+        let target = self.ios.get(pk.io).target_node;
+        if node == target {
+            self.pkts.remove(p);
+            let o = self.ios.get_mut(pk.io);
+            o.target_in_port = in_port;
+            o.fwd_arrived += 1;
+            if o.fwd_arrived == o.fwd_expected {
+                if pk.marker {
+                    self.reserve_at(pk.io, in_port);
+                }
+                self.ssd_enqueue(pk.io);
+            } else if pk.marker {
+                self.reserve_at(pk.io, in_port);
+            }
+            return;
+        }
+        // Transit: the first packet of the I/O to reach hop `hop` decides; the rest follow.
+        let hop = pk.hop as usize;
+        let decided = self.ios.get(pk.io).hdr.n_hops as usize > hop;
+        let out = if decided {
+            let rec = self.ios.get(pk.io).hdr.hops[hop];
+            if rec.node == node {
+                Some(self.g.node_ports[node as usize][rec.out_port as usize])
+            } else {
+                self.route(node, target, pk.io)
+            }
+        } else {
+            let out = self.route(node, target, pk.io);
+            if let Some(o) = out {
+                let rec = HopRec {
+                    node,
+                    in_port: self.local_of(node, in_port),
+                    out_port: self.local_of(node, o),
+                    ..Default::default()
+                };
+                self.ios.get_mut(pk.io).hdr.push(rec);
+                if pk.marker {
+                    self.reserve_at(pk.io, in_port);
+                }
+            }
+            out
+        };
+        let Some(out) = out else {
+            self.drop_packet(p);
+            return;
+        };
+        let nxt = self.g.peer_node(out);
+        let pkm = self.pkts.get_mut(p);
+        pkm.hop += 1;
+        pkm.to = nxt;
+        self.enqueue(p, out);
+    }
+
+    /// Eager reservation: bandwidth for the response on the reverse egress (`in_port`).
+    fn reserve_at(&mut self, io: u32, in_port: u32) {
+        if !self.cfg.mechanisms.reservation {
+            return;
+        }
+        let (op, size, n) = {
+            let o = self.ios.get(io);
+            (o.spec.op, o.spec.size_bytes, o.n_grants)
+        };
+        if n as usize >= 8 || op == Op::Write {
+            // Write completions are tiny: they use the priority queue, not a reservation.
+            return;
+        }
+        let r = self.cfg.reserve.reservation_bytes_per_s(IoKind::Read, size);
+        let granted = self.ports[in_port as usize].resv.reserve(r);
+        let o = self.ios.get_mut(io);
+        o.grants[n as usize] = (in_port, granted);
+        o.n_grants += 1;
+    }
+
+    fn arrive_rev(&mut self, p: u32, pk: Packet) {
+        let node = pk.to;
+        let (host_node, target, n_hops) = {
+            let o = self.ios.get(pk.io);
+            (
+                self.hosts[o.host as usize].node,
+                o.target_node,
+                o.hdr.n_hops,
+            )
+        };
+        if node == host_node {
+            self.pkts.remove(p);
+            let o = self.ios.get_mut(pk.io);
+            o.rev_arrived += 1;
+            if o.rev_arrived == o.rev_expected {
+                self.host_complete(pk.io);
+            }
+            return;
+        }
+        let symmetric = pk.hop != NO_PORT && (pk.hop as usize) < n_hops as usize;
+        if self.trace_paths && pk.marker {
+            self.check_symmetry(&pk, node);
+        }
+        let mut out = None;
+        if symmetric {
+            let rec = self.ios.get(pk.io).hdr.hops[pk.hop as usize];
+            if rec.node == node && rec.in_port != NO_PORT {
+                let port = self.g.node_ports[node as usize][rec.in_port as usize];
+                if self.g.port_up[port as usize] {
+                    out = Some(port);
+                }
+                if pk.marker {
+                    self.isr_learn(pk.io, pk.hop as usize, target);
+                }
+            }
+        }
+        let routed = out.is_none();
+        let out = match out {
+            Some(o) => Some(o),
+            None => self.route(node, host_node, pk.io),
+        };
+        let Some(out) = out else {
+            self.drop_packet(p);
+            return;
+        };
+        let nxt = self.g.peer_node(out);
+        let pkm = self.pkts.get_mut(p);
+        pkm.hop = if routed || pkm.hop == 0 {
+            NO_PORT
+        } else {
+            pkm.hop - 1
+        };
+        pkm.to = nxt;
+        self.enqueue(p, out);
+    }
+
+    fn check_symmetry(&mut self, pk: &Packet, node: u32) {
+        self.path_checks += 1;
+        let o = self.ios.get(pk.io);
+        if pk.hop == NO_PORT || pk.hop >= o.hdr.n_hops {
+            self.path_mismatches += 1;
+            return;
+        }
+        let rec = o.hdr.hops[pk.hop as usize];
+        let entered_by = self.g.ports[pk.via as usize].peer;
+        let left_by = self.g.node_ports[node as usize][rec.out_port as usize];
+        if rec.node != node || entered_by != left_by {
+            self.path_mismatches += 1;
+        }
+    }
+
+    /// The completion passes hop `h`: update that node's telemetry toward the target.
+    fn isr_learn(&mut self, io: u32, h: usize, target: u32) {
+        let now = self.q.now;
+        let o = self.ios.get(io);
+        let rec = o.hdr.hops[h];
+        let (d, ecn) = o.hdr.downstream(h);
+        if let Some(t) = self.isr[rec.node as usize].as_mut() {
+            t.update(target, rec.out_port, d, ecn, now);
+        }
+    }
+
+    fn drop_packet(&mut self, p: u32) {
+        let io = self.pkts.get(p).io;
+        let gen = self.pkts.get(p).gen;
+        self.pkts.remove(p);
+        let o = self.ios.get_mut(io);
+        if o.gen != gen || o.lost {
+            return;
+        }
+        // The host notices by timeout and resends the command.
+        o.lost = true;
+        self.metrics.lost_ios += 1;
+        let t = self.q.now + self.retry_ns;
+        self.q.push(t, EV_RETRY, io);
+    }
+
+    fn on_retry(&mut self, io: u32) {
+        self.release_grants(io);
+        let o = self.ios.get_mut(io);
+        o.gen = o.gen.wrapping_add(1);
+        o.lost = false;
+        o.hdr = IsrHeader::default();
+        o.fwd_arrived = 0;
+        o.rev_arrived = 0;
+        o.target_in_port = u32::MAX;
+        let ssd = o.spec.ssd as usize;
+        if !self.ssds[ssd].alive {
+            self.metrics.failed_ios += 1;
+            self.finish_io_without_completion(io);
+            return;
+        }
+        self.send_command(io);
+    }
+
+    fn on_fail(&mut self, i: usize) {
+        let f = self.cfg.failures[i].clone();
+        let mut down = Vec::new();
+        match f.what.as_str() {
+            "node" => {
+                let node = self.g.storage[f.a as usize];
+                down.extend(self.g.node_ports[node as usize].iter().copied());
+                for s in self.ssds.iter_mut().filter(|s| s.node == node) {
+                    s.alive = false;
+                }
+            }
+            _ => {
+                let a = self.g.storage[f.a as usize];
+                let port = match f.b {
+                    Some(b) => self.g.port_between(a, self.g.storage[b as usize]),
+                    None => self.g.node_ports[a as usize].first().copied(),
+                };
+                down.extend(port);
+            }
+        }
+        for &p in &down {
+            let peer = self.g.ports[p as usize].peer;
+            self.g.fail_port(p);
+            for port in [p, peer] {
+                let pq = &mut self.ports[port as usize];
+                pq.bytes = 0;
+                let queued: Vec<u32> = pq.q.iter_mut().flat_map(|q| q.drain(..)).collect();
+                for pk in queued {
+                    self.drop_packet(pk);
+                }
+            }
+        }
+        self.g.compute_routes();
+        self.metrics.failure_at_ns = Some(f.at_ns);
+    }
+
+    // ---------------------------------------------------------------- targets
+
+    fn ssd_enqueue(&mut self, io: u32) {
+        let (ssd, host, op, size, gen) = {
+            let o = self.ios.get(io);
+            (o.spec.ssd, o.host, o.spec.op, o.spec.size_bytes, o.gen)
+        };
+        let s = &mut self.ssds[ssd as usize];
+        if let Some(gm) = s.gimbal.as_mut() {
+            let tenant = (host as usize % gm.config().max_tenants) as u16;
+            let tag = (io as u64) | (gen as u64) << 32;
+            if gm.submit(tenant, op, size, tag).is_err() {
+                self.metrics.qos_rejects += 1;
+                s.fifo.push_back(io);
+                return;
+            }
+        } else {
+            s.fifo.push_back(io);
+        }
+        self.pump(ssd);
+    }
+
+    /// Move I/Os from Gimbal or the FIFO to the device.
+    fn pump(&mut self, ssd: u32) {
+        let now = self.q.now;
+        let qd = self.cfg.ssd.device_qd;
+        loop {
+            let s = &mut self.ssds[ssd as usize];
+            let (io, gen, d) = if let Some(gm) = s.gimbal.as_mut() {
+                match gm.poll_dispatch(now) {
+                    Some(d) => (
+                        (d.req.tag & 0xFFFF_FFFF) as u32,
+                        (d.req.tag >> 32) as u16,
+                        Some(d),
+                    ),
+                    None => {
+                        if let Some(t) = gm.next_wakeup_ns(now) {
+                            if t < s.wake_at {
+                                s.wake_at = t;
+                                self.q.push(t, EV_GIMBAL_WAKE, ssd);
+                            }
+                        }
+                        // Overflow FIFO (tenant queue was full): retry it into Gimbal.
+                        if let Some(&io) = s.fifo.front() {
+                            let o = self.ios.get(io);
+                            let tenant = (o.host as usize % gm.config().max_tenants) as u16;
+                            let tag = (io as u64) | (o.gen as u64) << 32;
+                            if gm.submit(tenant, o.spec.op, o.spec.size_bytes, tag).is_ok() {
+                                s.fifo.pop_front();
+                                continue;
+                            }
+                        }
+                        return;
+                    }
+                }
+            } else {
+                if s.outstanding >= qd {
+                    return;
+                }
+                let Some(io) = s.fifo.pop_front() else { return };
+                (io, self.ios.get(io).gen, None)
+            };
+            self.dispatch(ssd, io, gen, d);
+        }
+    }
+
+    fn dispatch(&mut self, ssd: u32, io: u32, gen: u16, d: Option<Dispatch>) {
+        let now = self.q.now;
+        let spec = self.ios.get(io).spec;
+        let s = &mut self.ssds[ssd as usize];
+        let op = if spec.op == Op::Read {
+            IoOp::Read
+        } else {
+            IoOp::Write
+        };
+        let done = s.ssd.submit(op, spec.offset_bytes, spec.size_bytes, now);
+        s.outstanding += 1;
+        let slot = s.inflight.insert((io, gen, d, now));
+        assert!(slot < (1 << 20));
+        self.q.push(done, EV_SSD_DONE, ssd << 20 | slot);
+    }
+
+    fn on_ssd_done(&mut self, a: u32) {
+        let now = self.q.now;
+        let (ssd, slot) = (a >> 20, a & 0xF_FFFF);
+        let s = &mut self.ssds[ssd as usize];
+        let (io, gen, d, t0) = *s.inflight.get(slot);
+        s.inflight.remove(slot);
+        s.outstanding -= 1;
+        let lat = now - t0;
+        let o = self.ios.get(io);
+        let (op, size) = (o.spec.op, o.spec.size_bytes);
+        match (s.gimbal.as_mut(), d) {
+            (Some(gm), Some(d)) => gm.complete(&d, lat, now),
+            _ => {
+                s.cc.on_complete(op, size, lat, now);
+            }
+        }
+        let headroom = match &s.gimbal {
+            Some(gm) => gm.headroom_bytes_per_s(),
+            None => s.cc.target_rate().saturating_sub(s.cc.cpl_rate()),
+        };
+        let valid = o.gen == gen && !o.lost;
+        if valid {
+            let o = self.ios.get_mut(io);
+            o.headroom = headroom;
+            o.ssd_latency_ns = lat;
+            o.hdr.ssd_latency_ns = lat;
+            self.send_response(io);
+        }
+        self.pump(ssd);
+    }
+
+    fn send_response(&mut self, io: u32) {
+        let (op, size, gen, in_port, n_hops, rank) = {
+            let o = self.ios.get(io);
+            (
+                o.spec.op,
+                o.spec.size_bytes,
+                o.gen,
+                o.target_in_port,
+                o.hdr.n_hops,
+                o.rank,
+            )
+        };
+        let kind = if op == Op::Read {
+            IoKind::Read
+        } else {
+            IoKind::Write
+        };
+        let total = reserve::response_bytes(kind, size);
+        let n = total.div_ceil(self.payload_max);
+        self.ios.get_mut(io).rev_expected = n as u16;
+        let symmetric = self.cfg.mechanisms.isr;
+        let target = self.ios.get(io).target_node;
+        let host_node = self.hosts[self.ios.get(io).host as usize].node;
+        let out = if symmetric && self.g.port_up[in_port as usize] {
+            Some(in_port)
+        } else {
+            self.route(target, host_node, io)
+        };
+        let mut left = total;
+        for i in 0..n {
+            let payload = left.min(self.payload_max);
+            left -= payload;
+            let Some(out) = out else {
+                self.metrics.lost_ios += 1;
+                return;
+            };
+            let p = self.pkts.insert(Packet {
+                io,
+                gen,
+                kind: PktKind::Rev,
+                marker: i + 1 == n,
+                wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
+                hop: if symmetric && out == in_port {
+                    n_hops - 1
+                } else {
+                    NO_PORT
+                },
+                to: self.g.peer_node(out),
+                via: out,
+                enq_ns: 0,
+                class: 1 + rank,
+            });
+            self.enqueue(p, out);
+        }
+    }
+
+    // ---------------------------------------------------------------- reporting
+
+    pub fn port_tx_bytes(&self) -> Vec<u64> {
+        self.ports.iter().map(|p| p.tx_bytes).collect()
+    }
+
+    pub fn ycsb_stats(&self) -> (u64, Vec<u64>) {
+        let mut ops = 0;
+        let mut lat = Vec::new();
+        for h in &self.hosts {
+            for j in h.jobs.iter().flatten() {
+                if let Some(y) = j.ycsb() {
+                    ops += y.kv_ops;
+                    lat.extend_from_slice(&y.kv_read_lat);
+                }
+            }
+        }
+        (ops, lat)
+    }
+
+    pub fn live_ios(&self) -> usize {
+        self.ios.live()
+    }
+
+    pub fn is_switched(&self) -> bool {
+        matches!(
+            self.cfg.topology.kind,
+            TopologyKind::Tor | TopologyKind::LeafSpine
+        )
+    }
+
+    pub fn ssd_stats(&self) -> Vec<trellis_ssd::SsdStats> {
+        self.ssds.iter().map(|s| s.ssd.stats()).collect()
+    }
+}
+
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

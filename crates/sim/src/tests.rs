@@ -1,0 +1,167 @@
+//! End-to-end behaviour of the simulator on small scenarios (fast in debug builds).
+
+use crate::config::*;
+use crate::model::Sim;
+use crate::run::run;
+
+fn small(kind: TopologyKind, nodes: u32) -> SimConfig {
+    SimConfig {
+        name: "t".into(),
+        duration_ns: 3_000_000,
+        warmup_ns: 500_000,
+        topology: TopologyConfig {
+            kind,
+            storage_nodes: nodes,
+            hosts: nodes,
+            ..TopologyConfig::default()
+        },
+        ssd: SsdConfig {
+            per_node: 2,
+            blocks_per_lun: 8,
+            ..SsdConfig::default()
+        },
+        workload: WorkloadConfig {
+            jobs: vec![JobConfig {
+                qd: 8,
+                read_pct: 70,
+                sizes: vec![(4096, 3), (65536, 1)],
+                ..JobConfig::default()
+            }],
+        },
+        ..SimConfig::default()
+    }
+}
+
+#[test]
+fn same_seed_gives_bit_identical_json() {
+    let a = run(small(TopologyKind::Torus2d, 4), false).unwrap().results;
+    let b = run(small(TopologyKind::Torus2d, 4), false).unwrap().results;
+    let (ja, jb) = (
+        serde_json::to_string(&a).unwrap(),
+        serde_json::to_string(&b).unwrap(),
+    );
+    assert_eq!(ja, jb);
+    assert!(a.read.ios > 100, "the scenario must actually do I/O");
+    let c = run(
+        SimConfig {
+            seed: 2,
+            ..small(TopologyKind::Torus2d, 4)
+        },
+        false,
+    )
+    .unwrap()
+    .results;
+    assert_ne!(
+        ja,
+        serde_json::to_string(&c).unwrap(),
+        "a different seed must change the run"
+    );
+}
+
+#[test]
+fn every_topology_completes_io() {
+    for (k, n) in [
+        (TopologyKind::Tor, 4),
+        (TopologyKind::LeafSpine, 6),
+        (TopologyKind::Ring, 5),
+        (TopologyKind::Torus2d, 6),
+        (TopologyKind::Torus3d, 8),
+        (TopologyKind::Dragonfly, 8),
+    ] {
+        for mech in [Mechanisms::all_on(), Mechanisms::all_off()] {
+            let cfg = SimConfig {
+                mechanisms: mech,
+                duration_ns: 1_500_000,
+                ..small(k, n)
+            };
+            let r = run(cfg, false).unwrap().results;
+            assert!(
+                r.read.ios > 50 && r.write.ios > 5,
+                "{k:?}: {} reads {} writes",
+                r.read.ios,
+                r.write.ios
+            );
+            assert_eq!(r.lost_ios, 0, "{k:?} lost I/O without failures");
+        }
+    }
+}
+
+#[test]
+fn completions_retrace_the_command_path_with_isr() {
+    // Drive a 3x3 torus and check, for every completion, that the reverse packets visited
+    // exactly the command's hops in reverse order (recorded by a trace hook).
+    let mut cfg = small(TopologyKind::Torus2d, 9);
+    cfg.duration_ns = 1_000_000;
+    let mut sim = Sim::new(cfg).unwrap();
+    sim.trace_paths = true;
+    sim.start();
+    sim.run_until(1_000_000, |_| {});
+    assert!(sim.path_checks > 100, "checked {} paths", sim.path_checks);
+    assert_eq!(sim.path_mismatches, 0);
+}
+
+#[test]
+fn single_hop_latency_adds_forwarding_cost() {
+    // One host on node 0 reading at QD1 from node 1 (one adapter hop away in a ring)
+    // vs from node 2 (two hops): the difference is one extra adapter hop (2.9 µs) plus
+    // one extra link traversal for command and response, and nothing else.
+    let lat = |ssd: u32| {
+        let mut cfg = small(TopologyKind::Ring, 6);
+        cfg.topology.hosts = 1;
+        cfg.ssd.per_node = 1;
+        cfg.mechanisms = Mechanisms::all_off();
+        cfg.workload.jobs = vec![JobConfig {
+            qd: 1,
+            read_pct: 100,
+            sizes: vec![(4096, 1)],
+            targets: Targets::One(ssd),
+            ..JobConfig::default()
+        }];
+        run(cfg, false).unwrap().results.read
+    };
+    let (one, two) = (lat(1), lat(2));
+    let extra_us = two.lat_avg_us - one.lat_avg_us;
+    // Extra: 2.9 µs forwarding (1.45 each way) + 2 × 0.1 µs propagation + serialisation of
+    // a 150 B command and a 4,222 B response at 200 Gb/s (ring: 400/2) = 0.175 µs → 3.275 µs.
+    assert!(
+        (3.25..3.30).contains(&extra_us),
+        "extra {extra_us} µs ({one:?} vs {two:?})"
+    );
+}
+
+#[test]
+fn link_failure_reroutes_and_reports_recovery() {
+    let mut cfg = small(TopologyKind::Torus2d, 9);
+    cfg.duration_ns = 4_000_000;
+    cfg.failures = vec![FailureConfig {
+        at_ns: 2_000_000,
+        what: "link".into(),
+        a: 0,
+        b: Some(1),
+    }];
+    let r = run(cfg, false).unwrap().results;
+    let f = r.failure.expect("failure stats");
+    assert_eq!(f.at_ns, 2_000_000);
+    assert!(r.read.ios > 100);
+    assert!(
+        f.mb_s_after > 0.0,
+        "traffic must continue after the failure"
+    );
+}
+
+#[test]
+fn incast_is_bounded_by_the_drive() {
+    // Every host hammers SSD 0: throughput cannot exceed one SSD, whatever the fabric.
+    let mut cfg = small(TopologyKind::Torus2d, 4);
+    cfg.workload.jobs = vec![JobConfig {
+        qd: 32,
+        read_pct: 100,
+        sizes: vec![(131072, 1)],
+        targets: Targets::One(0),
+        ..JobConfig::default()
+    }];
+    let r = run(cfg, false).unwrap().results;
+    // pm9a3-gen4 model: PCIe 6700 MB/s (2^20 B) ≈ 7025 MB/s ceiling.
+    assert!(r.read.mb_s < 7_100.0, "{}", r.read.mb_s);
+    assert!(r.read.mb_s > 1_000.0, "{}", r.read.mb_s);
+}
