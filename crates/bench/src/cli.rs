@@ -26,16 +26,20 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Keep Alive Timeout in ms (0 = no keep-alive).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long = "kato_ms", alias = "kato-ms", default_value_t = 10_000)]
     pub kato_ms: u32,
     /// Per-command timeout in ms; a command outstanding longer fails its queue.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(
+        long = "cmd_timeout_ms",
+        alias = "cmd-timeout-ms",
+        default_value_t = 10_000
+    )]
     pub cmd_timeout_ms: u64,
     /// CPUs to pin worker threads to, e.g. 1 or 2,3 (round-robin).
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
     /// Never show the live progress line (it is shown only on a terminal anyway).
-    #[arg(long)]
+    #[arg(long = "no_progress", alias = "no-progress")]
     pub no_progress: bool,
 }
 
@@ -61,7 +65,7 @@ pub enum BenchCmd {
         write: bool,
         #[arg(long, default_value = "5")]
         runtime: String,
-        #[arg(long, default_value = "1")]
+        #[arg(long = "ramp_time", alias = "ramp-time", default_value = "1")]
         ramp_time: String,
         #[arg(long)]
         json: Option<PathBuf>,
@@ -156,4 +160,64 @@ fn self_prefix() -> Vec<String> {
         v[0] = exe.to_string_lossy().into_owned();
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Top {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    #[test]
+    fn flags_use_fio_names_and_the_command_is_well_formed() {
+        Top::command().debug_assert();
+        let t = Top::try_parse_from([
+            "t",
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+            "--iodepth",
+            "32",
+            "--numjobs",
+            "2",
+            "--runtime",
+            "5",
+            "--ramp_time",
+            "1",
+            "--rate_iops",
+            "1000",
+            "--rwmixread",
+            "70",
+            "--verify",
+            "--addr",
+            "127.0.0.1:4420",
+            "--nqn",
+            "nqn.x",
+            "--hostnqn",
+            "nqn.h",
+            "--queues",
+            "2",
+            "--digest",
+            "header,data",
+            "--json",
+            "out.json",
+            "--class",
+            "latency",
+            "--tenant",
+            "alice",
+        ])
+        .unwrap();
+        let o = &t.args.opts;
+        assert_eq!(o.verify.as_deref(), Some("crc32c"));
+        assert_eq!(o.rate_iops, Some(1000));
+        assert_eq!(o.ramp_time.as_deref(), Some("1"));
+        let t = Top::try_parse_from(["t", "suite", "--smoke", "--target_cmd", ""]).unwrap();
+        assert!(matches!(t.args.cmd, Some(BenchCmd::Suite(ref s)) if s.smoke));
+    }
 }

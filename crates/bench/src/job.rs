@@ -34,10 +34,10 @@ pub struct JobOpts {
     #[arg(long)]
     pub runtime: Option<String>,
     /// Warm-up before measuring (I/O runs, nothing is recorded).
-    #[arg(long)]
+    #[arg(long = "ramp_time", alias = "ramp-time")]
     pub ramp_time: Option<String>,
     /// IOPS cap for the whole job (0 = unlimited).
-    #[arg(long)]
+    #[arg(long = "rate_iops", alias = "rate-iops")]
     pub rate_iops: Option<u64>,
     /// Bytes/s cap for the whole job, e.g. 100m (0 = unlimited).
     #[arg(long)]

@@ -23,30 +23,38 @@ use crate::worker::pin_current_thread;
 pub struct SuiteArgs {
     /// Command that starts the target (run under `taskset -c TARGET_CPU`).
     /// Empty: use an already running target (then pass --target-pid for CPU figures).
-    #[arg(long, default_value = "trellis target --null 1G")]
+    #[arg(
+        long = "target_cmd",
+        alias = "target-cmd",
+        default_value = "trellis target --null 1G"
+    )]
     pub target_cmd: String,
     /// PID of an already running target (with --target-cmd "").
-    #[arg(long)]
+    #[arg(long = "target_pid", alias = "target-pid")]
     pub target_pid: Option<u32>,
     #[arg(long, default_value = crate::job::DEFAULT_ADDR)]
     pub addr: String,
     #[arg(long, default_value = crate::job::DEFAULT_NQN)]
     pub nqn: String,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long = "target_cpu", alias = "target-cpu", default_value_t = 0)]
     pub target_cpu: usize,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long = "client_cpu", alias = "client-cpu", default_value_t = 1)]
     pub client_cpu: usize,
     /// Measured seconds per workload.
     #[arg(long, default_value = "10")]
     pub runtime: String,
     /// Warm-up seconds per workload.
-    #[arg(long, default_value = "2")]
+    #[arg(long = "ramp_time", alias = "ramp-time", default_value = "2")]
     pub ramp_time: String,
     /// A few seconds in total: short runs, same workloads (for CI).
     #[arg(long)]
     pub smoke: bool,
     /// Port for the raw TCP baseline server.
-    #[arg(long, default_value_t = 4499)]
+    #[arg(
+        long = "baseline_port",
+        alias = "baseline-port",
+        default_value_t = 4499
+    )]
     pub baseline_port: u16,
     /// Output directory.
     #[arg(long, default_value = "bench/results/latest")]
