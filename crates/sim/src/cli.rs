@@ -1,1 +1,356 @@
-//! placeholder
+//! `trellis sim ...`: the CLI surface, wired into the `trellis` binary by crates/cli.
+
+use crate::config::*;
+use crate::cost::{capex, Prices};
+use crate::reproduce::{self, Scale};
+use crate::run::{self, run as run_sim};
+use crate::svg::{line_chart, Series};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use trellis_ssd::Precondition;
+
+#[derive(clap::Args, Debug)]
+pub struct SimArgs {
+    #[command(subcommand)]
+    pub cmd: SimCmd,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SimCmd {
+    /// Run one scenario from a TOML/JSON config or a built-in preset; writes JSON and SVGs.
+    Run {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// testbed-switched, testbed-switchless, rack27-tor, rack27-torus3d, torus1000
+        #[arg(long)]
+        preset: Option<String>,
+        #[arg(long, default_value = "sim-out")]
+        out: PathBuf,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        duration_ms: Option<u64>,
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Print a preset's full configuration as TOML, as a starting point for your own.
+    Config { preset: String },
+    /// Capex of switched vs switchless for N storage nodes, and a plot against scale.
+    Cost {
+        #[arg(long, default_value_t = 20)]
+        nodes: u32,
+        #[arg(long, default_value_t = 64)]
+        max_nodes: u32,
+        /// TOML file overriding any of the default prices.
+        #[arg(long)]
+        prices: Option<PathBuf>,
+        #[arg(long, default_value = "sim-out")]
+        out: PathBuf,
+    },
+    /// Reproduce a paper's scenarios and print claim | paper | Trellis (only `nsdi26`).
+    Reproduce {
+        which: String,
+        #[arg(long, default_value = "sim-out/nsdi26")]
+        out: PathBuf,
+        /// Shorter simulated times (for CI smoke runs); numbers are noisier.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Engine benchmark: events/s per core and memory per node; writes JSON.
+    Bench {
+        #[arg(long, default_value = "sim-out/bench.json")]
+        out: PathBuf,
+        /// Simulated time of the 27-node 3D torus 600GbE preset.
+        #[arg(long, default_value_t = 1000)]
+        rack_ms: u64,
+        /// Storage nodes of the large torus (memory check).
+        #[arg(long, default_value_t = 1000)]
+        big_nodes: u32,
+        #[arg(long, default_value_t = 2)]
+        big_ms: u64,
+    },
+}
+
+pub fn preset(name: &str) -> Result<SimConfig> {
+    let randread = JobConfig {
+        name: "randread-4k".into(),
+        qd: 32,
+        ..JobConfig::default()
+    };
+    Ok(match name {
+        "testbed-switched" => reproduce::testbed(true, Precondition::Clean, randread, 20),
+        "testbed-switchless" => reproduce::testbed(false, Precondition::Clean, randread, 20),
+        "rack27-tor" | "rack27-torus3d" => {
+            let job = JobConfig {
+                name: "oltp".into(),
+                job: JobKind::Synthetic {
+                    model: "oltp".into(),
+                },
+                qd: 0,
+                iops: 150_000,
+                ..JobConfig::default()
+            };
+            reproduce::rack27(name == "rack27-tor", TopologyKind::Torus3d, job, 20)
+        }
+        "torus1000" => torus_big(1000, 2),
+        _ => bail!("unknown preset {name}"),
+    })
+}
+
+/// A large 3D torus for the memory target: static-mapped SSDs (no FTL tables).
+pub fn torus_big(nodes: u32, ms: u64) -> SimConfig {
+    SimConfig {
+        name: format!("torus{nodes}"),
+        duration_ns: ms * 1_000_000,
+        warmup_ns: ms * 100_000,
+        topology: TopologyConfig {
+            kind: TopologyKind::Torus3d,
+            storage_nodes: nodes,
+            node_gbps: 600,
+            hosts: nodes,
+            host_gbps: 200,
+            ..TopologyConfig::default()
+        },
+        ssd: SsdConfig {
+            per_node: 4,
+            static_map: true,
+            blocks_per_lun: 8,
+            ..SsdConfig::default()
+        },
+        workload: WorkloadConfig {
+            jobs: vec![JobConfig {
+                name: "uniform-4k".into(),
+                qd: 8,
+                read_pct: 95,
+                ..JobConfig::default()
+            }],
+        },
+        ..SimConfig::default()
+    }
+}
+
+fn load_config(path: &Path) -> Result<SimConfig> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "json") {
+        Ok(serde_json::from_str(&text)?)
+    } else {
+        Ok(toml::from_str(&text)?)
+    }
+}
+
+pub fn run(args: SimArgs) -> Result<()> {
+    match args.cmd {
+        SimCmd::Run {
+            config,
+            preset: p,
+            out,
+            seed,
+            duration_ms,
+            no_progress,
+        } => {
+            let mut cfg = match (config, p) {
+                (Some(c), _) => load_config(&c)?,
+                (None, Some(p)) => preset(&p)?,
+                (None, None) => bail!("give --config FILE or --preset NAME"),
+            };
+            if let Some(s) = seed {
+                cfg.seed = s;
+            }
+            if let Some(ms) = duration_ms {
+                cfg.duration_ns = ms * 1_000_000;
+                cfg.warmup_ns = cfg.warmup_ns.min(cfg.duration_ns / 10);
+            }
+            cmd_run(cfg, &out, !no_progress)
+        }
+        SimCmd::Config { preset: p } => {
+            print!("{}", toml::to_string_pretty(&preset(&p)?)?);
+            Ok(())
+        }
+        SimCmd::Cost {
+            nodes,
+            max_nodes,
+            prices,
+            out,
+        } => cmd_cost(nodes, max_nodes, prices, &out),
+        SimCmd::Reproduce { which, out, quick } => {
+            if which != "nsdi26" {
+                bail!("only `reproduce nsdi26` exists");
+            }
+            let t0 = std::time::Instant::now();
+            let rep = reproduce::nsdi26(
+                if quick { Scale::quick() } else { Scale::full() },
+                &out,
+                true,
+            )?;
+            println!("{}", reproduce::format_table(&rep.rows));
+            println!(
+                "wall time {:.1} s; outputs in {}",
+                t0.elapsed().as_secs_f64(),
+                out.display()
+            );
+            Ok(())
+        }
+        SimCmd::Bench {
+            out,
+            rack_ms,
+            big_nodes,
+            big_ms,
+        } => cmd_bench(&out, rack_ms, big_nodes, big_ms),
+    }
+}
+
+fn cmd_run(cfg: SimConfig, out: &Path, progress: bool) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let o = run_sim(cfg.clone(), progress)?;
+    let r = &o.results;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(r)?)?;
+    std::fs::write(
+        out.join("perf.json"),
+        serde_json::to_string_pretty(&o.perf)?,
+    )?;
+    let cdf = [
+        Series {
+            name: "read",
+            points: r.read.cdf.clone(),
+        },
+        Series {
+            name: "write",
+            points: r.write.cdf.clone(),
+        },
+    ];
+    std::fs::write(
+        out.join("latency-cdf.svg"),
+        line_chart(
+            &format!("{}: latency CDF", r.name),
+            "latency (us, log)",
+            "fraction",
+            &cdf,
+            true,
+        ),
+    )?;
+    let ts: Vec<(f64, f64)> = r
+        .timeseries_mb_s
+        .iter()
+        .enumerate()
+        .map(|(i, &y)| (i as f64 * r.timeseries_bin_ns as f64 / 1e6, y))
+        .collect();
+    std::fs::write(
+        out.join("throughput.svg"),
+        line_chart(
+            &format!("{}: throughput", r.name),
+            "time (ms)",
+            "MB/s",
+            &[Series {
+                name: "total",
+                points: ts,
+            }],
+            false,
+        ),
+    )?;
+    println!(
+        "{}: {} storage nodes, {} SSDs, {:?}",
+        r.name, r.storage_nodes, r.ssds, r.mechanisms
+    );
+    for (op, s) in [("read", &r.read), ("write", &r.write)] {
+        println!("  {op:5}: {:>10.1} MB/s {:>9.1} kIOPS  avg {:>8.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us", s.mb_s, s.kiops, s.lat_avg_us, s.lat_p99_us, s.lat_p999_us);
+    }
+    if let Some(y) = &r.ycsb {
+        println!(
+            "  ycsb : {:.1} kops/s, read avg {:.1} us, p99.9 {:.1} us",
+            y.kops_s, y.read_lat_avg_us, y.read_lat_p999_us
+        );
+    }
+    if let Some(f) = &r.failure {
+        println!(
+            "  failure at {} ns: drop {:.1}%, recovery {:?} ns",
+            f.at_ns,
+            f.throughput_drop * 100.0,
+            f.recovery_ns
+        );
+    }
+    println!(
+        "  links: mean util {:.3}, max {:.3}; events {}, {:.2} M events/s, peak RSS {} MiB",
+        r.link_util_mean,
+        r.link_util_max,
+        o.perf.events,
+        o.perf.events_per_s / 1e6,
+        o.perf.peak_rss_bytes >> 20
+    );
+    println!("  wrote {}", out.display());
+    Ok(())
+}
+
+fn cmd_cost(nodes: u32, max_nodes: u32, prices: Option<PathBuf>, out: &Path) -> Result<()> {
+    let pr: Prices = match prices {
+        Some(p) => toml::from_str(&std::fs::read_to_string(&p)?)?,
+        None => Prices::default(),
+    };
+    let c = capex(nodes, &pr);
+    println!("capex for {nodes} storage nodes");
+    println!("  switched   ${:>10.0}", c.switched_usd);
+    for (what, n, p) in &c.switched_items {
+        println!("      {n:>5} x {what:<32} ${p:>8.0}");
+    }
+    println!("  switchless ${:>10.0}", c.switchless_usd);
+    for (what, n, p) in &c.switchless_items {
+        println!("      {n:>5} x {what:<32} ${p:>8.0}");
+    }
+    println!(
+        "  saving     {:.1}%  (paper, second-hand: ~$105k vs ~$52k, 50.5% at 20 nodes)",
+        c.saving * 100.0
+    );
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        out.join("capex.svg"),
+        reproduce::capex_svg(&pr, 2, max_nodes.max(4)),
+    )?;
+    let curve: Vec<_> = (2..=max_nodes.max(4)).map(|n| capex(n, &pr)).collect();
+    std::fs::write(
+        out.join("capex.json"),
+        serde_json::to_string_pretty(
+            &serde_json::json!({ "prices": pr, "at": c, "curve": curve }),
+        )?,
+    )?;
+    println!("  wrote {}/capex.svg and capex.json", out.display());
+    Ok(())
+}
+
+fn cmd_bench(out: &Path, rack_ms: u64, big_nodes: u32, big_ms: u64) -> Result<()> {
+    if let Some(d) = out.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    // The large torus first, so that the process's peak RSS is its own.
+    let rss0 = run::rss_bytes();
+    let big = run_sim(torus_big(big_nodes, big_ms), true)?;
+    let big_peak = run::peak_rss_bytes();
+    println!(
+        "torus{big_nodes}: {} simulated nodes, peak RSS {} MiB ({} KiB/node), {:.2} M events/s",
+        big.perf.simulated_nodes,
+        big_peak >> 20,
+        (big_peak - rss0) / big.perf.simulated_nodes as u64 / 1024,
+        big.perf.events_per_s / 1e6
+    );
+    let rack = run_sim(
+        preset("rack27-torus3d").map(|c| SimConfig {
+            duration_ns: rack_ms * 1_000_000,
+            warmup_ns: rack_ms * 100_000,
+            ..c
+        })?,
+        true,
+    )?;
+    println!(
+        "rack27 3D torus 600GbE, {rack_ms} ms simulated: {:.1} s wall, {} events, {:.2} M events/s (one core)",
+        rack.perf.wall_s,
+        rack.perf.events,
+        rack.perf.events_per_s / 1e6
+    );
+    let j = serde_json::json!({
+        "rack27_torus3d_600g": { "simulated_ms": rack_ms, "perf": rack.perf, "read_kiops": rack.results.read.kiops, "write_kiops": rack.results.write.kiops },
+        "large_torus": { "storage_nodes": big_nodes, "simulated_ms": big_ms, "perf": big.perf, "peak_rss_bytes": big_peak, "rss_per_simulated_node_bytes": (big_peak - rss0) / big.perf.simulated_nodes as u64 },
+        "cores_used": 1,
+    });
+    std::fs::write(out, serde_json::to_string_pretty(&j)?)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}

@@ -1,1 +1,614 @@
+//! `trellis sim reproduce nsdi26`: the paper's scenarios as real configurations, run
+//! switched vs switchless, printed as claim | paper | Trellis. Paper numbers are
+//! second-hand (anchors.md §A.2, a third-party summary of the PDF): quoted as such.
 
+use crate::config::*;
+use crate::cost::{capex, Prices};
+use crate::run::{run, Results};
+use crate::svg::{line_chart, Series};
+use anyhow::Result;
+use serde::Serialize;
+use std::path::Path;
+use trellis_ssd::Precondition;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub claim: String,
+    pub paper: String,
+    pub trellis: String,
+    pub note: String,
+}
+
+/// Knobs that trade fidelity for run time (the full preset must fit in 15 min on 2 cores).
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    pub small_ms: u64,
+    pub large_ms: u64,
+}
+
+impl Scale {
+    pub fn full() -> Self {
+        Scale {
+            small_ms: 20,
+            large_ms: 20,
+        }
+    }
+    pub fn quick() -> Self {
+        Scale {
+            small_ms: 4,
+            large_ms: 3,
+        }
+    }
+}
+
+fn fio(name: &str, read_pct: u32, sizes: Vec<(u32, u32)>, pattern: Pattern, qd: u32) -> JobConfig {
+    JobConfig {
+        name: name.into(),
+        read_pct,
+        sizes,
+        pattern,
+        qd,
+        ..JobConfig::default()
+    }
+}
+
+/// The 4-node testbed (seed 000): 4 storage nodes with 4 PM9A3-like SSDs, 4×100GbE each;
+/// switched = one ToR with the 4 ports teamed, switchless = 2×2 torus (4 disjoint paths);
+/// one client per storage node on a 100GbE link. All mechanisms on in both (the paper
+/// co-designs both fabrics: Tofino for ISR/PIFO in the switched one).
+pub fn testbed(switched: bool, pre: Precondition, job: JobConfig, ms: u64) -> SimConfig {
+    let kind = if switched {
+        TopologyKind::Tor
+    } else {
+        TopologyKind::Torus2d
+    };
+    SimConfig {
+        name: format!(
+            "testbed-{}-{}",
+            if switched { "switched" } else { "switchless" },
+            job.name
+        ),
+        duration_ns: ms * 1_000_000,
+        warmup_ns: ms * 100_000,
+        topology: TopologyConfig {
+            kind,
+            storage_nodes: 4,
+            node_gbps: 400,
+            uplinks: 4,
+            hosts: 4,
+            host_gbps: 100,
+            ..TopologyConfig::default()
+        },
+        ssd: SsdConfig {
+            per_node: 4,
+            blocks_per_lun: 16,
+            precondition: pre,
+            ..SsdConfig::default()
+        },
+        workload: WorkloadConfig { jobs: vec![job] },
+        ..SimConfig::default()
+    }
+}
+
+/// 27 storage nodes at 600GbE: 3×3×3 torus of 6×100GbE adapters vs one ToR with 6 teamed
+/// 100GbE ports per node. One client per storage node at 200GbE.
+pub fn rack27(switched: bool, kind: TopologyKind, job: JobConfig, ms: u64) -> SimConfig {
+    let kind = if switched { TopologyKind::Tor } else { kind };
+    SimConfig {
+        name: format!("rack27-{:?}-{}", kind, job.name).to_lowercase(),
+        duration_ns: ms * 1_000_000,
+        warmup_ns: ms * 100_000,
+        topology: TopologyConfig {
+            kind,
+            storage_nodes: 27,
+            node_gbps: 600,
+            uplinks: 6,
+            group_size: 3,
+            hosts: 27,
+            host_gbps: 200,
+            ..TopologyConfig::default()
+        },
+        ssd: SsdConfig {
+            per_node: 4,
+            blocks_per_lun: 8,
+            ..SsdConfig::default()
+        },
+        workload: WorkloadConfig { jobs: vec![job] },
+        ..SimConfig::default()
+    }
+}
+
+fn synthetic(model: &str, iops: u64) -> JobConfig {
+    JobConfig {
+        name: model.into(),
+        job: JobKind::Synthetic {
+            model: model.into(),
+        },
+        qd: 0,
+        iops,
+        ..JobConfig::default()
+    }
+}
+
+fn reduction(base: f64, new: f64) -> f64 {
+    if base <= 0.0 {
+        return 0.0;
+    }
+    (base - new) / base
+}
+
+fn pct(x: f64) -> String {
+    format!("{:+.1}%", -x * 100.0)
+}
+
+/// Run configurations two at a time (this machine has 2 cores); order is preserved.
+pub fn run_all(cfgs: Vec<SimConfig>, progress: bool) -> Result<Vec<Results>> {
+    let n = cfgs.len();
+    let threads = std::thread::available_parallelism()
+        .map(|p| p.get())
+        .unwrap_or(1)
+        .clamp(1, 2);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: std::sync::Mutex<Vec<Option<Results>>> = std::sync::Mutex::new(vec![None; n]);
+    let err: std::sync::Mutex<Option<anyhow::Error>> = std::sync::Mutex::new(None);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if i >= n {
+                    break;
+                }
+                match run(cfgs[i].clone(), false) {
+                    Ok(r) => out.lock().unwrap()[i] = Some(r.results),
+                    Err(e) => *err.lock().unwrap() = Some(e),
+                }
+                let d = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                if progress {
+                    eprintln!("  [{d}/{n}] {}", cfgs[i].name);
+                }
+            });
+        }
+    });
+    if let Some(e) = err.into_inner().unwrap() {
+        return Err(e);
+    }
+    Ok(out
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("result"))
+        .collect())
+}
+
+pub struct Report {
+    pub rows: Vec<Row>,
+    pub runs: Vec<Results>,
+}
+
+pub fn nsdi26(scale: Scale, out_dir: &Path, progress: bool) -> Result<Report> {
+    std::fs::create_dir_all(out_dir)?;
+    let (sm, lg) = (scale.small_ms, scale.large_ms);
+    let mut cfgs = Vec::new();
+    // 1. Testbed fio: (randread 4K, seqwrite 128K) × (clean, fragmented) × (switched, switchless).
+    let frag = Precondition::Fragmented {
+        overwrite_permille: 1000,
+    };
+    let fio_jobs = [
+        fio("randread-4k", 100, vec![(4096, 1)], Pattern::Random, 32),
+        fio(
+            "seqwrite-128k",
+            0,
+            vec![(131072, 1)],
+            Pattern::Sequential,
+            8,
+        ),
+    ];
+    for job in &fio_jobs {
+        for pre in [Precondition::Clean, frag] {
+            for sw in [true, false] {
+                let mut c = testbed(sw, pre, job.clone(), sm);
+                c.name = format!(
+                    "{}-{}",
+                    c.name,
+                    if pre == Precondition::Clean {
+                        "clean"
+                    } else {
+                        "frag"
+                    }
+                );
+                cfgs.push(c);
+            }
+        }
+    }
+    // 2. YCSB A-F on the testbed.
+    for w in ['A', 'B', 'C', 'D', 'E', 'F'] {
+        for sw in [true, false] {
+            let job = JobConfig {
+                name: format!("ycsb-{w}"),
+                job: JobKind::Ycsb {
+                    workload: w,
+                    record_bytes: 1024,
+                },
+                qd: 16,
+                ..JobConfig::default()
+            };
+            cfgs.push(testbed(sw, Precondition::Clean, job, sm));
+        }
+    }
+    // 3. 27 nodes at 600GbE with trace-like workloads (open loop).
+    for (m, iops) in [("oltp", 150_000), ("systor", 60_000), ("websearch", 80_000)] {
+        for sw in [true, false] {
+            cfgs.push(rack27(sw, TopologyKind::Torus3d, synthetic(m, iops), lg));
+        }
+    }
+    // 4. Scalability: uniform 4 KiB and mixed 4/32/128 KiB; incast to one drive.
+    let uni = fio("uniform-4k", 100, vec![(4096, 1)], Pattern::Random, 16);
+    let mixed = fio(
+        "mixed-50-50",
+        50,
+        vec![(4096, 1), (32768, 1), (131072, 1)],
+        Pattern::Random,
+        8,
+    );
+    let incast = JobConfig {
+        targets: Targets::One(0),
+        ..fio("incast-4k", 100, vec![(4096, 1)], Pattern::Random, 8)
+    };
+    for job in [&uni, &mixed, &incast] {
+        for sw in [true, false] {
+            cfgs.push(rack27(sw, TopologyKind::Torus3d, job.clone(), lg));
+        }
+    }
+    // 5. Link failure at mid-run: 3D torus and dragonfly, two workloads.
+    let f_uni = fio("fail-4k-95-5", 95, vec![(4096, 1)], Pattern::Random, 16);
+    for job in [&f_uni, &mixed] {
+        for kind in [TopologyKind::Torus3d, TopologyKind::Dragonfly] {
+            let mut c = rack27(false, kind, job.clone(), 2 * lg);
+            c.name = format!("{}-failure", c.name);
+            c.bin_ns = 50_000;
+            c.failures = vec![FailureConfig {
+                at_ns: lg * 1_000_000,
+                what: "link".into(),
+                a: 0,
+                b: None,
+            }];
+            cfgs.push(c);
+        }
+    }
+    // 6. Per-hop cost: QD1 4 KiB reads one vs two adapter hops away on a ring.
+    for target in [1u32, 2] {
+        let mut c = testbed(
+            false,
+            Precondition::Clean,
+            JobConfig {
+                targets: Targets::One(target * 4),
+                hosts: vec![0],
+                ..fio("qd1-read", 100, vec![(4096, 1)], Pattern::Random, 1)
+            },
+            sm,
+        );
+        c.name = format!("hop-cost-{target}");
+        c.topology.kind = TopologyKind::Ring;
+        c.topology.storage_nodes = 6;
+        c.topology.hosts = 1;
+        c.mechanisms = Mechanisms::all_off();
+        cfgs.push(c);
+    }
+    // 7. Drill-down: the same testbed without any of the mechanisms (plain ECMP, FIFO).
+    for sw in [true, false] {
+        let mut c = testbed(
+            sw,
+            frag,
+            fio("randread-4k", 100, vec![(4096, 1)], Pattern::Random, 32),
+            sm,
+        );
+        c.name = format!("{}-baseline-frag", c.name);
+        c.mechanisms = Mechanisms::all_off();
+        cfgs.push(c);
+    }
+    if progress {
+        eprintln!(
+            "running {} simulations ({} ms / {} ms simulated each)",
+            cfgs.len(),
+            sm,
+            lg
+        );
+    }
+    let runs = run_all(cfgs, progress)?;
+    let rows = table(&runs);
+    write_outputs(out_dir, &rows, &runs)?;
+    Ok(Report { rows, runs })
+}
+
+fn find<'a>(runs: &'a [Results], name: &str) -> &'a Results {
+    runs.iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("no run named {name}"))
+}
+
+fn table(runs: &[Results]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut row = |claim: &str, paper: &str, trellis: String, note: &str| {
+        rows.push(Row {
+            claim: claim.into(),
+            paper: paper.into(),
+            trellis,
+            note: note.into(),
+        })
+    };
+    for (job, op, papers) in [
+        ("randread-4k", 0, ["-32.3%", "-43.1%"]),
+        ("seqwrite-128k", 1, ["-18.0%", "-20.3%"]),
+    ] {
+        for (state, paper) in ["clean", "frag"].iter().zip(papers) {
+            let sw = find(runs, &format!("testbed-switched-{job}-{state}"));
+            let sl = find(runs, &format!("testbed-switchless-{job}-{state}"));
+            let (a, b) = if op == 0 {
+                (&sw.read, &sl.read)
+            } else {
+                (&sw.write, &sl.write)
+            };
+            row(
+                &format!("4-node 2D torus vs switched: {job} avg latency, {state}"),
+                paper,
+                pct(reduction(a.lat_avg_us, b.lat_avg_us)),
+                &format!("{:.1} vs {:.1} us", a.lat_avg_us, b.lat_avg_us),
+            );
+        }
+    }
+    let (mut tput, mut avg, mut tail) = (vec![], vec![], vec![]);
+    for w in ['A', 'B', 'C', 'D', 'E', 'F'] {
+        let sw = find(runs, &format!("testbed-switched-ycsb-{w}"))
+            .ycsb
+            .clone()
+            .unwrap();
+        let sl = find(runs, &format!("testbed-switchless-ycsb-{w}"))
+            .ycsb
+            .clone()
+            .unwrap();
+        tput.push(sl.kops_s / sw.kops_s);
+        avg.push(reduction(sw.read_lat_avg_us, sl.read_lat_avg_us));
+        tail.push(reduction(sw.read_lat_p999_us, sl.read_lat_p999_us));
+    }
+    let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
+    row(
+        "YCSB A-F throughput, switchless / switched",
+        "~1.00x",
+        format!("{:.2}x", mean(&tput)),
+        "mean over A-F",
+    );
+    row(
+        "YCSB avg read latency",
+        "-28.3%",
+        pct(mean(&avg)),
+        "mean over A-F",
+    );
+    row(
+        "YCSB p99.9 read latency",
+        "-25.0%",
+        pct(mean(&tail)),
+        "mean over A-F",
+    );
+    for (m, paper) in [
+        ("oltp", "-50.0%"),
+        ("systor", "-19.5%"),
+        ("websearch", "-15.9%"),
+    ] {
+        let sw = find(runs, &format!("rack27-tor-{m}"));
+        let sl = find(runs, &format!("rack27-torus3d-{m}"));
+        row(
+            &format!("27 nodes 600GbE 3D torus, {m}-like: avg read latency"),
+            paper,
+            pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+            &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
+        );
+    }
+    let pair = |j: &str| {
+        (
+            find(runs, &format!("rack27-tor-{j}")),
+            find(runs, &format!("rack27-torus3d-{j}")),
+        )
+    };
+    let (sw, sl) = pair("uniform-4k");
+    row(
+        "27 nodes, uniform 4 KiB: avg read latency",
+        "-39.7%",
+        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
+    );
+    let (sw, sl) = pair("mixed-50-50");
+    row(
+        "27 nodes, mixed 4/32/128 KiB: avg read latency",
+        "-85.4%",
+        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
+    );
+    row(
+        "27 nodes, mixed 4/32/128 KiB: avg write latency",
+        "-91.2%",
+        pct(reduction(sw.write.lat_avg_us, sl.write.lat_avg_us)),
+        &format!(
+            "{:.1} vs {:.1} us",
+            sw.write.lat_avg_us, sl.write.lat_avg_us
+        ),
+    );
+    let (sw, sl) = pair("incast-4k");
+    row(
+        "Incast to one drive: avg read latency",
+        "~0 (drive-bound)",
+        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
+    );
+    for (job, kind, drop, rec) in [
+        ("fail-4k-95-5", "torus3d", "1.6%", "0.5 ms"),
+        ("fail-4k-95-5", "dragonfly", "2.1%", "0.75 ms"),
+        ("mixed-50-50", "torus3d", "6.8%", "2 ms"),
+        ("mixed-50-50", "dragonfly", "4.5%", "1.8 ms"),
+    ] {
+        let r = find(runs, &format!("rack27-{kind}-{job}-failure"));
+        let f = r.failure.clone().unwrap();
+        let recov = f
+            .recovery_ns
+            .map(|n| format!("{:.2} ms", n as f64 / 1e6))
+            .unwrap_or_else(|| "not within run".into());
+        row(
+            &format!("Link failure, {kind}, {job}: throughput drop / recovery"),
+            &format!("{drop} / {rec}"),
+            format!("{:.1}% / {recov}", f.throughput_drop * 100.0),
+            &format!("{} I/Os resent after 1 ms timeout", f.lost_ios),
+        );
+    }
+    let h1 = find(runs, "hop-cost-1").read.lat_avg_us;
+    let h2 = find(runs, "hop-cost-2").read.lat_avg_us;
+    row(
+        "Extra adapter hop, 4 KiB read (QD1)",
+        "+2.9 us",
+        format!("{:+.2} us", h2 - h1),
+        "input 2.9 us + wire time",
+    );
+    let sw = find(runs, "testbed-switched-randread-4k-baseline-frag");
+    let sl = find(runs, "testbed-switchless-randread-4k-baseline-frag");
+    row(
+        "Drill-down: 4-node randread frag, all mechanisms off",
+        "n/a",
+        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        &format!(
+            "{:.1} vs {:.1} us (ECMP, FIFO)",
+            sw.read.lat_avg_us, sl.read.lat_avg_us
+        ),
+    );
+    let c = capex(20, &Prices::default());
+    row(
+        "Capex, 20 storage nodes: switched",
+        "~$105,000",
+        format!("${:.0}", c.switched_usd),
+        &format!("{} switches; default prices", c.switches),
+    );
+    row(
+        "Capex, 20 storage nodes: switchless",
+        "~$52,000",
+        format!("${:.0}", c.switchless_usd),
+        "4-port adapters",
+    );
+    row(
+        "Capex saving",
+        "50.5%",
+        format!("{:.1}%", c.saving * 100.0),
+        "see docs/cost-model.md",
+    );
+    rows
+}
+
+pub fn format_table(rows: &[Row]) -> String {
+    let w0 = rows.iter().map(|r| r.claim.len()).max().unwrap_or(5).max(5);
+    let w1 = rows.iter().map(|r| r.paper.len()).max().unwrap_or(5).max(5);
+    let w2 = rows
+        .iter()
+        .map(|r| r.trellis.len())
+        .max()
+        .unwrap_or(7)
+        .max(7);
+    let mut s = format!(
+        "{:w0$} | {:w1$} | {:w2$} | note\n",
+        "claim", "paper", "Trellis"
+    );
+    s += &format!(
+        "{}-|-{}-|-{}-|-----\n",
+        "-".repeat(w0),
+        "-".repeat(w1),
+        "-".repeat(w2)
+    );
+    for r in rows {
+        s += &format!(
+            "{:w0$} | {:w1$} | {:w2$} | {}\n",
+            r.claim, r.paper, r.trellis, r.note
+        );
+    }
+    s += "paper column: second-hand figures (anchors.md §A.2, a third-party summary of the NSDI'26 PDF), not verified against the paper.\n";
+    s
+}
+
+fn write_outputs(dir: &Path, rows: &[Row], runs: &[Results]) -> Result<()> {
+    std::fs::write(dir.join("table.txt"), format_table(rows))?;
+    std::fs::write(
+        dir.join("nsdi26.json"),
+        serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "runs": runs }))?,
+    )?;
+    // Latency CDFs of the 27-node OLTP-like run.
+    let cdf = |r: &Results| r.read.cdf.iter().map(|&(x, p)| (x, p)).collect::<Vec<_>>();
+    let sw = find(runs, "rack27-tor-oltp");
+    let sl = find(runs, "rack27-torus3d-oltp");
+    let svg = line_chart(
+        "27 nodes, OLTP-like: read latency CDF",
+        "latency (us, log)",
+        "fraction",
+        &[
+            Series {
+                name: "switched",
+                points: cdf(sw),
+            },
+            Series {
+                name: "3D torus",
+                points: cdf(sl),
+            },
+        ],
+        true,
+    );
+    std::fs::write(dir.join("latency-cdf-oltp.svg"), svg)?;
+    let mut series = Vec::new();
+    for kind in ["torus3d", "dragonfly"] {
+        let r = find(runs, &format!("rack27-{kind}-mixed-50-50-failure"));
+        let pts = r
+            .timeseries_mb_s
+            .iter()
+            .enumerate()
+            .map(|(i, &y)| (i as f64 * r.timeseries_bin_ns as f64 / 1e6, y))
+            .collect();
+        series.push(Series {
+            name: if kind == "torus3d" {
+                "3D torus"
+            } else {
+                "dragonfly"
+            },
+            points: pts,
+        });
+    }
+    std::fs::write(
+        dir.join("failure-throughput.svg"),
+        line_chart(
+            "Link failure (mixed 50/50): throughput",
+            "time (ms)",
+            "MB/s",
+            &series,
+            false,
+        ),
+    )?;
+    std::fs::write(dir.join("capex.svg"), capex_svg(&Prices::default(), 4, 64))?;
+    Ok(())
+}
+
+pub fn capex_svg(pr: &Prices, from: u32, to: u32) -> String {
+    let pts = |f: fn(&crate::cost::Capex) -> f64| {
+        (from..=to)
+            .step_by(2)
+            .map(|n| (n as f64, f(&capex(n, pr))))
+            .collect::<Vec<_>>()
+    };
+    line_chart(
+        "Capex vs storage nodes",
+        "storage nodes",
+        "USD",
+        &[
+            Series {
+                name: "switched",
+                points: pts(|c| c.switched_usd),
+            },
+            Series {
+                name: "switchless",
+                points: pts(|c| c.switchless_usd),
+            },
+        ],
+        false,
+    )
+}
