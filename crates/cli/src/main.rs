@@ -19,6 +19,10 @@ struct Cli {
 enum Cmd {
     /// Run the storage node: an NVMe/TCP target (defaults: 1 GiB RAM namespace on 127.0.0.1:4420, discovery on 4420 and 8009).
     Target(target_cmd::TargetArgs),
+    /// Load generator (fio-like) against an NVMe/TCP target, with JSON results.
+    Bench(trellis_bench::cli::BenchArgs),
+    /// Discrete-event SAN simulator: switched vs switchless, mechanisms, cost.
+    Sim(trellis_sim::cli::SimArgs),
 }
 
 fn main() {
@@ -33,6 +37,8 @@ fn main() {
         .init();
     let r = match cli.cmd {
         Cmd::Target(a) => target_cmd::run(a),
+        Cmd::Bench(a) => trellis_bench::cli::run(a),
+        Cmd::Sim(a) => trellis_sim::cli::run(a),
     };
     if let Err(e) = r {
         eprintln!("trellis: {e:#}");
