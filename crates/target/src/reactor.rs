@@ -301,8 +301,8 @@ impl Reactor {
             return;
         }
         e.conn.rx_commit(n as usize, now);
-        let reg = self.shared.reg.clone();
-        let mut ctx = Self::ctx(&mut self.queues, &reg, &mut self.scratch, now);
+        // Borrow disjoint fields; no Arc clone (and no shared refcount traffic) per recv.
+        let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
         e.conn.process(&mut ctx);
     }
 
@@ -325,7 +325,6 @@ impl Reactor {
     /// parsing that stopped for lack of tx room, and closes finished ones.
     fn flush_all(&mut self, now: u64) -> bool {
         let mut work = false;
-        let reg = self.shared.reg.clone();
         for idx in 0..self.conns.len() {
             let Some(e) = self.conns[idx].as_mut() else {
                 continue;
@@ -333,7 +332,8 @@ impl Reactor {
             if !e.conn.tx.is_empty() && !e.zombie {
                 work |= send(e, &mut self.iov, self.epfd, idx);
                 if e.conn.rx_pending() && e.conn.tx.has_room() {
-                    let mut ctx = Self::ctx(&mut self.queues, &reg, &mut self.scratch, now);
+                    let mut ctx =
+                        Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
                     e.conn.process(&mut ctx);
                     if !e.conn.tx.is_empty() {
                         send(e, &mut self.iov, self.epfd, idx);

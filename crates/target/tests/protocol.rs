@@ -284,3 +284,97 @@ fn shutdown_notification_reports_complete() {
     );
     t.stop();
 }
+
+/// A target over a file backend, for durability and read-only checks.
+fn file_target(path: &std::path::Path, read_only: bool) -> trellis_target::Target {
+    use trellis_target::config::*;
+    let mut cfg = Config::embedded_default();
+    cfg.listeners = vec![ListenerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        kind: None,
+    }];
+    let mut ns = NamespaceConfig::sized(BackendKind::File, 8 << 20);
+    ns.path = Some(path.to_str().unwrap().into());
+    ns.read_only = read_only;
+    cfg.subsystems = vec![SubsystemConfig {
+        nqn: NQN.into(),
+        serial: "FILE1".into(),
+        model: "Trellis file".into(),
+        allow_any_host: Some(true),
+        allowed_hosts: vec![],
+        namespaces: vec![ns],
+    }];
+    trellis_target::Target::start(&cfg).unwrap()
+}
+
+#[test]
+fn file_backend_keeps_acknowledged_writes_across_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ns1.img");
+    let data = pattern(7, 256, 42);
+    {
+        let t = file_target(&path, false);
+        let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+        // One FUA write (durable at completion) and one plain write + Flush.
+        let mut fua = Sqe::rw(io::WRITE, 0, 1, 7, 256, true);
+        fua.set_sgl(Sgl::transport(256 * 512));
+        assert!(c.io[0].cmd(fua, &data, 0, 8192).0.status.is_success());
+        assert!(write(&mut c.io[0], 1000, &data[..8 * 512])
+            .status
+            .is_success());
+        assert!(c.io[0]
+            .cmd(Sqe::new(io::FLUSH, 0, 1), &[], 0, 8192)
+            .0
+            .status
+            .is_success());
+        t.stop();
+    }
+    let on_disk = std::fs::read(&path).unwrap();
+    assert_eq!(
+        &on_disk[7 * 512..(7 + 256) * 512],
+        &data[..],
+        "FUA write is in the file"
+    );
+    assert_eq!(
+        &on_disk[1000 * 512..1008 * 512],
+        &data[..8 * 512],
+        "flushed write is in the file"
+    );
+    let t = file_target(&path, false);
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    let (cqe, back) = read(&mut c.io[0], 7, 256);
+    assert!(cqe.status.is_success());
+    assert!(
+        back == data,
+        "a restarted target serves the data written before"
+    );
+    t.stop();
+}
+
+#[test]
+fn read_only_namespace_refuses_writes_and_serves_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ro.img");
+    std::fs::write(&path, vec![0x5Au8; 1 << 20]).unwrap();
+    let t = file_target(&path, true);
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    assert_eq!(
+        write(&mut c.io[0], 0, &pattern(0, 8, 0)).status,
+        generic::NS_WRITE_PROTECTED.dnr()
+    );
+    // 128 KiB: the refusal must come before any R2T.
+    assert_eq!(
+        write(&mut c.io[0], 0, &pattern(0, 256, 0)).status,
+        generic::NS_WRITE_PROTECTED.dnr()
+    );
+    let (cqe, d) = read(&mut c.io[0], 0, 8);
+    assert!(cqe.status.is_success());
+    assert!(d.iter().all(|&b| b == 0x5A));
+    let (cqe, d) = identify(&mut c.admin, 0, 1);
+    assert!(cqe.status.is_success());
+    assert!(
+        IdNs::decode(&d).read_only,
+        "Identify Namespace reports write protection"
+    );
+    t.stop();
+}
