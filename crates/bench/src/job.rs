@@ -316,7 +316,7 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         header_digest,
         data_digest,
         nsid: o.nsid.unwrap_or(1),
-        seed: o.seed.unwrap_or(0x7e11_15),
+        seed: o.seed.unwrap_or(0x007e_1115),
     })
 }
 

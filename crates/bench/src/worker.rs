@@ -447,7 +447,7 @@ impl Worker {
     fn pick_offset(&mut self, phase: Phase, nlb: u32) -> Option<u64> {
         let span = self.nblocks.checked_sub(nlb as u64)? + 1;
         if phase == Phase::Main && self.job.random {
-            let slots = (span + self.align_blocks - 1) / self.align_blocks;
+            let slots = span.div_ceil(self.align_blocks);
             let off = self.rng.gen_range(0..slots) * self.align_blocks;
             return Some(off.min(span - 1));
         }

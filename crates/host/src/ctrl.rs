@@ -344,7 +344,7 @@ fn cc_value(enable: bool) -> u32 {
 fn enable(q: &mut Queue, cap: u64, limit: Duration) -> Result<()> {
     prop_set(q, prop::CC, cc_value(false))?;
     prop_set(q, prop::CC, cc_value(true))?;
-    let to = Duration::from_millis(((cap >> 24) & 0xff) as u64 * 500).max(limit);
+    let to = Duration::from_millis(((cap >> 24) & 0xff) * 500).max(limit);
     let deadline = Instant::now() + to;
     loop {
         let csts = prop_get(q, prop::CSTS, false)? as u32;
