@@ -366,27 +366,23 @@ pub struct IcReq {
 
 impl IcReq {
     pub fn decode(b: &[u8]) -> IcReq {
+        let (pfv, hpda, digests, maxr2t) = decode_ic(b);
         IcReq {
-            pfv: le16(b, 8),
-            hpda: b[10],
-            digests: Digests::from_bits(b[11]),
-            maxr2t: le32(b, 12),
+            pfv,
+            hpda,
+            digests,
+            maxr2t,
         }
     }
     pub fn encode(&self, b: &mut [u8; IC_LEN]) {
-        b.fill(0);
-        CommonHeader {
-            pdu_type: PduType::IcReq as u8,
-            flags: 0,
-            hlen: IC_LEN as u8,
-            pdo: 0,
-            plen: IC_LEN as u32,
-        }
-        .encode(b);
-        put16(b, 8, self.pfv);
-        b[10] = self.hpda;
-        b[11] = self.digests.bits();
-        put32(b, 12, self.maxr2t);
+        encode_ic(
+            b,
+            PduType::IcReq,
+            self.pfv,
+            self.hpda,
+            self.digests,
+            self.maxr2t,
+        );
     }
 }
 
@@ -401,28 +397,46 @@ pub struct IcResp {
 
 impl IcResp {
     pub fn decode(b: &[u8]) -> IcResp {
+        let (pfv, cpda, digests, maxh2cdata) = decode_ic(b);
         IcResp {
-            pfv: le16(b, 8),
-            cpda: b[10],
-            digests: Digests::from_bits(b[11]),
-            maxh2cdata: le32(b, 12),
+            pfv,
+            cpda,
+            digests,
+            maxh2cdata,
         }
     }
     pub fn encode(&self, b: &mut [u8; IC_LEN]) {
-        b.fill(0);
-        CommonHeader {
-            pdu_type: PduType::IcResp as u8,
-            flags: 0,
-            hlen: IC_LEN as u8,
-            pdo: 0,
-            plen: IC_LEN as u32,
-        }
-        .encode(b);
-        put16(b, 8, self.pfv);
-        b[10] = self.cpda;
-        b[11] = self.digests.bits();
-        put32(b, 12, self.maxh2cdata);
+        encode_ic(
+            b,
+            PduType::IcResp,
+            self.pfv,
+            self.cpda,
+            self.digests,
+            self.maxh2cdata,
+        );
     }
+}
+
+/// ICReq and ICResp share one layout: PFV, a PDU alignment byte, the digest
+/// bits and one 32-bit limit (MAXR2T or MAXH2CDATA).
+fn decode_ic(b: &[u8]) -> (u16, u8, Digests, u32) {
+    (le16(b, 8), b[10], Digests::from_bits(b[11]), le32(b, 12))
+}
+
+fn encode_ic(b: &mut [u8; IC_LEN], t: PduType, pfv: u16, pda: u8, d: Digests, limit: u32) {
+    b.fill(0);
+    CommonHeader {
+        pdu_type: t as u8,
+        flags: 0,
+        hlen: IC_LEN as u8,
+        pdo: 0,
+        plen: IC_LEN as u32,
+    }
+    .encode(b);
+    put16(b, 8, pfv);
+    b[10] = pda;
+    b[11] = d.bits();
+    put32(b, 12, limit);
 }
 
 /// H2CData / C2HData specific header (bytes 8..24).

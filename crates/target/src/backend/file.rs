@@ -172,6 +172,28 @@ fn zero_range_inner(file: &File, off: u64, len: u64, punch: bool) -> Status {
     status
 }
 
+/// Write Zeroes and Deallocate, done synchronously by both queue kinds;
+/// `None` for every other operation.
+fn zero_or_discard(file: &File, req: &IoReq) -> Option<Status> {
+    match req.op {
+        Op::WriteZeroes => Some(zero_range(
+            file,
+            req.offset_bytes,
+            req.len_bytes,
+            false,
+            req.fua,
+        )),
+        Op::Discard => Some(zero_range(
+            file,
+            req.offset_bytes,
+            req.len_bytes,
+            true,
+            req.fua,
+        )),
+        _ => None,
+    }
+}
+
 fn io_error_status(op: Op) -> Status {
     match op {
         Op::Read => media::UNRECOVERED_READ_ERROR,
@@ -212,24 +234,7 @@ impl BackendQueue for SyncQueue {
                 done == req.len_bytes
             }
             Op::Flush => libc::fdatasync(fd) == 0,
-            Op::WriteZeroes => {
-                return Some(zero_range(
-                    &self.file,
-                    req.offset_bytes,
-                    req.len_bytes,
-                    false,
-                    req.fua,
-                ))
-            }
-            Op::Discard => {
-                return Some(zero_range(
-                    &self.file,
-                    req.offset_bytes,
-                    req.len_bytes,
-                    true,
-                    req.fua,
-                ))
-            }
+            Op::WriteZeroes | Op::Discard => return zero_or_discard(&self.file, req),
         };
         Some(if ok {
             Status::SUCCESS
@@ -311,26 +316,8 @@ impl UringQueue {
 
 impl BackendQueue for UringQueue {
     unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
-        match req.op {
-            Op::WriteZeroes => {
-                return Some(zero_range(
-                    &self.file,
-                    req.offset_bytes,
-                    req.len_bytes,
-                    false,
-                    req.fua,
-                ))
-            }
-            Op::Discard => {
-                return Some(zero_range(
-                    &self.file,
-                    req.offset_bytes,
-                    req.len_bytes,
-                    true,
-                    req.fua,
-                ))
-            }
-            _ => {}
+        if let Some(st) = zero_or_discard(&self.file, req) {
+            return Some(st);
         }
         let Some(idx) = self.free.pop() else {
             // More requests than slots: the reactor bounds queue depth, so
