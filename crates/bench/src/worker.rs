@@ -267,10 +267,17 @@ impl Worker {
 
     /// Polls one queue and handles its completions. Returns how many completed.
     fn poll_queue(&mut self, qi: usize, phase: Phase, now: Instant) -> Result<u64, String> {
-        self.queues[qi].q.poll(now).map_err(|e| e.to_string())?;
+        let pending = self.queues[qi].q.poll(now).map_err(|e| e.to_string())?;
+        if pending == 0 {
+            return Ok(0);
+        }
+        // Stamp completions after the recv that delivered them: `now` was
+        // taken before this poll's flush, so using it would under-report
+        // latency by a whole sendmsg + recv (one clock read per batch).
+        let done_at = Instant::now();
         let mut n = 0;
         while let Some(c) = self.queues[qi].q.next_completion() {
-            self.complete(qi, c, phase, now);
+            self.complete(qi, c, phase, done_at);
             n += 1;
         }
         Ok(n)

@@ -153,3 +153,22 @@ size = "8m"
     assert!(json["jobs"][0]["lat_us_p99_99"].is_number());
     assert_eq!(json["jobs"][0]["class"], "latency");
 }
+
+#[test]
+fn latency_is_measured_from_submission_to_the_completion_that_arrived() {
+    // Every read takes at least 2 ms at the target, so no completion latency
+    // can be below that; a timestamp taken before the receive would be.
+    let t = FakeTarget::spawn(FakeConfig {
+        read_delay: std::time::Duration::from_millis(2),
+        ..Default::default()
+    });
+    let mut o = opts(&t, "randread", "4k", 1, "none");
+    o.verify = None;
+    let jobs = resolve_jobs(None, &o).unwrap();
+    let r = run_jobs(&jobs, &quiet()).unwrap();
+    let j = &r.jobs[0];
+    assert!(r.ok && j.ios > 0);
+    let min_us = 2000.0;
+    assert!(j.lat.lat_us_p50 >= min_us, "p50 {} µs", j.lat.lat_us_p50);
+    assert!(j.read.lat.lat_us_p50 >= min_us);
+}

@@ -60,6 +60,9 @@ pub struct FakeConfig {
     pub fault: Fault,
     /// The fault hits the I/O read after this many earlier I/O reads.
     pub fault_after_reads: u64,
+    /// Every I/O read is answered no sooner than this after it arrived (lets
+    /// tests check latency accounting against a known lower bound).
+    pub read_delay: Duration,
 }
 
 impl Default for FakeConfig {
@@ -73,6 +76,7 @@ impl Default for FakeConfig {
             mqes: 127,
             fault: Fault::None,
             fault_after_reads: 0,
+            read_delay: Duration::ZERO,
         }
     }
 }
@@ -360,6 +364,9 @@ impl Conn {
             );
         }
         let data = self.sh.store.lock().unwrap()[off..off + len].to_vec();
+        if !self.sh.cfg.read_delay.is_zero() {
+            std::thread::sleep(self.sh.cfg.read_delay);
+        }
         let n = self.sh.reads.fetch_add(1, Ordering::Relaxed);
         let fault = if n == self.sh.cfg.fault_after_reads {
             self.sh.cfg.fault
