@@ -42,6 +42,9 @@ pub struct TargetArgs {
     /// CPUs to pin reactors to, e.g. 0,1.
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
+    /// Socket engine: epoll (syscalls) or uring (io_uring).
+    #[arg(long)]
+    engine: Option<trellis_target::config::SocketEngine>,
     /// Print the effective configuration and exit.
     #[arg(long)]
     check: bool,
@@ -113,6 +116,9 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     }
     if let Some(r) = a.reactors {
         cfg.target.reactors = r;
+    }
+    if let Some(e) = a.engine {
+        cfg.target.socket_engine = e;
     }
     if !a.cpus.is_empty() {
         cfg.target.cpus = a.cpus.clone();

@@ -53,6 +53,29 @@ pub struct TargetConfig {
     pub connect_timeout_ms: u64,
     /// Time allowed at shutdown to finish in-flight commands.
     pub shutdown_grace_ms: u64,
+    /// Socket I/O engine: plain syscalls with epoll, or io_uring.
+    pub socket_engine: SocketEngine,
+}
+
+/// How reactors do socket I/O (the same protocol code runs on both).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SocketEngine {
+    /// Non-blocking recv/sendmsg, readiness from epoll (works everywhere).
+    Epoll,
+    /// Receives and gathered sends through one io_uring per reactor.
+    Uring,
+}
+
+impl std::str::FromStr for SocketEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "epoll" => Ok(SocketEngine::Epoll),
+            "uring" | "io_uring" => Ok(SocketEngine::Uring),
+            _ => Err(format!("unknown socket engine {s:?} (epoll or uring)")),
+        }
+    }
 }
 
 impl Default for TargetConfig {
@@ -72,6 +95,7 @@ impl Default for TargetConfig {
             discovery_idle_timeout_s: 120,
             connect_timeout_ms: 10_000,
             shutdown_grace_ms: 5_000,
+            socket_engine: SocketEngine::Epoll,
         }
     }
 }

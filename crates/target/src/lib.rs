@@ -18,6 +18,7 @@ pub mod reactor;
 pub mod server;
 pub mod subsystem;
 pub mod tx;
+pub mod uring_net;
 
 pub use config::Config;
 pub use server::Target;

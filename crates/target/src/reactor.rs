@@ -67,6 +67,12 @@ struct Entry {
     stream: TcpStream,
     conn: Conn,
     out_armed: bool,
+    /// io_uring engine: a receive / a send is in flight for this connection.
+    recv_armed: bool,
+    send_armed: bool,
+    /// The iovecs and msghdr of the in-flight send (stable until it completes).
+    iov: Vec<libc::iovec>,
+    msg: Box<libc::msghdr>,
     /// Socket closed, waiting for backend requests to drain.
     zombie: bool,
 }
@@ -126,10 +132,13 @@ struct Reactor {
     done: Vec<(u64, Status)>,
     last_work_ns: u64,
     last_tick_ns: u64,
+    /// Some when the io_uring socket engine is in use; None means epoll + syscalls.
+    uring: Option<crate::uring_net::UringNet>,
 }
 
 impl Reactor {
     fn new(id: usize, shared: Shared, rx: mpsc::Receiver<NewConn>, wake_fd: RawFd) -> Reactor {
+        let shared_engine = shared.reg.limits.socket_engine;
         let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         assert!(
             epfd >= 0,
@@ -155,6 +164,7 @@ impl Reactor {
             done: Vec::with_capacity(1024),
             last_work_ns: 0,
             last_tick_ns: 0,
+            uring: open_uring(id, shared_engine),
         }
     }
 
@@ -173,6 +183,18 @@ impl Reactor {
                 }
             }
             let mut work = self.accept_new(now);
+            if self.uring.is_some() {
+                work |= self.uring_step(now, shutdown_deadline.is_some());
+                work |= self.reap_backends();
+                work |= self.flush_all(now);
+                if now - self.last_tick_ns > TICK_NS {
+                    self.tick(now);
+                }
+                if work {
+                    self.last_work_ns = now;
+                }
+                continue;
+            }
             let n = self.wait(&mut events, now);
             for ev in &events[..n] {
                 work = true;
@@ -243,16 +265,23 @@ impl Reactor {
         };
         let fd = nc.stream.as_raw_fd();
         let conn = Conn::new(idx, reg, peer, local, kind, portid, now);
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: idx as u64,
-        };
-        unsafe { libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if self.uring.is_none() {
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: idx as u64,
+            };
+            unsafe { libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        }
         tracing::debug!(reactor = self.id, %peer, "connection accepted");
+        let msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
         self.conns[idx as usize] = Some(Entry {
             stream: nc.stream,
             conn,
             out_armed: false,
+            recv_armed: false,
+            send_armed: false,
+            iov: Vec::with_capacity(MAX_IOV),
+            msg,
             zombie: false,
         });
     }
@@ -281,6 +310,9 @@ impl Reactor {
         }
         let fd = e.stream.as_raw_fd();
         let space = e.conn.rx_space();
+        if space.is_empty() {
+            return; // parsing is stalled on output room; the socket keeps the bytes
+        }
         let n = unsafe {
             libc::recv(
                 fd,
@@ -329,7 +361,17 @@ impl Reactor {
             let Some(e) = self.conns[idx].as_mut() else {
                 continue;
             };
-            if !e.conn.tx.is_empty() && !e.zombie {
+            if let Some(u) = self.uring.as_mut() {
+                // io_uring: queue the send; the completion advances tx.
+                if !e.conn.tx.is_empty() && !e.zombie && !e.send_armed {
+                    e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
+                    e.msg.msg_iov = e.iov.as_mut_ptr();
+                    e.msg.msg_iovlen = e.iov.len() as _;
+                    u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg);
+                    e.send_armed = true;
+                    work = true;
+                }
+            } else if !e.conn.tx.is_empty() && !e.zombie {
                 work |= send(e, &mut self.iov, self.epfd, idx);
                 if e.conn.rx_pending() && e.conn.tx.has_room() {
                     let mut ctx =
@@ -364,13 +406,18 @@ impl Reactor {
         };
         if !e.zombie {
             let fd = e.stream.as_raw_fd();
-            unsafe { libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+            if self.uring.is_none() {
+                unsafe {
+                    libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
+                };
+            }
+            // Shutdown also completes any receive or send armed in io_uring.
             let _ = e.stream.shutdown(std::net::Shutdown::Both);
             e.zombie = true;
             e.conn.close_quietly("closing");
             tracing::debug!(peer = %e.conn.peer, reason = e.conn.close_reason.as_deref().unwrap_or(""), "connection closed");
         }
-        if e.conn.backend_in_flight > 0 {
+        if e.conn.backend_in_flight > 0 || e.recv_armed || e.send_armed {
             return;
         }
         e.conn.on_close();
@@ -389,13 +436,167 @@ impl Reactor {
     fn close_all(&mut self) {
         for idx in 0..self.conns.len() {
             if self.conns[idx].is_some() {
+                self.close(idx);
+            }
+        }
+        // io_uring operations write into connection buffers: wait (bounded)
+        // for every armed one to complete before the buffers are freed.
+        let deadline = now_ns() + 2_000_000_000;
+        while self.uring.is_some()
+            && now_ns() < deadline
+            && self
+                .conns
+                .iter()
+                .flatten()
+                .any(|e| e.recv_armed || e.send_armed)
+        {
+            self.uring_step(now_ns(), true);
+            for idx in 0..self.conns.len() {
+                if self.conns[idx].is_some() {
+                    self.close(idx);
+                }
+            }
+        }
+        for idx in 0..self.conns.len() {
+            if self.conns[idx].is_some() {
                 if let Some(e) = self.conns[idx].as_mut() {
-                    e.conn.backend_in_flight = 0; // reactor is exiting: no more completions are reaped
+                    // The reactor is exiting: no more completions will be reaped.
+                    e.conn.backend_in_flight = 0;
+                    e.recv_armed = false;
+                    e.send_armed = false;
                 }
                 self.close(idx);
             }
         }
         unsafe { libc::close(self.epfd) };
+    }
+}
+
+fn open_uring(
+    id: usize,
+    engine: crate::config::SocketEngine,
+) -> Option<crate::uring_net::UringNet> {
+    if engine != crate::config::SocketEngine::Uring {
+        return None;
+    }
+    match crate::uring_net::UringNet::new(4096) {
+        Ok(u) => Some(u),
+        Err(e) => {
+            tracing::warn!(
+                reactor = id,
+                "io_uring socket engine unavailable ({e}); using epoll"
+            );
+            None
+        }
+    }
+}
+
+impl Reactor {
+    /// io_uring engine: submit queued work, wait if idle, handle completions,
+    /// and keep one receive armed per live connection.
+    fn uring_step(&mut self, now: u64, shutting: bool) -> bool {
+        let l = &self.shared.reg.limits;
+        let spinning = now.saturating_sub(self.last_work_ns) < l.idle_spin_us * 1000;
+        let in_flight = self.queues.iter().flatten().any(|q| q.in_flight() > 0);
+        let sleep = !spinning && !in_flight;
+        let idle_ms = l.idle_sleep_ms;
+        let wake_fd = self.wake_fd;
+        let u = self.uring.as_mut().expect("uring engine");
+        if !u.wake_armed {
+            u.arm_wake(wake_fd);
+        }
+        if sleep && !u.timeout_armed {
+            u.arm_timeout(idle_ms);
+        }
+        u.enter(sleep);
+        let cqes = std::mem::take(&mut u.cqes);
+        let mut work = false;
+        for &(ud, res) in &cqes {
+            let (idx, kind) = crate::uring_net::decode(ud);
+            match kind {
+                crate::uring_net::Kind::Wake => {
+                    self.uring.as_mut().unwrap().wake_armed = false;
+                    work = true;
+                }
+                crate::uring_net::Kind::Timeout => {
+                    self.uring.as_mut().unwrap().timeout_armed = false
+                }
+                crate::uring_net::Kind::Recv => work |= self.on_recv_done(idx, res, now),
+                crate::uring_net::Kind::Send => work |= self.on_send_done(idx, res, now),
+            }
+        }
+        self.uring.as_mut().unwrap().cqes = cqes;
+        if !shutting {
+            self.arm_receives();
+        }
+        work
+    }
+
+    fn on_recv_done(&mut self, idx: usize, res: i32, now: u64) -> bool {
+        let Some(e) = self.conns.get_mut(idx).and_then(|e| e.as_mut()) else {
+            return false;
+        };
+        e.recv_armed = false;
+        if e.zombie {
+            return false;
+        }
+        if res == 0 {
+            e.conn.close_quietly("peer closed the connection");
+        } else if res < 0 {
+            if res != -libc::EAGAIN && res != -libc::EINTR && res != -libc::ECANCELED {
+                e.conn.close_quietly(&format!(
+                    "recv: {}",
+                    std::io::Error::from_raw_os_error(-res)
+                ));
+            }
+        } else {
+            e.conn.rx_commit(res as usize, now);
+            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            e.conn.process(&mut ctx);
+        }
+        true
+    }
+
+    fn on_send_done(&mut self, idx: usize, res: i32, now: u64) -> bool {
+        let Some(e) = self.conns.get_mut(idx).and_then(|e| e.as_mut()) else {
+            return false;
+        };
+        e.send_armed = false;
+        if e.zombie {
+            return false;
+        }
+        if res < 0 {
+            e.conn.close_quietly(&format!(
+                "send: {}",
+                std::io::Error::from_raw_os_error(-res)
+            ));
+            e.conn.on_send_failure();
+            return false;
+        }
+        e.conn.tx_advance(res as usize);
+        // Parsing may have stopped for lack of output room: resume it.
+        if e.conn.rx_pending() && e.conn.tx.has_room() {
+            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            e.conn.process(&mut ctx);
+        }
+        true
+    }
+
+    fn arm_receives(&mut self) {
+        let u = self.uring.as_mut().expect("uring engine");
+        for (idx, slot) in self.conns.iter_mut().enumerate() {
+            let Some(e) = slot.as_mut() else { continue };
+            if e.recv_armed || e.zombie || e.conn.state == crate::conn::State::Closing {
+                continue;
+            }
+            let fd = e.stream.as_raw_fd();
+            let space = e.conn.rx_space();
+            if space.is_empty() {
+                continue; // a zero-length receive would read as EOF
+            }
+            u.arm_recv(idx, fd, space);
+            e.recv_armed = true;
+        }
     }
 }
 

@@ -270,7 +270,16 @@ fn classes(addr: std::net::SocketAddr) {
 
 #[test]
 fn malformed_input_gets_the_right_answer_and_spares_other_connections() {
-    let t = start_target();
+    malformed_input_on(trellis_target::config::SocketEngine::Epoll);
+}
+
+#[test]
+fn malformed_input_with_the_io_uring_socket_engine() {
+    malformed_input_on(trellis_target::config::SocketEngine::Uring);
+}
+
+fn malformed_input_on(engine: trellis_target::config::SocketEngine) {
+    let t = start_target_with(engine);
     let addr = t.local_addrs[0];
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));

@@ -74,7 +74,16 @@ fn identify_reports_what_linux_checks() {
 
 #[test]
 fn write_read_verify_in_capsule_and_r2t_with_and_without_digests() {
-    let t = start_target();
+    write_read_verify_on(trellis_target::config::SocketEngine::Epoll);
+}
+
+#[test]
+fn write_read_verify_with_the_io_uring_socket_engine() {
+    write_read_verify_on(trellis_target::config::SocketEngine::Uring);
+}
+
+fn write_read_verify_on(engine: trellis_target::config::SocketEngine) {
+    let t = start_target_with(engine);
     for dg in [NO, BOTH] {
         let mut c = controller(t.local_addrs[0], NQN, 2, dg, 5000);
         for (q, blocks) in [(0usize, 8usize), (1, 256)] {

@@ -19,7 +19,12 @@ pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-
 /// A target on ephemeral loopback ports with one RAM namespace (16 MiB,
 /// 512-byte blocks) that only `HOST` may use.
 pub fn start_target() -> trellis_target::Target {
+    start_target_with(trellis_target::config::SocketEngine::Epoll)
+}
+
+pub fn start_target_with(engine: trellis_target::config::SocketEngine) -> trellis_target::Target {
     let mut cfg = Config::embedded_default();
+    cfg.target.socket_engine = engine;
     cfg.listeners = vec![ListenerConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
