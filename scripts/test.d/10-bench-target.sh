@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Our initiator (trellis bench, verify on) against our target: 4 KiB and 128 KiB, with and without digests.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+tests/bench-target.sh "$TRELLIS"
