@@ -61,7 +61,8 @@ impl Drr {
         assert!(cfg.slots_per_ssd as usize <= SLOT_ENTRIES - 1);
         let tenants = (0..cfg.max_tenants)
             .map(|_| Tenant {
-                queue: VecDeque::with_capacity(cfg.queue_capacity_per_tenant),
+                // Grows on demand up to the bound; no allocation once warm.
+                queue: VecDeque::new(),
                 deficit: 0,
                 backlog: 0,
                 io_processing: 0,

@@ -81,15 +81,8 @@ pub fn preset(name: &str) -> Result<SimConfig> {
         "testbed-switched" => reproduce::testbed(true, Precondition::Clean, randread, 20),
         "testbed-switchless" => reproduce::testbed(false, Precondition::Clean, randread, 20),
         "rack27-tor" | "rack27-torus3d" => {
-            let job = JobConfig {
-                name: "oltp".into(),
-                job: JobKind::Synthetic {
-                    model: "oltp".into(),
-                },
-                qd: 0,
-                iops: 150_000,
-                ..JobConfig::default()
-            };
+            // Systor-like mix at 10% of each client's 400GbE link (135 GB/s offered in total).
+            let job = reproduce::synthetic("systor", 0.1, 400);
             reproduce::rack27(name == "rack27-tor", TopologyKind::Torus3d, job, 20)
         }
         "torus1000" => torus_big(1000, 2),
@@ -125,6 +118,7 @@ pub fn torus_big(nodes: u32, ms: u64) -> SimConfig {
                 ..JobConfig::default()
             }],
         },
+        gimbal: reproduce::warm_gimbal(),
         ..SimConfig::default()
     }
 }

@@ -102,11 +102,19 @@ struct SsdSlot {
     alive: bool,
 }
 
+struct Limited {
+    lim: HostRateLimiter,
+    waiting: VecDeque<u32>,
+    timer_armed: bool,
+}
+
 struct Host {
     node: u32,
     port: u32,
     jobs: Vec<Option<Gen>>,
-    limiters: HashMap<u32, HostRateLimiter>,
+    /// Per target SSD: the credit-driven limiter and the I/Os waiting on it, in order
+    /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
+    limiters: HashMap<u32, Limited>,
 }
 
 pub struct Sim {
@@ -293,7 +301,10 @@ impl Sim {
                 EV_TXDONE => self.on_txdone(e.a),
                 EV_SSD_DONE => self.on_ssd_done(e.a),
                 EV_HOST_ARRIVAL => self.on_host_arrival(e.a),
-                EV_ADMIT => self.admit(e.a),
+                EV_ADMIT => {
+                    let n = self.ssds.len() as u32;
+                    self.drain_limiter(e.a / n, e.a % n)
+                }
                 EV_GIMBAL_WAKE => {
                     self.ssds[e.a as usize].wake_at = u64::MAX;
                     self.pump(e.a)
@@ -352,7 +363,6 @@ impl Sim {
 
     /// Host-side admission: the storage-driven rate limiter (if on), then send.
     fn admit(&mut self, io: u32) {
-        let now = self.q.now;
         if !self.ssds[self.ios.get(io).spec.ssd as usize].alive {
             // The target is gone: the application sees an error; count it and drop.
             self.metrics.failed_ios += 1;
@@ -360,28 +370,61 @@ impl Sim {
             return;
         }
         if self.cfg.mechanisms.credits {
-            let (host, ssd, bytes) = {
+            let (host, ssd) = {
                 let o = self.ios.get(io);
-                (o.host, o.spec.ssd, o.spec.size_bytes as u64)
+                (o.host, o.spec.ssd)
             };
             let lcfg = &self.cfg.limiter;
-            let lim = self.hosts[host as usize]
+            let l = self.hosts[host as usize]
                 .limiters
                 .entry(ssd)
-                .or_insert_with(|| HostRateLimiter::new(lcfg));
-            if let Err(t) = lim.admit(lcfg, bytes, now) {
-                self.q.push(t, EV_ADMIT, io);
+                .or_insert_with(|| Limited {
+                    lim: HostRateLimiter::new(lcfg),
+                    waiting: VecDeque::new(),
+                    timer_armed: false,
+                });
+            l.waiting.push_back(io);
+            if !l.timer_armed {
+                self.drain_limiter(host, ssd);
+            }
+            return;
+        }
+        self.send_command(io);
+    }
+
+    /// Admit waiting I/Os of (host, ssd) in order while the limiter allows; else arm its timer.
+    fn drain_limiter(&mut self, host: u32, ssd: u32) {
+        let now = self.q.now;
+        let cap = self.cfg.gimbal.rate_init_bytes_per_s;
+        loop {
+            let lcfg = &self.cfg.limiter;
+            let l = self.hosts[host as usize]
+                .limiters
+                .get_mut(&ssd)
+                .expect("limiter");
+            l.timer_armed = false;
+            let Some(&io) = l.waiting.front() else { return };
+            let bytes = self.ios.get(io).spec.size_bytes as u64;
+            if let Err(t) = l.lim.admit(lcfg, bytes, now) {
+                l.timer_armed = true;
+                let key = host as u64 * self.ssds.len() as u64 + ssd as u64;
+                assert!(
+                    key <= u32::MAX as u64,
+                    "host × SSD index overflows the event payload"
+                );
+                self.q.push(t, EV_ADMIT, key as u32);
                 return;
             }
-            let headroom = lim.last_headroom();
-            let cap = self.cfg.gimbal.rate_init_bytes_per_s;
+            l.waiting.pop_front();
+            let headroom = l.lim.last_headroom();
+            // The rank is fixed once per I/O, from the latest credit: all its packets share it.
             self.ios.get_mut(io).rank = if headroom == u64::MAX {
                 0
             } else {
                 credit::rank(headroom, cap)
             };
+            self.send_command(io);
         }
-        self.send_command(io);
     }
 
     fn send_command(&mut self, io: u32) {
@@ -439,7 +482,7 @@ impl Sim {
         if self.cfg.mechanisms.credits {
             let lcfg = &self.cfg.limiter;
             if let Some(l) = self.hosts[host as usize].limiters.get_mut(&spec.ssd) {
-                l.on_credit(lcfg, headroom);
+                l.lim.on_credit(lcfg, headroom);
             }
         }
         let ssd_lat = self.ios.get(io).ssd_latency_ns;

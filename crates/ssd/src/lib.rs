@@ -10,7 +10,9 @@
 //! a page-mapped FTL with line-granular greedy GC. Read/write and GC
 //! interference arise only from LUN and channel busy time.
 
+mod ledger;
 mod profile;
+use ledger::Ledger;
 pub use profile::{Precondition, SsdProfile};
 
 /// I/O direction as seen by the SSD. Flush and the rest count as reads (Gimbal does the same).
@@ -53,6 +55,7 @@ pub struct SsdStats {
 }
 
 /// One simulated or emulated SSD.
+#[derive(Clone)]
 pub struct Ssd {
     p: SsdProfile,
     // Geometry, derived once.
@@ -64,8 +67,10 @@ pub struct Ssd {
     gc_hi_lines: u32,
     // Timing state.
     lun_avail_ns: Vec<u64>,
-    ch_avail_ns: Vec<u64>,
-    pcie_avail_ns: u64,
+    channels: Vec<Ledger>,
+    pcie: Option<Ledger>,
+    /// Latest submit time seen (ledgers forget slots before it).
+    now_ns: u64,
     // FTL state.
     map: Vec<u32>,
     rmap: Vec<u32>,
@@ -113,10 +118,25 @@ impl Ssd {
             gc_hi_lines,
             gc_lo_lines,
             lun_avail_ns: vec![0; luns as usize],
-            ch_avail_ns: vec![0; profile.channels as usize],
-            pcie_avail_ns: 0,
-            map: if profile.static_map { Vec::new() } else { vec![UNMAPPED; logical_pages as usize] },
-            rmap: if profile.static_map { Vec::new() } else { vec![FREE; physical as usize] },
+            channels: if profile.channel_mb_s > 0 {
+                (0..profile.channels)
+                    .map(|_| Ledger::new(profile.channel_mb_s))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            pcie: (profile.pcie_mb_s > 0).then(|| Ledger::new(profile.pcie_mb_s)),
+            now_ns: 0,
+            map: if profile.static_map {
+                Vec::new()
+            } else {
+                vec![UNMAPPED; logical_pages as usize]
+            },
+            rmap: if profile.static_map {
+                Vec::new()
+            } else {
+                vec![FREE; physical as usize]
+            },
             lines: vec![
                 Line {
                     vpc: 0,
@@ -187,8 +207,13 @@ impl Ssd {
 
     fn reset_timing(&mut self) {
         self.lun_avail_ns.iter_mut().for_each(|t| *t = 0);
-        self.ch_avail_ns.iter_mut().for_each(|t| *t = 0);
-        self.pcie_avail_ns = 0;
+        if self.p.channel_mb_s > 0 {
+            self.channels = (0..self.p.channels)
+                .map(|_| Ledger::new(self.p.channel_mb_s))
+                .collect();
+        }
+        self.pcie = (self.p.pcie_mb_s > 0).then(|| Ledger::new(self.p.pcie_mb_s));
+        self.now_ns = 0;
         self.wbuf_used_bytes = 0;
         self.wbuf_pending.clear();
         self.stats = SsdStats::default();
@@ -198,6 +223,8 @@ impl Ssd {
     /// The offset wraps modulo the logical capacity so that any trace can be replayed.
     pub fn submit(&mut self, op: IoOp, offset_bytes: u64, size_bytes: u32, now_ns: u64) -> u64 {
         assert!(size_bytes > 0, "zero-length I/O");
+        assert!(now_ns >= self.now_ns, "SSD time went backwards");
+        self.now_ns = now_ns;
         let pb = self.p.page_bytes as u64;
         let first = (offset_bytes / pb) % self.logical_pages as u64;
         let n_pages = (offset_bytes % pb + size_bytes as u64).div_ceil(pb) as u32;
@@ -350,8 +377,16 @@ impl Ssd {
     fn write_page(&mut self, lpn: u32, t: u64) -> u64 {
         self.stats.pages_written += 1;
         if self.p.static_map {
-            let ppa = lpn % self.pages_per_line;
-            return if ppa % self.subpages == self.subpages - 1 { self.program(ppa, t) } else { t };
+            // Log-structured placement without tables: writes fill flash pages in write-pointer
+            // order (full-page programs, striped over channels), reads use the static home.
+            let _ = lpn;
+            let ppa = self.wp_index;
+            self.wp_index = (self.wp_index + 1) % self.pages_per_line;
+            return if ppa % self.subpages == self.subpages - 1 {
+                self.program(ppa, t)
+            } else {
+                t
+            };
         }
         self.invalidate(lpn);
         let ppa = self.wp_line * self.pages_per_line + self.wp_index;
@@ -422,24 +457,19 @@ impl Ssd {
     }
 
     fn channel_xfer(&mut self, ch: u32, t: u64, bytes: u64) -> u64 {
-        if self.p.channel_mb_s == 0 {
-            return t;
+        let now = self.now_ns;
+        match self.channels.get_mut(ch as usize) {
+            Some(l) => l.reserve(now, t, bytes),
+            None => t,
         }
-        let c = ch as usize;
-        let s = t.max(self.ch_avail_ns[c]);
-        let e = s + xfer_ns(bytes, self.p.channel_mb_s);
-        self.ch_avail_ns[c] = e;
-        e
     }
 
     fn pcie_xfer(&mut self, t: u64, bytes: u64) -> u64 {
-        if self.p.pcie_mb_s == 0 {
-            return t;
+        let now = self.now_ns;
+        match self.pcie.as_mut() {
+            Some(l) => l.reserve(now, t, bytes),
+            None => t,
         }
-        let s = t.max(self.pcie_avail_ns);
-        let e = s + xfer_ns(bytes, self.p.pcie_mb_s);
-        self.pcie_avail_ns = e;
-        e
     }
 
     /// FEMU: forced GC while free lines ≤ gc_hi; one background pass when ≤ gc_lo.
