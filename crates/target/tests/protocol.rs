@@ -387,3 +387,112 @@ fn read_only_namespace_refuses_writes_and_serves_reads() {
     );
     t.stop();
 }
+
+#[test]
+fn aers_are_held_and_limited_and_errors_are_logged() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    // Four AERs are held (no completion); a fifth is refused at once.
+    for _ in 0..4 {
+        let mut s = Sqe::new(admin::ASYNC_EVENT_REQUEST, c.admin.next_cid(), 0);
+        s.set_sgl(Sgl::transport(0));
+        c.admin.send_capsule(&s, &[]);
+    }
+    let (cqe, _) = c
+        .admin
+        .cmd(Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0), &[], 0, 0);
+    assert_eq!(
+        cqe.status,
+        specific::AER_LIMIT_EXCEEDED,
+        "only the fifth AER completes"
+    );
+    // A failed I/O command lands in the error log with its CID and status.
+    let mut bad = Sqe::rw(io::READ, 0, 1, 1 << 40, 1, false);
+    bad.set_sgl(Sgl::transport(512));
+    let (cqe, _) = c.io[0].cmd(bad, &[], 512, 8192);
+    assert_eq!(cqe.status, generic::LBA_OUT_OF_RANGE.dnr());
+    let (cqe, log_page) = get_log(&mut c.admin, log::lid::ERROR, 0, 4096, 0);
+    assert!(cqe.status.is_success());
+    let count = trellis_nvme::le64(&log_page, 0);
+    assert!(count >= 1, "error count recorded");
+    assert_eq!(
+        trellis_nvme::le16(&log_page, 8),
+        1,
+        "SQID of the failed command"
+    );
+    assert_eq!(
+        trellis_nvme::Status::from_wire(trellis_nvme::le16(&log_page, 12)),
+        generic::LBA_OUT_OF_RANGE.dnr()
+    );
+    t.stop();
+}
+
+#[test]
+fn features_round_trip_and_unknown_ones_are_refused() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 0, NO, 5000);
+    let feat = |q: &mut Queue, set: bool, fid: u32, v: u32| {
+        let mut s = Sqe::new(
+            if set {
+                admin::SET_FEATURES
+            } else {
+                admin::GET_FEATURES
+            },
+            0,
+            0,
+        );
+        s.set_cdw(10, fid);
+        s.set_cdw(11, v);
+        q.cmd(s, &[], 0, 0).0
+    };
+    assert!(feat(&mut c.admin, true, 0x0F, 7000).status.is_success());
+    assert_eq!(
+        feat(&mut c.admin, false, 0x0F, 0).dw0,
+        7000,
+        "KATO reads back in ms"
+    );
+    assert!(feat(&mut c.admin, true, 0x04, 0x160).status.is_success());
+    assert_eq!(feat(&mut c.admin, false, 0x04, 0).dw0, 0x160);
+    assert!(feat(&mut c.admin, true, 0x0B, 0x100).status.is_success());
+    assert_eq!(
+        feat(&mut c.admin, true, 0x0B, 1 << 20).status,
+        generic::INVALID_FIELD.dnr(),
+        "unknown AEC bits"
+    );
+    assert_eq!(
+        feat(&mut c.admin, true, 0x7E, 0).status,
+        generic::INVALID_FIELD.dnr(),
+        "unknown feature"
+    );
+    assert_eq!(
+        feat(&mut c.admin, true, 0x0F | 1 << 31, 1).status,
+        specific::FEATURE_NOT_SAVEABLE.dnr()
+    );
+    // CAP as one 8-byte read equals its two 4-byte halves.
+    let cap = c.admin.prop_get(0, true);
+    let lo = c.admin.prop_get(0, false);
+    let hi = c.admin.prop_get(4, false);
+    assert_eq!(cap, lo | hi << 32);
+    assert_eq!(c.admin.prop_get(0x08, false), 0x0001_0400, "VS 1.4");
+    t.stop();
+}
+
+#[test]
+fn discovery_only_listener_refuses_io_subsystems() {
+    use trellis_target::config::*;
+    let mut cfg = Config::embedded_default();
+    cfg.listeners = vec![ListenerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        kind: Some(ListenerKind::Discovery),
+    }];
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let mut q = Queue::open(t.local_addrs[0], NO);
+    let c = q.fabrics_connect(0, 31, DEFAULT_NQN, HOST, CNTLID_DYNAMIC, 0);
+    assert_eq!(c.status, specific::CONNECT_INVALID_PARAMS.dnr());
+    let mut d = Queue::open(t.local_addrs[0], NO);
+    assert!(d
+        .fabrics_connect(0, 31, DISCOVERY_NQN, HOST, CNTLID_DYNAMIC, 0)
+        .status
+        .is_success());
+    t.stop();
+}
