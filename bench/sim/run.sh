@@ -3,5 +3,5 @@
 # Not a test: wall-clock figures depend on the machine.
 set -e
 cd "$(dirname "$0")/../.."
-cargo build --release -p trellis-sim --bin trellis-sim-dev
-exec target/release/trellis-sim-dev bench --out "${1:-bench/sim/results.json}"
+cargo build --release -p trellis-cli
+exec "${CARGO_TARGET_DIR:-target}"/release/trellis sim bench --out "${1:-bench/sim/results.json}"
