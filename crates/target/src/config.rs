@@ -8,6 +8,8 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
+/// Upper bound of `target.max_io_size`.
+pub const MAX_IO_SIZE_LIMIT: u64 = 8 << 20;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -280,7 +282,7 @@ impl Config {
         );
         let io = t.max_io_size.0;
         ensure!(
-            io.is_power_of_two() && (4096..=(8 << 20)).contains(&io),
+            io.is_power_of_two() && (4096..=MAX_IO_SIZE_LIMIT).contains(&io),
             "target.max_io_size must be a power of two in 4KiB..=8MiB"
         );
         ensure!(

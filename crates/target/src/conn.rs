@@ -61,6 +61,23 @@ pub struct Slot {
     /// Namespace uid and whether this is a write, for batched statistics.
     pub ns_uid: u32,
     pub is_write: bool,
+    /// The read's data is all zeroes (null backend): sent from a shared zero
+    /// buffer, so the slot buffer is neither cleared nor touched.
+    pub zero_data: bool,
+    /// Offset of in-capsule write data still in the receive buffer (or
+    /// `NO_ICD`): a synchronous backend takes it from there without a copy.
+    pub icd_at: u32,
+}
+
+pub const NO_ICD: u32 = u32::MAX;
+/// `Tx` data source meaning "the shared zero buffer".
+pub const ZERO_SRC: u16 = u16::MAX - 1;
+
+/// Zeroes for null-backend reads: allocated zeroed, so the pages are the
+/// kernel's shared zero page until written (never), costing no memory.
+fn zeros() -> &'static [u8] {
+    static Z: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    Z.get_or_init(|| vec![0u8; crate::config::MAX_IO_SIZE_LIMIT as usize])
 }
 
 impl Slot {
@@ -78,6 +95,8 @@ impl Slot {
             dw1: 0,
             ns_uid: u32::MAX,
             is_write: false,
+            zero_data: false,
+            icd_at: NO_ICD,
         }
     }
 }
@@ -152,7 +171,7 @@ pub struct Conn {
     pub portid: u16,
     pub state: State,
     pub digests: Digests,
-    rx: Box<[u8]>,
+    pub(crate) rx: Box<[u8]>,
     rx_head: usize,
     rx_tail: usize,
     max_plen: usize,
@@ -397,6 +416,8 @@ impl Conn {
         slot.dw1 = 0;
         slot.ns_uid = u32::MAX;
         slot.is_write = false;
+        slot.zero_data = false;
+        slot.icd_at = NO_ICD;
         if let Err(st) = self.check_data(s, icd_len) {
             self.finish(s, st);
             return Ok(());
@@ -409,7 +430,13 @@ impl Conn {
         let slot = &mut self.slots[s as usize];
         let len = slot.xfer_len as usize;
         if len > 0 && !slot.to_host {
-            if icd_len > 0 {
+            let io_write = sqe.opcode() == trellis_nvme::sqe::io::WRITE
+                && self.q.as_ref().is_some_and(|q| q.kind == QueueKind::Io);
+            if icd_len > 0 && io_write {
+                // Left in the receive buffer (not compacted while we parse);
+                // exec_io copies it only for an asynchronous backend.
+                slot.icd_at = data.start as u32;
+            } else if icd_len > 0 {
                 slot.buf.slice_mut(len).copy_from_slice(&self.rx[data]);
             } else {
                 return self.start_r2t(ctx, s);
@@ -690,15 +717,21 @@ impl Conn {
                 pdu::encode_data_hdr(b, PduType::C2HData, &h, fl, d)
             });
             let last_release = if success { s } else { NO_RELEASE };
+            let src = if slot.zero_data { ZERO_SRC } else { s };
             if d.data {
-                self.tx.push_slot_data(s, len, NO_RELEASE);
-                let crc = trellis_nvme::crc::digest(slot.buf.slice(len as usize));
+                self.tx.push_slot_data(src, len, NO_RELEASE);
+                let data = if slot.zero_data {
+                    &zeros()[..len as usize]
+                } else {
+                    slot.buf.slice(len as usize)
+                };
+                let crc = trellis_nvme::crc::digest(data);
                 self.tx.push_bytes(last_release, |b| {
                     b[..4].copy_from_slice(&crc.to_le_bytes());
                     4
                 });
             } else {
-                self.tx.push_slot_data(s, len, last_release);
+                self.tx.push_slot_data(src, len, last_release);
             }
             if success {
                 return;
@@ -722,7 +755,13 @@ impl Conn {
 
     pub fn tx_iovecs(&self, out: &mut Vec<libc::iovec>, max: usize) {
         let slots = &self.slots;
-        self.tx.iovecs(out, max, |s| slots[s as usize].buf.as_ptr());
+        self.tx.iovecs(out, max, |s| {
+            if s == ZERO_SRC {
+                zeros().as_ptr()
+            } else {
+                slots[s as usize].buf.as_ptr()
+            }
+        });
     }
 
     pub fn tx_advance(&mut self, n: usize) {

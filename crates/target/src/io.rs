@@ -52,7 +52,7 @@ fn submit(
     mut req: IoReq,
 ) -> Exec {
     slot.ns_uid = ns.uid as u32;
-    if matches!(req.op, Op::Read | Op::Write) {
+    if matches!(req.op, Op::Read | Op::Write) && req.buf.is_null() {
         debug_assert!(slot.buf.capacity() as u64 >= req.len_bytes);
         req.buf = slot.buf.as_mut_ptr();
     }
@@ -89,11 +89,36 @@ impl Conn {
         };
         let slot = &mut self.slots[s as usize];
         let idx = self.idx;
+        let rx = &self.rx;
         let req = match sqe.opcode() {
-            op::READ | op::WRITE => {
-                let write = sqe.opcode() == op::WRITE;
-                slot.is_write = write;
-                check_rw(ns, sqe, slot.xfer_len, write)
+            op::READ if ns.backend.reads_zero() => {
+                // Null backend: no submit, no memset; the data comes from the shared zero buffer.
+                return match check_rw(ns, sqe, slot.xfer_len, false) {
+                    Ok(_) => {
+                        slot.ns_uid = ns.uid as u32;
+                        slot.zero_data = true;
+                        Exec::Done(Status::SUCCESS)
+                    }
+                    Err(st) => Exec::Done(st),
+                };
+            }
+            op::READ => check_rw(ns, sqe, slot.xfer_len, false),
+            op::WRITE => {
+                slot.is_write = true;
+                check_rw(ns, sqe, slot.xfer_len, true).map(|mut r| {
+                    if slot.icd_at != crate::conn::NO_ICD {
+                        let data =
+                            &rx[slot.icd_at as usize..slot.icd_at as usize + r.len_bytes as usize];
+                        if ns.backend.synchronous() {
+                            // SAFETY: a synchronous backend reads the data inside
+                            // submit; the receive buffer is not touched until then.
+                            r.buf = data.as_ptr() as *mut u8;
+                        } else {
+                            slot.buf.slice_mut(data.len()).copy_from_slice(data);
+                        }
+                    }
+                    r
+                })
             }
             op::FLUSH => Ok(IoReq {
                 op: Op::Flush,

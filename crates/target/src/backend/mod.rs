@@ -38,6 +38,16 @@ pub trait Backend: Send + Sync {
     fn deallocate_reads_zeroes(&self) -> bool {
         true
     }
+    /// Every read returns zeroes without touching the buffer (null backend):
+    /// the connection then sends from a shared zero buffer.
+    fn reads_zero(&self) -> bool {
+        false
+    }
+    /// Requests complete inside `submit`: write data may be read straight
+    /// from the receive buffer, which stays put only during the call.
+    fn synchronous(&self) -> bool {
+        false
+    }
     /// A per-reactor submission queue.
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>>;
     /// Makes every completed write durable (shutdown path).

@@ -18,6 +18,12 @@ impl Backend for NullBackend {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
+    fn reads_zero(&self) -> bool {
+        true
+    }
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(NullQueue))
     }

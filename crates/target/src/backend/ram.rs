@@ -58,6 +58,9 @@ impl Backend for RamBackend {
     fn size_bytes(&self) -> u64 {
         self.region.len as u64
     }
+    fn synchronous(&self) -> bool {
+        true
+    }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(RamQueue {
             region: self.region.clone(),
