@@ -49,6 +49,12 @@ pub struct SuiteArgs {
     /// A few seconds in total: short runs, same workloads (for CI).
     #[arg(long)]
     pub smoke: bool,
+    /// Repetitions: each runs the baseline pass then the Trellis pass, and
+    /// rows report medians. This VM flips between two performance regimes
+    /// from one process to the next, so one pass is not a measurement.
+    /// Default: 3 (1 with --smoke).
+    #[arg(long)]
+    pub reps: Option<usize>,
     /// Port for the raw TCP baseline server.
     #[arg(
         long = "baseline_port",
@@ -107,7 +113,7 @@ const WORKLOADS: &[Workload] = &[
     },
 ];
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 struct Row {
     workload: String,
     rw: String,
@@ -122,11 +128,15 @@ struct Row {
     lat_p99_ratio: f64,
     target_cpu_s_per_mio: Option<f64>,
     target_cpu_util_pct: Option<f64>,
+    /// IOPS of every repetition (Trellis and baseline), for the spread.
+    trellis_iops_reps: Vec<f64>,
+    baseline_iops_reps: Vec<f64>,
 }
 
 #[derive(Serialize)]
 struct SuiteReport {
     smoke: bool,
+    reps: usize,
     runtime_s: f64,
     target_cmd: String,
     target_cpu: usize,
@@ -144,28 +154,18 @@ pub fn run(a: &SuiteArgs, prefix: &[String]) -> Result<()> {
     };
     std::fs::create_dir_all(&a.out)?;
     pin_current_thread(a.client_cpu);
-    eprintln!("suite: raw TCP baseline");
-    let baselines = run_baselines(a, prefix, &runtime, &ramp)?;
-    eprintln!("suite: trellis target");
-    let mut target = match a.target_cmd.trim() {
-        "" => None,
-        cmd => Some(spawn_pinned(cmd, a.target_cpu)?),
-    };
-    let pid = target.as_ref().map(|c| c.id()).or(a.target_pid);
-    let rows = (|| {
-        wait_port(&a.addr, Duration::from_secs(30))?;
-        let mut rows = Vec::new();
-        for (w, b) in WORKLOADS.iter().zip(baselines) {
-            rows.push(run_trellis(a, w, b, pid, &runtime, &ramp)?);
-        }
-        Ok::<_, anyhow::Error>(rows)
-    })();
-    if let Some(t) = target.as_mut() {
-        stop_child(t);
+    let reps = a.reps.unwrap_or(if a.smoke { 1 } else { 3 }).max(1);
+    let mut passes: Vec<Vec<Row>> = Vec::new();
+    for rep in 0..reps {
+        eprintln!("suite: pass {}/{reps}", rep + 1);
+        passes.push(run_pass(a, prefix, &runtime, &ramp)?);
     }
-    let rows = rows?;
+    let rows = (0..WORKLOADS.len())
+        .map(|i| median_row(passes.iter().map(|p| &p[i])))
+        .collect();
     let report = SuiteReport {
         smoke: a.smoke,
+        reps,
         runtime_s: crate::job::parse_duration(&runtime)?.as_secs_f64(),
         target_cmd: a.target_cmd.clone(),
         target_cpu: a.target_cpu,
@@ -192,6 +192,52 @@ pub fn run(a: &SuiteArgs, prefix: &[String]) -> Result<()> {
         bail!("workloads with errors or no completed I/O: {bad:?}");
     }
     Ok(())
+}
+
+/// One pass: every workload against the raw TCP baseline, then against a
+/// freshly started target.
+fn run_pass(a: &SuiteArgs, prefix: &[String], runtime: &str, ramp: &str) -> Result<Vec<Row>> {
+    eprintln!("suite: raw TCP baseline");
+    let baselines = run_baselines(a, prefix, runtime, ramp)?;
+    eprintln!("suite: trellis target");
+    let mut target = match a.target_cmd.trim() {
+        "" => None,
+        cmd => Some(spawn_pinned(cmd, a.target_cpu)?),
+    };
+    let pid = target.as_ref().map(|c| c.id()).or(a.target_pid);
+    let rows = (|| {
+        wait_port(&a.addr, Duration::from_secs(30))?;
+        let mut rows = Vec::new();
+        for (w, b) in WORKLOADS.iter().zip(baselines) {
+            rows.push(run_trellis(a, w, b, pid, runtime, ramp)?);
+        }
+        Ok::<_, anyhow::Error>(rows)
+    })();
+    if let Some(t) = target.as_mut() {
+        stop_child(t);
+    }
+    rows
+}
+
+/// The row whose Trellis IOPS is the median, with the median baseline run
+/// of the same workload; ratios are recomputed from those two medians.
+fn median_row<'a>(runs: impl Iterator<Item = &'a Row>) -> Row {
+    let runs: Vec<&Row> = runs.collect();
+    let pick = |key: &dyn Fn(&Row) -> f64| {
+        let mut v: Vec<&Row> = runs.clone();
+        v.sort_by(|x, y| key(x).total_cmp(&key(y)));
+        v[v.len() / 2]
+    };
+    let t = pick(&|r| r.trellis.iops);
+    let b = pick(&|r| r.baseline.iops);
+    let mut row = t.clone();
+    row.baseline = b.baseline.clone();
+    row.iops_ratio = row.trellis.iops / row.baseline.iops.max(1e-9);
+    row.lat_p50_ratio = row.trellis.lat.lat_us_p50 / row.baseline.lat.lat_us_p50.max(1e-9);
+    row.lat_p99_ratio = row.trellis.lat.lat_us_p99 / row.baseline.lat.lat_us_p99.max(1e-9);
+    row.trellis_iops_reps = runs.iter().map(|r| r.trellis.iops).collect();
+    row.baseline_iops_reps = runs.iter().map(|r| r.baseline.iops).collect();
+    row
 }
 
 fn run_baselines(
@@ -278,6 +324,8 @@ fn run_trellis(
         lat_p99_ratio: t.lat.lat_us_p99 / b.lat.lat_us_p99.max(1e-9),
         target_cpu_s_per_mio: per_mio,
         target_cpu_util_pct: util.map(|u| u * 100.0),
+        trellis_iops_reps: vec![t.iops],
+        baseline_iops_reps: vec![b.iops],
         trellis: t,
         baseline: b,
     })
@@ -286,19 +334,20 @@ fn run_trellis(
 fn markdown(r: &SuiteReport) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "Trellis suite ({}; {} s per workload; target on CPU {}, client on CPU {}; target: `{}`)\n\n",
+        "Trellis suite ({}; {} s per workload; median of {} interleaved passes; target on CPU {}, client on CPU {}; target: `{}`)\n\n",
         if r.smoke { "smoke" } else { "full" },
         r.runtime_s,
+        r.reps,
         r.target_cpu,
         r.client_cpu,
         r.target_cmd
     ));
-    s.push_str("| workload | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | target CPU s / M I/O | baseline IOPS | baseline p50 µs | IOPS ratio | p50 ratio | client idle % |\n");
-    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    s.push_str("| workload | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | max µs | target CPU s / M I/O | baseline IOPS | baseline p50 µs | IOPS ratio | p50 ratio | client idle % | Trellis IOPS range | baseline IOPS range |\n");
+    s.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for row in &r.rows {
         let t = &row.trellis;
         s.push_str(&format!(
-            "| {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.0} |\n",
+            "| {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.0} | {:.1} | {:.2} | {:.2} | {:.0} | {} | {} |\n",
             row.workload,
             t.iops,
             t.mib_per_s,
@@ -314,10 +363,19 @@ fn markdown(r: &SuiteReport) -> String {
             row.iops_ratio,
             row.lat_p50_ratio,
             t.client_idle_poll_pct,
+            range(&row.trellis_iops_reps),
+            range(&row.baseline_iops_reps),
         ));
     }
-    s.push_str("\nRatios are Trellis / raw TCP baseline with the same bytes per I/O and queue depth (IOPS ratio 1.0 = loopback speed; p50 ratio 1.0 = no added latency). Client idle % below 40 means the figure may be client-bound.\n");
+    s.push_str("\nRatios are Trellis / raw TCP baseline with the same bytes per I/O and queue depth (IOPS ratio 1.0 = loopback speed; p50 ratio 1.0 = no added latency). Client idle % below 40 means the figure may be client-bound. Ranges list every pass: this VM switches between two performance regimes between processes.\n");
     s
+}
+
+/// "min–max" of a set of IOPS figures.
+fn range(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(0.0, f64::max);
+    format!("{lo:.0}–{hi:.0}")
 }
 
 /// utime + stime of a process, in seconds.
