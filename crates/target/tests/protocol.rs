@@ -501,20 +501,30 @@ fn discovery_only_listener_refuses_io_subsystems() {
 fn null_namespace_discards_writes_and_reads_zeroes_with_digests() {
     use trellis_target::config::*;
     let mut cfg = Config::embedded_default();
-    cfg.listeners = vec![ListenerConfig { addr: "127.0.0.1:0".parse().unwrap(), kind: None }];
+    cfg.listeners = vec![ListenerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        kind: None,
+    }];
     cfg.subsystems[0].nqn = NQN.into();
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Null, 64 << 20)];
     let t = trellis_target::Target::start(&cfg).unwrap();
     for dg in [NO, BOTH] {
         let mut c = controller(t.local_addrs[0], NQN, 1, dg, 5000);
         // Dirty the slot buffers with a write first: reads must still be zeroes.
-        assert!(write(&mut c.io[0], 0, &pattern(0, 8, 9)).status.is_success());
-        assert!(write(&mut c.io[0], 0, &pattern(0, 256, 9)).status.is_success());
+        assert!(write(&mut c.io[0], 0, &pattern(0, 8, 9))
+            .status
+            .is_success());
+        assert!(write(&mut c.io[0], 0, &pattern(0, 256, 9))
+            .status
+            .is_success());
         for blocks in [8u32, 256] {
             let (cqe, d) = read(&mut c.io[0], 0, blocks);
             assert!(cqe.status.is_success());
             assert_eq!(d.len(), blocks as usize * 512);
-            assert!(d.iter().all(|&b| b == 0), "null reads are zeroes ({blocks} blocks, {dg:?})");
+            assert!(
+                d.iter().all(|&b| b == 0),
+                "null reads are zeroes ({blocks} blocks, {dg:?})"
+            );
         }
     }
     t.stop();
