@@ -233,6 +233,11 @@ fn connect_refuses_unknown_host_and_subsystem_with_dnr() {
     let mut q2 = Queue::open(t.local_addrs[0], NO);
     let c = q2.fabrics_connect(1, 31, NQN, HOST, 999, 0);
     assert_eq!(c.status, specific::CONNECT_INVALID_PARAMS.dnr());
+    // The allowed host still gets a working controller after the refusals.
+    let mut ok = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    assert!(write(&mut ok.io[0], 0, &pattern(0, 8, 1))
+        .status
+        .is_success());
     t.stop();
 }
 
