@@ -534,3 +534,35 @@ fn null_namespace_discards_writes_and_reads_zeroes_with_digests() {
     }
     t.stop();
 }
+
+/// With SQ flow control disabled (what `nvme connect-all` asks for when the
+/// discovery log says it is supported), SQHD is 0xFFFF and successful reads
+/// end with a C2HData carrying SUCCESS and no CapsuleResp.
+#[test]
+fn sq_flow_control_disabled_uses_success_flag_reads() {
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 0, NO, 5000);
+    let mut q = Queue::open(t.local_addrs[0], NO);
+    let r = q.fabrics_connect_attr(1, 127, NQN, HOST, c.cntlid, 0, 0x4);
+    assert!(r.status.is_success());
+    assert_eq!(r.sqhd, 0xFFFF, "SQHD is not maintained");
+    assert!(write(&mut q, 0, &pattern(0, 8, 3)).status.is_success());
+    let mut sqe = Sqe::rw(io::READ, 0, 1, 0, 8, false);
+    let cid = q.next_cid();
+    sqe.set_cid(cid);
+    sqe.set_sgl(Sgl::transport(4096));
+    q.send_capsule(&sqe, &[]);
+    let p = q.recv().unwrap();
+    assert_eq!(p.ch.pdu_type, trellis_nvme::pdu::PduType::C2HData as u8);
+    let fl = trellis_nvme::pdu::flags::SUCCESS | trellis_nvme::pdu::flags::LAST_PDU;
+    assert_eq!(p.ch.flags & fl, fl, "SUCCESS with LAST_PDU");
+    assert_eq!(&p.bytes[24..24 + 4096], &pattern(0, 8, 3)[..]);
+    // No CapsuleResp follows: the next PDU is the answer to the next command.
+    let (cqe, _) = c.admin.cmd(Sqe::new(admin::KEEP_ALIVE, 0, 0), &[], 0, 0);
+    assert!(cqe.status.is_success());
+    assert!(
+        write(&mut q, 8, &pattern(8, 8, 3)).status.is_success(),
+        "the next PDU on the queue is the write's CapsuleResp"
+    );
+    t.stop();
+}

@@ -224,11 +224,26 @@ impl Queue {
         cntlid: u16,
         kato_ms: u32,
     ) -> Cqe {
+        self.fabrics_connect_attr(qid, sqsize, subnqn, hostnqn, cntlid, kato_ms, 0)
+    }
+
+    /// Connect with connection attributes (CATTR bit 2 = SQ flow control disabled).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fabrics_connect_attr(
+        &mut self,
+        qid: u16,
+        sqsize: u16,
+        subnqn: &str,
+        hostnqn: &str,
+        cntlid: u16,
+        kato_ms: u32,
+        cattr: u8,
+    ) -> Cqe {
         let sqe = ConnectCmd {
             recfmt: 0,
             qid,
             sqsize,
-            cattr: 0,
+            cattr,
             kato_ms,
         }
         .to_sqe(0);
