@@ -39,7 +39,7 @@ impl GetLogPage {
         }
     }
     pub fn to_sqe(&self, cid: u16, nsid: u32) -> Sqe {
-        debug_assert!(self.len_bytes >= 4 && self.len_bytes % 4 == 0);
+        debug_assert!(self.len_bytes >= 4 && self.len_bytes.is_multiple_of(4));
         let numd = self.len_bytes / 4 - 1;
         let mut s = Sqe::new(crate::sqe::admin::GET_LOG_PAGE, cid, nsid);
         s.set_sgl(crate::Sgl::transport(self.len_bytes as u32));

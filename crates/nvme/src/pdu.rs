@@ -310,7 +310,7 @@ pub fn check_layout(
     let pdo = ch.pdo as usize;
     // PDO must leave room for the header and be dword aligned (CPDA = 0). A
     // bounded gap of padding is allowed; Linux and SPDK never pad.
-    if pdo < hdr_total || pdo % 4 != 0 || pdo > hdr_total + 128 {
+    if pdo < hdr_total || !pdo.is_multiple_of(4) || pdo > hdr_total + 128 {
         return bad(field::PDO);
     }
     let ddgst = digests.data;

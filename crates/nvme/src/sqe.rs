@@ -187,7 +187,7 @@ impl Sqe {
     }
     /// Builds a Read or Write (`nlb` is 1-based here and encoded 0-based).
     pub fn rw(opcode: u8, cid: u16, nsid: u32, slba: u64, nlb: u32, fua: bool) -> Sqe {
-        debug_assert!(nlb >= 1 && nlb <= 65536);
+        debug_assert!((1..=65536).contains(&nlb));
         let mut s = Sqe::new(opcode, cid, nsid);
         put64(&mut s.0, 40, slba);
         s.set_cdw(12, (nlb - 1) | if fua { 1 << 30 } else { 0 });

@@ -365,7 +365,7 @@ impl Conn {
         if lp.len_bytes != self.slots[s as usize].xfer_len as u64 {
             return Exec::Done(generic::DATA_SGL_LENGTH_INVALID.dnr());
         }
-        if lp.offset_bytes % 4 != 0 {
+        if !lp.offset_bytes.is_multiple_of(4) {
             return Exec::Done(generic::INVALID_FIELD.dnr());
         }
         let mut page = std::mem::take(ctx.scratch);

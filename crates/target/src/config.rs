@@ -286,12 +286,12 @@ impl Config {
             "target.max_io_size must be a power of two in 4KiB..=8MiB"
         );
         ensure!(
-            t.in_capsule_data.0 % 16 == 0 && t.in_capsule_data.0 <= 64 << 10,
+            t.in_capsule_data.0.is_multiple_of(16) && t.in_capsule_data.0 <= 64 << 10,
             "target.in_capsule_data must be a multiple of 16 up to 64KiB"
         );
         let h2c = t.max_h2c_data.0;
         ensure!(
-            h2c >= 4096 && h2c % 4 == 0 && h2c <= 1 << 20,
+            h2c >= 4096 && h2c.is_multiple_of(4) && h2c <= 1 << 20,
             "target.max_h2c_data must be 4KiB..=1MiB and a multiple of 4"
         );
         ensure!(
@@ -338,7 +338,7 @@ impl Config {
             let mut ids = std::collections::HashSet::new();
             for (i, n) in s.namespaces.iter().enumerate() {
                 let id = n.nsid.unwrap_or(i as u32 + 1);
-                ensure!(id >= 1 && id < 0xFFFF_FFFE, "nsid {id} out of range");
+                ensure!((1..0xFFFF_FFFE).contains(&id), "nsid {id} out of range");
                 ensure!(ids.insert(id), "duplicate nsid {id} in {}", s.nqn);
                 ensure!(
                     n.block_size == 512 || n.block_size == 4096,
@@ -347,7 +347,7 @@ impl Config {
                 match n.backend {
                     BackendKind::File => ensure!(n.path.is_some(), "file namespace needs a path"),
                     _ => ensure!(
-                        n.size.map_or(false, |s| s.0 >= n.block_size as u64),
+                        n.size.is_some_and(|s| s.0 >= n.block_size as u64),
                         "{:?} namespace needs a size",
                         n.backend
                     ),
