@@ -3,31 +3,66 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-/// A compact event: 24 bytes. Ordered by time, then by insertion sequence, so that
-/// runs are deterministic whatever the heap's internal layout.
+/// A popped event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ev {
     pub t: u64,
-    pub seq: u64,
     pub kind: u8,
     pub a: u32,
 }
 
-impl Ord for Ev {
+/// An event beyond the wheel's horizon. Ordered by time, then by insertion sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Far {
+    t: u64,
+    seq: u64,
+    kind: u8,
+    a: u32,
+}
+
+impl Ord for Far {
     fn cmp(&self, o: &Self) -> Ordering {
         // Reversed: BinaryHeap is a max-heap and we want the earliest event first.
         (o.t, o.seq).cmp(&(self.t, self.seq))
     }
 }
 
-impl PartialOrd for Ev {
+impl PartialOrd for Far {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
     }
 }
 
+/// Wheel horizon: events less than `WHEEL` ns ahead of `now` go into a FIFO per nanosecond.
+const WHEEL_BITS: u32 = 17;
+const WHEEL: usize = 1 << WHEEL_BITS;
+const WMASK: u64 = WHEEL as u64 - 1;
+const WWORDS: usize = WHEEL / 64;
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
+struct Node {
+    a: u32,
+    next: u32,
+    kind: u8,
+}
+
+/// The event queue: pops in (time, insertion order), exactly like a (time, seq) heap.
+///
+/// Near events (within `WHEEL` ns of `now`) sit in a timing wheel with one FIFO list per
+/// nanosecond and a two-level occupancy bitmap; far events sit in a binary heap keyed on
+/// (time, seq) and move into the wheel, in that order, as soon as `now` brings them within
+/// the horizon (before any later push can target the same nanosecond), so equal-time
+/// events still pop in insertion order. Push and pop are O(1) for near events.
 pub struct EventQueue {
-    heap: BinaryHeap<Ev>,
+    head: Vec<u32>,
+    tail: Vec<u32>,
+    bits: Vec<u64>,
+    summary: Vec<u64>,
+    nodes: Vec<Node>,
+    free: u32,
+    near: usize,
+    far: BinaryHeap<Far>,
     seq: u64,
     pub now: u64,
     pub processed: u64,
@@ -36,45 +71,151 @@ pub struct EventQueue {
 impl EventQueue {
     pub fn new() -> Self {
         EventQueue {
-            heap: BinaryHeap::with_capacity(1 << 16),
+            head: vec![NIL; WHEEL],
+            tail: vec![NIL; WHEEL],
+            bits: vec![0; WWORDS],
+            summary: vec![0; WWORDS / 64],
+            nodes: Vec::with_capacity(1 << 16),
+            free: NIL,
+            near: 0,
+            far: BinaryHeap::new(),
             seq: 0,
             now: 0,
             processed: 0,
         }
     }
 
+    #[inline]
     pub fn push(&mut self, t: u64, kind: u8, a: u32) {
         debug_assert!(t >= self.now, "event in the past: {t} < {}", self.now);
-        self.seq += 1;
-        self.heap.push(Ev {
-            t,
-            seq: self.seq,
-            kind,
-            a,
-        });
+        if t - self.now < WHEEL as u64 {
+            self.push_near(t, kind, a);
+        } else {
+            self.seq += 1;
+            self.far.push(Far {
+                t,
+                seq: self.seq,
+                kind,
+                a,
+            });
+        }
     }
 
+    #[inline]
+    fn push_near(&mut self, t: u64, kind: u8, a: u32) {
+        let n = Node { a, next: NIL, kind };
+        let i = if self.free != NIL {
+            let i = self.free;
+            self.free = self.nodes[i as usize].next;
+            self.nodes[i as usize] = n;
+            i
+        } else {
+            self.nodes.push(n);
+            self.nodes.len() as u32 - 1
+        };
+        let s = (t & WMASK) as usize;
+        let tl = self.tail[s];
+        if tl == NIL {
+            self.head[s] = i;
+            self.bits[s / 64] |= 1 << (s % 64);
+            self.summary[s / 4096] |= 1 << (s / 64 % 64);
+        } else {
+            self.nodes[tl as usize].next = i;
+        }
+        self.tail[s] = i;
+        self.near += 1;
+    }
+
+    /// The first occupied wheel slot at or cyclically after `now`'s.
+    #[inline]
+    fn first_slot(&self) -> usize {
+        let s0 = (self.now & WMASK) as usize;
+        let w0 = s0 / 64;
+        let m = self.bits[w0] & (!0u64 << (s0 % 64));
+        if m != 0 {
+            return w0 * 64 + m.trailing_zeros() as usize;
+        }
+        // Later words, then wrap around (at most one full turn).
+        let mut w = w0 + 1;
+        for _ in 0..2 {
+            while w < WWORDS {
+                let sw = w / 64;
+                let sm = self.summary[sw] & (!0u64 << (w % 64));
+                if sm != 0 {
+                    let w1 = sw * 64 + sm.trailing_zeros() as usize;
+                    return w1 * 64 + self.bits[w1].trailing_zeros() as usize;
+                }
+                w = (sw + 1) * 64;
+            }
+            w = 0;
+        }
+        // Only the part of word w0 before s0 is left.
+        w0 * 64 + self.bits[w0].trailing_zeros() as usize
+    }
+
+    #[inline]
     pub fn pop(&mut self) -> Option<Ev> {
-        let e = self.heap.pop()?;
+        let e = if self.near > 0 {
+            let s = self.first_slot();
+            let i = self.head[s];
+            let n = self.nodes[i as usize];
+            self.head[s] = n.next;
+            if n.next == NIL {
+                self.tail[s] = NIL;
+                self.bits[s / 64] &= !(1 << (s % 64));
+                if self.bits[s / 64] == 0 {
+                    self.summary[s / 4096] &= !(1 << (s / 64 % 64));
+                }
+            }
+            self.nodes[i as usize].next = self.free;
+            self.free = i;
+            self.near -= 1;
+            let t = self.now + ((s as u64).wrapping_sub(self.now) & WMASK);
+            Ev {
+                t,
+                kind: n.kind,
+                a: n.a,
+            }
+        } else {
+            let f = self.far.pop()?;
+            Ev {
+                t: f.t,
+                kind: f.kind,
+                a: f.a,
+            }
+        };
         self.now = e.t;
         self.processed += 1;
+        // Far events now within the horizon join the wheel before anything else is pushed.
+        while let Some(f) = self.far.peek() {
+            if f.t - self.now >= WHEEL as u64 {
+                break;
+            }
+            let f = self.far.pop().unwrap();
+            self.push_near(f.t, f.kind, f.a);
+        }
         Some(e)
     }
 
     pub fn peek_t(&self) -> Option<u64> {
-        self.heap.peek().map(|e| e.t)
+        if self.near > 0 {
+            let s = self.first_slot();
+            Some(self.now + ((s as u64).wrapping_sub(self.now) & WMASK))
+        } else {
+            self.far.peek().map(|f| f.t)
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.near + self.far.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.len() == 0
     }
 
     pub fn capacity(&self) -> usize {
-        self.heap.capacity()
+        self.nodes.capacity() + self.far.capacity()
     }
 }
 
@@ -206,6 +347,51 @@ mod tests {
         let order: Vec<u32> = std::iter::from_fn(|| q.pop().map(|e| e.a)).collect();
         assert_eq!(order, vec![2, 4, 1, 3]);
         assert_eq!(q.now, 10);
+    }
+
+    /// The wheel + far heap against a plain (time, seq) sort, with far events that join
+    /// the wheel and then tie with events pushed directly.
+    #[test]
+    fn queue_matches_time_seq_order_across_the_horizon() {
+        let mut q = EventQueue::new();
+        let mut rng = Rng::new(3);
+        let mut reference: Vec<(u64, u64, u32)> = Vec::new();
+        let mut seq = 0u64;
+        let mut got = Vec::new();
+        let mut want = Vec::new();
+        for round in 0..20_000u32 {
+            let n = rng.below(3);
+            for _ in 0..n {
+                let d = match rng.below(4) {
+                    0 => rng.below(4),
+                    1 => rng.below(1000),
+                    2 => WHEEL as u64 - 2 + rng.below(4),
+                    _ => rng.below(3 * WHEEL as u64),
+                };
+                // Coarse times so that ties are common.
+                let t = (q.now + d) / 4 * 4;
+                let t = t.max(q.now);
+                seq += 1;
+                q.push(t, 0, round);
+                reference.push((t, seq, round));
+            }
+            if rng.below(2) == 0 {
+                if let Some(pt) = q.peek_t() {
+                    let e = q.pop().unwrap();
+                    assert_eq!(pt, e.t);
+                    got.push((e.t, e.a));
+                    reference.sort();
+                    let r = reference.remove(0);
+                    want.push((r.0, r.2));
+                }
+            }
+        }
+        while let Some(e) = q.pop() {
+            got.push((e.t, e.a));
+        }
+        reference.sort();
+        want.extend(reference.iter().map(|r| (r.0, r.2)));
+        assert_eq!(got, want);
     }
 
     #[test]
