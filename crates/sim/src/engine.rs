@@ -55,8 +55,8 @@ struct Node {
 /// the horizon (before any later push can target the same nanosecond), so equal-time
 /// events still pop in insertion order. Push and pop are O(1) for near events.
 pub struct EventQueue {
-    head: Vec<u32>,
-    tail: Vec<u32>,
+    /// Per slot: (head, tail) of its FIFO list (one cache line access per push or pop).
+    slots: Vec<[u32; 2]>,
     bits: Vec<u64>,
     summary: Vec<u64>,
     nodes: Vec<Node>,
@@ -71,8 +71,7 @@ pub struct EventQueue {
 impl EventQueue {
     pub fn new() -> Self {
         EventQueue {
-            head: vec![NIL; WHEEL],
-            tail: vec![NIL; WHEEL],
+            slots: vec![[NIL; 2]; WHEEL],
             bits: vec![0; WWORDS],
             summary: vec![0; WWORDS / 64],
             nodes: Vec::with_capacity(1 << 16),
@@ -114,15 +113,15 @@ impl EventQueue {
             self.nodes.len() as u32 - 1
         };
         let s = (t & WMASK) as usize;
-        let tl = self.tail[s];
+        let tl = self.slots[s][1];
         if tl == NIL {
-            self.head[s] = i;
+            self.slots[s][0] = i;
             self.bits[s / 64] |= 1 << (s % 64);
             self.summary[s / 4096] |= 1 << (s / 64 % 64);
         } else {
             self.nodes[tl as usize].next = i;
         }
-        self.tail[s] = i;
+        self.slots[s][1] = i;
         self.near += 1;
     }
 
@@ -157,11 +156,11 @@ impl EventQueue {
     pub fn pop(&mut self) -> Option<Ev> {
         let e = if self.near > 0 {
             let s = self.first_slot();
-            let i = self.head[s];
+            let i = self.slots[s][0];
             let n = self.nodes[i as usize];
-            self.head[s] = n.next;
+            self.slots[s][0] = n.next;
             if n.next == NIL {
-                self.tail[s] = NIL;
+                self.slots[s][1] = NIL;
                 self.bits[s / 64] &= !(1 << (s % 64));
                 if self.bits[s / 64] == 0 {
                     self.summary[s / 4096] &= !(1 << (s / 64 % 64));
