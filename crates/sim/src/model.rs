@@ -10,6 +10,7 @@ use crate::topo::{self, Graph, NodeKind};
 use crate::workload::{Cluster, Gen, IoSpec};
 use anyhow::Result;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use trellis_fabric::credit::{self, HostRateLimiter};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
@@ -114,7 +115,7 @@ struct Host {
     jobs: Vec<Option<Gen>>,
     /// Per target SSD: the credit-driven limiter and the I/Os waiting on it, in order
     /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
-    limiters: HashMap<u32, Limited>,
+    limiters: HashMap<u32, Limited, BuildHasherDefault<IdHasher>>,
 }
 
 pub struct Sim {
@@ -218,7 +219,7 @@ impl Sim {
                 node,
                 port: g.node_ports[node as usize][0],
                 jobs,
-                limiters: HashMap::new(),
+                limiters: HashMap::default(),
             });
         }
         let _ = rng.next_u64();
@@ -1164,6 +1165,26 @@ impl Sim {
 
     pub fn ssd_stats(&self) -> Vec<trellis_ssd::SsdStats> {
         self.ssds.iter().map(|s| s.ssd.stats()).collect()
+    }
+}
+
+/// Hasher for the per-host limiter map (keyed by SSD index): one multiply instead of
+/// SipHash. The map is never iterated, so the hash cannot change any result.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, x: u32) {
+        // High bits feed hashbrown's control bytes, low bits its bucket index.
+        self.0 = (x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ x as u64;
     }
 }
 
