@@ -80,7 +80,8 @@ pub struct Ssd {
     wp_index: u32,
     // Write buffer: (release time, bytes) for flash pages still being programmed.
     wbuf_used_bytes: u64,
-    wbuf_pending: Vec<(u64, u32)>,
+    /// Buffered writes by NAND completion time (earliest first): (done, bytes).
+    wbuf_pending: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
     stats: SsdStats,
 }
 
@@ -149,7 +150,7 @@ impl Ssd {
             wp_line: 0,
             wp_index: 0,
             wbuf_used_bytes: 0,
-            wbuf_pending: Vec::with_capacity(wbuf_slots),
+            wbuf_pending: std::collections::BinaryHeap::with_capacity(wbuf_slots),
             stats: SsdStats::default(),
             p: profile,
         };
@@ -332,7 +333,8 @@ impl Ssd {
         }
         self.wbuf_used_bytes += size_bytes as u64;
         // The buffer drains as flash pages finish; release the bytes at NAND completion.
-        self.wbuf_pending.push((done, size_bytes));
+        self.wbuf_pending
+            .push(std::cmp::Reverse((done, size_bytes)));
         if self.p.early_completion {
             t1
         } else {
@@ -353,23 +355,21 @@ impl Ssd {
             self.stats.write_buffer_stalls += 1;
             let next = self
                 .wbuf_pending
-                .iter()
-                .map(|e| e.0)
-                .min()
-                .expect("buffer full with nothing pending");
+                .peek()
+                .expect("buffer full with nothing pending")
+                .0
+                 .0;
             t = t.max(next);
         }
     }
 
     fn wbuf_release_until(&mut self, t: u64) {
-        let mut i = 0;
-        while i < self.wbuf_pending.len() {
-            if self.wbuf_pending[i].0 <= t {
-                self.wbuf_used_bytes -= self.wbuf_pending[i].1 as u64;
-                self.wbuf_pending.swap_remove(i);
-            } else {
-                i += 1;
+        while let Some(&std::cmp::Reverse((done, bytes))) = self.wbuf_pending.peek() {
+            if done > t {
+                break;
             }
+            self.wbuf_used_bytes -= bytes as u64;
+            self.wbuf_pending.pop();
         }
     }
 
