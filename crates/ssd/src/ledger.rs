@@ -8,18 +8,21 @@ pub struct Ledger {
     /// Bytes one slot can carry.
     cap: u32,
     base: u64,
-    /// Absolute slots `dirty_lo..dirty_hi` may hold less than `cap`; all others hold full
-    /// capacity, so `advance` resets only that span instead of every elapsed slot.
-    dirty_lo: u64,
-    dirty_hi: u64,
     mb_s: u32,
-    /// Remaining bytes per slot, a ring indexed by absolute slot number modulo `SLOTS`;
-    /// valid for slots `base..base + SLOTS`.
+    /// Remaining bytes per slot in the window `base..base + SLOTS`: a ring of `RING`
+    /// blocks of `BLOCK` slots (one cache line), block `b` at ring block `b % RING`.
     free: Vec<u32>,
+    /// Per ring block: the absolute block number its contents belong to. A block last
+    /// written in an earlier turn of the ring reads as full capacity, so elapsed slots
+    /// never need resetting. One block more than the window spans, so two blocks that
+    /// share a ring block are never both in the window.
+    stamp: Vec<u64>,
 }
 
 pub const SLOT_NS: u64 = 2_000;
 pub const SLOTS: usize = 4096;
+const BLOCK: usize = 16;
+const RING: usize = SLOTS / BLOCK + 1;
 
 impl Ledger {
     pub fn new(mb_s: u32) -> Self {
@@ -28,34 +31,37 @@ impl Ledger {
         Ledger {
             cap,
             base: 0,
-            dirty_lo: 0,
-            dirty_hi: 0,
             mb_s,
-            free: vec![cap; SLOTS],
+            free: vec![cap; RING * BLOCK],
+            stamp: vec![0; RING],
         }
     }
 
     /// Forget slots before `now` (time only moves forward in callers).
     fn advance(&mut self, now_ns: u64) {
-        let target = now_ns / SLOT_NS;
-        if target <= self.base {
-            return;
+        self.base = self.base.max(now_ns / SLOT_NS);
+    }
+
+    /// Remaining bytes of `slot` (which must lie in the window).
+    #[inline]
+    fn get(&self, slot: u64) -> u32 {
+        let b = slot / BLOCK as u64;
+        if self.stamp[b as usize % RING] == b {
+            self.free[Self::idx(slot)]
+        } else {
+            self.cap
         }
-        // Touched elapsed slots go back to full capacity.
-        let lo = self.dirty_lo.max(self.base);
-        let hi = self.dirty_hi.min(target);
-        if lo < hi {
-            let (a, b) = (Self::idx(lo), Self::idx(hi - 1));
-            if a <= b && hi - lo < SLOTS as u64 {
-                self.free[a..=b].fill(self.cap);
-            } else {
-                self.free[a..].fill(self.cap);
-                self.free[..=b].fill(self.cap);
-            }
+    }
+
+    #[inline]
+    fn set(&mut self, slot: u64, v: u32) {
+        let b = slot / BLOCK as u64;
+        let k = b as usize % RING;
+        if self.stamp[k] != b {
+            self.free[k * BLOCK..(k + 1) * BLOCK].fill(self.cap);
+            self.stamp[k] = b;
         }
-        self.dirty_lo = self.dirty_lo.max(target);
-        self.dirty_hi = self.dirty_hi.max(self.dirty_lo);
-        self.base = target;
+        self.free[Self::idx(slot)] = v;
     }
 
     /// Reserve a transfer of `bytes` starting no earlier than `t`; returns its end time.
@@ -65,13 +71,12 @@ impl Ledger {
         let dur = crate::xfer_ns(bytes, self.mb_s);
         let mut slot = (t / SLOT_NS).max(self.base);
         // Start in the first slot with spare capacity.
-        while slot - self.base < SLOTS as u64 && self.free[Self::idx(slot)] == 0 {
+        while slot - self.base < SLOTS as u64 && self.get(slot) == 0 {
             slot += 1;
         }
         // Within a slot, transfers are served in reservation order.
-        let used = (self.cap - self.free[Self::idx(slot)]) as u64;
         let used = if slot - self.base < SLOTS as u64 {
-            used
+            (self.cap - self.get(slot)) as u64
         } else {
             0
         };
@@ -82,16 +87,10 @@ impl Ledger {
                 // Beyond the horizon: assume the link is free there.
                 return start.max(slot * SLOT_NS) + crate::xfer_ns(left, self.mb_s);
             }
-            let i = Self::idx(slot);
-            let take = (self.free[i] as u64).min(left);
+            let f = self.get(slot);
+            let take = (f as u64).min(left);
             if take > 0 {
-                self.free[i] -= take as u32;
-                if self.dirty_lo >= self.dirty_hi {
-                    (self.dirty_lo, self.dirty_hi) = (slot, slot + 1);
-                } else {
-                    self.dirty_lo = self.dirty_lo.min(slot);
-                    self.dirty_hi = self.dirty_hi.max(slot + 1);
-                }
+                self.set(slot, f - take as u32);
             }
             left -= take;
             if left > 0 {
@@ -103,13 +102,13 @@ impl Ledger {
         if (slot + 1) * SLOT_NS >= exact {
             return exact;
         }
-        let filled = (self.cap - self.free[Self::idx(slot)]) as u64;
+        let filled = (self.cap - self.get(slot)) as u64;
         exact.max(slot * SLOT_NS + SLOT_NS * filled / self.cap as u64)
     }
 
     #[inline]
     fn idx(slot: u64) -> usize {
-        slot as usize % SLOTS
+        (slot as usize / BLOCK) % RING * BLOCK + slot as usize % BLOCK
     }
 }
 
@@ -157,5 +156,22 @@ mod tests {
             let t2 = t + 3_000 * SLOT_NS;
             assert_eq!(l.reserve(t2, t2, 4096), t2 + 32 * 152);
         }
+    }
+
+    /// A window not aligned to blocks: the slots at its start keep their reservations
+    /// while slots one turn later (same ring neighbourhood) are reserved.
+    #[test]
+    fn unaligned_window_keeps_its_first_slots() {
+        let mut l = Ledger::new(800);
+        let cap = l.cap as u64;
+        // Fill slots 8..=15 completely, then move the window start to slot 8.
+        let now = 8 * SLOT_NS;
+        l.reserve(now, now, 8 * cap);
+        // Reserve at the far end of the window (slots 4096.. are one turn after 0..).
+        let far = (SLOTS as u64 + 2) * SLOT_NS;
+        l.reserve(now, far, cap);
+        // Slots 8..=15 are still full: a transfer at slot 8 starts at slot 16.
+        let e = l.reserve(now, now, 128);
+        assert!(e >= 16 * SLOT_NS, "{e}");
     }
 }
