@@ -33,8 +33,10 @@ impl PartialOrd for Far {
     }
 }
 
-/// Wheel horizon: events less than `WHEEL` ns ahead of `now` go into a FIFO per nanosecond.
-const WHEEL_BITS: u32 = 17;
+/// Wheel: `WHEEL` buckets of `2^GRAIN_BITS` ns; events whose bucket is less than `WHEEL`
+/// buckets ahead of `now`'s go into the wheel (horizon ≈ 131 µs).
+const GRAIN_BITS: u32 = 4;
+const WHEEL_BITS: u32 = 13;
 const WHEEL: usize = 1 << WHEEL_BITS;
 const WMASK: u64 = WHEEL as u64 - 1;
 const WWORDS: usize = WHEEL / 64;
@@ -42,6 +44,7 @@ const NIL: u32 = u32::MAX;
 
 #[derive(Clone, Copy)]
 struct Node {
+    t: u64,
     a: u32,
     next: u32,
     kind: u8,
@@ -49,13 +52,15 @@ struct Node {
 
 /// The event queue: pops in (time, insertion order), exactly like a (time, seq) heap.
 ///
-/// Near events (within `WHEEL` ns of `now`) sit in a timing wheel with one FIFO list per
-/// nanosecond and a two-level occupancy bitmap; far events sit in a binary heap keyed on
-/// (time, seq) and move into the wheel, in that order, as soon as `now` brings them within
-/// the horizon (before any later push can target the same nanosecond), so equal-time
-/// events still pop in insertion order. Push and pop are O(1) for near events.
+/// Near events sit in a timing wheel of 16 ns buckets, each a list sorted by time with
+/// equal times in insertion order (a new event goes after every event not later than it;
+/// usually that is the tail), found through a two-level occupancy bitmap. Far events sit
+/// in a binary heap keyed on (time, seq) and move into the wheel, in that order, as soon
+/// as `now` brings their bucket within the horizon, before any later push can target the
+/// same time, so equal-time events still pop in insertion order. The wheel's bucket
+/// array is small enough (64 KiB) to stay in cache.
 pub struct EventQueue {
-    /// Per slot: (head, tail) of its FIFO list (one cache line access per push or pop).
+    /// Per bucket: (head, tail) of its list.
     slots: Vec<[u32; 2]>,
     bits: Vec<u64>,
     summary: Vec<u64>,
@@ -73,7 +78,7 @@ impl EventQueue {
         EventQueue {
             slots: vec![[NIL; 2]; WHEEL],
             bits: vec![0; WWORDS],
-            summary: vec![0; WWORDS / 64],
+            summary: vec![0; WWORDS.div_ceil(64)],
             nodes: Vec::with_capacity(1 << 16),
             free: NIL,
             near: 0,
@@ -85,9 +90,14 @@ impl EventQueue {
     }
 
     #[inline]
+    fn is_near(&self, t: u64) -> bool {
+        (t >> GRAIN_BITS) - (self.now >> GRAIN_BITS) < WHEEL as u64
+    }
+
+    #[inline]
     pub fn push(&mut self, t: u64, kind: u8, a: u32) {
         debug_assert!(t >= self.now, "event in the past: {t} < {}", self.now);
-        if t - self.now < WHEEL as u64 {
+        if self.is_near(t) {
             self.push_near(t, kind, a);
         } else {
             self.seq += 1;
@@ -102,7 +112,12 @@ impl EventQueue {
 
     #[inline]
     fn push_near(&mut self, t: u64, kind: u8, a: u32) {
-        let n = Node { a, next: NIL, kind };
+        let n = Node {
+            t,
+            a,
+            next: NIL,
+            kind,
+        };
         let i = if self.free != NIL {
             let i = self.free;
             self.free = self.nodes[i as usize].next;
@@ -112,23 +127,38 @@ impl EventQueue {
             self.nodes.push(n);
             self.nodes.len() as u32 - 1
         };
-        let s = (t & WMASK) as usize;
-        let tl = self.slots[s][1];
+        let s = ((t >> GRAIN_BITS) & WMASK) as usize;
+        let [hd, tl] = self.slots[s];
         if tl == NIL {
-            self.slots[s][0] = i;
+            self.slots[s] = [i, i];
             self.bits[s / 64] |= 1 << (s % 64);
             self.summary[s / 4096] |= 1 << (s / 64 % 64);
-        } else {
+        } else if self.nodes[tl as usize].t <= t {
             self.nodes[tl as usize].next = i;
+            self.slots[s][1] = i;
+        } else if self.nodes[hd as usize].t > t {
+            self.nodes[i as usize].next = hd;
+            self.slots[s][0] = i;
+        } else {
+            // After the last event not later than t (the tail is later, so one exists).
+            let mut p = hd;
+            loop {
+                let nx = self.nodes[p as usize].next;
+                if self.nodes[nx as usize].t > t {
+                    self.nodes[i as usize].next = nx;
+                    self.nodes[p as usize].next = i;
+                    break;
+                }
+                p = nx;
+            }
         }
-        self.slots[s][1] = i;
         self.near += 1;
     }
 
     /// The first occupied wheel slot at or cyclically after `now`'s.
     #[inline]
     fn first_slot(&self) -> usize {
-        let s0 = (self.now & WMASK) as usize;
+        let s0 = ((self.now >> GRAIN_BITS) & WMASK) as usize;
         let w0 = s0 / 64;
         let m = self.bits[w0] & (!0u64 << (s0 % 64));
         if m != 0 {
@@ -154,10 +184,19 @@ impl EventQueue {
 
     #[inline]
     pub fn pop(&mut self) -> Option<Ev> {
+        self.pop_until(u64::MAX)
+    }
+
+    /// Pop the next event if its time is at most `until` (one bucket search for both).
+    #[inline]
+    pub fn pop_until(&mut self, until: u64) -> Option<Ev> {
         let e = if self.near > 0 {
             let s = self.first_slot();
             let i = self.slots[s][0];
             let n = self.nodes[i as usize];
+            if n.t > until {
+                return None;
+            }
             self.slots[s][0] = n.next;
             if n.next == NIL {
                 self.slots[s][1] = NIL;
@@ -169,13 +208,15 @@ impl EventQueue {
             self.nodes[i as usize].next = self.free;
             self.free = i;
             self.near -= 1;
-            let t = self.now + ((s as u64).wrapping_sub(self.now) & WMASK);
             Ev {
-                t,
+                t: n.t,
                 kind: n.kind,
                 a: n.a,
             }
         } else {
+            if self.far.peek()?.t > until {
+                return None;
+            }
             let f = self.far.pop()?;
             Ev {
                 t: f.t,
@@ -187,7 +228,7 @@ impl EventQueue {
         self.processed += 1;
         // Far events now within the horizon join the wheel before anything else is pushed.
         while let Some(f) = self.far.peek() {
-            if f.t - self.now >= WHEEL as u64 {
+            if !self.is_near(f.t) {
                 break;
             }
             let f = self.far.pop().unwrap();
@@ -199,7 +240,7 @@ impl EventQueue {
     pub fn peek_t(&self) -> Option<u64> {
         if self.near > 0 {
             let s = self.first_slot();
-            Some(self.now + ((s as u64).wrapping_sub(self.now) & WMASK))
+            Some(self.nodes[self.slots[s][0] as usize].t)
         } else {
             self.far.peek().map(|f| f.t)
         }
@@ -364,8 +405,8 @@ mod tests {
                 let d = match rng.below(4) {
                     0 => rng.below(4),
                     1 => rng.below(1000),
-                    2 => WHEEL as u64 - 2 + rng.below(4),
-                    _ => rng.below(3 * WHEEL as u64),
+                    2 => ((WHEEL as u64 - 1) << GRAIN_BITS) + rng.below(64),
+                    _ => rng.below(3 * (WHEEL as u64) << GRAIN_BITS),
                 };
                 // Coarse times so that ties are common.
                 let t = (q.now + d) / 4 * 4;

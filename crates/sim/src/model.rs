@@ -289,11 +289,7 @@ impl Sim {
 
     /// Run until `until_ns` (or the queue empties); `tick` is called every ~2^16 events.
     pub fn run_until(&mut self, until_ns: u64, mut tick: impl FnMut(u64)) {
-        while let Some(t) = self.q.peek_t() {
-            if t > until_ns {
-                break;
-            }
-            let e = self.q.pop().unwrap();
+        while let Some(e) = self.q.pop_until(until_ns) {
             if self.q.processed & 0xFFFF == 0 {
                 tick(e.t);
             }
