@@ -49,9 +49,10 @@ pub struct SuiteArgs {
     /// A few seconds in total: short runs, same workloads (for CI).
     #[arg(long)]
     pub smoke: bool,
-    /// Repetitions: each runs the baseline pass then the Trellis pass, and
-    /// rows report medians. This VM flips between two performance regimes
-    /// from one process to the next, so one pass is not a measurement.
+    /// Repetitions per workload: each runs the baseline in a fresh server
+    /// process, then Trellis against a freshly started target; rows report
+    /// medians. This VM flips between two performance regimes from one
+    /// process to the next, so one run is not a measurement.
     /// Default: 3 (1 with --smoke).
     #[arg(long)]
     pub reps: Option<usize>,
@@ -155,14 +156,15 @@ pub fn run(a: &SuiteArgs, prefix: &[String]) -> Result<()> {
     std::fs::create_dir_all(&a.out)?;
     pin_current_thread(a.client_cpu);
     let reps = a.reps.unwrap_or(if a.smoke { 1 } else { 3 }).max(1);
-    let mut passes: Vec<Vec<Row>> = Vec::new();
-    for rep in 0..reps {
-        eprintln!("suite: pass {}/{reps}", rep + 1);
-        passes.push(run_pass(a, prefix, &runtime, &ramp)?);
+    let mut rows = Vec::new();
+    for w in WORKLOADS {
+        let mut runs = Vec::new();
+        for rep in 0..reps {
+            eprintln!("suite: {} (pass {}/{reps})", w.name, rep + 1);
+            runs.push(run_pair(a, prefix, w, &runtime, &ramp)?);
+        }
+        rows.push(median_row(runs.iter()));
     }
-    let rows = (0..WORKLOADS.len())
-        .map(|i| median_row(passes.iter().map(|p| &p[i])))
-        .collect();
     let report = SuiteReport {
         smoke: a.smoke,
         reps,
@@ -194,29 +196,29 @@ pub fn run(a: &SuiteArgs, prefix: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// One pass: every workload against the raw TCP baseline, then against a
-/// freshly started target.
-fn run_pass(a: &SuiteArgs, prefix: &[String], runtime: &str, ramp: &str) -> Result<Vec<Row>> {
-    eprintln!("suite: raw TCP baseline");
-    let baselines = run_baselines(a, prefix, runtime, ramp)?;
-    eprintln!("suite: trellis target");
+/// One measurement of one workload: the raw TCP baseline in a fresh server
+/// process, then Trellis against a freshly started target. Fresh processes
+/// per workload keep one unlucky process (this VM's slow regime sticks to a
+/// process for its life) from skewing every workload of a pass.
+fn run_pair(
+    a: &SuiteArgs,
+    prefix: &[String],
+    w: &Workload,
+    runtime: &str,
+    ramp: &str,
+) -> Result<Row> {
+    let b = run_baseline(a, prefix, w, runtime, ramp)?;
     let mut target = match a.target_cmd.trim() {
         "" => None,
         cmd => Some(spawn_pinned(cmd, a.target_cpu)?),
     };
     let pid = target.as_ref().map(|c| c.id()).or(a.target_pid);
-    let rows = (|| {
-        wait_port(&a.addr, Duration::from_secs(30))?;
-        let mut rows = Vec::new();
-        for (w, b) in WORKLOADS.iter().zip(baselines) {
-            rows.push(run_trellis(a, w, b, pid, runtime, ramp)?);
-        }
-        Ok::<_, anyhow::Error>(rows)
-    })();
+    let row = wait_port(&a.addr, Duration::from_secs(30))
+        .and_then(|_| run_trellis(a, w, b, pid, runtime, ramp));
     if let Some(t) = target.as_mut() {
         stop_child(t);
     }
-    rows
+    row
 }
 
 /// The row whose Trellis IOPS is the median, with the median baseline run
@@ -240,12 +242,13 @@ fn median_row<'a>(runs: impl Iterator<Item = &'a Row>) -> Row {
     row
 }
 
-fn run_baselines(
+fn run_baseline(
     a: &SuiteArgs,
     prefix: &[String],
+    w: &Workload,
     runtime: &str,
     ramp: &str,
-) -> Result<Vec<ClientResult>> {
+) -> Result<ClientResult> {
     let addr = format!("127.0.0.1:{}", a.baseline_port);
     let mut cmd = Command::new("taskset");
     cmd.arg("-c").arg(a.target_cpu.to_string());
@@ -259,19 +262,16 @@ fn run_baselines(
         .context("starting the baseline server (is taskset installed?)")?;
     let r = (|| {
         wait_port(&addr, Duration::from_secs(10))?;
-        let mut out = Vec::new();
-        for w in WORKLOADS {
-            out.push(baseline::run_client(&ClientOpts {
-                addr: addr.clone(),
-                bs: w.bs,
-                iodepth: w.qd,
-                write: w.rw.contains("write"),
-                runtime: crate::job::parse_duration(runtime)?,
-                ramp: crate::job::parse_duration(ramp)?,
-            })?);
-            eprintln!("  {:<20} {:>10.0} IOPS", w.name, out.last().unwrap().iops);
-        }
-        Ok(out)
+        let r = baseline::run_client(&ClientOpts {
+            addr: addr.clone(),
+            bs: w.bs,
+            iodepth: w.qd,
+            write: w.rw.contains("write"),
+            runtime: crate::job::parse_duration(runtime)?,
+            ramp: crate::job::parse_duration(ramp)?,
+        })?;
+        eprintln!("  baseline {:<20} {:>10.0} IOPS", w.name, r.iops);
+        Ok(r)
     })();
     stop_child(&mut server);
     r
@@ -334,7 +334,7 @@ fn run_trellis(
 fn markdown(r: &SuiteReport) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "Trellis suite ({}; {} s per workload; median of {} interleaved passes; target on CPU {}, client on CPU {}; target: `{}`)\n\n",
+        "Trellis suite ({}; {} s per workload; median of {} interleaved baseline/Trellis pairs, fresh processes each; target on CPU {}, client on CPU {}; target: `{}`)\n\n",
         if r.smoke { "smoke" } else { "full" },
         r.runtime_s,
         r.reps,
