@@ -1,4 +1,4 @@
-//! Stand-in for `trellis sim ...` until crates/cli wires it in.
+//! Stand-in for `trellis sim ...` until crates/app/cli wires it in.
 use clap::Parser;
 
 #[derive(Parser, Debug)]

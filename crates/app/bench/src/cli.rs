@@ -1,4 +1,4 @@
-//! `trellis bench`: command-line surface. The `trellis` binary (crates/cli)
+//! `trellis bench`: command-line surface. The `trellis` binary (crates/app/cli)
 //! flattens [`BenchArgs`] into its `bench` subcommand and calls [`run`].
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! `trellis sim ...`: the CLI surface, wired into the `trellis` binary by crates/cli.
+//! `trellis sim ...`: the CLI surface, wired into the `trellis` binary by crates/app/cli.
 
 use crate::config::*;
 use crate::cost::{capex, Prices};

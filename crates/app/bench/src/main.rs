@@ -1,4 +1,4 @@
-//! Development entry point until `trellis bench` is wired into crates/cli:
+//! Development entry point until `trellis bench` is wired into crates/app/cli:
 //! `trellis-bench-dev [bench flags]` behaves exactly like `trellis bench`.
 
 use clap::Parser;
