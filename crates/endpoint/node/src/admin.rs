@@ -1,18 +1,18 @@
 //! Fabrics (Connect, Property Get/Set) and admin commands, dispatched by
 //! opcode as in Linux nvmet's admin-cmd.c: one handler per command.
 
+use crate::cmd::Request;
 use crate::config::ListenerKind;
-use crate::conn::{Conn, Ctx, Exec, QueueCtx, QueueKind};
+use crate::conn::{Ctx, Exec, Queue, QueueCtx, QueueKind};
 use crate::subsystem::{Controller, Features, Subsystem};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use trellis_nvme::fabrics::{self, cc, csts, fctype, ipo, ConnectCmd, ConnectData, PropertyCmd};
+use trellis_nvme::fabrics::{self, cc, csts, ipo, ConnectCmd, ConnectData, PropertyCmd};
 use trellis_nvme::identify::{self, cns, ControllerInfo, ControllerType};
 use trellis_nvme::log::{self, lid, DiscoveryEntry, GetLogPage, Smart};
-use trellis_nvme::sqe::admin as op;
 use trellis_nvme::status::{generic, specific};
-use trellis_nvme::{Sqe, Status};
+use trellis_nvme::Status;
 
 /// Async event requests held per controller (AERL + 1).
 pub const AER_LIMIT: usize = 4;
@@ -26,15 +26,12 @@ fn invalid_param(in_data: bool, offset: u16) -> Exec {
     )
 }
 
-impl Conn {
+impl Queue {
     /// Fabrics Connect: creates a controller (admin queue) or attaches an I/O queue.
-    pub(crate) fn connect(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe) -> Exec {
-        let cmd = ConnectCmd::decode(sqe);
-        let slot = &self.slots[s as usize];
-        if slot.xfer_len as usize != fabrics::CONNECT_DATA_LEN {
-            return Exec::Done(generic::DATA_SGL_LENGTH_INVALID.dnr());
-        }
-        let data = match ConnectData::decode(slot.buf.slice(fabrics::CONNECT_DATA_LEN)) {
+    pub(crate) fn connect(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let cmd = ConnectCmd::decode(&req.sqe);
+        // The command table admits exactly CONNECT_DATA_LEN bytes.
+        let data = match ConnectData::decode(req.buf.slice(fabrics::CONNECT_DATA_LEN)) {
             Ok(d) => d,
             Err(bad) => return invalid_param(true, bad.0),
         };
@@ -112,7 +109,6 @@ impl Conn {
         ctrls.insert(cntlid, ctrl.clone());
         drop(ctrls);
         tracing::info!(cntlid, host = %data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
-        self.size_slots(cmd.sqsize);
         self.q = Some(QueueCtx {
             qid: 0,
             sqsize: cmd.sqsize,
@@ -152,7 +148,6 @@ impl Conn {
             sqsize = cmd.sqsize,
             "I/O queue connected"
         );
-        self.size_slots(cmd.sqsize);
         self.q = Some(QueueCtx {
             qid: cmd.qid,
             sqsize: cmd.sqsize,
@@ -164,21 +159,11 @@ impl Conn {
         Exec::DoneWith(Status::SUCCESS, data.cntlid as u32, 0)
     }
 
-    /// Fabrics commands after Connect.
-    pub(crate) fn exec_fabrics(&mut self, ctx: &mut Ctx, sqe: &Sqe) -> Exec {
-        let admin = self.q.as_ref().is_some_and(|q| q.kind == QueueKind::Admin);
-        match sqe.fctype() {
-            fctype::CONNECT => Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()),
-            fctype::PROPERTY_GET if admin => self.property_get(sqe),
-            fctype::PROPERTY_SET if admin => self.property_set(ctx, sqe),
-            // Authentication is not offered: hosts skip it unless asked.
-            _ => Exec::Done(generic::INVALID_OPCODE.dnr()),
-        }
-    }
-
-    fn property_get(&self, sqe: &Sqe) -> Exec {
-        let p = PropertyCmd::decode(sqe);
-        let ctrl = &self.q.as_ref().unwrap().ctrl;
+    pub(crate) fn property_get(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let p = PropertyCmd::decode(&req.sqe);
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
         let cap = fabrics::cap(self.reg.limits.max_queue_depth - 1, 15);
         let v: u64 = match (p.offset, p.size8) {
             (fabrics::prop::CAP, true) => cap,
@@ -193,12 +178,14 @@ impl Conn {
         Exec::DoneWith(Status::SUCCESS, v as u32, (v >> 32) as u32)
     }
 
-    fn property_set(&mut self, ctx: &mut Ctx, sqe: &Sqe) -> Exec {
-        let p = PropertyCmd::decode(sqe);
+    pub(crate) fn property_set(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let p = PropertyCmd::decode(&req.sqe);
         if p.offset != fabrics::prop::CC || p.size8 {
             return Exec::Done(generic::INVALID_FIELD.dnr());
         }
-        let ctrl = self.q.as_ref().unwrap().ctrl.clone();
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
         let new = p.value as u32;
         let old = ctrl.cc.swap(new, Relaxed);
         if new & cc::EN != 0 && old & cc::EN == 0 {
@@ -234,44 +221,13 @@ impl Conn {
         Exec::Done(Status::SUCCESS)
     }
 
-    /// Admin queue dispatch.
-    pub(crate) fn exec_admin(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe) -> Exec {
-        let ctrl = self.q.as_ref().unwrap().ctrl.clone();
-        if sqe.opcode() == op::FABRICS {
-            return self.exec_fabrics(ctx, sqe);
-        }
-        if !ctrl.ready() {
-            return Exec::Done(
-                if ctrl.is_discovery() {
-                    generic::INVALID_OPCODE
-                } else {
-                    generic::COMMAND_SEQUENCE_ERROR
-                }
-                .dnr(),
-            );
-        }
-        let disc = ctrl.is_discovery();
-        match sqe.opcode() {
-            op::IDENTIFY => self.identify(ctx, s, sqe, &ctrl),
-            op::GET_LOG_PAGE => self.get_log_page(ctx, s, sqe, &ctrl),
-            op::SET_FEATURES => self.set_features(ctx, sqe, &ctrl),
-            op::GET_FEATURES => self.get_features(s, sqe, &ctrl),
-            op::ASYNC_EVENT_REQUEST => self.async_event_request(s),
-            op::KEEP_ALIVE => keep_alive(ctx, &ctrl),
-            op::ABORT if !disc => Exec::DoneWith(Status::SUCCESS, 1, 0), // bit 0: command not aborted
-            _ => Exec::Done(generic::INVALID_OPCODE.dnr()),
-        }
+    /// This queue's controller (every queue past Connect has one).
+    pub fn ctrl(&self) -> Option<Arc<Controller>> {
+        self.q.as_ref().map(|q| q.ctrl.clone())
     }
 
-    /// Copies `scratch[..]` (zero-filled to the transfer length) into slot `s`.
-    fn reply_data(&mut self, s: u16, data: &[u8]) -> Exec {
-        let slot = &mut self.slots[s as usize];
-        let len = slot.xfer_len as usize;
-        let out = slot.buf.slice_mut(len);
-        let n = data.len().min(len);
-        out[..n].copy_from_slice(&data[..n]);
-        out[n..].fill(0);
-        Exec::Done(Status::SUCCESS)
+    pub(crate) fn abort(&mut self, _ctx: &mut Ctx, _req: &mut Request) -> Exec {
+        Exec::DoneWith(Status::SUCCESS, 1, 0) // bit 0: command not aborted
     }
 
     fn controller_info(&self, ctrl: &Controller) -> ControllerInfo {
@@ -315,7 +271,12 @@ impl Conn {
         }
     }
 
-    fn identify(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe, ctrl: &Controller) -> Exec {
+    pub(crate) fn identify(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let ctrl = &*ctrl;
+        let sqe = &req.sqe;
         let c = (sqe.cdw10() & 0xff) as u8;
         let csi = (sqe.cdw11() >> 24) as u8;
         let nsid = sqe.nsid();
@@ -353,18 +314,21 @@ impl Conn {
             _ => Err(generic::INVALID_FIELD.dnr()),
         };
         let e = match r {
-            Ok(()) => self.reply_data(s, &page),
+            Ok(()) => req.reply_data(&page),
             Err(st) => Exec::Done(st),
         };
         *ctx.scratch = page;
         e
     }
 
-    fn get_log_page(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe, ctrl: &Controller) -> Exec {
+    pub(crate) fn get_log_page(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let ctrl = &*ctrl;
+        let sqe = &req.sqe;
+        // The command table has checked NUMD against the transfer length.
         let lp = GetLogPage::decode(sqe);
-        if lp.len_bytes != self.slots[s as usize].xfer_len as u64 {
-            return Exec::Done(generic::DATA_SGL_LENGTH_INVALID.dnr());
-        }
         if !lp.offset_bytes.is_multiple_of(4) {
             return Exec::Done(generic::INVALID_FIELD.dnr());
         }
@@ -382,8 +346,7 @@ impl Conn {
         let e = match r {
             Ok(()) => {
                 let len = lp.len_bytes as usize;
-                let slot = &mut self.slots[s as usize];
-                log::copy_window(&page, lp.offset_bytes, slot.buf.slice_mut(len));
+                log::copy_window(&page, lp.offset_bytes, req.buf.slice_mut(len));
                 Exec::Done(Status::SUCCESS)
             }
             Err(st) => Exec::Done(st),
@@ -433,24 +396,7 @@ impl Conn {
             lid::CHANGED_NS_LIST => page.resize(4096, 0),
             lid::COMMANDS_EFFECTS => {
                 page.resize(4096, 0);
-                use trellis_nvme::sqe::io;
-                let admin = [
-                    op::GET_LOG_PAGE,
-                    op::IDENTIFY,
-                    op::ABORT,
-                    op::SET_FEATURES,
-                    op::GET_FEATURES,
-                    op::ASYNC_EVENT_REQUEST,
-                    op::KEEP_ALIVE,
-                ];
-                let ios = [
-                    (io::FLUSH, false),
-                    (io::WRITE, true),
-                    (io::READ, false),
-                    (io::WRITE_ZEROES, true),
-                    (io::DATASET_MANAGEMENT, true),
-                ];
-                log::encode_commands_effects(&admin, &ios, page);
+                crate::cmd::effects_log(page);
             }
             _ => return Err(generic::INVALID_FIELD.dnr()),
         }
@@ -537,7 +483,11 @@ impl Conn {
         log::encode_discovery_log(self.reg.discovery_genctr.load(Relaxed), &entries, page);
     }
 
-    fn set_features(&mut self, ctx: &mut Ctx, sqe: &Sqe, ctrl: &Controller) -> Exec {
+    pub(crate) fn set_features(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let sqe = &req.sqe;
         let fid = (sqe.cdw10() & 0xff) as u8;
         let v = sqe.cdw11();
         if sqe.cdw10() & (1 << 31) != 0 {
@@ -580,7 +530,11 @@ impl Conn {
         Exec::Done(Status::SUCCESS)
     }
 
-    fn get_features(&mut self, s: u16, sqe: &Sqe, ctrl: &Controller) -> Exec {
+    pub(crate) fn get_features(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let sqe = req.sqe;
         let fid = (sqe.cdw10() & 0xff) as u8;
         let sel = (sqe.cdw10() >> 8) & 0x7;
         let disc = ctrl.is_discovery();
@@ -608,11 +562,11 @@ impl Conn {
                 (n - 1) | (n - 1) << 16
             }
             feat::HOST_ID => {
-                if sqe.cdw11() & 1 == 0 || self.slots[s as usize].xfer_len < 16 {
+                if sqe.cdw11() & 1 == 0 || req.xfer_len < 16 {
                     return Exec::Done(generic::INVALID_FIELD.dnr()); // only the 128-bit host ID
                 }
                 let id = ctrl.hostid;
-                return self.reply_data(s, &id);
+                return req.reply_data(&id);
             }
             feat::ARBITRATION => d.arbitration,
             feat::POWER_MGMT => d.power_mgmt,
@@ -628,21 +582,26 @@ impl Conn {
     }
 
     /// AERs are held until an event; the controller keeps at most AER_LIMIT.
-    fn async_event_request(&mut self, s: u16) -> Exec {
+    pub(crate) fn async_event_request(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
         if self.aers.len() >= AER_LIMIT {
             return Exec::Done(specific::AER_LIMIT_EXCEEDED);
         }
-        self.aers.push(s);
+        self.aers.push(req.slot());
         Exec::Held
     }
 }
 
-fn keep_alive(ctx: &mut Ctx, ctrl: &Controller) -> Exec {
-    if ctrl.kato_ms.load(Relaxed) == 0 && !ctrl.is_discovery() {
-        return Exec::Done(generic::KEEP_ALIVE_INVALID);
+impl Queue {
+    pub(crate) fn keep_alive(&mut self, ctx: &mut Ctx, _req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        if ctrl.kato_ms.load(Relaxed) == 0 && !ctrl.is_discovery() {
+            return Exec::Done(generic::KEEP_ALIVE_INVALID);
+        }
+        ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+        Exec::Done(Status::SUCCESS)
     }
-    ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
-    Exec::Done(Status::SUCCESS)
 }
 
 /// On enable, the controller configuration must match what we implement.

@@ -7,7 +7,7 @@
 //! errors (a C2HTermReq, then close of this connection only).
 
 use crate::backend::BackendQueue;
-use crate::buf::AlignedBuf;
+use crate::cmd::{self, Dir, Request};
 use crate::config::ListenerKind;
 use crate::subsystem::{Controller, Namespace, Registry};
 use crate::tx::{Tx, NO_RELEASE};
@@ -43,27 +43,15 @@ pub enum Phase {
     Done,
 }
 
-/// Per-command state, pre-allocated at Connect and reused.
+/// Per-command transport state, pre-allocated at Connect and reused. The
+/// command itself (what any transport would carry) is the [`Request`].
 pub struct Slot {
-    pub sqe: Sqe,
+    pub req: Request,
     pub phase: Phase,
-    pub buf: AlignedBuf,
-    /// Transfer length from SGL1.
-    pub xfer_len: u32,
     pub recv_len: u32,
     /// Data digest failure seen while receiving H2C data.
     pub h2c_error: bool,
-    /// On success, `xfer_len` bytes of `buf` go to the host.
-    pub to_host: bool,
     pub status: Status,
-    pub dw0: u32,
-    pub dw1: u32,
-    /// Namespace uid and whether this is a write, for batched statistics.
-    pub ns_uid: u32,
-    pub is_write: bool,
-    /// The read's data is all zeroes (null backend): sent from a shared zero
-    /// buffer, so the slot buffer is neither cleared nor touched.
-    pub zero_data: bool,
     /// Offset of in-capsule write data still in the receive buffer (or
     /// `NO_ICD`): a synchronous backend takes it from there without a copy.
     pub icd_at: u32,
@@ -83,19 +71,11 @@ fn zeros() -> &'static [u8] {
 impl Slot {
     fn new() -> Slot {
         Slot {
-            sqe: Sqe::default(),
+            req: Request::new(),
             phase: Phase::Free,
-            buf: AlignedBuf::empty(),
-            xfer_len: 0,
             recv_len: 0,
             h2c_error: false,
-            to_host: false,
             status: Status::SUCCESS,
-            dw0: 0,
-            dw1: 0,
-            ns_uid: u32::MAX,
-            is_write: false,
-            zero_data: false,
             icd_at: NO_ICD,
         }
     }
@@ -134,6 +114,9 @@ pub struct Ctx<'a> {
     pub queues: &'a mut Vec<Option<Box<dyn BackendQueue>>>,
     pub reg: &'a Registry,
     pub scratch: &'a mut Vec<u8>,
+    /// In-capsule data of the command being executed; empty when its data
+    /// came through R2T (then it is in the request's buffer) or there is none.
+    pub icd: &'a [u8],
 }
 
 impl Ctx<'_> {
@@ -162,13 +145,75 @@ pub struct LocalStats {
     pub pending: Vec<(u32, u64, u64, u64, u64)>, // (ns uid, rd bytes, wr bytes, rd cmds, wr cmds)
 }
 
-pub struct Conn {
-    pub idx: u32,
+/// What command handlers see of a queue: the controller it belongs to, the
+/// port it arrived on, held requests and batched statistics. No transport
+/// state: a second transport, or the simulator, could drive the handlers.
+pub struct Queue {
     pub reg: Arc<Registry>,
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub listener_kind: ListenerKind,
     pub portid: u16,
+    /// Set by Connect.
+    pub q: Option<QueueCtx>,
+    /// Requests (by slot) parked as AERs.
+    pub aers: Vec<u16>,
+    /// Per-namespace (uid, [rd bytes, wr bytes, rd cmds, wr cmds]) not yet
+    /// added to the shared counters.
+    stats: Vec<(u32, [u64; 4])>,
+}
+
+impl Queue {
+    /// The active namespace `nsid` of this queue's subsystem.
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+        self.q
+            .as_ref()?
+            .ctrl
+            .subsys
+            .as_ref()?
+            .namespace(nsid)
+            .map(|n| &**n)
+    }
+
+    /// Counts a successful Read or Write in the batched statistics.
+    fn count(&mut self, req: &Request) {
+        let rw = matches!(
+            req.sqe.opcode(),
+            trellis_nvme::sqe::io::READ | trellis_nvme::sqe::io::WRITE
+        );
+        if req.ns_uid == cmd::NO_NS || !rw || self.q.as_ref().is_some_and(|q| q.qid == 0) {
+            return;
+        }
+        let (uid, len) = (req.ns_uid, req.xfer_len as u64);
+        let w = req.sqe.opcode() == trellis_nvme::sqe::io::WRITE;
+        let i = match self.stats.iter().position(|e| e.0 == uid) {
+            Some(i) => i,
+            None => {
+                self.stats.push((uid, [0; 4]));
+                self.stats.len() - 1
+            }
+        };
+        let e = &mut self.stats[i].1;
+        let k = w as usize;
+        e[k] += len;
+        e[2 + k] += 1;
+    }
+
+    /// Adds batched statistics to the shared namespace counters.
+    pub fn flush_stats(&mut self) {
+        for (uid, v) in self.stats.drain(..) {
+            let st = &self.reg.namespaces[uid as usize].stats;
+            st.read_bytes.fetch_add(v[0], Relaxed);
+            st.write_bytes.fetch_add(v[1], Relaxed);
+            st.read_cmds.fetch_add(v[2], Relaxed);
+            st.write_cmds.fetch_add(v[3], Relaxed);
+        }
+    }
+}
+
+pub struct Conn {
+    pub idx: u32,
+    pub queue: Queue,
     pub state: State,
     pub digests: Digests,
     pub(crate) rx: Box<[u8]>,
@@ -176,7 +221,6 @@ pub struct Conn {
     rx_tail: usize,
     max_plen: usize,
     pub tx: Tx,
-    pub q: Option<QueueCtx>,
     pub slots: Vec<Slot>,
     free: Vec<u16>,
     backlog: std::collections::VecDeque<u16>,
@@ -184,9 +228,6 @@ pub struct Conn {
     pub last_rx_ns: u64,
     pub close_reason: Option<String>,
     pub backend_in_flight: usize,
-    stats: Vec<(u32, [u64; 4])>,
-    /// Admin slots parked as AERs.
-    pub aers: Vec<u16>,
     /// Scratch list of slots released by one `tx_advance` (kept to avoid allocating).
     released: Vec<u16>,
 }
@@ -211,11 +252,16 @@ impl Conn {
         let free = (0..slots.len() as u16).rev().collect();
         Conn {
             idx,
-            reg,
-            peer,
-            local,
-            listener_kind,
-            portid,
+            queue: Queue {
+                reg,
+                peer,
+                local,
+                listener_kind,
+                portid,
+                q: None,
+                aers: Vec::new(),
+                stats: Vec::new(),
+            },
             state: State::AwaitIcReq,
             digests: Digests::default(),
             rx: vec![0u8; max_plen + (64 << 10)].into_boxed_slice(),
@@ -223,7 +269,6 @@ impl Conn {
             rx_tail: 0,
             max_plen,
             tx: Tx::default(),
-            q: None,
             slots,
             free,
             backlog: Default::default(),
@@ -231,14 +276,12 @@ impl Conn {
             last_rx_ns: now_ns,
             close_reason: None,
             backend_in_flight: 0,
-            stats: Vec::new(),
-            aers: Vec::new(),
             released: Vec::with_capacity(64),
         }
     }
 
     pub fn ctrl(&self) -> Option<&Arc<Controller>> {
-        self.q.as_ref().map(|q| &q.ctrl)
+        self.queue.q.as_ref().map(|q| &q.ctrl)
     }
 
     /// Free space to `recv` into. Compacts the buffer when the tail is near the end.
@@ -350,7 +393,7 @@ impl Conn {
             pfv: 0,
             cpda: 0,
             digests: r.digests,
-            maxh2cdata: self.reg.limits.max_h2c_data.0 as u32,
+            maxh2cdata: self.queue.reg.limits.max_h2c_data.0 as u32,
         };
         self.tx.push_bytes(NO_RELEASE, |b| {
             let mut a = [0u8; pdu::IC_LEN];
@@ -371,11 +414,11 @@ impl Conn {
     }
 
     fn icd_limit(&self, sqe: &Sqe) -> usize {
-        match &self.q {
+        match &self.queue.q {
             Some(q)
                 if q.kind == QueueKind::Io && sqe.opcode() != trellis_nvme::sqe::io::FABRICS =>
             {
-                self.reg.limits.in_capsule_data.0 as usize
+                self.queue.reg.limits.in_capsule_data.0 as usize
             }
             _ => ADMIN_ICD_BYTES,
         }
@@ -406,17 +449,11 @@ impl Conn {
         }
         let s = self.alloc_slot()?;
         let slot = &mut self.slots[s as usize];
-        slot.sqe = sqe;
+        slot.req.reset(sqe);
+        slot.req.tag = (self.idx as u64) << 16 | s as u64;
         slot.phase = Phase::Executing;
-        slot.xfer_len = 0;
         slot.recv_len = 0;
         slot.h2c_error = false;
-        slot.to_host = false;
-        slot.dw0 = 0;
-        slot.dw1 = 0;
-        slot.ns_uid = u32::MAX;
-        slot.is_write = false;
-        slot.zero_data = false;
         slot.icd_at = NO_ICD;
         if let Err(st) = self.check_data(s, icd_len) {
             self.finish(s, st);
@@ -427,31 +464,42 @@ impl Conn {
             self.finish(s, generic::TRANSIENT_TRANSPORT_ERROR);
             return Ok(());
         }
+        // Parse once, before any data moves: no R2T goes out for a command
+        // that will fail anyway, and the handler does not check again.
+        if let Err(st) = cmd::parse(&self.queue, &mut self.slots[s as usize].req) {
+            self.finish(s, st);
+            return Ok(());
+        }
         let slot = &mut self.slots[s as usize];
-        let len = slot.xfer_len as usize;
-        if len > 0 && !slot.to_host {
-            let io_write = sqe.opcode() == trellis_nvme::sqe::io::WRITE
-                && self.q.as_ref().is_some_and(|q| q.kind == QueueKind::Io);
-            if icd_len > 0 && io_write {
+        if slot.req.xfer_len > 0 && slot.req.cmd.dir == Dir::ToCtrl {
+            if icd_len > 0 && slot.req.cmd.icd_in_place {
                 // Left in the receive buffer (not compacted while we parse);
-                // exec_io copies it only for an asynchronous backend.
+                // the handler copies it only for an asynchronous backend.
                 slot.icd_at = data.start as u32;
             } else if icd_len > 0 {
-                slot.buf.slice_mut(len).copy_from_slice(&self.rx[data]);
+                slot.req
+                    .buf
+                    .slice_mut(icd_len)
+                    .copy_from_slice(&self.rx[data]);
+            } else if self.queue.q.is_none() {
+                // Connect carries its data in the capsule (the admin queue's
+                // in-capsule data size covers it): anything else is out of order.
+                self.finish(s, generic::COMMAND_SEQUENCE_ERROR.dnr());
+                return Ok(());
             } else {
-                return self.start_r2t(ctx, s);
+                self.start_r2t(s);
+                return Ok(());
             }
         }
         self.execute(ctx, s);
         Ok(())
     }
 
-    /// Validates SGL1 against the opcode's data direction and the limits,
-    /// and sizes the slot's buffer.
+    /// Transport-level checks of SGL1 against the command's row (direction,
+    /// in-capsule data, MDTS); sets the request's row and sizes its buffer.
     fn check_data(&mut self, s: u16, icd_len: usize) -> Result<(), Status> {
-        let mdts = self.reg.limits.max_io_size.0 as usize;
-        let slot = &mut self.slots[s as usize];
-        let sqe = slot.sqe;
+        let mdts = self.queue.reg.limits.max_io_size.0 as usize;
+        let sqe = self.slots[s as usize].req.sqe;
         let sgl = sqe.sgl();
         let len = match sgl.id {
             sgl_id::DATA_BLOCK_OFFSET => {
@@ -468,43 +516,33 @@ impl Conn {
         if sqe.fuse() != 0 || sqe.psdt() != 1 {
             return Err(generic::INVALID_FIELD.dnr());
         }
-        let dir = data_direction(&sqe);
-        if len > 0 && !(dir == 1 || dir == 2) {
+        let row = cmd::find(&self.queue, &sqe);
+        let dir = row.map_or_else(|_| cmd::opcode_dir(&sqe), |c| c.dir);
+        if (len > 0 && dir == Dir::None) || (icd_len > 0 && dir != Dir::ToCtrl) || len > mdts {
             return Err(generic::INVALID_FIELD.dnr());
         }
-        if icd_len > 0 && dir != 1 {
-            return Err(generic::INVALID_FIELD.dnr());
-        }
-        if len > mdts {
-            return Err(generic::INVALID_FIELD.dnr());
-        }
-        slot.xfer_len = len as u32;
-        slot.to_host = dir == 2 && len > 0;
+        let req = &mut self.slots[s as usize].req;
+        req.cmd = row?;
+        req.xfer_len = len as u32;
         if len > 0 {
-            slot.buf.ensure(len);
+            req.buf.ensure(len);
         }
         Ok(())
     }
 
-    /// Asks for the write data. Commands are validated first so that no R2T
-    /// goes out for a command that will fail anyway.
-    fn start_r2t(&mut self, ctx: &mut Ctx, s: u16) -> Result<(), Fatal> {
-        if let Err(st) = self.precheck_write(ctx, s) {
-            self.finish(s, st);
-            return Ok(());
-        }
+    /// Asks for the write data of a parsed command.
+    fn start_r2t(&mut self, s: u16) {
         let slot = &mut self.slots[s as usize];
         slot.phase = Phase::AwaitData;
         let r = pdu::R2t {
-            cccid: slot.sqe.cid(),
+            cccid: slot.req.sqe.cid(),
             ttag: s,
             r2to: 0,
-            r2tl: slot.xfer_len,
+            r2tl: slot.req.xfer_len,
         };
         let d = self.digests;
         self.tx
             .push_bytes(NO_RELEASE, |b| pdu::encode_r2t(b, &r, d));
-        Ok(())
     }
 
     fn on_h2c_data(
@@ -518,7 +556,7 @@ impl Conn {
         let s = h.ttag;
         let ok = (s as usize) < self.slots.len() && {
             let slot = &self.slots[s as usize];
-            slot.phase == Phase::AwaitData && slot.sqe.cid() == h.cccid
+            slot.phase == Phase::AwaitData && slot.req.sqe.cid() == h.cccid
         };
         if !ok {
             return Err(Fatal::new(fes::PDU_SEQUENCE_ERROR, 0));
@@ -526,19 +564,20 @@ impl Conn {
         if h.datal as usize != data.len() {
             return Err(Fatal::new(fes::INVALID_HEADER_FIELD, 16));
         }
-        if h.datal as u64 > self.reg.limits.max_h2c_data.0 {
+        if h.datal as u64 > self.queue.reg.limits.max_h2c_data.0 {
             return Err(Fatal::new(fes::DATA_LIMIT_EXCEEDED, 0));
         }
         let slot = &mut self.slots[s as usize];
-        if h.datao != slot.recv_len || h.datao as u64 + h.datal as u64 > slot.xfer_len as u64 {
+        let xfer_len = slot.req.xfer_len;
+        if h.datao != slot.recv_len || h.datao as u64 + h.datal as u64 > xfer_len as u64 {
             return Err(Fatal::new(fes::DATA_OUT_OF_RANGE, 0));
         }
         let off = h.datao as usize;
-        slot.buf.slice_mut(slot.xfer_len as usize)[off..off + data.len()]
+        slot.req.buf.slice_mut(xfer_len as usize)[off..off + data.len()]
             .copy_from_slice(&self.rx[data]);
         slot.recv_len += h.datal;
         slot.h2c_error |= !ddgst_ok;
-        if slot.recv_len == slot.xfer_len {
+        if slot.recv_len == xfer_len {
             if fl & flags::LAST_PDU == 0 {
                 tracing::debug!("last H2CData of cid {:#x} lacks LAST_PDU", h.cccid);
             }
@@ -552,33 +591,41 @@ impl Conn {
         Ok(())
     }
 
+    /// Runs the request's handler from the command table.
     fn execute(&mut self, ctx: &mut Ctx, s: u16) {
-        let sqe = self.slots[s as usize].sqe;
-        let r = match self.q.as_ref().map(|q| q.kind) {
-            None => self.exec_unconnected(ctx, s, &sqe),
-            Some(QueueKind::Admin) => self.exec_admin(ctx, s, &sqe),
-            Some(QueueKind::Io) => self.exec_io(ctx, s, &sqe),
+        let slot = &mut self.slots[s as usize];
+        let icd: &[u8] = match slot.icd_at {
+            NO_ICD => &[],
+            at => &self.rx[at as usize..at as usize + slot.req.xfer_len as usize],
         };
+        // A context for this command only: the same reactor state plus the
+        // command's in-capsule data, which stays put until the handler returns.
+        let mut c = Ctx {
+            now_ns: ctx.now_ns,
+            queues: &mut *ctx.queues,
+            reg: ctx.reg,
+            scratch: &mut *ctx.scratch,
+            icd,
+        };
+        let req = &mut slot.req;
+        let connect = req.cmd.opcode == trellis_nvme::sqe::admin::FABRICS;
+        let r = (req.cmd.exec)(&mut self.queue, &mut c, req);
         match r {
             Exec::Done(st) => self.finish(s, st),
             Exec::DoneWith(st, dw0, dw1) => {
-                let slot = &mut self.slots[s as usize];
-                slot.dw0 = dw0;
-                slot.dw1 = dw1;
+                let req = &mut self.slots[s as usize].req;
+                req.dw0 = dw0;
+                req.dw1 = dw1;
                 self.finish(s, st);
             }
             Exec::Pending => self.backend_in_flight += 1,
             Exec::Held => self.slots[s as usize].phase = Phase::Held,
         }
-    }
-
-    /// Only Connect may come first on a queue.
-    fn exec_unconnected(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe) -> Exec {
-        use trellis_nvme::fabrics::fctype;
-        if sqe.opcode() == trellis_nvme::sqe::admin::FABRICS && sqe.fctype() == fctype::CONNECT {
-            return self.connect(ctx, s, sqe);
+        if let (true, Some(q)) = (connect, &self.queue.q) {
+            // Connect fixed the queue size: a host may use every entry.
+            let sqsize = q.sqsize;
+            self.size_slots(sqsize);
         }
-        Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr())
     }
 
     /// A backend request of slot `s` finished.
@@ -598,7 +645,7 @@ impl Conn {
         slot.status = st;
         slot.phase = Phase::Done;
         if st.is_success() {
-            self.count(s);
+            self.queue.count(&slot.req);
         } else {
             self.record_error(s, st);
         }
@@ -622,62 +669,30 @@ impl Conn {
     }
 
     fn record_error(&mut self, s: u16, st: Status) {
-        let Some(q) = &self.q else { return };
+        let Some(q) = &self.queue.q else { return };
         let slot = &self.slots[s as usize];
         q.ctrl.record_error(trellis_nvme::log::ErrorEntry {
             error_count: 0,
             sqid: q.qid,
-            cid: slot.sqe.cid(),
+            cid: slot.req.sqe.cid(),
             status: st.to_wire(),
-            lba: slot.sqe.slba(),
-            nsid: slot.sqe.nsid(),
+            lba: slot.req.sqe.slba(),
+            nsid: slot.req.sqe.nsid(),
         });
-        if st.sct() == 2 && slot.ns_uid != u32::MAX {
-            let ns = &self.reg.namespaces[slot.ns_uid as usize];
+        if st.sct() == 2 && slot.req.ns_uid != cmd::NO_NS {
+            let ns = &self.queue.reg.namespaces[slot.req.ns_uid as usize];
             ns.stats.media_errors.fetch_add(1, Relaxed);
         }
-        tracing::debug!(qid = q.qid, "command {:?} failed: {st}", slot.sqe);
-    }
-
-    fn count(&mut self, s: u16) {
-        let slot = &self.slots[s as usize];
-        let rw = matches!(
-            slot.sqe.opcode(),
-            trellis_nvme::sqe::io::READ | trellis_nvme::sqe::io::WRITE
-        );
-        if slot.ns_uid == u32::MAX || !rw || self.q.as_ref().is_some_and(|q| q.qid == 0) {
-            return;
-        }
-        let (uid, len, w) = (slot.ns_uid, slot.xfer_len as u64, slot.is_write);
-        let e = match self.stats.iter_mut().find(|e| e.0 == uid) {
-            Some(e) => e,
-            None => {
-                self.stats.push((uid, [0; 4]));
-                self.stats.last_mut().unwrap()
-            }
-        };
-        if w {
-            e.1[1] += len;
-            e.1[3] += 1;
-        } else {
-            e.1[0] += len;
-            e.1[2] += 1;
-        }
+        tracing::debug!(qid = q.qid, "command {:?} failed: {st}", slot.req.sqe);
     }
 
     /// Adds batched statistics to the shared namespace counters.
     pub fn flush_stats(&mut self) {
-        for (uid, v) in self.stats.drain(..) {
-            let st = &self.reg.namespaces[uid as usize].stats;
-            st.read_bytes.fetch_add(v[0], Relaxed);
-            st.write_bytes.fetch_add(v[1], Relaxed);
-            st.read_cmds.fetch_add(v[2], Relaxed);
-            st.write_cmds.fetch_add(v[3], Relaxed);
-        }
+        self.queue.flush_stats();
     }
 
     fn next_sqhd(&mut self) -> u16 {
-        match &mut self.q {
+        match &mut self.queue.q {
             Some(q) if q.sqflow_disabled => 0xFFFF,
             Some(q) => {
                 q.sqhd = (q.sqhd + 1) % (q.sqsize + 1);
@@ -689,20 +704,20 @@ impl Conn {
 
     fn queue_response(&mut self, s: u16) {
         let sqhd = self.next_sqhd();
-        let sqid = self.q.as_ref().map_or(0, |q| q.qid);
+        let sqid = self.queue.q.as_ref().map_or(0, |q| q.qid);
         let d = self.digests;
-        let sqflow_disabled = self.q.as_ref().is_some_and(|q| q.sqflow_disabled);
+        let sqflow_disabled = self.queue.q.as_ref().is_some_and(|q| q.sqflow_disabled);
         let slot = &self.slots[s as usize];
         let cqe = Cqe {
-            dw0: slot.dw0,
-            dw1: slot.dw1,
+            dw0: slot.req.dw0,
+            dw1: slot.req.dw1,
             sqhd,
             sqid,
-            cid: slot.sqe.cid(),
+            cid: slot.req.sqe.cid(),
             status: slot.status,
         };
-        if slot.to_host && slot.status.is_success() {
-            let len = slot.xfer_len;
+        if slot.req.to_host() && slot.status.is_success() {
+            let len = slot.req.xfer_len;
             // SUCCESS saves the CapsuleResp, but only when the host disabled
             // SQ flow control and there is no result to return.
             let success = sqflow_disabled && cqe.dw0 == 0 && cqe.dw1 == 0;
@@ -717,13 +732,13 @@ impl Conn {
                 pdu::encode_data_hdr(b, PduType::C2HData, &h, fl, d)
             });
             let last_release = if success { s } else { NO_RELEASE };
-            let src = if slot.zero_data { ZERO_SRC } else { s };
+            let src = if slot.req.zero_data { ZERO_SRC } else { s };
             if d.data {
                 self.tx.push_slot_data(src, len, NO_RELEASE);
-                let data = if slot.zero_data {
+                let data = if slot.req.zero_data {
                     &zeros()[..len as usize]
                 } else {
-                    slot.buf.slice(len as usize)
+                    slot.req.buf.slice(len as usize)
                 };
                 let crc = trellis_nvme::crc::digest(data);
                 self.tx.push_bytes(last_release, |b| {
@@ -759,7 +774,7 @@ impl Conn {
             if s == ZERO_SRC {
                 zeros().as_ptr()
             } else {
-                slots[s as usize].buf.as_ptr()
+                slots[s as usize].req.buf.as_ptr()
             }
         });
     }
@@ -777,7 +792,7 @@ impl Conn {
 
     /// Answers a fatal error: C2HTermReq with the offending header, then close.
     fn fatal_with(&mut self, f: Fatal, offending: &[u8]) {
-        tracing::warn!(peer = %self.peer, "fatal: {} (FES {:#x}, FEI {}); terminating connection", f.name(), f.fes, f.fei);
+        tracing::warn!(peer = %self.queue.peer, "fatal: {} (FES {:#x}, FEI {}); terminating connection", f.name(), f.fes, f.fei);
         self.close_reason = Some(format!("{} (FES {:#x})", f.name(), f.fes));
         self.state = State::Closing;
         self.tx.push_bytes(NO_RELEASE, |b| {
@@ -804,8 +819,8 @@ impl Conn {
         if self.state == State::Closing {
             return;
         }
-        let l = &self.reg.limits;
-        match &self.q {
+        let l = &self.queue.reg.limits;
+        match &self.queue.q {
             None => {
                 if now_ns.saturating_sub(self.created_ns) > l.connect_timeout_ms * 1_000_000 {
                     self.close_quietly("no Connect within the connect timeout");
@@ -853,7 +868,7 @@ impl Conn {
     pub fn on_close(&mut self) {
         self.on_send_failure();
         self.flush_stats();
-        let Some(q) = &self.q else { return };
+        let Some(q) = &self.queue.q else { return };
         let ctrl = q.ctrl.clone();
         ctrl.connected_qids.lock().unwrap().remove(&q.qid);
         if q.kind == QueueKind::Admin {
@@ -864,7 +879,8 @@ impl Conn {
                     sub.controllers.lock().unwrap().remove(&ctrl.cntlid);
                 }
                 None => {
-                    self.reg
+                    self.queue
+                        .reg
                         .discovery_controllers
                         .lock()
                         .unwrap()
@@ -883,14 +899,5 @@ impl Conn {
             self.slots.extend((had..want).map(|_| Slot::new()));
             self.free.splice(0..0, (had as u16..want as u16).rev());
         }
-    }
-}
-
-/// Data direction of a command: 0 none, 1 host to controller, 2 controller to host, 3 both.
-fn data_direction(sqe: &Sqe) -> u8 {
-    if sqe.opcode() == trellis_nvme::sqe::admin::FABRICS {
-        sqe.fctype() & 0x3
-    } else {
-        sqe.opcode() & 0x3
     }
 }

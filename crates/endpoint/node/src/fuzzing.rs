@@ -111,7 +111,7 @@ pub fn feed(data: &[u8]) -> Report {
     let sent_bytes = run(&mut c, &input, &mut queues, &reg, &mut scratch, &mut now);
     let report = Report {
         sent_bytes,
-        connected_qid: c.q.as_ref().map(|q| q.qid),
+        connected_qid: c.queue.q.as_ref().map(|q| q.qid),
         closing: c.state == State::Closing,
     };
     c.on_close();
@@ -149,6 +149,7 @@ fn run(
         off += n;
         *now += 1_000;
         let mut ctx = Ctx {
+            icd: &[],
             now_ns: *now,
             queues,
             reg,

@@ -1,18 +1,27 @@
 //! NVM command set I/O: Read, Write, Flush, Write Zeroes, Dataset Management.
 //!
-//! Each handler validates the namespace, the LBA range and the transfer
-//! length against the namespace's block size, then hands one request to the
-//! reactor's backend queue.
+//! The command table (`cmd.rs`) has already found the namespace, refused
+//! writes to a read-only one and checked the transfer length; the `check_*`
+//! functions here run in that parse step (before any R2T) and prepare the
+//! backend request. The handlers then only move data to the reactor's
+//! backend queue.
 
 use crate::backend::{IoReq, Op};
-use crate::conn::{Conn, Ctx, Exec, Slot};
+use crate::cmd::Request;
+use crate::conn::{Ctx, Exec, Queue};
 use crate::subsystem::Namespace;
-use trellis_nvme::sqe::io as op;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Sqe, Status};
 
 /// DSM range: context attributes u32, length in blocks u32 (1-based), SLBA u64.
-const DSM_RANGE_BYTES: usize = 16;
+pub(crate) const DSM_RANGE_BYTES: usize = 16;
+/// DSM attribute: deallocate the ranges (NVMe Base 2.0, Figure 373, AD bit).
+const DSM_DEALLOCATE: u32 = 1 << 2;
+
+/// Number of ranges a Dataset Management command names (NR is 0-based).
+pub(crate) fn dsm_ranges(sqe: &Sqe) -> usize {
+    (sqe.cdw10() & 0xff) as usize + 1
+}
 
 /// Checks that `nlb` blocks from `slba` lie inside the namespace.
 fn range_ok(ns: &Namespace, slba: u64, nlb: u64) -> bool {
@@ -20,162 +29,15 @@ fn range_ok(ns: &Namespace, slba: u64, nlb: u64) -> bool {
         .is_some_and(|end| end <= ns.size_blocks)
 }
 
-/// Validation shared by Read and Write, before any data moves.
-fn check_rw(ns: &Namespace, sqe: &Sqe, xfer_len: u32, write: bool) -> Result<IoReq, Status> {
+/// The LBA range of a Read, Write or Write Zeroes as a backend request.
+fn block_req(ns: &Namespace, sqe: &Sqe, op: Op) -> Result<IoReq, Status> {
     let nlb = sqe.nlb() as u64;
     if !range_ok(ns, sqe.slba(), nlb) {
         return Err(generic::LBA_OUT_OF_RANGE.dnr());
-    }
-    if write && ns.read_only {
-        return Err(generic::NS_WRITE_PROTECTED.dnr());
-    }
-    let len = nlb * ns.block_size as u64;
-    if len != xfer_len as u64 {
-        return Err(generic::DATA_SGL_LENGTH_INVALID.dnr());
-    }
-    Ok(IoReq {
-        op: if write { Op::Write } else { Op::Read },
-        offset_bytes: sqe.slba() * ns.block_size as u64,
-        len_bytes: len,
-        buf: std::ptr::null_mut(),
-        fua: sqe.fua(),
-    })
-}
-
-/// Submits a request for slot `s` to the reactor's queue for `ns`.
-fn submit(
-    ctx: &mut Ctx,
-    conn_idx: u32,
-    ns: &Namespace,
-    slot: &mut Slot,
-    s: u16,
-    mut req: IoReq,
-) -> Exec {
-    slot.ns_uid = ns.uid as u32;
-    if matches!(req.op, Op::Read | Op::Write) && req.buf.is_null() {
-        debug_assert!(slot.buf.capacity() as u64 >= req.len_bytes);
-        req.buf = slot.buf.as_mut_ptr();
-    }
-    let tag = (conn_idx as u64) << 16 | s as u64;
-    let Some(q) = ctx.queue(ns) else {
-        return Exec::Done(generic::INTERNAL_ERROR);
-    };
-    // SAFETY: the slot's buffer is not touched until the request completes:
-    // the slot stays Executing, and the reactor keeps the connection (and so
-    // the buffer) alive while `backend_in_flight` > 0.
-    match unsafe { q.submit(&req, tag) } {
-        Some(st) => Exec::Done(st),
-        None => Exec::Pending,
-    }
-}
-
-impl Conn {
-    /// I/O queue dispatch.
-    pub(crate) fn exec_io(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe) -> Exec {
-        if sqe.opcode() == op::FABRICS {
-            return self.exec_fabrics(ctx, sqe);
-        }
-        let q = self.q.as_ref().expect("connected");
-        if !q.ctrl.ready() {
-            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
-        }
-        let sub = q
-            .ctrl
-            .subsys
-            .as_ref()
-            .expect("I/O queues belong to NVM subsystems");
-        let Some(ns) = sub.namespace(sqe.nsid()) else {
-            return Exec::Done(generic::INVALID_NAMESPACE.dnr());
-        };
-        let slot = &mut self.slots[s as usize];
-        let idx = self.idx;
-        let rx = &self.rx;
-        let req = match sqe.opcode() {
-            op::READ if ns.backend.reads_zero() => {
-                // Null backend: no submit, no memset; the data comes from the shared zero buffer.
-                return match check_rw(ns, sqe, slot.xfer_len, false) {
-                    Ok(_) => {
-                        slot.ns_uid = ns.uid as u32;
-                        slot.zero_data = true;
-                        Exec::Done(Status::SUCCESS)
-                    }
-                    Err(st) => Exec::Done(st),
-                };
-            }
-            op::READ => check_rw(ns, sqe, slot.xfer_len, false),
-            op::WRITE => {
-                slot.is_write = true;
-                check_rw(ns, sqe, slot.xfer_len, true).map(|mut r| {
-                    if slot.icd_at != crate::conn::NO_ICD {
-                        let data =
-                            &rx[slot.icd_at as usize..slot.icd_at as usize + r.len_bytes as usize];
-                        if ns.backend.synchronous() {
-                            // SAFETY: a synchronous backend reads the data inside
-                            // submit; the receive buffer is not touched until then.
-                            r.buf = data.as_ptr() as *mut u8;
-                        } else {
-                            slot.buf.slice_mut(data.len()).copy_from_slice(data);
-                        }
-                    }
-                    r
-                })
-            }
-            op::FLUSH => Ok(IoReq {
-                op: Op::Flush,
-                offset_bytes: 0,
-                len_bytes: 0,
-                buf: std::ptr::null_mut(),
-                fua: false,
-            }),
-            op::WRITE_ZEROES => write_zeroes_req(ns, sqe),
-            op::DATASET_MANAGEMENT => return dataset_management(ctx, idx, ns, slot, s),
-            _ => Err(generic::INVALID_OPCODE.dnr()),
-        };
-        match req {
-            Ok(r) => submit(ctx, idx, ns, slot, s, r),
-            Err(st) => Exec::Done(st),
-        }
-    }
-
-    /// Validates a host-to-controller command before its R2T goes out.
-    pub(crate) fn precheck_write(&mut self, _ctx: &mut Ctx, s: u16) -> Result<(), Status> {
-        let sqe = self.slots[s as usize].sqe;
-        let Some(q) = self.q.as_ref() else {
-            // Connect carries its data in the capsule: anything else is out of order.
-            return Err(generic::COMMAND_SEQUENCE_ERROR.dnr());
-        };
-        let Some(sub) = q.ctrl.subsys.as_ref() else {
-            return Ok(());
-        };
-        if q.qid == 0 || sqe.opcode() == op::FABRICS {
-            return Ok(());
-        }
-        if !q.ctrl.ready() {
-            return Err(generic::COMMAND_SEQUENCE_ERROR.dnr());
-        }
-        let ns = sub
-            .namespace(sqe.nsid())
-            .ok_or(generic::INVALID_NAMESPACE.dnr())?;
-        match sqe.opcode() {
-            op::WRITE => check_rw(ns, &sqe, self.slots[s as usize].xfer_len, true).map(|_| ()),
-            op::DATASET_MANAGEMENT if ns.read_only => Err(generic::NS_WRITE_PROTECTED.dnr()),
-            op::DATASET_MANAGEMENT => Ok(()),
-            _ => Err(generic::INVALID_OPCODE.dnr()),
-        }
-    }
-}
-
-fn write_zeroes_req(ns: &Namespace, sqe: &Sqe) -> Result<IoReq, Status> {
-    let nlb = sqe.nlb() as u64;
-    if !range_ok(ns, sqe.slba(), nlb) {
-        return Err(generic::LBA_OUT_OF_RANGE.dnr());
-    }
-    if ns.read_only {
-        return Err(generic::NS_WRITE_PROTECTED.dnr());
     }
     let bs = ns.block_size as u64;
     Ok(IoReq {
-        op: Op::WriteZeroes,
+        op,
         offset_bytes: sqe.slba() * bs,
         len_bytes: nlb * bs,
         buf: std::ptr::null_mut(),
@@ -183,19 +45,89 @@ fn write_zeroes_req(ns: &Namespace, sqe: &Sqe) -> Result<IoReq, Status> {
     })
 }
 
+pub(crate) fn check_read(ns: &Namespace, req: &mut Request) -> Result<(), Status> {
+    req.io = block_req(ns, &req.sqe, Op::Read)?;
+    Ok(())
+}
+
+pub(crate) fn check_write(ns: &Namespace, req: &mut Request) -> Result<(), Status> {
+    req.io = block_req(ns, &req.sqe, Op::Write)?;
+    Ok(())
+}
+
+pub(crate) fn check_write_zeroes(ns: &Namespace, req: &mut Request) -> Result<(), Status> {
+    req.io = block_req(ns, &req.sqe, Op::WriteZeroes)?;
+    Ok(())
+}
+
+/// The namespace the parse step resolved.
+fn ns_of<'a>(ctx: &Ctx<'a>, req: &Request) -> &'a Namespace {
+    let reg = ctx.reg;
+    &reg.namespaces[req.ns_uid as usize]
+}
+
+/// Submits `io` for `req` to the reactor's queue for its namespace.
+fn submit(ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
+    let ns = ns_of(ctx, req);
+    let Some(q) = ctx.queue(ns) else {
+        return Exec::Done(generic::INTERNAL_ERROR);
+    };
+    // SAFETY: `io.buf` is either null (no data), the request's own buffer,
+    // which is not touched until the request completes (the slot stays
+    // Executing and the reactor keeps the connection, and so the buffer,
+    // alive while `backend_in_flight` > 0), or in-capsule data that a
+    // synchronous backend reads inside this call.
+    match unsafe { q.submit(io, req.tag) } {
+        Some(st) => Exec::Done(st),
+        None => Exec::Pending,
+    }
+}
+
+pub(crate) fn read(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    if ns_of(ctx, req).backend.reads_zero() {
+        // Null backend: no submit, no memset; the data comes from the shared zero buffer.
+        req.zero_data = true;
+        return Exec::Done(Status::SUCCESS);
+    }
+    let mut io = req.io;
+    debug_assert!(req.buf.capacity() as u64 >= io.len_bytes);
+    io.buf = req.buf.as_mut_ptr();
+    submit(ctx, req, &io)
+}
+
+pub(crate) fn write(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let mut io = req.io;
+    let icd = ctx.icd;
+    if icd.is_empty() {
+        io.buf = req.buf.as_mut_ptr();
+    } else if ns_of(ctx, req).backend.synchronous() {
+        // The backend reads the data inside submit; the receive buffer stays
+        // put until then, so no copy.
+        io.buf = icd.as_ptr() as *mut u8;
+    } else {
+        req.buf.slice_mut(icd.len()).copy_from_slice(icd);
+        io.buf = req.buf.as_mut_ptr();
+    }
+    submit(ctx, req, &io)
+}
+
+pub(crate) fn flush(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    submit(ctx, req, &IoReq::NONE)
+}
+
+/// Write Zeroes: the request prepared by its check has no data.
+pub(crate) fn submit_prepared(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let io = req.io;
+    submit(ctx, req, &io)
+}
+
 /// Deallocate (AD) each range; other attributes are hints we may ignore.
 /// Every range is checked before any is applied, so a bad range changes nothing.
-fn dataset_management(ctx: &mut Ctx, idx: u32, ns: &Namespace, slot: &mut Slot, s: u16) -> Exec {
-    let sqe = slot.sqe;
-    let nr = (sqe.cdw10() & 0xff) as usize + 1;
-    let deallocate = sqe.cdw11() & (1 << 2) != 0;
-    if (slot.xfer_len as usize) < nr * DSM_RANGE_BYTES {
-        return Exec::Done(generic::DATA_SGL_LENGTH_INVALID.dnr());
-    }
-    if ns.read_only {
-        return Exec::Done(generic::NS_WRITE_PROTECTED.dnr());
-    }
-    let ranges = slot.buf.slice(nr * DSM_RANGE_BYTES).to_vec();
+pub(crate) fn dataset_management(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let ns = ns_of(ctx, req);
+    let nr = dsm_ranges(&req.sqe);
+    let deallocate = req.sqe.cdw11() & DSM_DEALLOCATE != 0;
+    let ranges = req.buf.slice(nr * DSM_RANGE_BYTES);
     let range = |i: usize| {
         let r = &ranges[i * DSM_RANGE_BYTES..];
         (trellis_nvme::le32(r, 4) as u64, trellis_nvme::le64(r, 8))
@@ -215,14 +147,14 @@ fn dataset_management(ctx: &mut Ctx, idx: u32, ns: &Namespace, slot: &mut Slot, 
         if nlb == 0 {
             continue;
         }
-        let req = IoReq {
+        let io = IoReq {
             op: Op::Discard,
             offset_bytes: slba * bs,
             len_bytes: nlb * bs,
             buf: std::ptr::null_mut(),
             fua: false,
         };
-        match submit(ctx, idx, ns, slot, s, req) {
+        match submit(ctx, req, &io) {
             Exec::Done(st) if st.is_success() => {}
             Exec::Done(st) => return Exec::Done(st),
             // Discard is synchronous in every backend; see backend::file.

@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod backend;
 pub mod buf;
+pub mod cmd;
 pub mod config;
 pub mod conn;
 #[doc(hidden)]

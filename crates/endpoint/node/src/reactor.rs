@@ -293,6 +293,7 @@ impl Reactor {
         now: u64,
     ) -> Ctx<'a> {
         Ctx {
+            icd: &[],
             now_ns: now,
             queues,
             reg,
@@ -415,7 +416,7 @@ impl Reactor {
             let _ = e.stream.shutdown(std::net::Shutdown::Both);
             e.zombie = true;
             e.conn.close_quietly("closing");
-            tracing::debug!(peer = %e.conn.peer, reason = e.conn.close_reason.as_deref().unwrap_or(""), "connection closed");
+            tracing::debug!(peer = %e.conn.queue.peer, reason = e.conn.close_reason.as_deref().unwrap_or(""), "connection closed");
         }
         if e.conn.backend_in_flight > 0 || e.recv_armed || e.send_armed {
             return;

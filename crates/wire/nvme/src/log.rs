@@ -248,16 +248,17 @@ impl ErrorEntry {
     }
 }
 
-/// Commands Supported and Effects (LID 05h): CSUPP for each opcode we serve.
-pub fn encode_commands_effects(admin: &[u8], io: &[(u8, bool)], b: &mut [u8]) {
+/// Commands Supported and Effects (LID 05h): one (opcode, effects dword) per
+/// admin and I/O command served; the dword carries CSUPP (bit 0) and the
+/// effect bits (LBCC bit 1, ...).
+pub fn encode_commands_effects(admin: &[(u8, u32)], io: &[(u8, u32)], b: &mut [u8]) {
     let b = &mut b[..4096];
     b.fill(0);
-    for &op in admin {
-        put32(b, op as usize * 4, 1);
+    for &(op, e) in admin {
+        put32(b, op as usize * 4, e);
     }
-    for &(op, changes_content) in io {
-        // CSUPP, plus LBCC (logical block content change) for writers.
-        put32(b, 1024 + op as usize * 4, 1 | (changes_content as u32) << 1);
+    for &(op, e) in io {
+        put32(b, 1024 + op as usize * 4, e);
     }
 }
 

@@ -1,0 +1,607 @@
+//! The command table: everything the target knows about an opcode, in one
+//! row (in the spirit of Linux nvmet's `req->execute`).
+//!
+//! A command is parsed once, when its capsule arrives and before any R2T:
+//! [`parse`] finds its row, checks where it may run, its data direction and
+//! length, its namespace and read-only access, and prepares the backend
+//! request. After the data has arrived, the transport calls the row's
+//! handler with a transport-independent [`Request`]; handlers never validate
+//! the same thing again. The Commands Supported and Effects log is generated
+//! from these tables ([`effects_log`]), so what we advertise is what we serve.
+
+use crate::backend::{IoReq, Op};
+use crate::buf::AlignedBuf;
+use crate::conn::{Exec, Queue, QueueKind};
+use crate::io;
+use crate::subsystem::Namespace;
+use trellis_nvme::fabrics::fctype;
+use trellis_nvme::sqe::{admin as aop, io as iop};
+use trellis_nvme::status::generic;
+use trellis_nvme::{Sqe, Status};
+
+/// Where a command may run: bits of [`Command::on`].
+pub mod on {
+    /// A queue before its Fabrics Connect.
+    pub const UNCONNECTED: u8 = 1 << 0;
+    /// The admin queue of an NVM subsystem's controller.
+    pub const ADMIN: u8 = 1 << 1;
+    /// An I/O queue.
+    pub const IO: u8 = 1 << 2;
+    /// The admin queue of a discovery controller.
+    pub const DISCOVERY: u8 = 1 << 3;
+}
+
+/// Data direction (NVMe Base 2.0, Figure 88: opcode bits 1:0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    None,
+    ToCtrl,
+    ToHost,
+}
+
+/// How long the transfer (SGL1 length) must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Len {
+    /// No data (the direction check already refuses any).
+    None,
+    /// Anything up to MDTS; the handler zero-fills what it does not use.
+    Any,
+    /// Exactly this many bytes.
+    Exact(u32),
+    /// NLB x the namespace's block size (Read, Write).
+    Blocks,
+    /// (NR + 1) x 16 bytes of ranges, at least (Dataset Management).
+    Ranges,
+    /// NUMD + 1 dwords (Get Log Page).
+    LogPage,
+}
+
+/// Commands Supported and Effects bits (NVMe Base 2.0, Figure 210).
+pub mod effect {
+    /// Command supported.
+    pub const CSUPP: u32 = 1 << 0;
+    /// Logical block content change.
+    pub const LBCC: u32 = 1 << 1;
+}
+
+/// A transport-independent handler: the queue's state, the reactor's
+/// context, and the request (its data buffer included).
+pub type Handler = fn(&mut Queue, &mut crate::conn::Ctx, &mut Request) -> Exec;
+
+/// A command-specific check that needs no data: runs at parse time, before
+/// any R2T, and may prepare the backend request.
+pub type Check = fn(&Namespace, &mut Request) -> Result<(), Status>;
+
+/// One row of the command table.
+pub struct Command {
+    pub name: &'static str,
+    pub opcode: u8,
+    /// Fabrics command type (only for opcode 7Fh rows).
+    pub fctype: u8,
+    /// [`on`] bits: the queues this command runs on.
+    pub on: u8,
+    /// Status when the opcode is known but sent to a queue it does not run on.
+    pub misplaced: Status,
+    /// Requires CC.EN = 1 and CSTS.RDY = 1 on the controller.
+    pub needs_ready: bool,
+    pub dir: Dir,
+    pub len: Len,
+    /// Names an active namespace in NSID.
+    pub needs_ns: bool,
+    /// Changes namespace content: refused on a read-only namespace.
+    pub media_write: bool,
+    /// The handler takes in-capsule data from `Ctx::icd` where it lies (no
+    /// copy); otherwise the transport copies it into the request's buffer.
+    pub icd_in_place: bool,
+    /// Commands Supported and Effects bits beyond CSUPP.
+    pub effects: u32,
+    pub check: Option<Check>,
+    pub exec: Handler,
+}
+
+const INVALID_OPCODE: Status = generic::INVALID_OPCODE.dnr();
+const SEQUENCE: Status = generic::COMMAND_SEQUENCE_ERROR.dnr();
+
+/// Fabrics commands (opcode 7Fh), by command type.
+pub static FABRICS: &[Command] = &[
+    Command {
+        name: "Connect",
+        opcode: aop::FABRICS,
+        fctype: fctype::CONNECT,
+        on: on::UNCONNECTED,
+        misplaced: SEQUENCE,
+        needs_ready: false,
+        dir: Dir::ToCtrl,
+        len: Len::Exact(trellis_nvme::fabrics::CONNECT_DATA_LEN as u32),
+        needs_ns: false,
+        media_write: false,
+        icd_in_place: false,
+        effects: 0,
+        check: None,
+        exec: Queue::connect,
+    },
+    Command {
+        name: "Property Get",
+        opcode: aop::FABRICS,
+        fctype: fctype::PROPERTY_GET,
+        on: on::ADMIN | on::DISCOVERY,
+        misplaced: INVALID_OPCODE,
+        needs_ready: false,
+        dir: Dir::None,
+        len: Len::None,
+        needs_ns: false,
+        media_write: false,
+        icd_in_place: false,
+        effects: 0,
+        check: None,
+        exec: Queue::property_get,
+    },
+    Command {
+        name: "Property Set",
+        opcode: aop::FABRICS,
+        fctype: fctype::PROPERTY_SET,
+        on: on::ADMIN | on::DISCOVERY,
+        misplaced: INVALID_OPCODE,
+        needs_ready: false,
+        dir: Dir::None,
+        len: Len::None,
+        needs_ns: false,
+        media_write: false,
+        icd_in_place: false,
+        effects: 0,
+        check: None,
+        exec: Queue::property_set,
+    },
+];
+
+/// Admin commands. Discovery controllers serve the subset Linux nvmet's
+/// discovery.c serves: Identify (controller), Get Log Page (discovery log),
+/// Set/Get Features (KATO, async event config), AER and Keep Alive.
+pub static ADMIN: &[Command] = &[
+    admin_cmd(
+        "Get Log Page",
+        aop::GET_LOG_PAGE,
+        true,
+        Dir::ToHost,
+        Len::LogPage,
+        Queue::get_log_page,
+    ),
+    admin_cmd(
+        "Identify",
+        aop::IDENTIFY,
+        true,
+        Dir::ToHost,
+        Len::Any,
+        Queue::identify,
+    ),
+    admin_cmd(
+        "Abort",
+        aop::ABORT,
+        false,
+        Dir::None,
+        Len::None,
+        Queue::abort,
+    ),
+    admin_cmd(
+        "Set Features",
+        aop::SET_FEATURES,
+        true,
+        Dir::ToCtrl,
+        Len::Any,
+        Queue::set_features,
+    ),
+    admin_cmd(
+        "Get Features",
+        aop::GET_FEATURES,
+        true,
+        Dir::ToHost,
+        Len::Any,
+        Queue::get_features,
+    ),
+    admin_cmd(
+        "Asynchronous Event Request",
+        aop::ASYNC_EVENT_REQUEST,
+        true,
+        Dir::None,
+        Len::None,
+        Queue::async_event_request,
+    ),
+    admin_cmd(
+        "Keep Alive",
+        aop::KEEP_ALIVE,
+        true,
+        Dir::None,
+        Len::None,
+        Queue::keep_alive,
+    ),
+];
+
+const fn admin_cmd(
+    name: &'static str,
+    opcode: u8,
+    discovery: bool,
+    dir: Dir,
+    len: Len,
+    exec: Handler,
+) -> Command {
+    Command {
+        name,
+        opcode,
+        fctype: 0,
+        on: if discovery {
+            on::ADMIN | on::DISCOVERY
+        } else {
+            on::ADMIN
+        },
+        misplaced: INVALID_OPCODE,
+        needs_ready: true,
+        dir,
+        len,
+        needs_ns: false,
+        media_write: false,
+        icd_in_place: false,
+        effects: 0,
+        check: None,
+        exec,
+    }
+}
+
+/// NVM command set I/O commands.
+pub static IO: &[Command] = &[
+    io_cmd(
+        "Flush",
+        iop::FLUSH,
+        Dir::None,
+        Len::None,
+        false,
+        None,
+        io::flush,
+    ),
+    io_cmd(
+        "Write",
+        iop::WRITE,
+        Dir::ToCtrl,
+        Len::Blocks,
+        true,
+        Some(io::check_write),
+        io::write,
+    ),
+    io_cmd(
+        "Read",
+        iop::READ,
+        Dir::ToHost,
+        Len::Blocks,
+        false,
+        Some(io::check_read),
+        io::read,
+    ),
+    io_cmd(
+        "Write Zeroes",
+        iop::WRITE_ZEROES,
+        Dir::None,
+        Len::None,
+        true,
+        Some(io::check_write_zeroes),
+        io::submit_prepared,
+    ),
+    io_cmd(
+        "Dataset Management",
+        iop::DATASET_MANAGEMENT,
+        Dir::ToCtrl,
+        Len::Ranges,
+        true,
+        None,
+        io::dataset_management,
+    ),
+];
+
+const fn io_cmd(
+    name: &'static str,
+    opcode: u8,
+    dir: Dir,
+    len: Len,
+    media_write: bool,
+    check: Option<Check>,
+    exec: Handler,
+) -> Command {
+    Command {
+        name,
+        opcode,
+        fctype: 0,
+        on: on::IO,
+        misplaced: INVALID_OPCODE,
+        needs_ready: true,
+        dir,
+        len,
+        needs_ns: true,
+        media_write,
+        icd_in_place: opcode == iop::WRITE,
+        effects: if media_write { effect::LBCC } else { 0 },
+        check,
+        exec,
+    }
+}
+
+/// A command being executed, independent of the transport that carried it.
+pub struct Request {
+    pub sqe: Sqe,
+    /// The table row, set by [`parse`].
+    pub cmd: &'static Command,
+    /// Transfer length from SGL1.
+    pub xfer_len: u32,
+    /// Data buffer (in: write data; out: read data), at least `xfer_len`.
+    pub buf: AlignedBuf,
+    /// Identifies the request to the backend (connection and slot).
+    pub tag: u64,
+    /// Namespace (registry uid), or `NO_NS`.
+    pub ns_uid: u32,
+    /// The backend request prepared by the command's check.
+    pub io: IoReq,
+    /// The read's data is all zeroes (null backend): sent from a shared zero
+    /// buffer, so the data buffer is neither cleared nor touched.
+    pub zero_data: bool,
+    pub dw0: u32,
+    pub dw1: u32,
+}
+
+/// `Request::ns_uid` when the command names no namespace.
+pub const NO_NS: u32 = u32::MAX;
+
+/// The row of an opcode nobody implements: a placeholder so every request
+/// always has a row (it is never executed: parse refuses such commands).
+static UNKNOWN: Command = Command {
+    name: "unknown",
+    opcode: 0xFF,
+    fctype: 0,
+    on: 0,
+    misplaced: INVALID_OPCODE,
+    needs_ready: false,
+    dir: Dir::None,
+    len: Len::None,
+    needs_ns: false,
+    media_write: false,
+    icd_in_place: false,
+    effects: 0,
+    check: None,
+    exec: |_, _, _| Exec::Done(INVALID_OPCODE),
+};
+
+impl Request {
+    pub fn new() -> Request {
+        Request {
+            sqe: Sqe::default(),
+            cmd: &UNKNOWN,
+            xfer_len: 0,
+            buf: AlignedBuf::empty(),
+            tag: 0,
+            ns_uid: NO_NS,
+            io: IoReq::NONE,
+            zero_data: false,
+            dw0: 0,
+            dw1: 0,
+        }
+    }
+
+    /// Resets per-command state for a new command in the same slot.
+    pub fn reset(&mut self, sqe: Sqe) {
+        self.sqe = sqe;
+        self.cmd = &UNKNOWN;
+        self.xfer_len = 0;
+        self.ns_uid = NO_NS;
+        self.io = IoReq::NONE;
+        self.zero_data = false;
+        self.dw0 = 0;
+        self.dw1 = 0;
+    }
+
+    /// Whether the command's data goes to the host.
+    pub fn to_host(&self) -> bool {
+        self.cmd.dir == Dir::ToHost && self.xfer_len > 0
+    }
+
+    /// The slot index the transport packed into the tag.
+    pub fn slot(&self) -> u16 {
+        self.tag as u16
+    }
+
+    /// Copies `data` into the data buffer, zero-filled to the transfer length.
+    pub fn reply_data(&mut self, data: &[u8]) -> Exec {
+        let len = self.xfer_len as usize;
+        let out = self.buf.slice_mut(len);
+        let n = data.len().min(len);
+        out[..n].copy_from_slice(&data[..n]);
+        out[n..].fill(0);
+        Exec::Done(Status::SUCCESS)
+    }
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Request::new()
+    }
+}
+
+/// Finds the row for `sqe` on a queue of `kind` (`None`: not yet connected).
+fn lookup(sqe: &Sqe) -> Option<&'static Command> {
+    if sqe.opcode() == aop::FABRICS {
+        return FABRICS.iter().find(|c| c.fctype == sqe.fctype());
+    }
+    None
+}
+
+/// Where this queue is, as an [`on`] bit.
+fn place(q: &Queue) -> u8 {
+    match q.q.as_ref() {
+        None => on::UNCONNECTED,
+        Some(c) if c.kind == QueueKind::Io => on::IO,
+        Some(c) if c.ctrl.is_discovery() => on::DISCOVERY,
+        Some(_) => on::ADMIN,
+    }
+}
+
+/// The row for `sqe` on this queue, or the status to fail it with.
+pub fn find(q: &Queue, sqe: &Sqe) -> Result<&'static Command, Status> {
+    let here = place(q);
+    let row = lookup(sqe).or_else(|| {
+        let table = if here == on::IO { IO } else { ADMIN };
+        table.iter().find(|c| c.opcode == sqe.opcode())
+    });
+    match row {
+        Some(c) if c.on & here != 0 => Ok(c),
+        Some(c) if here != on::UNCONNECTED => Err(c.misplaced),
+        // Only Connect may come first on a queue.
+        _ if here == on::UNCONNECTED => Err(SEQUENCE),
+        _ => Err(INVALID_OPCODE),
+    }
+}
+
+/// Data direction of an opcode nobody implements (from its low bits), used
+/// only to pick the right error for a malformed transfer.
+pub fn opcode_dir(sqe: &Sqe) -> Dir {
+    let bits = if sqe.opcode() == aop::FABRICS {
+        sqe.fctype() & 0x3
+    } else {
+        sqe.opcode() & 0x3
+    };
+    match bits {
+        1 => Dir::ToCtrl,
+        2 => Dir::ToHost,
+        _ => Dir::None,
+    }
+}
+
+/// Everything that can be checked before data moves: controller state,
+/// namespace, read-only access, transfer length, command-specific checks.
+/// `req.cmd` and `req.xfer_len` are already set.
+pub fn parse(q: &Queue, req: &mut Request) -> Result<(), Status> {
+    let cmd = req.cmd;
+    if cmd.needs_ready {
+        if let Some(c) = q.q.as_ref() {
+            if !c.ctrl.ready() {
+                // nvmet answers Invalid Opcode on a disabled discovery controller.
+                return Err(if c.ctrl.is_discovery() {
+                    INVALID_OPCODE
+                } else {
+                    SEQUENCE
+                });
+            }
+        }
+    }
+    match cmd.len {
+        Len::Exact(n) if req.xfer_len != n => return Err(generic::DATA_SGL_LENGTH_INVALID.dnr()),
+        Len::LogPage => {
+            let lp = trellis_nvme::log::GetLogPage::decode(&req.sqe);
+            if lp.len_bytes != req.xfer_len as u64 {
+                return Err(generic::DATA_SGL_LENGTH_INVALID.dnr());
+            }
+        }
+        _ => {}
+    }
+    if !cmd.needs_ns {
+        return Ok(());
+    }
+    let ns = q
+        .namespace(req.sqe.nsid())
+        .ok_or(generic::INVALID_NAMESPACE.dnr())?;
+    req.ns_uid = ns.uid as u32;
+    if cmd.media_write && ns.read_only {
+        return Err(generic::NS_WRITE_PROTECTED.dnr());
+    }
+    if let Some(check) = cmd.check {
+        check(ns, req)?;
+    }
+    match cmd.len {
+        Len::Blocks if req.io.len_bytes != req.xfer_len as u64 => {
+            Err(generic::DATA_SGL_LENGTH_INVALID.dnr())
+        }
+        Len::Ranges if (req.xfer_len as usize) < io::dsm_ranges(&req.sqe) * io::DSM_RANGE_BYTES => {
+            Err(generic::DATA_SGL_LENGTH_INVALID.dnr())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The Commands Supported and Effects log (LID 05h) of an NVM controller,
+/// generated from the tables.
+pub fn effects_log(page: &mut [u8]) {
+    let admin: Vec<(u8, u32)> = ADMIN
+        .iter()
+        .filter(|c| c.on & on::ADMIN != 0)
+        .map(|c| (c.opcode, effect::CSUPP | c.effects))
+        .collect();
+    let io: Vec<(u8, u32)> = IO
+        .iter()
+        .map(|c| (c.opcode, effect::CSUPP | c.effects))
+        .collect();
+    trellis_nvme::log::encode_commands_effects(&admin, &io, page);
+}
+
+/// A backend request with no data yet (Flush, Write Zeroes) or whose buffer
+/// the handler fills in (Read, Write).
+impl IoReq {
+    pub const NONE: IoReq = IoReq {
+        op: Op::Flush,
+        offset_bytes: 0,
+        len_bytes: 0,
+        buf: std::ptr::null_mut(),
+        fua: false,
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_opcode_has_one_row_per_table() {
+        for t in [ADMIN, IO] {
+            for (i, a) in t.iter().enumerate() {
+                assert!(
+                    t[i + 1..].iter().all(|b| b.opcode != a.opcode),
+                    "{} twice",
+                    a.name
+                );
+            }
+        }
+        for (i, a) in FABRICS.iter().enumerate() {
+            assert!(
+                FABRICS[i + 1..].iter().all(|b| b.fctype != a.fctype),
+                "{} twice",
+                a.name
+            );
+        }
+    }
+
+    #[test]
+    fn table_directions_match_opcode_bits() {
+        // The spec encodes the direction in the opcode; a row that disagrees is a typo.
+        for c in ADMIN.iter().chain(IO).chain(FABRICS) {
+            // The Fabrics command type sits in byte 4, where NSID starts.
+            let sqe = Sqe::new(c.opcode, 0, c.fctype as u32);
+            assert_eq!(opcode_dir(&sqe), c.dir, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn effects_log_lists_exactly_the_table() {
+        let mut page = vec![0u8; 4096];
+        effects_log(&mut page);
+        let word = |i: usize| u32::from_le_bytes(page[i * 4..i * 4 + 4].try_into().unwrap());
+        for op in 0..=255u8 {
+            let admin = ADMIN
+                .iter()
+                .find(|c| c.opcode == op && c.on & on::ADMIN != 0);
+            assert_eq!(
+                word(op as usize) & 1,
+                admin.is_some() as u32,
+                "admin {op:#x}"
+            );
+            let io = IO.iter().find(|c| c.opcode == op);
+            let want = io.map_or(0, |c| 1 | c.effects);
+            assert_eq!(word(256 + op as usize), want, "io {op:#x}");
+        }
+        // Writers change logical block content; Read does not.
+        assert_eq!(word(256 + iop::WRITE as usize) & effect::LBCC, effect::LBCC);
+        assert_eq!(word(256 + iop::READ as usize) & effect::LBCC, 0);
+    }
+}
