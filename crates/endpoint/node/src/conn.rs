@@ -175,14 +175,15 @@ impl Queue {
             .map(|n| &**n)
     }
 
-    /// Counts a successful Read or Write in the batched statistics.
-    fn count(&mut self, req: &Request) {
+    /// Counts a successful Read or Write in the batched statistics; false
+    /// when the command is not one that counts.
+    fn count(&mut self, req: &Request) -> bool {
         let rw = matches!(
             req.sqe.opcode(),
             trellis_nvme::sqe::io::READ | trellis_nvme::sqe::io::WRITE
         );
         if req.ns_uid == cmd::NO_NS || !rw || self.q.as_ref().is_some_and(|q| q.qid == 0) {
-            return;
+            return false;
         }
         let (uid, len) = (req.ns_uid, req.xfer_len as u64);
         let w = req.sqe.opcode() == trellis_nvme::sqe::io::WRITE;
@@ -197,6 +198,7 @@ impl Queue {
         let k = w as usize;
         e[k] += len;
         e[2 + k] += 1;
+        true
     }
 
     /// Adds batched statistics to the shared namespace counters.
@@ -211,26 +213,38 @@ impl Queue {
     }
 }
 
+/// One NVMe/TCP connection: events in (`rx_commit`, `backend_done`,
+/// `tx_advance`, `handle_timeout`), transmits out (`tx_iovecs`), and its next
+/// deadline as data (`next_timeout`). The reactor uses only this API.
 pub struct Conn {
-    pub idx: u32,
-    pub queue: Queue,
-    pub state: State,
-    pub digests: Digests,
+    idx: u32,
+    pub(crate) queue: Queue,
+    state: State,
+    digests: Digests,
     pub(crate) rx: Box<[u8]>,
     rx_head: usize,
     rx_tail: usize,
     max_plen: usize,
-    pub tx: Tx,
-    pub slots: Vec<Slot>,
+    tx: Tx,
+    slots: Vec<Slot>,
     free: Vec<u16>,
     backlog: std::collections::VecDeque<u16>,
-    pub created_ns: u64,
-    pub last_rx_ns: u64,
-    pub close_reason: Option<String>,
-    pub backend_in_flight: usize,
+    created_ns: u64,
+    close_reason: Option<String>,
+    backend_in_flight: usize,
+    /// When batched statistics were first left unflushed (`u64::MAX`: none).
+    stats_since_ns: u64,
+    /// Time of the latest event (input, completion or timeout).
+    now_ns: u64,
     /// Scratch list of slots released by one `tx_advance` (kept to avoid allocating).
     released: Vec<u16>,
 }
+
+/// Longest time batched statistics wait before reaching the shared counters.
+pub const STATS_FLUSH_NS: u64 = 1_000_000;
+/// How often an I/O queue looks whether its controller was torn down by
+/// another connection (its admin queue), which may live on another reactor.
+pub const CTRL_CHECK_NS: u64 = 100_000_000;
 
 impl Conn {
     pub fn new(
@@ -273,9 +287,10 @@ impl Conn {
             free,
             backlog: Default::default(),
             created_ns: now_ns,
-            last_rx_ns: now_ns,
             close_reason: None,
             backend_in_flight: 0,
+            stats_since_ns: u64::MAX,
+            now_ns,
             released: Vec::with_capacity(64),
         }
     }
@@ -297,15 +312,55 @@ impl Conn {
         &mut self.rx[self.rx_tail..]
     }
 
-    pub fn rx_commit(&mut self, n: usize, now_ns: u64) {
+    pub fn rx_commit(&mut self, n: usize) {
         debug_assert!(self.rx_tail + n <= self.rx.len());
         self.rx_tail += n;
-        self.last_rx_ns = now_ns;
     }
 
-    /// Unparsed input is waiting (e.g. parsing stopped for lack of tx room).
+    /// Unparsed input waits and there is output room to parse it (parsing
+    /// stops when the output queue is full).
     pub fn rx_pending(&self) -> bool {
-        self.rx_tail - self.rx_head >= pdu::CH_LEN && self.state != State::Closing
+        self.rx_tail - self.rx_head >= pdu::CH_LEN
+            && self.state != State::Closing
+            && self.tx.has_room()
+    }
+
+    /// Bytes are queued for the socket.
+    pub fn has_output(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Bytes queued and not yet handed to the socket.
+    pub fn output_bytes(&self) -> usize {
+        self.tx.pending_bytes()
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.state == State::Closing
+    }
+
+    pub fn close_reason(&self) -> &str {
+        self.close_reason.as_deref().unwrap_or("")
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.queue.peer
+    }
+
+    /// Backend requests submitted and not yet completed: their buffers
+    /// belong to the device until then.
+    pub fn backend_in_flight(&self) -> usize {
+        self.backend_in_flight
+    }
+
+    /// Shutdown gave up waiting for the backend (see reactor::close_all).
+    pub(crate) fn forget_backend_io(&mut self) {
+        self.backend_in_flight = 0;
+    }
+
+    /// The queue ID once connected.
+    pub fn qid(&self) -> Option<u16> {
+        self.queue.q.as_ref().map(|q| q.qid)
     }
 
     pub fn wants_close(&self) -> bool {
@@ -314,6 +369,7 @@ impl Conn {
 
     /// Parses and handles every complete PDU in the receive buffer.
     pub fn process(&mut self, ctx: &mut Ctx) {
+        self.now_ns = ctx.now_ns;
         while self.state != State::Closing && self.tx.has_room() {
             let avail = self.rx_tail - self.rx_head;
             let Some(ch) = CommonHeader::decode(&self.rx[self.rx_head..self.rx_tail]) else {
@@ -629,7 +685,8 @@ impl Conn {
     }
 
     /// A backend request of slot `s` finished.
-    pub fn backend_done(&mut self, s: u16, st: Status) {
+    pub fn backend_done(&mut self, s: u16, st: Status, now_ns: u64) {
+        self.now_ns = now_ns;
         debug_assert!(self.backend_in_flight > 0);
         self.backend_in_flight -= 1;
         self.finish(s, st);
@@ -645,7 +702,9 @@ impl Conn {
         slot.status = st;
         slot.phase = Phase::Done;
         if st.is_success() {
-            self.queue.count(&slot.req);
+            if self.queue.count(&slot.req) && self.stats_since_ns == u64::MAX {
+                self.stats_since_ns = self.now_ns;
+            }
         } else {
             self.record_error(s, st);
         }
@@ -689,6 +748,7 @@ impl Conn {
     /// Adds batched statistics to the shared namespace counters.
     pub fn flush_stats(&mut self) {
         self.queue.flush_stats();
+        self.stats_since_ns = u64::MAX;
     }
 
     fn next_sqhd(&mut self) -> u16 {
@@ -813,43 +873,77 @@ impl Conn {
         self.state = State::Closing;
     }
 
-    /// Periodic checks (about every millisecond): keep-alive, controller
-    /// teardown, and the connect timeout.
-    pub fn tick(&mut self, now_ns: u64) {
+    /// The earliest time `handle_timeout` has work to do: the connect
+    /// timeout, the keep-alive deadline, the controller check of an I/O
+    /// queue, or the flush of batched statistics. `None`: no timer.
+    pub fn next_timeout(&self) -> Option<u64> {
+        if self.state == State::Closing {
+            return None;
+        }
+        let l = &self.queue.reg.limits;
+        let stats = match self.stats_since_ns {
+            u64::MAX => u64::MAX,
+            t => t.saturating_add(STATS_FLUSH_NS),
+        };
+        let own = match &self.queue.q {
+            None => self
+                .created_ns
+                .saturating_add(l.connect_timeout_ms * 1_000_000),
+            Some(q) if q.kind == QueueKind::Io => self.now_ns.saturating_add(CTRL_CHECK_NS),
+            Some(q) => match self.kato_limit_ns(&q.ctrl) {
+                Some(limit) => q.ctrl.last_keepalive_ns.load(Relaxed).saturating_add(limit),
+                None => u64::MAX,
+            },
+        };
+        Some(own.min(stats)).filter(|&t| t != u64::MAX)
+    }
+
+    /// How long an admin queue may stay silent. KAS is 1 s: KATO is rounded
+    /// up to whole seconds, as hosts expect.
+    fn kato_limit_ns(&self, ctrl: &Controller) -> Option<u64> {
+        let kato_ms = ctrl.kato_ms.load(Relaxed) as u64;
+        if kato_ms > 0 {
+            Some(kato_ms.div_ceil(1000) * 1_000_000_000)
+        } else if ctrl.is_discovery() {
+            Some(self.queue.reg.limits.discovery_idle_timeout_s * 1_000_000_000)
+        } else {
+            None
+        }
+    }
+
+    /// Runs whatever timers are due at `now_ns`: statistics flush, connect
+    /// timeout, controller teardown, keep-alive.
+    pub fn handle_timeout(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        if self.stats_since_ns != u64::MAX
+            && now_ns >= self.stats_since_ns.saturating_add(STATS_FLUSH_NS)
+        {
+            self.flush_stats();
+        }
         if self.state == State::Closing {
             return;
         }
-        let l = &self.queue.reg.limits;
-        match &self.queue.q {
-            None => {
-                if now_ns.saturating_sub(self.created_ns) > l.connect_timeout_ms * 1_000_000 {
-                    self.close_quietly("no Connect within the connect timeout");
-                }
+        let connect_ns = self.queue.reg.limits.connect_timeout_ms * 1_000_000;
+        let Some(q) = &self.queue.q else {
+            if now_ns.saturating_sub(self.created_ns) > connect_ns {
+                self.close_quietly("no Connect within the connect timeout");
             }
-            Some(q) => {
-                if q.ctrl.dead.load(Relaxed) {
-                    self.close_quietly("controller torn down");
-                    return;
-                }
-                if q.kind != QueueKind::Admin {
-                    return;
-                }
-                let kato_ms = q.ctrl.kato_ms.load(Relaxed) as u64;
-                let last = q.ctrl.last_keepalive_ns.load(Relaxed);
-                let idle_ns = now_ns.saturating_sub(last);
-                // KAS is 1 s: round KATO up to whole seconds, as hosts expect.
-                let limit_ns = if kato_ms > 0 {
-                    kato_ms.div_ceil(1000) * 1_000_000_000
-                } else if q.ctrl.is_discovery() {
-                    l.discovery_idle_timeout_s * 1_000_000_000
-                } else {
-                    u64::MAX
-                };
-                if idle_ns > limit_ns {
-                    q.ctrl.kill("keep-alive timeout");
-                    self.close_quietly("keep-alive timeout");
-                }
-            }
+            return;
+        };
+        if q.ctrl.dead.load(Relaxed) {
+            self.close_quietly("controller torn down");
+            return;
+        }
+        if q.kind != QueueKind::Admin {
+            return;
+        }
+        let idle_ns = now_ns.saturating_sub(q.ctrl.last_keepalive_ns.load(Relaxed));
+        if self
+            .kato_limit_ns(&q.ctrl)
+            .is_some_and(|limit| idle_ns > limit)
+        {
+            q.ctrl.kill("keep-alive timeout");
+            self.close_quietly("keep-alive timeout");
         }
     }
 

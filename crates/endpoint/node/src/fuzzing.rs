@@ -3,7 +3,7 @@
 //! the random-input tests. Nothing here runs in the daemon.
 
 use crate::config::{BackendKind, Config, ListenerConfig, NamespaceConfig};
-use crate::conn::{Conn, Ctx, State};
+use crate::conn::{Conn, Ctx};
 use crate::subsystem::Registry;
 use std::sync::Arc;
 use trellis_nvme::fabrics::{ConnectCmd, ConnectData, PropertyCmd, CNTLID_DYNAMIC};
@@ -111,8 +111,8 @@ pub fn feed(data: &[u8]) -> Report {
     let sent_bytes = run(&mut c, &input, &mut queues, &reg, &mut scratch, &mut now);
     let report = Report {
         sent_bytes,
-        connected_qid: c.queue.q.as_ref().map(|q| q.qid),
-        closing: c.state == State::Closing,
+        connected_qid: c.qid(),
+        closing: c.is_closing(),
     };
     c.on_close();
     admin.on_close();
@@ -137,7 +137,7 @@ fn run(
 ) -> usize {
     let mut off = 0;
     let mut sent = 0;
-    while off < input.len() && c.state != State::Closing {
+    while off < input.len() && !c.is_closing() {
         let space = c.rx_space();
         // Vary chunking to exercise partial PDUs.
         let n = space
@@ -145,7 +145,7 @@ fn run(
             .min(input.len() - off)
             .min(1 + (input[off] as usize * 37) % 4096);
         space[..n].copy_from_slice(&input[off..off + n]);
-        c.rx_commit(n, *now);
+        c.rx_commit(n);
         off += n;
         *now += 1_000;
         let mut ctx = Ctx {
@@ -157,10 +157,10 @@ fn run(
         };
         c.process(&mut ctx);
         // Pretend the socket took everything queued.
-        let bytes = c.tx.pending_bytes();
+        let bytes = c.output_bytes();
         sent += bytes;
         c.tx_advance(bytes);
-        c.tick(*now);
+        c.handle_timeout(*now);
     }
     sent
 }
@@ -180,5 +180,60 @@ mod tests {
         assert!(!r.closing);
         // ICResp + Connect response + C2HData header + 4 KiB + CapsuleResp.
         assert_eq!(r.sent_bytes, 128 + 24 + 24 + 4096 + 24);
+    }
+}
+
+#[cfg(test)]
+mod timer_tests {
+    use super::*;
+
+    /// A connection's timers are data: its deadline is reported, nothing
+    /// happens before it, and the timeout fires at it.
+    #[test]
+    fn connect_timeout_is_a_deadline_not_a_scan() {
+        let reg = registry();
+        let addr = "127.0.0.1:1".parse().unwrap();
+        let t0 = 5_000_000_000u64;
+        let mut c = Conn::new(7, reg.clone(), addr, addr, reg.listeners[0].kind, 1, t0);
+        let limit = reg.limits.connect_timeout_ms * 1_000_000;
+        assert_eq!(c.next_timeout(), Some(t0 + limit));
+        c.handle_timeout(t0 + limit - 1);
+        assert!(!c.is_closing(), "closed before its deadline");
+        c.handle_timeout(t0 + limit + 1);
+        assert!(c.is_closing());
+        assert_eq!(c.close_reason(), "no Connect within the connect timeout");
+        assert_eq!(c.next_timeout(), None, "a closing connection has no timer");
+    }
+
+    /// After Connect the admin queue's deadline is the keep-alive limit
+    /// (KATO rounded up to whole seconds), and batched statistics add a
+    /// flush deadline.
+    #[test]
+    fn admin_queue_deadline_follows_keep_alive() {
+        let reg = registry();
+        let addr = "127.0.0.1:1".parse().unwrap();
+        let mut now = 1_000u64;
+        let mut c = Conn::new(0, reg.clone(), addr, addr, reg.listeners[0].kind, 1, now);
+        let mut queues = Vec::new();
+        let mut scratch = Vec::new();
+        let p = prefix(Digests::default(), Some((0, CNTLID_DYNAMIC)));
+        run(&mut c, &p, &mut queues, &reg, &mut scratch, &mut now);
+        let ctrl = c.ctrl().expect("connected").clone();
+        // No KATO (the prefix connects with 0): an NVM admin queue has no deadline.
+        assert_eq!(c.next_timeout(), None);
+        let kato_ms = 4_500u64; // rounds up to 5 s
+        ctrl.kato_ms
+            .store(kato_ms as u32, std::sync::atomic::Ordering::Relaxed);
+        let last = ctrl
+            .last_keepalive_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let want = last + kato_ms.div_ceil(1000) * 1_000_000_000;
+        assert_eq!(c.next_timeout(), Some(want));
+        c.handle_timeout(want - 1);
+        assert!(!c.is_closing());
+        c.handle_timeout(want + 1);
+        assert!(c.is_closing());
+        assert_eq!(c.close_reason(), "keep-alive timeout");
+        c.on_close();
     }
 }

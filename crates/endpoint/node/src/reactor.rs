@@ -11,6 +11,8 @@
 use crate::backend::BackendQueue;
 use crate::conn::{Conn, Ctx};
 use crate::subsystem::Registry;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -61,10 +63,14 @@ impl Drop for ReactorHandle {
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Most iovecs per sendmsg (IOV_MAX is 1024; 256 already covers ~80 reads).
 const MAX_IOV: usize = 256;
-const TICK_NS: u64 = 1_000_000;
 
 struct Entry {
     stream: TcpStream,
+    /// Distinguishes this connection from later ones that reuse its index,
+    /// so a stale timer never fires on a stranger.
+    gen: u32,
+    /// The deadline registered in the timer heap (`u64::MAX`: none).
+    timer_at: u64,
     conn: Conn,
     out_armed: bool,
     /// io_uring engine: a receive / a send is in flight for this connection.
@@ -131,7 +137,10 @@ struct Reactor {
     iov: Vec<libc::iovec>,
     done: Vec<(u64, Status)>,
     last_work_ns: u64,
-    last_tick_ns: u64,
+    /// Connection deadlines as (time, index, generation): a connection's
+    /// timers are data (`Conn::next_timeout`), not a scan of every connection.
+    timers: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    next_gen: u32,
     /// Some when the io_uring socket engine is in use; None means epoll + syscalls.
     uring: Option<crate::uring_net::UringNet>,
 }
@@ -163,7 +172,8 @@ impl Reactor {
             iov: Vec::with_capacity(MAX_IOV),
             done: Vec::with_capacity(1024),
             last_work_ns: 0,
-            last_tick_ns: 0,
+            timers: BinaryHeap::new(),
+            next_gen: 0,
             uring: open_uring(id, shared_engine),
         }
     }
@@ -185,11 +195,9 @@ impl Reactor {
             let mut work = self.accept_new(now);
             if self.uring.is_some() {
                 work |= self.uring_step(now, shutdown_deadline.is_some());
-                work |= self.reap_backends();
+                work |= self.reap_backends(now);
                 work |= self.flush_all(now);
-                if now - self.last_tick_ns > TICK_NS {
-                    self.tick(now);
-                }
+                self.run_timers(now);
                 if work {
                     self.last_work_ns = now;
                 }
@@ -210,11 +218,9 @@ impl Reactor {
                     self.receive(idx, now);
                 }
             }
-            work |= self.reap_backends();
+            work |= self.reap_backends(now);
             work |= self.flush_all(now);
-            if now - self.last_tick_ns > TICK_NS {
-                self.tick(now);
-            }
+            self.run_timers(now);
             if work {
                 self.last_work_ns = now;
             }
@@ -231,7 +237,11 @@ impl Reactor {
         let timeout = if spinning || in_flight {
             0
         } else {
-            l.idle_sleep_ms as i32
+            // Sleep until the next connection deadline, at most idle_sleep_ms.
+            let until_ms = self.timers.peek().map_or(u64::MAX, |Reverse((t, _, _))| {
+                t.saturating_sub(now).div_ceil(1_000_000)
+            });
+            until_ms.min(l.idle_sleep_ms) as i32
         };
         let n = unsafe {
             libc::epoll_wait(self.epfd, events.as_mut_ptr(), events.len() as i32, timeout)
@@ -274,7 +284,10 @@ impl Reactor {
         }
         tracing::debug!(reactor = self.id, %peer, "connection accepted");
         let msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+        self.next_gen = self.next_gen.wrapping_add(1);
         self.conns[idx as usize] = Some(Entry {
+            gen: self.next_gen,
+            timer_at: u64::MAX,
             stream: nc.stream,
             conn,
             out_armed: false,
@@ -284,6 +297,7 @@ impl Reactor {
             msg,
             zombie: false,
         });
+        self.arm_timer(idx as usize);
     }
 
     fn ctx<'a>(
@@ -333,13 +347,13 @@ impl Reactor {
             }
             return;
         }
-        e.conn.rx_commit(n as usize, now);
+        e.conn.rx_commit(n as usize);
         // Borrow disjoint fields; no Arc clone (and no shared refcount traffic) per recv.
         let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
         e.conn.process(&mut ctx);
     }
 
-    fn reap_backends(&mut self) -> bool {
+    fn reap_backends(&mut self, now: u64) -> bool {
         self.done.clear();
         for q in self.queues.iter_mut().flatten() {
             q.kick();
@@ -348,7 +362,7 @@ impl Reactor {
         for &(tag, st) in &self.done {
             let (idx, slot) = ((tag >> 16) as usize, tag as u16);
             if let Some(e) = self.conns.get_mut(idx).and_then(|e| e.as_mut()) {
-                e.conn.backend_done(slot, st);
+                e.conn.backend_done(slot, st, now);
             }
         }
         !self.done.is_empty()
@@ -364,7 +378,7 @@ impl Reactor {
             };
             if let Some(u) = self.uring.as_mut() {
                 // io_uring: queue the send; the completion advances tx.
-                if !e.conn.tx.is_empty() && !e.zombie && !e.send_armed {
+                if e.conn.has_output() && !e.zombie && !e.send_armed {
                     e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
                     e.msg.msg_iov = e.iov.as_mut_ptr();
                     e.msg.msg_iovlen = e.iov.len() as _;
@@ -372,29 +386,58 @@ impl Reactor {
                     e.send_armed = true;
                     work = true;
                 }
-            } else if !e.conn.tx.is_empty() && !e.zombie {
+            } else if e.conn.has_output() && !e.zombie {
                 work |= send(e, &mut self.iov, self.epfd, idx);
-                if e.conn.rx_pending() && e.conn.tx.has_room() {
+                if e.conn.rx_pending() {
                     let mut ctx =
                         Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
                     e.conn.process(&mut ctx);
-                    if !e.conn.tx.is_empty() {
+                    if e.conn.has_output() {
                         send(e, &mut self.iov, self.epfd, idx);
                     }
                 }
             }
             if e.conn.wants_close() || e.zombie {
                 self.close(idx);
+            } else {
+                self.arm_timer(idx);
             }
         }
         work
     }
 
-    fn tick(&mut self, now: u64) {
-        self.last_tick_ns = now;
-        for e in self.conns.iter_mut().flatten() {
-            e.conn.tick(now);
-            e.conn.flush_stats();
+    /// Registers connection `idx`'s next deadline if it is earlier than the
+    /// one already in the heap (a later one is found when the earlier pops).
+    fn arm_timer(&mut self, idx: usize) {
+        let Some(e) = self.conns.get_mut(idx).and_then(|e| e.as_mut()) else {
+            return;
+        };
+        if let Some(t) = e.conn.next_timeout() {
+            if t < e.timer_at {
+                e.timer_at = t;
+                self.timers.push(Reverse((t, idx as u32, e.gen)));
+            }
+        }
+    }
+
+    /// Fires the connection timers that are due.
+    fn run_timers(&mut self, now: u64) {
+        while let Some(&Reverse((t, idx, gen))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(e) = self.conns.get_mut(idx as usize).and_then(|e| e.as_mut()) else {
+                continue;
+            };
+            if e.gen != gen {
+                continue; // the connection this timer was for is gone
+            }
+            if e.timer_at == t {
+                e.timer_at = u64::MAX;
+            }
+            e.conn.handle_timeout(now);
+            self.arm_timer(idx as usize);
         }
     }
 
@@ -416,9 +459,9 @@ impl Reactor {
             let _ = e.stream.shutdown(std::net::Shutdown::Both);
             e.zombie = true;
             e.conn.close_quietly("closing");
-            tracing::debug!(peer = %e.conn.queue.peer, reason = e.conn.close_reason.as_deref().unwrap_or(""), "connection closed");
+            tracing::debug!(peer = %e.conn.peer(), reason = e.conn.close_reason(), "connection closed");
         }
-        if e.conn.backend_in_flight > 0 || e.recv_armed || e.send_armed {
+        if e.conn.backend_in_flight() > 0 || e.recv_armed || e.send_armed {
             return;
         }
         e.conn.on_close();
@@ -431,7 +474,7 @@ impl Reactor {
         self.conns
             .iter()
             .flatten()
-            .all(|e| e.conn.backend_in_flight == 0 && (e.conn.tx.is_empty() || e.zombie))
+            .all(|e| e.conn.backend_in_flight() == 0 && (!e.conn.has_output() || e.zombie))
     }
 
     fn close_all(&mut self) {
@@ -462,7 +505,7 @@ impl Reactor {
             if self.conns[idx].is_some() {
                 if let Some(e) = self.conns[idx].as_mut() {
                     // The reactor is exiting: no more completions will be reaped.
-                    e.conn.backend_in_flight = 0;
+                    e.conn.forget_backend_io();
                     e.recv_armed = false;
                     e.send_armed = false;
                 }
@@ -551,7 +594,7 @@ impl Reactor {
                 ));
             }
         } else {
-            e.conn.rx_commit(res as usize, now);
+            e.conn.rx_commit(res as usize);
             let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
             e.conn.process(&mut ctx);
         }
@@ -576,7 +619,7 @@ impl Reactor {
         }
         e.conn.tx_advance(res as usize);
         // Parsing may have stopped for lack of output room: resume it.
-        if e.conn.rx_pending() && e.conn.tx.has_room() {
+        if e.conn.rx_pending() {
             let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
             e.conn.process(&mut ctx);
         }
@@ -587,7 +630,7 @@ impl Reactor {
         let u = self.uring.as_mut().expect("uring engine");
         for (idx, slot) in self.conns.iter_mut().enumerate() {
             let Some(e) = slot.as_mut() else { continue };
-            if e.recv_armed || e.zombie || e.conn.state == crate::conn::State::Closing {
+            if e.recv_armed || e.zombie || e.conn.is_closing() {
                 continue;
             }
             let fd = e.stream.as_raw_fd();
@@ -629,7 +672,7 @@ fn send(e: &mut Entry, iov: &mut Vec<libc::iovec>, epfd: RawFd, idx: usize) -> b
         return false;
     }
     e.conn.tx_advance(n as usize);
-    arm_out(e, epfd, idx, !e.conn.tx.is_empty());
+    arm_out(e, epfd, idx, e.conn.has_output());
     n > 0
 }
 
