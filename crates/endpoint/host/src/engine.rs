@@ -2,9 +2,10 @@
 //!
 //! The engine owns everything one connection needs and allocates it once:
 //! command slots (CID = slot index plus a 4-bit generation), one data buffer
-//! per slot, a receive staging buffer, and the output queue (a header arena
-//! plus a segment list that the socket layer turns into one gathered
-//! `sendmsg`). It never touches a socket or a clock: the caller passes `now`,
+//! per slot, a receive staging buffer ([`RxBuf`]), and the output queue
+//! ([`TxQueue`]: a header arena plus references into the slot buffers, which
+//! the socket layer turns into one gathered `sendmsg`). Both buffer types are
+//! the ones the node uses, from `trellis_nvme::framing`. It never touches a socket or a clock: the caller passes `now`,
 //! hands it received bytes and asks it what to send. That keeps the protocol
 //! logic testable byte-for-byte and lets the socket layer stay a thin loop.
 //!
@@ -15,9 +16,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use trellis_nvme::framing::{RxBuf, TxQueue, NO_RELEASE};
 use trellis_nvme::pdu::{
     self, check_layout, flags, verify_header_digest, DataHdr, Digests, IcReq, IcResp, Layout,
-    PduType, R2t, TermReq, DIGEST_LEN, IC_LEN, MAX_HDR_LEN, SMALL_HLEN,
+    PduType, R2t, TermReq, ADMIN_ICD_BYTES, DIGEST_LEN, IC_LEN, MAX_HDR_LEN, SMALL_HLEN,
 };
 use trellis_nvme::sqe::admin;
 use trellis_nvme::{crc, put32, CommonHeader, Cqe, Sgl, Sqe, Status};
@@ -28,9 +30,6 @@ use crate::error::{Error, Result};
 /// catches completions for a slot's previous use.
 const SLOT_BITS: u16 = 12;
 pub const MAX_QUEUE_SIZE: u16 = 1 << SLOT_BITS;
-/// Fabrics commands (Connect) and admin commands may carry this much
-/// in-capsule data regardless of IOCCSZ (NVMe/TCP transport spec).
-const ADMIN_ICD_BYTES: u32 = 8192;
 /// Payloads at least this large are received straight into the slot buffer
 /// when staging is empty, saving a copy (SPDK's 1 KiB rule).
 const DIRECT_RECV_MIN: usize = 1024;
@@ -107,14 +106,6 @@ struct Slot {
     submitted: Instant,
 }
 
-/// One part of the output stream: bytes in the header arena, or a range of
-/// the data buffers. Offsets, not pointers, so the arena may grow safely.
-#[derive(Clone, Copy, Debug)]
-pub enum Seg {
-    Arena { off: u32, len: u32 },
-    Data { off: u32, len: u32 },
-}
-
 /// Where the receive parser stands.
 #[derive(Clone, Copy, Debug)]
 enum Rx {
@@ -140,15 +131,10 @@ pub struct Engine {
     inflight: usize,
     data: Vec<u8>,
     done: VecDeque<Completion>,
-    // Output queue.
-    arena: Vec<u8>,
-    segs: Vec<Seg>,
-    seg_head: usize,
-    seg_off: usize,
-    // Input.
-    rx: Vec<u8>,
-    rx_head: usize,
-    rx_tail: usize,
+    /// Output: headers in the arena, payloads referenced by slot.
+    out: TxQueue,
+    /// Input staging; PDU headers are parsed in place.
+    rx: RxBuf,
     rx_state: Rx,
     direct: bool,
     // Connection parameters from ICResp / Identify.
@@ -169,9 +155,9 @@ impl Engine {
             done: 0,
             submitted: now,
         };
-        // The arena holds at most: a capsule header and a data digest per slot,
-        // plus the H2CData headers of the R2Ts being answered. It may grow past
-        // this once, then keeps its capacity.
+        // The arena holds a capsule header and a data digest per slot, plus
+        // the H2CData headers of the R2Ts being answered. The queue grows by
+        // a chunk should that be exceeded (small MAXH2CDATA), then keeps it.
         let arena_cap = n * (MAX_HDR_LEN + 2 * DIGEST_LEN) + 4096;
         Engine {
             slots: vec![slot; n],
@@ -179,13 +165,10 @@ impl Engine {
             inflight: 0,
             data: vec![0; n * cfg.buf_bytes],
             done: VecDeque::with_capacity(n),
-            arena: Vec::with_capacity(arena_cap),
-            segs: Vec::with_capacity(3 * n + 16),
-            seg_head: 0,
-            seg_off: 0,
-            rx: vec![0; cfg.staging_bytes.max(4096)],
-            rx_head: 0,
-            rx_tail: 0,
+            out: TxQueue::new(arena_cap, 3 * n + 16),
+            // Only headers (up to a whole TermReq) are parsed in place;
+            // payloads are copied out piecewise, so that is the largest unit.
+            rx: RxBuf::new(cfg.staging_bytes.max(4096), MAX_HDR_LEN + TERM_SPACE),
             rx_state: Rx::Header,
             direct: false,
             ic_done: false,
@@ -287,77 +270,51 @@ impl Engine {
     }
 
     fn push_arena(&mut self, bytes: &[u8]) {
-        let off = self.arena.len() as u32;
-        self.arena.extend_from_slice(bytes);
-        self.segs.push(Seg::Arena {
-            off,
-            len: bytes.len() as u32,
-        });
+        self.out.push_slice(bytes, NO_RELEASE);
     }
+    /// Queues `len` bytes at `off` of the slot's buffer, and their digest.
+    /// No release tag: a slot is reused only after its completion, which the
+    /// controller sends only once it has all the data.
     fn push_data(&mut self, slot: u16, off: usize, len: usize) {
-        let base = slot as usize * self.cfg.buf_bytes + off;
-        self.segs.push(Seg::Data {
-            off: base as u32,
-            len: len as u32,
-        });
+        self.out.push_data(slot, off as u32, len as u32, NO_RELEASE);
         if self.cfg.digests.data {
-            let c = crc::digest(&self.data[base..base + len]);
+            let c = crc::digest(&self.buf(slot)[off..off + len]);
             self.push_arena(&c.to_le_bytes());
         }
     }
 
     /// Whether output is queued.
     pub fn has_output(&self) -> bool {
-        self.seg_head < self.segs.len()
+        !self.out.is_empty()
     }
 
-    /// Calls `f(bytes)` for each queued output piece in order, starting after
-    /// what was already sent, until `f` returns false (iovec list full).
+    /// Fills `out` with up to `max` iovecs of unsent output, for one
+    /// gathered `sendmsg`; then report what went with [`Engine::sent`].
+    pub fn output_iovecs(&self, out: &mut Vec<libc::iovec>, max: usize) {
+        let slots = slot_buffers(&self.data, self.cfg.buf_bytes);
+        self.out.fill_iovecs(out, max, slots);
+    }
+
+    /// Calls `f(bytes)` for each unsent output piece in order, until `f`
+    /// returns false (tests that send a few bytes at a time).
     pub fn for_each_output(&self, mut f: impl FnMut(&[u8]) -> bool) {
-        let mut skip = self.seg_off;
-        for seg in &self.segs[self.seg_head..] {
-            let b = match *seg {
-                Seg::Arena { off, len } => &self.arena[off as usize..][..len as usize],
-                Seg::Data { off, len } => &self.data[off as usize..][..len as usize],
-            };
-            if !f(&b[skip..]) {
+        let slots = slot_buffers(&self.data, self.cfg.buf_bytes);
+        for piece in self.out.unsent(slots) {
+            if !f(piece) {
                 return;
             }
-            skip = 0;
         }
     }
 
     /// Records that the transport accepted `n` more output bytes.
-    pub fn sent(&mut self, mut n: usize) {
-        while n > 0 && self.seg_head < self.segs.len() {
-            let len = match self.segs[self.seg_head] {
-                Seg::Arena { len, .. } | Seg::Data { len, .. } => len as usize,
-            };
-            let left = len - self.seg_off;
-            if n >= left {
-                n -= left;
-                self.seg_head += 1;
-                self.seg_off = 0;
-            } else {
-                self.seg_off += n;
-                n = 0;
-            }
-        }
-        if self.seg_head == self.segs.len() {
-            self.segs.clear();
-            self.arena.clear();
-            self.seg_head = 0;
-            self.seg_off = 0;
-        }
+    pub fn sent(&mut self, n: usize) {
+        self.out.advance(n, |_| {});
     }
 
     /// Test and tooling helper: takes all queued output as one byte vector.
     pub fn take_output(&mut self) -> Vec<u8> {
-        let mut v = Vec::new();
-        self.for_each_output(|b| {
-            v.extend_from_slice(b);
-            true
-        });
+        let slots = slot_buffers(&self.data, self.cfg.buf_bytes);
+        let v: Vec<u8> = self.out.unsent(slots).flatten().copied().collect();
         self.sent(v.len());
         v
     }
@@ -414,7 +371,7 @@ impl Engine {
 
     fn icd_limit(&self, sqe: &Sqe) -> u32 {
         if self.cfg.qid == 0 || sqe.opcode() == admin::FABRICS {
-            ADMIN_ICD_BYTES
+            ADMIN_ICD_BYTES as u32
         } else {
             self.icd_bytes
         }
@@ -432,22 +389,13 @@ impl Engine {
             ..
         } = self.rx_state
         {
-            if self.rx_head == self.rx_tail && remaining >= DIRECT_RECV_MIN {
+            if self.rx.is_empty() && remaining >= DIRECT_RECV_MIN {
                 self.direct = true;
                 return &mut self.data[at..at + remaining];
             }
         }
         self.direct = false;
-        if self.rx_head == self.rx_tail {
-            self.rx_head = 0;
-            self.rx_tail = 0;
-        } else if self.rx.len() - self.rx_tail < MAX_HDR_LEN + TERM_SPACE {
-            // Too little room for even a header: move the partial PDU to the front.
-            self.rx.copy_within(self.rx_head..self.rx_tail, 0);
-            self.rx_tail -= self.rx_head;
-            self.rx_head = 0;
-        }
-        &mut self.rx[self.rx_tail..]
+        self.rx.space()
     }
 
     /// Accounts `n` bytes written into the space from [`Engine::recv_space`]
@@ -466,7 +414,7 @@ impl Engine {
                 *remaining -= n;
             }
         } else {
-            self.rx_tail += n;
+            self.rx.commit(n);
         }
         let r = self.parse(now);
         r.map_err(|e| self.fail(e))
@@ -486,7 +434,7 @@ impl Engine {
 
     fn parse(&mut self, now: Instant) -> Result<()> {
         loop {
-            let avail = self.rx_tail - self.rx_head;
+            let avail = self.rx.len();
             match self.rx_state {
                 Rx::Header => {
                     if !self.parse_header(avail, now)? {
@@ -504,7 +452,7 @@ impl Engine {
 
     /// Parses one PDU header if complete; false when more bytes are needed.
     fn parse_header(&mut self, avail: usize, now: Instant) -> Result<bool> {
-        let Some(ch) = CommonHeader::decode(&self.rx[self.rx_head..self.rx_tail]) else {
+        let Some(ch) = CommonHeader::decode(self.rx.pending()) else {
             return Ok(false);
         };
         let l = check_layout(
@@ -531,13 +479,12 @@ impl Engine {
         if avail < need {
             return Ok(false);
         }
-        let start = self.rx_head;
-        self.rx_head += need;
         let hdr: [u8; TERM_SPACE] = {
             let mut h = [0u8; TERM_SPACE];
-            h[..need].copy_from_slice(&self.rx[start..start + need]);
+            h[..need].copy_from_slice(&self.rx.pending()[..need]);
             h
         };
+        self.rx.consume(need);
         verify_header_digest(&l, &hdr)
             .map_err(|_| Error::protocol(format!("header digest mismatch on {:?}", l.pdu_type)))?;
         self.on_header(&l, &hdr, now)?;
@@ -698,7 +645,7 @@ impl Engine {
         };
         if pad > 0 {
             let n = pad.min(avail);
-            self.rx_head += n;
+            self.rx.consume(n);
             self.set_payload(pad - n, at, remaining);
             return Ok(n > 0);
         }
@@ -707,8 +654,8 @@ impl Engine {
             if n == 0 {
                 return Ok(false);
             }
-            self.data[at..at + n].copy_from_slice(&self.rx[self.rx_head..self.rx_head + n]);
-            self.rx_head += n;
+            self.data[at..at + n].copy_from_slice(&self.rx.pending()[..n]);
+            self.rx.consume(n);
             self.set_payload(0, at + n, remaining - n);
             return Ok(true);
         }
@@ -716,8 +663,8 @@ impl Engine {
             if avail < DIGEST_LEN {
                 return Ok(false);
             }
-            let want = trellis_nvme::le32(&self.rx, self.rx_head);
-            self.rx_head += DIGEST_LEN;
+            let want = trellis_nvme::le32(self.rx.pending(), 0);
+            self.rx.consume(DIGEST_LEN);
             if crc::digest(&self.data[start..at]) != want {
                 return Err(Error::protocol("C2HData data digest mismatch"));
             }
@@ -825,6 +772,11 @@ impl Engine {
     pub fn cid_of(&self, slot: u16) -> u16 {
         slot | self.slots[slot as usize].gen << SLOT_BITS
     }
+}
+
+/// Maps an output-queue source id (a slot) to that slot's data buffer.
+fn slot_buffers<'a>(data: &'a [u8], buf_bytes: usize) -> impl Fn(u16) -> &'a [u8] + 'a {
+    move |s| &data[s as usize * buf_bytes..][..buf_bytes]
 }
 
 /// Room for the largest header we buffer whole (a TermReq is at most 152 bytes).

@@ -144,15 +144,7 @@ impl Queue {
         if !self.engine.has_output() {
             return Ok(0);
         }
-        self.iov.clear();
-        let iov = &mut self.iov;
-        self.engine.for_each_output(|b| {
-            iov.push(libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            });
-            iov.len() < MAX_IOV
-        });
+        self.engine.output_iovecs(&mut self.iov, MAX_IOV);
         // SAFETY: msghdr is plain data; iov points into engine buffers that
         // are not touched until sendmsg returns.
         let n = unsafe {

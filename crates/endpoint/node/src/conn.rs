@@ -10,10 +10,10 @@ use crate::backend::BackendQueue;
 use crate::cmd::{self, Dir, Request};
 use crate::config::ListenerKind;
 use crate::subsystem::{Controller, Namespace, Registry};
-use crate::tx::{Tx, NO_RELEASE};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use trellis_nvme::framing::{RxBuf, TxQueue, NO_RELEASE};
 use trellis_nvme::pdu::{
     self, fes, field, flags, CommonHeader, DataHdr, Digests, Fatal, IcReq, IcResp, Layout, PduType,
 };
@@ -21,7 +21,7 @@ use trellis_nvme::status::generic;
 use trellis_nvme::{sqe::sgl_id, Cqe, Sqe, Status};
 
 /// In-capsule data accepted on admin queues and for Connect on any queue.
-pub const ADMIN_ICD_BYTES: usize = 8192;
+pub use trellis_nvme::pdu::ADMIN_ICD_BYTES;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -58,7 +58,7 @@ pub struct Slot {
 }
 
 pub const NO_ICD: u32 = u32::MAX;
-/// `Tx` data source meaning "the shared zero buffer".
+/// `TxQueue` data source meaning "the shared zero buffer".
 pub const ZERO_SRC: u16 = u16::MAX - 1;
 
 /// Zeroes for null-backend reads: allocated zeroed, so the pages are the
@@ -221,11 +221,10 @@ pub struct Conn {
     pub(crate) queue: Queue,
     state: State,
     digests: Digests,
-    pub(crate) rx: Box<[u8]>,
-    rx_head: usize,
-    rx_tail: usize,
-    max_plen: usize,
-    tx: Tx,
+    /// Received bytes; PDUs are parsed in place. Its largest unit is the
+    /// largest PDU we accept, so every PDU is contiguous when parsed.
+    pub(crate) rx: RxBuf,
+    tx: TxQueue,
     slots: Vec<Slot>,
     free: Vec<u16>,
     backlog: std::collections::VecDeque<u16>,
@@ -278,11 +277,9 @@ impl Conn {
             },
             state: State::AwaitIcReq,
             digests: Digests::default(),
-            rx: vec![0u8; max_plen + (64 << 10)].into_boxed_slice(),
-            rx_head: 0,
-            rx_tail: 0,
-            max_plen,
-            tx: Tx::default(),
+            // 64 KiB beyond one PDU so small PDUs arrive in batches.
+            rx: RxBuf::new(max_plen + (64 << 10), max_plen),
+            tx: TxQueue::default(),
             slots,
             free,
             backlog: Default::default(),
@@ -299,30 +296,19 @@ impl Conn {
         self.queue.q.as_ref().map(|q| &q.ctrl)
     }
 
-    /// Free space to `recv` into. Compacts the buffer when the tail is near the end.
+    /// Free space to `recv` into (see [`RxBuf::space`]).
     pub fn rx_space(&mut self) -> &mut [u8] {
-        if self.rx_head == self.rx_tail {
-            self.rx_head = 0;
-            self.rx_tail = 0;
-        } else if self.rx.len() - self.rx_tail < self.max_plen {
-            self.rx.copy_within(self.rx_head..self.rx_tail, 0);
-            self.rx_tail -= self.rx_head;
-            self.rx_head = 0;
-        }
-        &mut self.rx[self.rx_tail..]
+        self.rx.space()
     }
 
     pub fn rx_commit(&mut self, n: usize) {
-        debug_assert!(self.rx_tail + n <= self.rx.len());
-        self.rx_tail += n;
+        self.rx.commit(n);
     }
 
     /// Unparsed input waits and there is output room to parse it (parsing
     /// stops when the output queue is full).
     pub fn rx_pending(&self) -> bool {
-        self.rx_tail - self.rx_head >= pdu::CH_LEN
-            && self.state != State::Closing
-            && self.tx.has_room()
+        self.rx.len() >= pdu::CH_LEN && self.state != State::Closing && self.tx.has_room()
     }
 
     /// Bytes are queued for the socket.
@@ -371,11 +357,11 @@ impl Conn {
     pub fn process(&mut self, ctx: &mut Ctx) {
         self.now_ns = ctx.now_ns;
         while self.state != State::Closing && self.tx.has_room() {
-            let avail = self.rx_tail - self.rx_head;
-            let Some(ch) = CommonHeader::decode(&self.rx[self.rx_head..self.rx_tail]) else {
+            let avail = self.rx.len();
+            let Some(ch) = CommonHeader::decode(self.rx.pending()) else {
                 break;
             };
-            if self.state == State::AwaitIcReq && avail >= 1 && self.rx[self.rx_head] == 0x16 {
+            if self.state == State::AwaitIcReq && self.rx.pending().first() == Some(&0x16) {
                 // A TLS ClientHello on a plain port: close without parsing it.
                 self.close_quietly("TLS handshake on a non-TLS listener");
                 return;
@@ -385,7 +371,7 @@ impl Conn {
                 true,
                 self.state == State::AwaitIcReq,
                 self.digests,
-                self.max_plen,
+                self.rx.max_unit(),
             ) {
                 Ok(l) => l,
                 Err(f) => return self.fatal(f),
@@ -393,8 +379,10 @@ impl Conn {
             if avail < layout.plen {
                 break;
             }
-            let start = self.rx_head;
-            self.rx_head += layout.plen;
+            // Consumed before handling; its bytes stay in place until the
+            // next rx_space (in-capsule data is read from there).
+            let start = self.rx.head();
+            self.rx.consume(layout.plen);
             if let Err(f) = self.on_pdu(ctx, &layout, start) {
                 // Report the offending header from where it was in the buffer.
                 let hdr_end = start + layout.hlen.min(pdu::TERM_MAX_PLEN - pdu::SMALL_HLEN);
@@ -794,7 +782,7 @@ impl Conn {
             let last_release = if success { s } else { NO_RELEASE };
             let src = if slot.req.zero_data { ZERO_SRC } else { s };
             if d.data {
-                self.tx.push_slot_data(src, len, NO_RELEASE);
+                self.tx.push_data(src, 0, len, NO_RELEASE);
                 let data = if slot.req.zero_data {
                     &zeros()[..len as usize]
                 } else {
@@ -806,7 +794,7 @@ impl Conn {
                     4
                 });
             } else {
-                self.tx.push_slot_data(src, len, last_release);
+                self.tx.push_data(src, 0, len, last_release);
             }
             if success {
                 return;
@@ -830,11 +818,12 @@ impl Conn {
 
     pub fn tx_iovecs(&self, out: &mut Vec<libc::iovec>, max: usize) {
         let slots = &self.slots;
-        self.tx.iovecs(out, max, |s| {
+        self.tx.fill_iovecs(out, max, |s| {
             if s == ZERO_SRC {
-                zeros().as_ptr()
+                zeros()
             } else {
-                slots[s as usize].req.buf.as_ptr()
+                let b = &slots[s as usize].req.buf;
+                b.slice(b.capacity())
             }
         });
     }
@@ -861,8 +850,8 @@ impl Conn {
     }
 
     fn fatal(&mut self, f: Fatal) {
-        let n = (self.rx_tail - self.rx_head).min(pdu::CMD_HLEN);
-        let offending: Vec<u8> = self.rx[self.rx_head..self.rx_head + n].to_vec();
+        let n = self.rx.len().min(pdu::CMD_HLEN);
+        let offending: Vec<u8> = self.rx.pending()[..n].to_vec();
         self.fatal_with(f, &offending);
     }
 

@@ -18,7 +18,6 @@ pub mod io;
 pub mod reactor;
 pub mod server;
 pub mod subsystem;
-pub mod tx;
 pub mod uring_net;
 
 pub use config::Config;

@@ -12,6 +12,7 @@
 
 pub mod crc;
 pub mod fabrics;
+pub mod framing;
 pub mod identify;
 pub mod log;
 pub mod pdu;

@@ -19,6 +19,11 @@ pub const TERM_MAX_PLEN: usize = 152;
 /// Header-only encodings never exceed this (a CapsuleCmd with header digest).
 pub const MAX_HDR_LEN: usize = CMD_HLEN + DIGEST_LEN;
 
+/// In-capsule data every controller accepts for admin commands and for
+/// Fabrics commands (Connect) on any queue, whatever IOCCSZ says (NVMe/TCP
+/// transport spec): hosts send Connect data in the capsule.
+pub const ADMIN_ICD_BYTES: usize = 8192;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum PduType {
