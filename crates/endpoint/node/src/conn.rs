@@ -235,8 +235,27 @@ pub struct Conn {
     stats_since_ns: u64,
     /// Time of the latest event (input, completion or timeout).
     now_ns: u64,
+    /// Set while an H2CData payload is received into its command's buffer.
+    direct: Option<Direct>,
     /// Scratch list of slots released by one `tx_advance` (kept to avoid allocating).
     released: Vec<u16>,
+}
+
+/// H2CData payloads at least this long are received straight into the
+/// command's buffer; shorter ones are cheaper to copy from the receive buffer
+/// than to spend extra `recv` calls on.
+pub const DIRECT_MIN_BYTES: usize = 16 << 10;
+
+/// An H2CData payload being received straight into a command's buffer.
+#[derive(Clone, Copy, Debug)]
+struct Direct {
+    slot: u16,
+    /// Payload range in the command's buffer, and the next byte expected.
+    start: u32,
+    next: u32,
+    end: u32,
+    flags: u8,
+    ddgst: bool,
 }
 
 /// Longest time batched statistics wait before reaching the shared counters.
@@ -288,6 +307,7 @@ impl Conn {
             backend_in_flight: 0,
             stats_since_ns: u64::MAX,
             now_ns,
+            direct: None,
             released: Vec::with_capacity(64),
         }
     }
@@ -296,13 +316,28 @@ impl Conn {
         self.queue.q.as_ref().map(|q| &q.ctrl)
     }
 
-    /// Free space to `recv` into (see [`RxBuf::space`]).
+    /// Free space to `recv` into: the receive buffer (see
+    /// [`RxBuf::space`]), or, while a large H2CData payload arrives, the
+    /// rest of that payload's place in its command's buffer.
     pub fn rx_space(&mut self) -> &mut [u8] {
-        self.rx.space()
+        match self.direct {
+            Some(d) if d.next < d.end => {
+                let slot = &mut self.slots[d.slot as usize];
+                let len = slot.req.xfer_len as usize;
+                &mut slot.req.buf.slice_mut(len)[d.next as usize..d.end as usize]
+            }
+            _ => self.rx.space(),
+        }
     }
 
     pub fn rx_commit(&mut self, n: usize) {
-        self.rx.commit(n);
+        match &mut self.direct {
+            Some(d) if d.next < d.end => {
+                debug_assert!(n <= (d.end - d.next) as usize);
+                d.next += n as u32;
+            }
+            _ => self.rx.commit(n),
+        }
     }
 
     /// Unparsed input waits and there is output room to parse it (parsing
@@ -357,6 +392,9 @@ impl Conn {
     pub fn process(&mut self, ctx: &mut Ctx) {
         self.now_ns = ctx.now_ns;
         while self.state != State::Closing && self.tx.has_room() {
+            if !self.end_direct(ctx) {
+                break;
+            }
             let avail = self.rx.len();
             let Some(ch) = CommonHeader::decode(self.rx.pending()) else {
                 break;
@@ -377,7 +415,11 @@ impl Conn {
                 Err(f) => return self.fatal(f),
             };
             if avail < layout.plen {
-                break;
+                match self.start_direct(&layout) {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(f) => return self.fatal(f),
+                }
             }
             // Consumed before handling; its bytes stay in place until the
             // next rx_space (in-capsule data is read from there).
@@ -589,14 +631,9 @@ impl Conn {
             .push_bytes(NO_RELEASE, |b| pdu::encode_r2t(b, &r, d));
     }
 
-    fn on_h2c_data(
-        &mut self,
-        ctx: &mut Ctx,
-        h: DataHdr,
-        fl: u8,
-        data: std::ops::Range<usize>,
-        ddgst_ok: bool,
-    ) -> Result<(), Fatal> {
+    /// Checks an H2CData header against the command it answers; returns
+    /// the slot. `data_len` is the payload length its PDU carries.
+    fn check_h2c(&self, h: &DataHdr, data_len: usize) -> Result<u16, Fatal> {
         let s = h.ttag;
         let ok = (s as usize) < self.slots.len() && {
             let slot = &self.slots[s as usize];
@@ -605,25 +642,46 @@ impl Conn {
         if !ok {
             return Err(Fatal::new(fes::PDU_SEQUENCE_ERROR, 0));
         }
-        if h.datal as usize != data.len() {
+        if h.datal as usize != data_len {
             return Err(Fatal::new(fes::INVALID_HEADER_FIELD, 16));
         }
         if h.datal as u64 > self.queue.reg.limits.max_h2c_data.0 {
             return Err(Fatal::new(fes::DATA_LIMIT_EXCEEDED, 0));
         }
-        let slot = &mut self.slots[s as usize];
-        let xfer_len = slot.req.xfer_len;
-        if h.datao != slot.recv_len || h.datao as u64 + h.datal as u64 > xfer_len as u64 {
+        let slot = &self.slots[s as usize];
+        if h.datao != slot.recv_len || h.datao as u64 + h.datal as u64 > slot.req.xfer_len as u64 {
             return Err(Fatal::new(fes::DATA_OUT_OF_RANGE, 0));
         }
-        let off = h.datao as usize;
-        slot.req.buf.slice_mut(xfer_len as usize)[off..off + data.len()]
-            .copy_from_slice(&self.rx[data]);
-        slot.recv_len += h.datal;
+        Ok(s)
+    }
+
+    fn on_h2c_data(
+        &mut self,
+        ctx: &mut Ctx,
+        h: DataHdr,
+        fl: u8,
+        data: std::ops::Range<usize>,
+        ddgst_ok: bool,
+    ) -> Result<(), Fatal> {
+        let s = self.check_h2c(&h, data.len())?;
+        let slot = &mut self.slots[s as usize];
+        let (off, xfer_len) = (h.datao as usize, slot.req.xfer_len as usize);
+        slot.req.buf.slice_mut(xfer_len)[off..off + data.len()].copy_from_slice(&self.rx[data]);
+        self.h2c_received(ctx, s, h.datal, fl, ddgst_ok);
+        Ok(())
+    }
+
+    /// `n` more bytes of slot `s`'s write data have arrived.
+    fn h2c_received(&mut self, ctx: &mut Ctx, s: u16, n: u32, fl: u8, ddgst_ok: bool) {
+        let slot = &mut self.slots[s as usize];
+        slot.recv_len += n;
         slot.h2c_error |= !ddgst_ok;
-        if slot.recv_len == xfer_len {
+        if slot.recv_len == slot.req.xfer_len {
             if fl & flags::LAST_PDU == 0 {
-                tracing::debug!("last H2CData of cid {:#x} lacks LAST_PDU", h.cccid);
+                tracing::debug!(
+                    "last H2CData of cid {:#x} lacks LAST_PDU",
+                    slot.req.sqe.cid()
+                );
             }
             slot.phase = Phase::Executing;
             if slot.h2c_error {
@@ -632,7 +690,60 @@ impl Conn {
                 self.execute(ctx, s);
             }
         }
-        Ok(())
+    }
+
+    /// An H2CData PDU whose header has arrived but whose payload has not:
+    /// checks the header, takes the payload bytes already received, and
+    /// points `rx_space` at the command's buffer for the rest, so large
+    /// write data is received straight into place (no copy through the
+    /// receive buffer). `false`: not eligible, wait for the whole PDU.
+    fn start_direct(&mut self, l: &Layout) -> Result<bool, Fatal> {
+        if l.pdu_type != PduType::H2CData
+            || l.data_len < DIRECT_MIN_BYTES
+            || self.rx.len() < l.data_off
+        {
+            return Ok(false);
+        }
+        let hdr = self.rx.pending();
+        pdu::verify_header_digest(l, hdr)?;
+        let h = DataHdr::decode(hdr);
+        let s = self.check_h2c(&h, l.data_len)?;
+        self.rx.consume(l.data_off);
+        let slot = &mut self.slots[s as usize];
+        let (start, end) = (h.datao as usize, h.datao as usize + l.data_len);
+        let have = self.rx.len().min(l.data_len);
+        let out = &mut slot.req.buf.slice_mut(slot.req.xfer_len as usize)[start..start + have];
+        out.copy_from_slice(&self.rx.pending()[..have]);
+        self.rx.consume(have);
+        self.direct = Some(Direct {
+            slot: s,
+            start: start as u32,
+            next: (start + have) as u32,
+            end: end as u32,
+            flags: l.flags,
+            ddgst: l.ddgst,
+        });
+        Ok(true)
+    }
+
+    /// Finishes a direct H2CData once its payload (and data digest) is in.
+    /// `false`: still waiting for bytes.
+    fn end_direct(&mut self, ctx: &mut Ctx) -> bool {
+        let Some(d) = self.direct else { return true };
+        if d.next < d.end || (d.ddgst && self.rx.len() < pdu::DIGEST_LEN) {
+            return false;
+        }
+        self.direct = None;
+        let slot = &self.slots[d.slot as usize];
+        let data =
+            &slot.req.buf.slice(slot.req.xfer_len as usize)[d.start as usize..d.end as usize];
+        let ok = !d.ddgst || {
+            let want = trellis_nvme::le32(self.rx.pending(), 0);
+            self.rx.consume(pdu::DIGEST_LEN);
+            trellis_nvme::crc::digest(data) == want
+        };
+        self.h2c_received(ctx, d.slot, d.end - d.start, d.flags, ok);
+        true
     }
 
     /// Runs the request's handler from the command table.
