@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Interleaved A/B of two `trellis` binaries as targets (for example the
+# previous main against this one): the same client (B's `trellis bench`),
+# the same workloads, targets alternating A B A B, repeated; prints the
+# median IOPS and p50 of each and the B/A ratio. This VM flips between a
+# fast and a slow regime from process to process, so only interleaved,
+# repeated runs are compared, and medians are quoted.
+#
+#   bench/ab-binaries.sh OLD_TRELLIS NEW_TRELLIS [REPS=3] [RUNTIME_S=3]
+#   env: TARGET_ARGS (extra `trellis target` flags for both), OUT (result dir)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 2 ] || { echo "usage: $0 OLD_TRELLIS NEW_TRELLIS [REPS] [RUNTIME_S]" >&2; exit 2; }
+A=$1 B=$2
+reps=${3:-3}
+rt=${4:-3}
+for t in "$A" "$B"; do [ -x "$t" ] || { echo "not an executable: $t" >&2; exit 2; }; done
+# shellcheck source=../tests/bench-lib.sh
+. tests/bench-lib.sh
+out=${OUT:-$(mktemp -d /tmp/trellis-ab.XXXXXX)}
+port=$(free_port 15420)
+workloads=("randread 4k 1" "randread 4k 32" "randread 4k 128" "randwrite 4k 32" "read 128k 8" "write 128k 8")
+for r in $(seq 1 "$reps"); do
+  for side in a b; do
+    T=$A; [ $side = b ] && T=$B
+    # shellcheck disable=SC2086
+    taskset -c 0 "$T" target --null 1G --listen 127.0.0.1:$port --reactors 1 ${TARGET_ARGS:-} \
+      >"$out/target-$side-$r.log" 2>&1 &
+    tp=$!
+    wait_port "$port" 10 || { echo "target $side did not start; see $out/target-$side-$r.log" >&2; kill $tp; exit 1; }
+    for w in "${workloads[@]}"; do
+      # shellcheck disable=SC2086
+      set -- $w
+      name="$1-$2-qd$3"
+      taskset -c 1 "$B" bench --addr 127.0.0.1:$port --nqn nqn.2026-11.io.trellis:default --rw "$1" --bs "$2" \
+        --iodepth "$3" --runtime "${rt}s" --ramp_time 1s --no_progress --json "$out/$side-$name-$r.json" \
+        >/dev/null 2>&1 || echo "run failed: $side $name" >&2
+    done
+    kill -INT $tp; wait $tp || true
+  done
+done
+python3 - "$out" "${workloads[@]}" <<'PY'
+import json, sys, glob, statistics
+out = sys.argv[1]
+print("| workload | A IOPS | B IOPS | B/A | A p50 µs | B p50 µs |")
+print("|---|---:|---:|---:|---:|---:|")
+for w in sys.argv[2:]:
+    rw, bs, qd = w.split()
+    name = f"{rw}-{bs}-qd{qd}"
+    med = {}
+    for side in ("a", "b"):
+        iops, p50 = [], []
+        for f in glob.glob(f"{out}/{side}-{name}-*.json"):
+            j = json.load(open(f))["jobs"][0]
+            iops.append(j["iops"]); p50.append(j["lat_us_p50"])
+        med[side] = (statistics.median(iops), statistics.median(p50)) if iops else (0, 0)
+    a, b = med["a"], med["b"]
+    ratio = b[0] / a[0] if a[0] else 0
+    print(f"| {rw} {bs} QD{qd} | {a[0]:.0f} | {b[0]:.0f} | {ratio:.2f} | {a[1]:.1f} | {b[1]:.1f} |")
+PY
+echo "raw JSON: $out"
