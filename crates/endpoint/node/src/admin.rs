@@ -1,9 +1,9 @@
 //! Fabrics (Connect, Property Get/Set) and admin commands, dispatched by
 //! opcode as in Linux nvmet's admin-cmd.c: one handler per command.
 
-use crate::cmd::Request;
 use crate::config::ListenerKind;
-use crate::conn::{Ctx, Exec, Queue, QueueCtx, QueueKind};
+use crate::exec::Request;
+use crate::exec::{Ctx, Exec, Queue, QueueCtx, QueueKind};
 use crate::subsystem::{Controller, Features, Subsystem};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};

@@ -9,95 +9,12 @@
 //! the same thing again. The Commands Supported and Effects log is generated
 //! from these tables ([`effects_log`]), so what we advertise is what we serve.
 
-use crate::backend::{IoReq, Op};
-use crate::buf::AlignedBuf;
-use crate::conn::{Exec, Queue, QueueKind};
+use crate::exec::{effect, on, Check, Command, Dir, Handler, Len, Queue, QueueKind, Request};
 use crate::io;
-use crate::subsystem::Namespace;
 use trellis_nvme::fabrics::fctype;
 use trellis_nvme::sqe::{admin as aop, io as iop};
 use trellis_nvme::status::generic;
 use trellis_nvme::{Sqe, Status};
-
-/// Where a command may run: bits of [`Command::on`].
-pub mod on {
-    /// A queue before its Fabrics Connect.
-    pub const UNCONNECTED: u8 = 1 << 0;
-    /// The admin queue of an NVM subsystem's controller.
-    pub const ADMIN: u8 = 1 << 1;
-    /// An I/O queue.
-    pub const IO: u8 = 1 << 2;
-    /// The admin queue of a discovery controller.
-    pub const DISCOVERY: u8 = 1 << 3;
-}
-
-/// Data direction (NVMe Base 2.0, Figure 88: opcode bits 1:0).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dir {
-    None,
-    ToCtrl,
-    ToHost,
-}
-
-/// How long the transfer (SGL1 length) must be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Len {
-    /// No data (the direction check already refuses any).
-    None,
-    /// Anything up to MDTS; the handler zero-fills what it does not use.
-    Any,
-    /// Exactly this many bytes.
-    Exact(u32),
-    /// NLB x the namespace's block size (Read, Write).
-    Blocks,
-    /// (NR + 1) x 16 bytes of ranges, at least (Dataset Management).
-    Ranges,
-    /// NUMD + 1 dwords (Get Log Page).
-    LogPage,
-}
-
-/// Commands Supported and Effects bits (NVMe Base 2.0, Figure 210).
-pub mod effect {
-    /// Command supported.
-    pub const CSUPP: u32 = 1 << 0;
-    /// Logical block content change.
-    pub const LBCC: u32 = 1 << 1;
-}
-
-/// A transport-independent handler: the queue's state, the reactor's
-/// context, and the request (its data buffer included).
-pub type Handler = fn(&mut Queue, &mut crate::conn::Ctx, &mut Request) -> Exec;
-
-/// A command-specific check that needs no data: runs at parse time, before
-/// any R2T, and may prepare the backend request.
-pub type Check = fn(&Namespace, &mut Request) -> Result<(), Status>;
-
-/// One row of the command table.
-pub struct Command {
-    pub name: &'static str,
-    pub opcode: u8,
-    /// Fabrics command type (only for opcode 7Fh rows).
-    pub fctype: u8,
-    /// [`on`] bits: the queues this command runs on.
-    pub on: u8,
-    /// Status when the opcode is known but sent to a queue it does not run on.
-    pub misplaced: Status,
-    /// Requires CC.EN = 1 and CSTS.RDY = 1 on the controller.
-    pub needs_ready: bool,
-    pub dir: Dir,
-    pub len: Len,
-    /// Names an active namespace in NSID.
-    pub needs_ns: bool,
-    /// Changes namespace content: refused on a read-only namespace.
-    pub media_write: bool,
-    /// The handler takes in-capsule data from `Ctx::icd` where it lies (no
-    /// copy); otherwise the transport copies it into the request's buffer.
-    pub icd_in_place: bool,
-    /// Commands Supported and Effects bits beyond CSUPP.
-    pub effects: u32,
-    pub check: Option<Check>,
-    pub exec: Handler,
-}
 
 const INVALID_OPCODE: Status = generic::INVALID_OPCODE.dnr();
 const SEQUENCE: Status = generic::COMMAND_SEQUENCE_ERROR.dnr();
@@ -322,105 +239,6 @@ const fn io_cmd(
     }
 }
 
-/// A command being executed, independent of the transport that carried it.
-pub struct Request {
-    pub sqe: Sqe,
-    /// The table row, set by [`parse`].
-    pub cmd: &'static Command,
-    /// Transfer length from SGL1.
-    pub xfer_len: u32,
-    /// Data buffer (in: write data; out: read data), at least `xfer_len`.
-    pub buf: AlignedBuf,
-    /// Identifies the request to the backend (connection and slot).
-    pub tag: u64,
-    /// Namespace (registry uid), or `NO_NS`.
-    pub ns_uid: u32,
-    /// The backend request prepared by the command's check.
-    pub io: IoReq,
-    /// The read's data is all zeroes (null backend): sent from a shared zero
-    /// buffer, so the data buffer is neither cleared nor touched.
-    pub zero_data: bool,
-    pub dw0: u32,
-    pub dw1: u32,
-}
-
-/// `Request::ns_uid` when the command names no namespace.
-pub const NO_NS: u32 = u32::MAX;
-
-/// The row of an opcode nobody implements: a placeholder so every request
-/// always has a row (it is never executed: parse refuses such commands).
-static UNKNOWN: Command = Command {
-    name: "unknown",
-    opcode: 0xFF,
-    fctype: 0,
-    on: 0,
-    misplaced: INVALID_OPCODE,
-    needs_ready: false,
-    dir: Dir::None,
-    len: Len::None,
-    needs_ns: false,
-    media_write: false,
-    icd_in_place: false,
-    effects: 0,
-    check: None,
-    exec: |_, _, _| Exec::Done(INVALID_OPCODE),
-};
-
-impl Request {
-    pub fn new() -> Request {
-        Request {
-            sqe: Sqe::default(),
-            cmd: &UNKNOWN,
-            xfer_len: 0,
-            buf: AlignedBuf::empty(),
-            tag: 0,
-            ns_uid: NO_NS,
-            io: IoReq::NONE,
-            zero_data: false,
-            dw0: 0,
-            dw1: 0,
-        }
-    }
-
-    /// Resets per-command state for a new command in the same slot.
-    pub fn reset(&mut self, sqe: Sqe) {
-        self.sqe = sqe;
-        self.cmd = &UNKNOWN;
-        self.xfer_len = 0;
-        self.ns_uid = NO_NS;
-        self.io = IoReq::NONE;
-        self.zero_data = false;
-        self.dw0 = 0;
-        self.dw1 = 0;
-    }
-
-    /// Whether the command's data goes to the host.
-    pub fn to_host(&self) -> bool {
-        self.cmd.dir == Dir::ToHost && self.xfer_len > 0
-    }
-
-    /// The slot index the transport packed into the tag.
-    pub fn slot(&self) -> u16 {
-        self.tag as u16
-    }
-
-    /// Copies `data` into the data buffer, zero-filled to the transfer length.
-    pub fn reply_data(&mut self, data: &[u8]) -> Exec {
-        let len = self.xfer_len as usize;
-        let out = self.buf.slice_mut(len);
-        let n = data.len().min(len);
-        out[..n].copy_from_slice(&data[..n]);
-        out[n..].fill(0);
-        Exec::Done(Status::SUCCESS)
-    }
-}
-
-impl Default for Request {
-    fn default() -> Self {
-        Request::new()
-    }
-}
-
 /// Finds the row for `sqe` on a queue of `kind` (`None`: not yet connected).
 fn lookup(sqe: &Sqe) -> Option<&'static Command> {
     if sqe.opcode() == aop::FABRICS {
@@ -534,18 +352,6 @@ pub fn effects_log(page: &mut [u8]) {
         .map(|c| (c.opcode, effect::CSUPP | c.effects))
         .collect();
     trellis_nvme::log::encode_commands_effects(&admin, &io, page);
-}
-
-/// A backend request with no data yet (Flush, Write Zeroes) or whose buffer
-/// the handler fills in (Read, Write).
-impl IoReq {
-    pub const NONE: IoReq = IoReq {
-        op: Op::Flush,
-        offset_bytes: 0,
-        len_bytes: 0,
-        buf: std::ptr::null_mut(),
-        fua: false,
-    };
 }
 
 #[cfg(test)]

@@ -6,10 +6,10 @@
 //! exchange, command slots, R2T/H2CData reassembly, responses, and fatal
 //! errors (a C2HTermReq, then close of this connection only).
 
-use crate::backend::BackendQueue;
-use crate::cmd::{self, Dir, Request};
+use crate::cmd;
 use crate::config::ListenerKind;
-use crate::subsystem::{Controller, Namespace, Registry};
+use crate::exec::{Ctx, Dir, Exec, Queue, QueueKind, Request};
+use crate::subsystem::{Controller, Registry};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -77,138 +77,6 @@ impl Slot {
             h2c_error: false,
             status: Status::SUCCESS,
             icd_at: NO_ICD,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QueueKind {
-    Admin,
-    Io,
-}
-
-/// What Connect established.
-pub struct QueueCtx {
-    pub qid: u16,
-    pub sqsize: u16,
-    pub kind: QueueKind,
-    pub ctrl: Arc<Controller>,
-    pub sqflow_disabled: bool,
-    pub sqhd: u16,
-}
-
-/// How a command handler finished.
-pub enum Exec {
-    Done(Status),
-    /// Done with result dwords (Connect, Property Get, features).
-    DoneWith(Status, u32, u32),
-    /// Submitted to the backend; completes via `backend_done`.
-    Pending,
-    /// Parked (AER).
-    Held,
-}
-
-/// Everything a connection borrows from its reactor while processing.
-pub struct Ctx<'a> {
-    pub now_ns: u64,
-    pub queues: &'a mut Vec<Option<Box<dyn BackendQueue>>>,
-    pub reg: &'a Registry,
-    pub scratch: &'a mut Vec<u8>,
-    /// In-capsule data of the command being executed; empty when its data
-    /// came through R2T (then it is in the request's buffer) or there is none.
-    pub icd: &'a [u8],
-}
-
-impl Ctx<'_> {
-    /// The reactor's queue for namespace `ns`, opened on first use.
-    pub fn queue(&mut self, ns: &Namespace) -> Option<&mut Box<dyn BackendQueue>> {
-        if self.queues.len() <= ns.uid {
-            self.queues.resize_with(ns.uid + 1, || None);
-        }
-        if self.queues[ns.uid].is_none() {
-            match ns.backend.open_queue() {
-                Ok(q) => self.queues[ns.uid] = Some(q),
-                Err(e) => {
-                    tracing::error!("cannot open backend queue for nsid {}: {e}", ns.nsid);
-                    return None;
-                }
-            }
-        }
-        self.queues[ns.uid].as_mut()
-    }
-}
-
-/// Statistics gathered per connection and added to the shared counters in
-/// batches, so reactors do not bounce shared cache lines per I/O.
-#[derive(Default)]
-pub struct LocalStats {
-    pub pending: Vec<(u32, u64, u64, u64, u64)>, // (ns uid, rd bytes, wr bytes, rd cmds, wr cmds)
-}
-
-/// What command handlers see of a queue: the controller it belongs to, the
-/// port it arrived on, held requests and batched statistics. No transport
-/// state: a second transport, or the simulator, could drive the handlers.
-pub struct Queue {
-    pub reg: Arc<Registry>,
-    pub peer: SocketAddr,
-    pub local: SocketAddr,
-    pub listener_kind: ListenerKind,
-    pub portid: u16,
-    /// Set by Connect.
-    pub q: Option<QueueCtx>,
-    /// Requests (by slot) parked as AERs.
-    pub aers: Vec<u16>,
-    /// Per-namespace (uid, [rd bytes, wr bytes, rd cmds, wr cmds]) not yet
-    /// added to the shared counters.
-    stats: Vec<(u32, [u64; 4])>,
-}
-
-impl Queue {
-    /// The active namespace `nsid` of this queue's subsystem.
-    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
-        self.q
-            .as_ref()?
-            .ctrl
-            .subsys
-            .as_ref()?
-            .namespace(nsid)
-            .map(|n| &**n)
-    }
-
-    /// Counts a successful Read or Write in the batched statistics; false
-    /// when the command is not one that counts.
-    fn count(&mut self, req: &Request) -> bool {
-        let rw = matches!(
-            req.sqe.opcode(),
-            trellis_nvme::sqe::io::READ | trellis_nvme::sqe::io::WRITE
-        );
-        if req.ns_uid == cmd::NO_NS || !rw || self.q.as_ref().is_some_and(|q| q.qid == 0) {
-            return false;
-        }
-        let (uid, len) = (req.ns_uid, req.xfer_len as u64);
-        let w = req.sqe.opcode() == trellis_nvme::sqe::io::WRITE;
-        let i = match self.stats.iter().position(|e| e.0 == uid) {
-            Some(i) => i,
-            None => {
-                self.stats.push((uid, [0; 4]));
-                self.stats.len() - 1
-            }
-        };
-        let e = &mut self.stats[i].1;
-        let k = w as usize;
-        e[k] += len;
-        e[2 + k] += 1;
-        true
-    }
-
-    /// Adds batched statistics to the shared namespace counters.
-    pub fn flush_stats(&mut self) {
-        for (uid, v) in self.stats.drain(..) {
-            let st = &self.reg.namespaces[uid as usize].stats;
-            st.read_bytes.fetch_add(v[0], Relaxed);
-            st.write_bytes.fetch_add(v[1], Relaxed);
-            st.read_cmds.fetch_add(v[2], Relaxed);
-            st.write_cmds.fetch_add(v[3], Relaxed);
         }
     }
 }
@@ -284,16 +152,7 @@ impl Conn {
         let free = (0..slots.len() as u16).rev().collect();
         Conn {
             idx,
-            queue: Queue {
-                reg,
-                peer,
-                local,
-                listener_kind,
-                portid,
-                q: None,
-                aers: Vec::new(),
-                stats: Vec::new(),
-            },
+            queue: Queue::new(reg, peer, local, listener_kind, portid),
             state: State::AwaitIcReq,
             digests: Digests::default(),
             // 64 KiB beyond one PDU so small PDUs arrive in batches.
@@ -837,7 +696,7 @@ impl Conn {
             lba: slot.req.sqe.slba(),
             nsid: slot.req.sqe.nsid(),
         });
-        if st.sct() == 2 && slot.req.ns_uid != cmd::NO_NS {
+        if st.sct() == 2 && slot.req.ns_uid != crate::exec::NO_NS {
             let ns = &self.queue.reg.namespaces[slot.req.ns_uid as usize];
             ns.stats.media_errors.fetch_add(1, Relaxed);
         }

@@ -3,7 +3,8 @@
 //! the random-input tests. Nothing here runs in the daemon.
 
 use crate::config::{BackendKind, Config, ListenerConfig, NamespaceConfig};
-use crate::conn::{Conn, Ctx};
+use crate::conn::Conn;
+use crate::exec::Ctx;
 use crate::subsystem::Registry;
 use std::sync::Arc;
 use trellis_nvme::fabrics::{ConnectCmd, ConnectData, PropertyCmd, CNTLID_DYNAMIC};

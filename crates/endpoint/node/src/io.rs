@@ -7,8 +7,8 @@
 //! backend queue.
 
 use crate::backend::{IoReq, Op};
-use crate::cmd::Request;
-use crate::conn::{Ctx, Exec, Queue};
+use crate::exec::Request;
+use crate::exec::{Ctx, Exec, Queue};
 use crate::subsystem::Namespace;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Sqe, Status};

@@ -12,6 +12,7 @@ pub mod buf;
 pub mod cmd;
 pub mod config;
 pub mod conn;
+pub mod exec;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod io;

@@ -9,7 +9,8 @@
 //! 70 µs on these VMs) between I/Os.
 
 use crate::backend::BackendQueue;
-use crate::conn::{Conn, Ctx};
+use crate::conn::Conn;
+use crate::exec::Ctx;
 use crate::subsystem::Registry;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -1,0 +1,350 @@
+//! What a command handler sees, independent of the transport: the
+//! [`Request`] (one command, its data buffer and prepared backend request),
+//! the [`Queue`] it arrived on (controller, port, held requests), the
+//! reactor's [`Ctx`], and the shape of a command table row ([`Command`]).
+//! The transport (`conn`) and the tables (`cmd`) build on these; handlers
+//! (`admin`, `io`) use only these.
+
+use crate::backend::{BackendQueue, IoReq, Op};
+use crate::buf::AlignedBuf;
+use crate::config::ListenerKind;
+use crate::subsystem::{Controller, Namespace, Registry};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use trellis_nvme::{Sqe, Status};
+
+/// Where a command may run: bits of [`Command::on`].
+pub mod on {
+    /// A queue before its Fabrics Connect.
+    pub const UNCONNECTED: u8 = 1 << 0;
+    /// The admin queue of an NVM subsystem's controller.
+    pub const ADMIN: u8 = 1 << 1;
+    /// An I/O queue.
+    pub const IO: u8 = 1 << 2;
+    /// The admin queue of a discovery controller.
+    pub const DISCOVERY: u8 = 1 << 3;
+}
+
+/// Data direction (NVMe Base 2.0, Figure 88: opcode bits 1:0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    None,
+    ToCtrl,
+    ToHost,
+}
+
+/// How long the transfer (SGL1 length) must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Len {
+    /// No data (the direction check already refuses any).
+    None,
+    /// Anything up to MDTS; the handler zero-fills what it does not use.
+    Any,
+    /// Exactly this many bytes.
+    Exact(u32),
+    /// NLB x the namespace's block size (Read, Write).
+    Blocks,
+    /// (NR + 1) x 16 bytes of ranges, at least (Dataset Management).
+    Ranges,
+    /// NUMD + 1 dwords (Get Log Page).
+    LogPage,
+}
+
+/// Commands Supported and Effects bits (NVMe Base 2.0, Figure 210).
+pub mod effect {
+    /// Command supported.
+    pub const CSUPP: u32 = 1 << 0;
+    /// Logical block content change.
+    pub const LBCC: u32 = 1 << 1;
+}
+
+/// A transport-independent handler: the queue's state, the reactor's
+/// context, and the request (its data buffer included).
+pub type Handler = fn(&mut Queue, &mut Ctx, &mut Request) -> Exec;
+
+/// A command-specific check that needs no data: runs at parse time, before
+/// any R2T, and may prepare the backend request.
+pub type Check = fn(&Namespace, &mut Request) -> Result<(), Status>;
+
+/// One row of the command table.
+pub struct Command {
+    pub name: &'static str,
+    pub opcode: u8,
+    /// Fabrics command type (only for opcode 7Fh rows).
+    pub fctype: u8,
+    /// [`on`] bits: the queues this command runs on.
+    pub on: u8,
+    /// Status when the opcode is known but sent to a queue it does not run on.
+    pub misplaced: Status,
+    /// Requires CC.EN = 1 and CSTS.RDY = 1 on the controller.
+    pub needs_ready: bool,
+    pub dir: Dir,
+    pub len: Len,
+    /// Names an active namespace in NSID.
+    pub needs_ns: bool,
+    /// Changes namespace content: refused on a read-only namespace.
+    pub media_write: bool,
+    /// The handler takes in-capsule data from `Ctx::icd` where it lies (no
+    /// copy); otherwise the transport copies it into the request's buffer.
+    pub icd_in_place: bool,
+    /// Commands Supported and Effects bits beyond CSUPP.
+    pub effects: u32,
+    pub check: Option<Check>,
+    pub exec: Handler,
+}
+
+/// A command being executed, independent of the transport that carried it.
+pub struct Request {
+    pub sqe: Sqe,
+    /// The table row, set by [`parse`].
+    pub cmd: &'static Command,
+    /// Transfer length from SGL1.
+    pub xfer_len: u32,
+    /// Data buffer (in: write data; out: read data), at least `xfer_len`.
+    pub buf: AlignedBuf,
+    /// Identifies the request to the backend (connection and slot).
+    pub tag: u64,
+    /// Namespace (registry uid), or `NO_NS`.
+    pub ns_uid: u32,
+    /// The backend request prepared by the command's check.
+    pub io: IoReq,
+    /// The read's data is all zeroes (null backend): sent from a shared zero
+    /// buffer, so the data buffer is neither cleared nor touched.
+    pub zero_data: bool,
+    pub dw0: u32,
+    pub dw1: u32,
+}
+
+/// `Request::ns_uid` when the command names no namespace.
+pub const NO_NS: u32 = u32::MAX;
+
+/// `Request::cmd` until the command table has found the row: never
+/// executed, since parse refuses a command without a row.
+pub static UNKNOWN: Command = Command {
+    name: "unknown",
+    opcode: 0xFF,
+    fctype: 0,
+    on: 0,
+    misplaced: trellis_nvme::status::generic::INVALID_OPCODE.dnr(),
+    needs_ready: false,
+    dir: Dir::None,
+    len: Len::None,
+    needs_ns: false,
+    media_write: false,
+    icd_in_place: false,
+    effects: 0,
+    check: None,
+    exec: |_, _, _| Exec::Done(trellis_nvme::status::generic::INVALID_OPCODE.dnr()),
+};
+
+impl Request {
+    pub fn new() -> Request {
+        Request {
+            sqe: Sqe::default(),
+            cmd: &UNKNOWN,
+            xfer_len: 0,
+            buf: AlignedBuf::empty(),
+            tag: 0,
+            ns_uid: NO_NS,
+            io: IoReq::NONE,
+            zero_data: false,
+            dw0: 0,
+            dw1: 0,
+        }
+    }
+
+    /// Resets per-command state for a new command in the same slot.
+    pub fn reset(&mut self, sqe: Sqe) {
+        self.sqe = sqe;
+        self.cmd = &UNKNOWN;
+        self.xfer_len = 0;
+        self.ns_uid = NO_NS;
+        self.io = IoReq::NONE;
+        self.zero_data = false;
+        self.dw0 = 0;
+        self.dw1 = 0;
+    }
+
+    /// Whether the command's data goes to the host.
+    pub fn to_host(&self) -> bool {
+        self.cmd.dir == Dir::ToHost && self.xfer_len > 0
+    }
+
+    /// The slot index the transport packed into the tag.
+    pub fn slot(&self) -> u16 {
+        self.tag as u16
+    }
+
+    /// Copies `data` into the data buffer, zero-filled to the transfer length.
+    pub fn reply_data(&mut self, data: &[u8]) -> Exec {
+        let len = self.xfer_len as usize;
+        let out = self.buf.slice_mut(len);
+        let n = data.len().min(len);
+        out[..n].copy_from_slice(&data[..n]);
+        out[n..].fill(0);
+        Exec::Done(Status::SUCCESS)
+    }
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Request::new()
+    }
+}
+
+/// A backend request with no data yet (Flush, Write Zeroes) or whose buffer
+/// the handler fills in (Read, Write).
+impl IoReq {
+    pub const NONE: IoReq = IoReq {
+        op: Op::Flush,
+        offset_bytes: 0,
+        len_bytes: 0,
+        buf: std::ptr::null_mut(),
+        fua: false,
+    };
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueKind {
+    Admin,
+    Io,
+}
+
+/// What Connect established.
+pub struct QueueCtx {
+    pub qid: u16,
+    pub sqsize: u16,
+    pub kind: QueueKind,
+    pub ctrl: Arc<Controller>,
+    pub sqflow_disabled: bool,
+    pub sqhd: u16,
+}
+
+/// How a command handler finished.
+pub enum Exec {
+    Done(Status),
+    /// Done with result dwords (Connect, Property Get, features).
+    DoneWith(Status, u32, u32),
+    /// Submitted to the backend; completes via `backend_done`.
+    Pending,
+    /// Parked (AER).
+    Held,
+}
+
+/// Everything a connection borrows from its reactor while processing.
+pub struct Ctx<'a> {
+    pub now_ns: u64,
+    pub queues: &'a mut Vec<Option<Box<dyn BackendQueue>>>,
+    pub reg: &'a Registry,
+    pub scratch: &'a mut Vec<u8>,
+    /// In-capsule data of the command being executed; empty when its data
+    /// came through R2T (then it is in the request's buffer) or there is none.
+    pub icd: &'a [u8],
+}
+
+impl Ctx<'_> {
+    /// The reactor's queue for namespace `ns`, opened on first use.
+    pub fn queue(&mut self, ns: &Namespace) -> Option<&mut Box<dyn BackendQueue>> {
+        if self.queues.len() <= ns.uid {
+            self.queues.resize_with(ns.uid + 1, || None);
+        }
+        if self.queues[ns.uid].is_none() {
+            match ns.backend.open_queue() {
+                Ok(q) => self.queues[ns.uid] = Some(q),
+                Err(e) => {
+                    tracing::error!("cannot open backend queue for nsid {}: {e}", ns.nsid);
+                    return None;
+                }
+            }
+        }
+        self.queues[ns.uid].as_mut()
+    }
+}
+
+/// What command handlers see of a queue: the controller it belongs to, the
+/// port it arrived on, held requests and batched statistics. No transport
+/// state: a second transport, or the simulator, could drive the handlers.
+pub struct Queue {
+    pub reg: Arc<Registry>,
+    pub peer: SocketAddr,
+    pub local: SocketAddr,
+    pub listener_kind: ListenerKind,
+    pub portid: u16,
+    /// Set by Connect.
+    pub q: Option<QueueCtx>,
+    /// Requests (by slot) parked as AERs.
+    pub aers: Vec<u16>,
+    /// Per-namespace (uid, [rd bytes, wr bytes, rd cmds, wr cmds]) not yet
+    /// added to the shared counters.
+    stats: Vec<(u32, [u64; 4])>,
+}
+
+impl Queue {
+    pub fn new(
+        reg: Arc<Registry>,
+        peer: SocketAddr,
+        local: SocketAddr,
+        listener_kind: ListenerKind,
+        portid: u16,
+    ) -> Queue {
+        Queue {
+            reg,
+            peer,
+            local,
+            listener_kind,
+            portid,
+            q: None,
+            aers: Vec::new(),
+            stats: Vec::new(),
+        }
+    }
+
+    /// The active namespace `nsid` of this queue's subsystem.
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+        self.q
+            .as_ref()?
+            .ctrl
+            .subsys
+            .as_ref()?
+            .namespace(nsid)
+            .map(|n| &**n)
+    }
+
+    /// Counts a successful Read or Write in the batched statistics; false
+    /// when the command is not one that counts.
+    pub(crate) fn count(&mut self, req: &Request) -> bool {
+        let rw = matches!(
+            req.sqe.opcode(),
+            trellis_nvme::sqe::io::READ | trellis_nvme::sqe::io::WRITE
+        );
+        if req.ns_uid == NO_NS || !rw || self.q.as_ref().is_some_and(|q| q.qid == 0) {
+            return false;
+        }
+        let (uid, len) = (req.ns_uid, req.xfer_len as u64);
+        let w = req.sqe.opcode() == trellis_nvme::sqe::io::WRITE;
+        let i = match self.stats.iter().position(|e| e.0 == uid) {
+            Some(i) => i,
+            None => {
+                self.stats.push((uid, [0; 4]));
+                self.stats.len() - 1
+            }
+        };
+        let e = &mut self.stats[i].1;
+        let k = w as usize;
+        e[k] += len;
+        e[2 + k] += 1;
+        true
+    }
+
+    /// Adds batched statistics to the shared namespace counters.
+    pub fn flush_stats(&mut self) {
+        for (uid, v) in self.stats.drain(..) {
+            let st = &self.reg.namespaces[uid as usize].stats;
+            st.read_bytes.fetch_add(v[0], Relaxed);
+            st.write_bytes.fetch_add(v[1], Relaxed);
+            st.read_cmds.fetch_add(v[2], Relaxed);
+            st.write_cmds.fetch_add(v[3], Relaxed);
+        }
+    }
+}
