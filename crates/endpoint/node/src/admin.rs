@@ -86,7 +86,7 @@ impl Conn {
             Some(s) => &s.controllers,
             None => &self.reg.discovery_controllers,
         };
-        let mut ctrls = map.lock().unwrap();
+        let mut ctrls = crate::lock(map);
         if ctrls.len() >= max {
             return Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
         }
@@ -133,7 +133,7 @@ impl Conn {
         let Some(sub) = sub else {
             return invalid_param(false, ipo::SQE_QID);
         }; // discovery has no I/O queues
-        let ctrl = sub.controllers.lock().unwrap().get(&data.cntlid).cloned();
+        let ctrl = crate::lock(&sub.controllers).get(&data.cntlid).cloned();
         let Some(ctrl) = ctrl.filter(|c| c.hostnqn == data.hostnqn && !c.dead.load(Relaxed)) else {
             return invalid_param(true, ipo::DATA_CNTLID);
         };
@@ -143,7 +143,7 @@ impl Conn {
         if !ctrl.ready() {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
         }
-        if !ctrl.connected_qids.lock().unwrap().insert(cmd.qid) {
+        if !crate::lock(&ctrl.connected_qids).insert(cmd.qid) {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()); // queue already connected
         }
         tracing::debug!(
@@ -178,7 +178,9 @@ impl Conn {
 
     fn property_get(&self, sqe: &Sqe) -> Exec {
         let p = PropertyCmd::decode(sqe);
-        let ctrl = &self.q.as_ref().unwrap().ctrl;
+        let Some(ctrl) = self.q.as_ref().map(|q| &q.ctrl) else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()); // not connected
+        };
         let cap = fabrics::cap(self.reg.limits.max_queue_depth - 1, 15);
         let v: u64 = match (p.offset, p.size8) {
             (fabrics::prop::CAP, true) => cap,
@@ -198,7 +200,9 @@ impl Conn {
         if p.offset != fabrics::prop::CC || p.size8 {
             return Exec::Done(generic::INVALID_FIELD.dnr());
         }
-        let ctrl = self.q.as_ref().unwrap().ctrl.clone();
+        let Some(ctrl) = self.q.as_ref().map(|q| q.ctrl.clone()) else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()); // not connected
+        };
         let new = p.value as u32;
         let old = ctrl.cc.swap(new, Relaxed);
         if new & cc::EN != 0 && old & cc::EN == 0 {
@@ -236,7 +240,9 @@ impl Conn {
 
     /// Admin queue dispatch.
     pub(crate) fn exec_admin(&mut self, ctx: &mut Ctx, s: u16, sqe: &Sqe) -> Exec {
-        let ctrl = self.q.as_ref().unwrap().ctrl.clone();
+        let Some(ctrl) = self.q.as_ref().map(|q| q.ctrl.clone()) else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()); // not connected
+        };
         if sqe.opcode() == op::FABRICS {
             return self.exec_fabrics(ctx, sqe);
         }
@@ -414,7 +420,7 @@ impl Conn {
                 log::encode_supported_logs(&lids, page);
             }
             lid::ERROR => {
-                let errs = ctrl.errors.lock().unwrap();
+                let errs = crate::lock(&ctrl.errors);
                 page.resize(crate::subsystem::ERROR_LOG_ENTRIES * 64, 0);
                 for (i, e) in errs.entries.iter().enumerate() {
                     e.encode(&mut page[i * 64..]);
@@ -484,7 +490,7 @@ impl Conn {
         s.data_units_written = log::data_units(wb);
         s.power_on_hours = self.reg.uptime_hours() as u128;
         s.unsafe_shutdowns = self.reg.unsafe_shutdowns.load(Relaxed) as u128;
-        s.error_log_entries = ctrl.errors.lock().unwrap().count as u128;
+        s.error_log_entries = crate::lock(&ctrl.errors).count as u128;
         Ok(s)
     }
 
@@ -544,7 +550,7 @@ impl Conn {
             return Exec::Done(specific::FEATURE_NOT_SAVEABLE.dnr());
         }
         let disc = ctrl.is_discovery();
-        let mut f = ctrl.features.lock().unwrap();
+        let mut f = crate::lock(&ctrl.features);
         match fid {
             feat::KATO => {
                 ctrl.kato_ms.store(v, Relaxed);
@@ -598,7 +604,7 @@ impl Conn {
         let d = if sel == 1 {
             Features::default()
         } else {
-            ctrl.features.lock().unwrap().clone()
+            crate::lock(&ctrl.features).clone()
         };
         let v = match fid {
             feat::KATO => ctrl.kato_ms.load(Relaxed),

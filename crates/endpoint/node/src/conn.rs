@@ -155,13 +155,6 @@ impl Ctx<'_> {
     }
 }
 
-/// Statistics gathered per connection and added to the shared counters in
-/// batches, so reactors do not bounce shared cache lines per I/O.
-#[derive(Default)]
-pub struct LocalStats {
-    pub pending: Vec<(u32, u64, u64, u64, u64)>, // (ns uid, rd bytes, wr bytes, rd cmds, wr cmds)
-}
-
 pub struct Conn {
     pub idx: u32,
     pub reg: Arc<Registry>,
@@ -649,13 +642,14 @@ impl Conn {
             return;
         }
         let (uid, len, w) = (slot.ns_uid, slot.xfer_len as u64, slot.is_write);
-        let e = match self.stats.iter_mut().find(|e| e.0 == uid) {
-            Some(e) => e,
+        let i = match self.stats.iter().position(|e| e.0 == uid) {
+            Some(i) => i,
             None => {
                 self.stats.push((uid, [0; 4]));
-                self.stats.last_mut().unwrap()
+                self.stats.len() - 1
             }
         };
+        let e = &mut self.stats[i];
         if w {
             e.1[1] += len;
             e.1[3] += 1;
@@ -855,20 +849,16 @@ impl Conn {
         self.flush_stats();
         let Some(q) = &self.q else { return };
         let ctrl = q.ctrl.clone();
-        ctrl.connected_qids.lock().unwrap().remove(&q.qid);
+        crate::lock(&ctrl.connected_qids).remove(&q.qid);
         if q.kind == QueueKind::Admin {
             // The controller lives as long as its admin queue.
             ctrl.kill(self.close_reason.as_deref().unwrap_or("admin queue closed"));
             match &ctrl.subsys {
                 Some(sub) => {
-                    sub.controllers.lock().unwrap().remove(&ctrl.cntlid);
+                    crate::lock(&sub.controllers).remove(&ctrl.cntlid);
                 }
                 None => {
-                    self.reg
-                        .discovery_controllers
-                        .lock()
-                        .unwrap()
-                        .remove(&ctrl.cntlid);
+                    crate::lock(&self.reg.discovery_controllers).remove(&ctrl.cntlid);
                 }
             }
         }

@@ -75,15 +75,14 @@ impl Conn {
         if sqe.opcode() == op::FABRICS {
             return self.exec_fabrics(ctx, sqe);
         }
-        let q = self.q.as_ref().expect("connected");
-        if !q.ctrl.ready() {
+        // I/O queues exist only after a Connect to an NVM subsystem; anything
+        // else is out of sequence (and must not panic the reactor).
+        let Some(q) = self.q.as_ref() else {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
-        }
-        let sub = q
-            .ctrl
-            .subsys
-            .as_ref()
-            .expect("I/O queues belong to NVM subsystems");
+        };
+        let Some(sub) = q.ctrl.subsys.as_ref().filter(|_| q.ctrl.ready()) else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
         let Some(ns) = sub.namespace(sqe.nsid()) else {
             return Exec::Done(generic::INVALID_NAMESPACE.dnr());
         };

@@ -86,6 +86,8 @@ impl Tx {
             } else {
                 slot_ptr(e.data_slot)
             };
+            // SAFETY: entries only describe bytes inside their source (the
+            // arena, or a slot buffer of at least off + len bytes), and skip < len.
             let p = unsafe { base.add(e.off as usize + skip) };
             out.push(libc::iovec {
                 iov_base: p as *mut _,
