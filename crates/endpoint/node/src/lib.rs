@@ -16,10 +16,12 @@ pub mod backend;
 pub mod buf;
 pub mod config;
 pub mod conn;
+pub mod fault;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod io;
 pub mod reactor;
+pub mod ring;
 pub mod server;
 pub mod subsystem;
 pub mod tx;
