@@ -122,13 +122,12 @@ impl UringNet {
             crate::ring::SUBMIT_ATTEMPTS,
             lost.len()
         );
-        for &ud in &lost {
-            match decode(ud).1 {
-                Kind::Wake => self.wake_armed = false,
-                Kind::Timeout => self.timeout_armed = false,
-                _ => {}
-            }
-        }
+        // Waits happen on the new ring only: arm a wake-up read and a timeout
+        // there too, or an idle wait could never end. A wake-up read still
+        // running on the retired ring may take one wake-up; the new ring's
+        // timeout bounds that delay to idle_sleep_ms.
+        self.wake_armed = false;
+        self.timeout_armed = false;
         self.lost.extend(lost);
         if old.in_flight() > 0 {
             self.retired.push(old);

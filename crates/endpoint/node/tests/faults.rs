@@ -70,6 +70,7 @@ struct Setup {
     grace_ms: u64,
     /// Never sleep: only our own traffic stages socket operations.
     spin_forever: bool,
+    idle_sleep_ms: Option<u64>,
 }
 
 impl Default for Setup {
@@ -80,6 +81,7 @@ impl Default for Setup {
             reactors: 1,
             grace_ms: 5_000,
             spin_forever: false,
+            idle_sleep_ms: None,
         }
     }
 }
@@ -93,6 +95,9 @@ fn target(s: Setup) -> (trellis_target::Target, tempfile::TempDir) {
     cfg.target.shutdown_grace_ms = s.grace_ms;
     if s.spin_forever {
         cfg.target.idle_spin_us = 3_600_000_000;
+    }
+    if let Some(ms) = s.idle_sleep_ms {
+        cfg.target.idle_sleep_ms = ms;
     }
     cfg.listeners = vec![ListenerConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
@@ -232,6 +237,36 @@ fn socket_submit_failure_closes_only_the_affected_connection() {
     assert!(
         l.contains("closing connection: cannot queue its io_uring"),
         "log:\n{l}"
+    );
+    t.stop().expect("the target ran without a reactor failure");
+}
+
+#[test]
+fn socket_ring_retired_while_idle_still_wakes_for_new_connections() {
+    let _g = serial();
+    // Long idle sleeps: the only submits with entries come from our traffic.
+    let (t, _dir) = target(Setup {
+        engine: SocketEngine::Uring,
+        idle_sleep_ms: Some(2_000),
+        ..Setup::default()
+    });
+    let addr = t.local_addrs[0];
+    let mut a = controller(addr, NQN, 1, NO, 0);
+    round_trip(&mut a.io[0], 0, 1);
+    std::thread::sleep(Duration::from_millis(50)); // the reactor sleeps, wake-up and timeout armed
+    fault::fail_submits(1, libc::EIO);
+    send_read(&mut a.io[0], 0);
+    assert!(closed_within(&mut a.io[0].s, Duration::from_secs(5)));
+    std::thread::sleep(Duration::from_millis(50)); // asleep again, on the new ring
+                                                   // A new connection must wake the reactor: its wake-up read and timeout
+                                                   // from the retired ring cannot end a wait on the new one.
+    let t0 = Instant::now();
+    let mut b = controller(addr, NQN, 1, NO, 0);
+    round_trip(&mut b.io[0], 64, 1);
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "served in {:?}",
+        t0.elapsed()
     );
     t.stop().expect("the target ran without a reactor failure");
 }
