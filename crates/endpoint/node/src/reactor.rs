@@ -137,6 +137,7 @@ impl Entry {
     }
 }
 
+#[derive(Clone)]
 pub struct Shared {
     pub reg: Arc<Registry>,
     pub shutdown: Arc<AtomicBool>,
@@ -174,11 +175,23 @@ pub fn spawn(id: usize, cpu: Option<usize>, shared: Shared) -> std::io::Result<R
         std::thread::Builder::new()
             .name(format!("reactor-{id}"))
             .spawn(move || {
-                if let Some(cpu) = cpu {
-                    pin_to_cpu(cpu);
+                // run() catches panics of the loop and its cleanup; this
+                // catches the rest (setup), so no reactor dies unnoticed.
+                let (guard, alive_flag) = (shared.clone(), alive.clone());
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    if let Some(cpu) = cpu {
+                        pin_to_cpu(cpu);
+                    }
+                    Reactor::new(id, shared, rx, wake_fd, epfd, alive).run();
+                }));
+                if r.is_err() {
+                    alive_flag.store(false, Ordering::SeqCst);
+                    tracing::error!(
+                        reactor = id,
+                        "reactor panicked outside its loop; stopping the target"
+                    );
+                    guard.fail(format!("reactor {id} panicked outside its loop"));
                 }
-                let mut r = Reactor::new(id, shared, rx, wake_fd, epfd, alive);
-                r.run();
             })?
     };
     Ok(ReactorHandle {
