@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: everything CI checks, in one script.
-#   1. unit, protocol, bad-input and random-input tests of the whole workspace;
+#   1. unit, protocol, bad-input and random-input tests of the whole workspace,
+#      then the fault-injection tests (trellis-target, feature fault-injection),
+#      then clippy with warnings as errors (workspace lints in Cargo.toml);
 #   2. the Linux NVMe/TCP initiator interop test (QEMU guest, Debian kernel);
 #   3. a short cargo-fuzz smoke run of the PDU and command decoders;
 #   4. extra suites other crates register in scripts/test.d/*.sh (bench smoke, nvmet interop...).
@@ -16,6 +18,17 @@ step() { echo; echo "=== $* ==="; }
 
 step "cargo test --workspace"
 cargo test --workspace 2>&1 | tee /tmp/trellis-cargo-test.log || failed+=("cargo test")
+
+step "cargo test -p trellis-target --features fault-injection --test faults"
+# Failing io_uring submits, a panicking handler, I/O in flight at shutdown.
+cargo test -p trellis-target --features fault-injection --test faults 2>&1 \
+  | tee /tmp/trellis-cargo-test-faults.log || failed+=("fault injection tests")
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings || failed+=("clippy")
+# The fault-injection code and tests/faults.rs exist only with the feature.
+cargo clippy -p trellis-target --all-targets --features fault-injection -- -D warnings \
+  || failed+=("clippy (fault-injection)")
 
 step "build the trellis binary"
 cargo build -p trellis-cli

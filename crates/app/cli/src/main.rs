@@ -15,6 +15,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once at startup: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the storage node: an NVMe/TCP target (defaults: 1 GiB RAM namespace on 127.0.0.1:4420, discovery on 4420 and 8009).

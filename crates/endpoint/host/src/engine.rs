@@ -534,7 +534,7 @@ impl Engine {
                 r.digests, self.cfg.digests
             )));
         }
-        if r.maxh2cdata < MIN_MAXH2CDATA || r.maxh2cdata % 4 != 0 {
+        if r.maxh2cdata < MIN_MAXH2CDATA || !r.maxh2cdata.is_multiple_of(4) {
             return Err(Error::protocol(format!(
                 "ICResp MAXH2CDATA {} invalid",
                 r.maxh2cdata

@@ -83,7 +83,7 @@ impl Queue {
             Some(s) => &s.controllers,
             None => &self.reg.discovery_controllers,
         };
-        let mut ctrls = map.lock().unwrap();
+        let mut ctrls = crate::lock(map);
         if ctrls.len() >= max {
             return Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
         }
@@ -129,7 +129,7 @@ impl Queue {
         let Some(sub) = sub else {
             return invalid_param(false, ipo::SQE_QID);
         }; // discovery has no I/O queues
-        let ctrl = sub.controllers.lock().unwrap().get(&data.cntlid).cloned();
+        let ctrl = crate::lock(&sub.controllers).get(&data.cntlid).cloned();
         let Some(ctrl) = ctrl.filter(|c| c.hostnqn == data.hostnqn && !c.dead.load(Relaxed)) else {
             return invalid_param(true, ipo::DATA_CNTLID);
         };
@@ -139,7 +139,7 @@ impl Queue {
         if !ctrl.ready() {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
         }
-        if !ctrl.connected_qids.lock().unwrap().insert(cmd.qid) {
+        if !crate::lock(&ctrl.connected_qids).insert(cmd.qid) {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()); // queue already connected
         }
         tracing::debug!(
@@ -377,7 +377,7 @@ impl Queue {
                 log::encode_supported_logs(&lids, page);
             }
             lid::ERROR => {
-                let errs = ctrl.errors.lock().unwrap();
+                let errs = crate::lock(&ctrl.errors);
                 page.resize(crate::subsystem::ERROR_LOG_ENTRIES * 64, 0);
                 for (i, e) in errs.entries.iter().enumerate() {
                     e.encode(&mut page[i * 64..]);
@@ -430,7 +430,7 @@ impl Queue {
         s.data_units_written = log::data_units(wb);
         s.power_on_hours = self.reg.uptime_hours() as u128;
         s.unsafe_shutdowns = self.reg.unsafe_shutdowns.load(Relaxed) as u128;
-        s.error_log_entries = ctrl.errors.lock().unwrap().count as u128;
+        s.error_log_entries = crate::lock(&ctrl.errors).count as u128;
         Ok(s)
     }
 
@@ -494,7 +494,7 @@ impl Queue {
             return Exec::Done(specific::FEATURE_NOT_SAVEABLE.dnr());
         }
         let disc = ctrl.is_discovery();
-        let mut f = ctrl.features.lock().unwrap();
+        let mut f = crate::lock(&ctrl.features);
         match fid {
             feat::KATO => {
                 ctrl.kato_ms.store(v, Relaxed);
@@ -552,7 +552,7 @@ impl Queue {
         let d = if sel == 1 {
             Features::default()
         } else {
-            ctrl.features.lock().unwrap().clone()
+            crate::lock(&ctrl.features).clone()
         };
         let v = match fid {
             feat::KATO => ctrl.kato_ms.load(Relaxed),

@@ -233,11 +233,6 @@ impl Conn {
         self.backend_in_flight
     }
 
-    /// Shutdown gave up waiting for the backend (see reactor::close_all).
-    pub(crate) fn forget_backend_io(&mut self) {
-        self.backend_in_flight = 0;
-    }
-
     /// The queue ID once connected.
     pub fn qid(&self) -> Option<u16> {
         self.queue.q.as_ref().map(|q| q.qid)
@@ -923,21 +918,16 @@ impl Conn {
         self.flush_stats();
         let Some(q) = &self.queue.q else { return };
         let ctrl = q.ctrl.clone();
-        ctrl.connected_qids.lock().unwrap().remove(&q.qid);
+        crate::lock(&ctrl.connected_qids).remove(&q.qid);
         if q.kind == QueueKind::Admin {
             // The controller lives as long as its admin queue.
             ctrl.kill(self.close_reason.as_deref().unwrap_or("admin queue closed"));
             match &ctrl.subsys {
                 Some(sub) => {
-                    sub.controllers.lock().unwrap().remove(&ctrl.cntlid);
+                    crate::lock(&sub.controllers).remove(&ctrl.cntlid);
                 }
                 None => {
-                    self.queue
-                        .reg
-                        .discovery_controllers
-                        .lock()
-                        .unwrap()
-                        .remove(&ctrl.cntlid);
+                    crate::lock(&self.queue.reg.discovery_controllers).remove(&ctrl.cntlid);
                 }
             }
         }

@@ -1,6 +1,8 @@
 //! Drives one connection's state machine with arbitrary bytes, without
 //! sockets or threads: the entry point of the `cargo fuzz` targets and of
 //! the random-input tests. Nothing here runs in the daemon.
+// A test harness: a broken setup must crash the fuzzer loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::config::{BackendKind, Config, ListenerConfig, NamespaceConfig};
 use crate::conn::Conn;

@@ -5,6 +5,11 @@
 //! handlers, dispatched by opcode), `conn` (the sans-IO NVMe/TCP transport of
 //! one queue), `reactor` (threads, sockets, polling) and `server` (listeners,
 //! lifecycle). Only `reactor` and `server` touch sockets or threads.
+//!
+//! Nothing reachable from a peer may panic: unwrap and expect are denied
+//! outside tests, and a panic that happens anyway (a bug) is caught by its
+//! reactor, logged, and stops the target with an error (see `reactor`).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod admin;
 pub mod backend;
@@ -13,13 +18,25 @@ pub mod cmd;
 pub mod config;
 pub mod conn;
 pub mod exec;
+pub mod fault;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod io;
 pub mod reactor;
+pub mod ring;
 pub mod server;
 pub mod subsystem;
 pub mod uring_net;
 
 pub use config::Config;
 pub use server::Target;
+
+/// Locks a mutex whether or not it is poisoned. A poisoned lock means a
+/// reactor panicked while holding it; that reactor's failure already stops
+/// the target with an error, and the guarded data (controller maps, error
+/// logs, feature values) stay usable for the other reactors to finish their
+/// in-flight commands and tear down cleanly, so recovering the guard beats
+/// spreading the panic to every thread that touches the lock.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -7,18 +7,36 @@
 //! `idle_spin_us` without work the reactor sleeps in `epoll_wait`, so an idle
 //! target does not burn a core, while a busy one never pays a wake-up (about
 //! 70 µs on these VMs) between I/Os.
+//!
+//! Failure policy (fail-stop): a panic anywhere in a reactor's loop (a bug
+//! in a command handler, say) is caught. The reactor marks itself dead so
+//! the acceptor stops handing it connections, logs why at error level, shuts
+//! down every socket it owns (hosts see the connection end at once, not a
+//! hang), raises the target's shutdown flag, and records the failure, so
+//! [`crate::Target::wait`] returns an error and `trellis target` exits
+//! non-zero. The other reactors finish in-flight commands within the grace
+//! period. We stop rather than restart the reactor because a panic means an
+//! invariant broke while shared state (controllers, their queues) may be half
+//! updated: a supervisor (systemd, Kubernetes) restarting the process gives a
+//! clean state, and hosts reconnect (or fail over to another path) on their own.
+//!
+//! Shutdown never frees memory the kernel may still write: in-flight backend
+//! I/O is waited for (up to `shutdown_grace_ms`), then cancelled
+//! (IORING_OP_ASYNC_CANCEL) and waited for again (up to [`CANCEL_WAIT_NS`]);
+//! buffers of requests that still have not completed are leaked on purpose,
+//! with an error log line.
 
 use crate::backend::BackendQueue;
 use crate::conn::Conn;
 use crate::exec::Ctx;
 use crate::subsystem::Registry;
+use crate::uring_net::Kind;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 use trellis_nvme::Status;
 
@@ -28,26 +46,40 @@ pub fn now_ns() -> u64 {
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+const NS_PER_MS: u64 = 1_000_000;
+
 pub struct NewConn {
     pub stream: TcpStream,
     pub listener: usize,
 }
 
 pub struct ReactorHandle {
+    pub id: usize,
     pub tx: mpsc::Sender<NewConn>,
     wake_fd: RawFd,
+    /// Cleared by the reactor when it fails or exits: hand it nothing more.
+    alive: Arc<AtomicBool>,
     pub thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ReactorHandle {
-    /// Hands a connection to the reactor and wakes it if it sleeps.
-    pub fn give(&self, c: NewConn) {
-        if self.tx.send(c).is_ok() {
-            self.wake();
+    /// Hands a connection to the reactor and wakes it if it sleeps. Gives
+    /// the connection back if the reactor is dead or gone.
+    pub fn give(&self, c: NewConn) -> Result<(), NewConn> {
+        if !self.is_alive() {
+            return Err(c);
         }
+        self.tx.send(c).map_err(|e| e.0)?;
+        self.wake();
+        Ok(())
+    }
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
     }
     pub fn wake(&self) {
         let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local u64 to our eventfd, which
+        // stays open until this handle is dropped.
         unsafe { libc::write(self.wake_fd, &one as *const u64 as *const _, 8) };
     }
 }
@@ -57,6 +89,8 @@ impl Drop for ReactorHandle {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // SAFETY: the eventfd is ours and the reactor thread that also used
+        // it has been joined: nothing uses the fd after this close.
         unsafe { libc::close(self.wake_fd) };
     }
 }
@@ -64,6 +98,25 @@ impl Drop for ReactorHandle {
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Most iovecs per sendmsg (IOV_MAX is 1024; 256 already covers ~80 reads).
 const MAX_IOV: usize = 256;
+/// Events taken per epoll_wait; more simply wait for the next loop.
+const EPOLL_EVENTS: usize = 256;
+/// Initial room of the scratch buffer handlers build responses in (the
+/// largest admin payloads, e.g. a 4 KiB identify or a log page, fit).
+const SCRATCH_BYTES: usize = 64 << 10;
+/// Initial room for the backend completions of one loop.
+const DONE_CAPACITY: usize = 1024;
+/// Submission queue entries of the socket engine's ring: one receive and
+/// at most one send per connection, plus the wake-up read and the timeout.
+const SOCKET_RING_ENTRIES: u32 = 4096;
+/// After shutdown(2) of its socket, a connection's armed receive and send
+/// complete at once; this long is allowed before they count as stuck.
+const SOCKET_CLOSE_WAIT_NS: u64 = 100 * NS_PER_MS;
+/// After cancellation, how long to wait for the cancelled operations to
+/// complete. Cancelled (or shut-down) operations end in microseconds; what
+/// is still running after this (I/O stuck in a device) is leaked.
+pub const CANCEL_WAIT_NS: u64 = 2_000 * NS_PER_MS;
+/// Sleep between polls while waiting for in-flight operations at shutdown.
+const SHUTDOWN_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 
 struct Entry {
     stream: TcpStream,
@@ -84,35 +137,103 @@ struct Entry {
     zombie: bool,
 }
 
+impl Entry {
+    /// The kernel may still write into this connection's buffers.
+    fn kernel_owned(&self) -> bool {
+        self.conn.backend_in_flight() > 0 || self.recv_armed || self.send_armed
+    }
+}
+
+#[derive(Clone)]
 pub struct Shared {
     pub reg: Arc<Registry>,
     pub shutdown: Arc<AtomicBool>,
     pub connections: Arc<AtomicUsize>,
+    /// Why reactors failed; non-empty makes `Target::wait` return an error.
+    pub failures: Arc<Mutex<Vec<String>>>,
+}
+
+impl Shared {
+    /// Records a failure that must make the target exit non-zero, and stops it.
+    pub fn fail(&self, why: String) {
+        crate::lock(&self.failures).push(why);
+        self.shutdown.store(true, Ordering::SeqCst);
+    }
 }
 
 pub fn spawn(id: usize, cpu: Option<usize>, shared: Shared) -> std::io::Result<ReactorHandle> {
     let (tx, rx) = mpsc::channel();
+    // SAFETY: eventfd takes no pointers; the result is checked.
     let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if wake_fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let thread = std::thread::Builder::new()
-        .name(format!("reactor-{id}"))
-        .spawn(move || {
-            if let Some(cpu) = cpu {
-                pin_to_cpu(cpu);
-            }
-            let mut r = Reactor::new(id, shared, rx, wake_fd);
-            r.run();
-        })?;
+    let epfd = match epoll_with(wake_fd) {
+        Ok(fd) => fd,
+        Err(e) => {
+            // SAFETY: wake_fd was just created and is used by nothing else.
+            unsafe { libc::close(wake_fd) };
+            return Err(e);
+        }
+    };
+    let alive = Arc::new(AtomicBool::new(true));
+    let thread = {
+        let alive = alive.clone();
+        std::thread::Builder::new()
+            .name(format!("reactor-{id}"))
+            .spawn(move || {
+                // run() catches panics of the loop and its cleanup; this
+                // catches the rest (setup), so no reactor dies unnoticed.
+                let (guard, alive_flag) = (shared.clone(), alive.clone());
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    if let Some(cpu) = cpu {
+                        pin_to_cpu(cpu);
+                    }
+                    Reactor::new(id, shared, rx, wake_fd, epfd, alive).run();
+                }));
+                if r.is_err() {
+                    alive_flag.store(false, Ordering::SeqCst);
+                    tracing::error!(
+                        reactor = id,
+                        "reactor panicked outside its loop; stopping the target"
+                    );
+                    guard.fail(format!("reactor {id} panicked outside its loop"));
+                }
+            })?
+    };
     Ok(ReactorHandle {
+        id,
         tx,
         wake_fd,
+        alive,
         thread: Some(thread),
     })
 }
 
+/// An epoll instance watching `wake_fd`.
+fn epoll_with(wake_fd: RawFd) -> std::io::Result<RawFd> {
+    // SAFETY: epoll_create1 takes no pointers; the result is checked.
+    let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if epfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: WAKE_TOKEN,
+    };
+    // SAFETY: ev is a live local the kernel only reads; both fds are open.
+    if unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, wake_fd, &mut ev) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: epfd was just created and is used by nothing else.
+        unsafe { libc::close(epfd) };
+        return Err(e);
+    }
+    Ok(epfd)
+}
+
 fn pin_to_cpu(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data (zeroed is its empty set); CPU_SET and
+    // sched_setaffinity only touch the local set, passed with its own size.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
@@ -131,6 +252,7 @@ struct Reactor {
     rx: mpsc::Receiver<NewConn>,
     wake_fd: RawFd,
     epfd: RawFd,
+    alive: Arc<AtomicBool>,
     conns: Vec<Option<Entry>>,
     free: Vec<u32>,
     queues: Vec<Option<Box<dyn BackendQueue>>>,
@@ -146,78 +268,130 @@ struct Reactor {
     uring: Option<crate::uring_net::UringNet>,
 }
 
+/// The text of a caught panic.
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}
+
 impl Reactor {
-    fn new(id: usize, shared: Shared, rx: mpsc::Receiver<NewConn>, wake_fd: RawFd) -> Reactor {
-        let shared_engine = shared.reg.limits.socket_engine;
-        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        assert!(
-            epfd >= 0,
-            "epoll_create1: {}",
-            std::io::Error::last_os_error()
-        );
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: WAKE_TOKEN,
-        };
-        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, wake_fd, &mut ev) };
+    fn new(
+        id: usize,
+        shared: Shared,
+        rx: mpsc::Receiver<NewConn>,
+        wake_fd: RawFd,
+        epfd: RawFd,
+        alive: Arc<AtomicBool>,
+    ) -> Reactor {
+        let engine = shared.reg.limits.socket_engine;
         Reactor {
             id,
             shared,
             rx,
             wake_fd,
             epfd,
+            alive,
             conns: Vec::new(),
             free: Vec::new(),
             queues: Vec::new(),
-            scratch: Vec::with_capacity(64 << 10),
+            scratch: Vec::with_capacity(SCRATCH_BYTES),
             iov: Vec::with_capacity(MAX_IOV),
-            done: Vec::with_capacity(1024),
+            done: Vec::with_capacity(DONE_CAPACITY),
             last_work_ns: 0,
             timers: BinaryHeap::new(),
             next_gen: 0,
-            uring: open_uring(id, shared_engine),
+            uring: open_uring(id, engine),
         }
     }
 
+    /// Serves until shutdown, catching any panic (see the module comment for
+    /// the failure policy), then closes everything without freeing memory
+    /// the kernel may still write.
     fn run(&mut self) {
-        let mut events: Vec<libc::epoll_event> = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        // AssertUnwindSafe: after a panic the reactor's state is only used to
+        // close sockets and wait for the kernel, never to serve again.
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.serve()));
+        let grace_deadline = match outcome {
+            Ok(Ok(deadline)) => deadline,
+            Ok(Err(why)) => self.fail(&why),
+            Err(p) => self.fail(&format!("panicked: {}", panic_message(&*p))),
+        };
+        if catch_unwind(AssertUnwindSafe(|| self.close_all(grace_deadline))).is_err() {
+            tracing::error!(
+                reactor = self.id,
+                "closing connections panicked too; leaking all connection buffers"
+            );
+            self.shared
+                .fail(format!("reactor {} panicked while closing", self.id));
+            std::mem::forget(std::mem::take(&mut self.conns));
+        }
+        self.alive.store(false, Ordering::SeqCst);
+        self.refuse_new("the reactor has stopped");
+    }
+
+    /// The reactor failed: stop taking connections, close the sockets of
+    /// all it owns, and stop the target. Returns the deadline for in-flight
+    /// backend I/O (a full grace period from now).
+    fn fail(&mut self, why: &str) -> u64 {
+        self.alive.store(false, Ordering::SeqCst);
+        let live = self.conns.iter().flatten().filter(|e| !e.zombie).count();
+        tracing::error!(
+            reactor = self.id,
+            "reactor failed: {why}; closing its {live} connections and stopping the target \
+             (it will exit with an error)"
+        );
+        self.shared
+            .fail(format!("reactor {} failed: {why}", self.id));
+        for e in self.conns.iter_mut().flatten() {
+            if e.zombie {
+                continue;
+            }
+            tracing::error!(reactor = self.id, peer = %e.conn.peer(), "closing connection: its reactor failed");
+            e.conn.close_quietly(&format!("reactor {} failed", self.id));
+            // Hosts see the connection end now, not when the target exits.
+            let _ = e.stream.shutdown(std::net::Shutdown::Both);
+        }
+        self.refuse_new("its reactor failed");
+        now_ns() + self.shared.reg.limits.shutdown_grace_ms * NS_PER_MS
+    }
+
+    /// Closes connections handed over but not taken yet, with a log line.
+    fn refuse_new(&mut self, why: &str) {
+        while let Ok(nc) = self.rx.try_recv() {
+            let peer = nc.stream.peer_addr().ok();
+            tracing::warn!(reactor = self.id, ?peer, "closing new connection: {why}");
+            self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The loop. Returns the shutdown deadline once drained or past it; Err
+    /// when the socket engine cannot go on.
+    fn serve(&mut self) -> Result<u64, String> {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_EVENTS];
         let mut shutdown_deadline: Option<u64> = None;
         loop {
             let now = now_ns();
             if shutdown_deadline.is_none() && self.shared.shutdown.load(Ordering::Relaxed) {
                 shutdown_deadline =
-                    Some(now + self.shared.reg.limits.shutdown_grace_ms * 1_000_000);
+                    Some(now + self.shared.reg.limits.shutdown_grace_ms * NS_PER_MS);
             }
             if let Some(d) = shutdown_deadline {
                 if self.drained() || now > d {
-                    break;
+                    return Ok(d);
                 }
             }
+            let shutting = shutdown_deadline.is_some();
             let mut work = self.accept_new(now);
             if self.uring.is_some() {
-                work |= self.uring_step(now, shutdown_deadline.is_some());
-                work |= self.reap_backends(now);
-                work |= self.flush_all(now);
-                self.run_timers(now);
-                if work {
-                    self.last_work_ns = now;
-                }
-                continue;
-            }
-            let n = self.wait(&mut events, now);
-            for ev in &events[..n] {
-                work = true;
-                if ev.u64 == WAKE_TOKEN {
-                    let mut v: u64 = 0;
-                    unsafe { libc::read(self.wake_fd, &mut v as *mut u64 as *mut _, 8) };
-                    continue;
-                }
-                let idx = ev.u64 as usize;
-                if ev.events & (libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0
-                    && shutdown_deadline.is_none()
-                {
-                    self.receive(idx, now);
-                }
+                work |= self.uring_step(now, shutting)?;
+            } else {
+                work |= self.epoll_step(&mut events, now, shutting);
             }
             work |= self.reap_backends(now);
             work |= self.flush_all(now);
@@ -226,7 +400,28 @@ impl Reactor {
                 self.last_work_ns = now;
             }
         }
-        self.close_all();
+    }
+
+    /// epoll engine: wait (or poll) for readable sockets and receive.
+    fn epoll_step(&mut self, events: &mut [libc::epoll_event], now: u64, shutting: bool) -> bool {
+        let n = self.wait(events, now);
+        let mut work = false;
+        for ev in &events[..n] {
+            work = true;
+            if ev.u64 == WAKE_TOKEN {
+                let mut v: u64 = 0;
+                // SAFETY: reads 8 bytes into a live local u64 from our eventfd.
+                unsafe { libc::read(self.wake_fd, &mut v as *mut u64 as *mut _, 8) };
+                continue;
+            }
+            let idx = ev.u64 as usize;
+            if ev.events & (libc::EPOLLIN | libc::EPOLLERR | libc::EPOLLHUP) as u32 != 0
+                && !shutting
+            {
+                self.receive(idx, now);
+            }
+        }
+        work
     }
 
     /// Busy-polls (timeout 0) while there was recent work or backend I/O in
@@ -240,10 +435,12 @@ impl Reactor {
         } else {
             // Sleep until the next connection deadline, at most idle_sleep_ms.
             let until_ms = self.timers.peek().map_or(u64::MAX, |Reverse((t, _, _))| {
-                t.saturating_sub(now).div_ceil(1_000_000)
+                t.saturating_sub(now).div_ceil(NS_PER_MS)
             });
             until_ms.min(l.idle_sleep_ms) as i32
         };
+        // SAFETY: the kernel writes at most events.len() entries into the
+        // live slice; epfd is ours.
         let n = unsafe {
             libc::epoll_wait(self.epfd, events.as_mut_ptr(), events.len() as i32, timeout)
         };
@@ -265,7 +462,11 @@ impl Reactor {
             self.shared.connections.fetch_sub(1, Ordering::Relaxed);
             return;
         };
-        let l = &reg.listeners[nc.listener];
+        let Some(l) = reg.listeners.get(nc.listener) else {
+            tracing::error!(%peer, "connection from unknown listener {}; closing", nc.listener);
+            self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+            return;
+        };
         let (kind, portid) = (l.kind, l.portid);
         let idx = match self.free.pop() {
             Some(i) => i,
@@ -281,9 +482,11 @@ impl Reactor {
                 events: libc::EPOLLIN as u32,
                 u64: idx as u64,
             };
+            // SAFETY: ev is a live local the kernel only reads; fd is open.
             unsafe { libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         }
         tracing::debug!(reactor = self.id, %peer, "connection accepted");
+        // SAFETY: msghdr is plain C data; all-zero is a valid empty header.
         let msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
         self.next_gen = self.next_gen.wrapping_add(1);
         self.conns[idx as usize] = Some(Entry {
@@ -329,6 +532,8 @@ impl Reactor {
         if space.is_empty() {
             return; // parsing is stalled on output room; the socket keeps the bytes
         }
+        // SAFETY: the kernel writes at most space.len() bytes into the live,
+        // exclusively borrowed slice; recv is synchronous.
         let n = unsafe {
             libc::recv(
                 fd,
@@ -377,14 +582,20 @@ impl Reactor {
             let Some(e) = self.conns[idx].as_mut() else {
                 continue;
             };
+            let mut close_now = false;
             if let Some(u) = self.uring.as_mut() {
                 // io_uring: queue the send; the completion advances tx.
                 if e.conn.has_output() && !e.zombie && !e.send_armed {
                     e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
                     e.msg.msg_iov = e.iov.as_mut_ptr();
                     e.msg.msg_iovlen = e.iov.len() as _;
-                    u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg);
-                    e.send_armed = true;
+                    match u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg) {
+                        Ok(()) => e.send_armed = true,
+                        Err(err) => {
+                            not_queued(self.id, e, "send", &err.0);
+                            close_now = true;
+                        }
+                    }
                     work = true;
                 }
             } else if e.conn.has_output() && !e.zombie {
@@ -398,7 +609,7 @@ impl Reactor {
                     }
                 }
             }
-            if e.conn.wants_close() || e.zombie {
+            if close_now || e.conn.wants_close() || e.zombie {
                 self.close(idx);
             } else {
                 self.arm_timer(idx);
@@ -452,6 +663,7 @@ impl Reactor {
         if !e.zombie {
             let fd = e.stream.as_raw_fd();
             if self.uring.is_none() {
+                // SAFETY: EPOLL_CTL_DEL reads no event; both fds are open.
                 unsafe {
                     libc::epoll_ctl(self.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
                 };
@@ -462,7 +674,7 @@ impl Reactor {
             e.conn.close_quietly("closing");
             tracing::debug!(peer = %e.conn.peer(), reason = e.conn.close_reason(), "connection closed");
         }
-        if e.conn.backend_in_flight() > 0 || e.recv_armed || e.send_armed {
+        if e.kernel_owned() {
             return;
         }
         e.conn.on_close();
@@ -478,43 +690,124 @@ impl Reactor {
             .all(|e| e.conn.backend_in_flight() == 0 && (!e.conn.has_output() || e.zombie))
     }
 
-    fn close_all(&mut self) {
+    /// Backend requests and connection socket operations the kernel still
+    /// owns (the wake-up read and idle timeout do not count: they touch no
+    /// connection memory).
+    fn kernel_in_flight(&self) -> (usize, usize) {
+        let queued: usize = self.queues.iter().flatten().map(|q| q.in_flight()).sum();
+        let (mut backend, mut socket) = (0, 0);
+        for e in self.conns.iter().flatten() {
+            backend += e.conn.backend_in_flight();
+            socket += usize::from(e.recv_armed) + usize::from(e.send_armed);
+        }
+        (backend.max(queued), socket)
+    }
+
+    /// Closes every connection. Memory the kernel may still write (slot
+    /// buffers under backend I/O, receive buffers and msghdrs under socket
+    /// operations) is freed only once its operation completed: in-flight
+    /// backend I/O gets until `grace_deadline`, armed socket operations
+    /// [`SOCKET_CLOSE_WAIT_NS`]; then both are cancelled and get
+    /// [`CANCEL_WAIT_NS`]; what is still running then is leaked.
+    fn close_all(&mut self, grace_deadline: u64) {
+        self.refuse_new("the target is shutting down");
         for idx in 0..self.conns.len() {
-            if self.conns[idx].is_some() {
-                self.close(idx);
-            }
+            self.close(idx);
         }
-        // io_uring operations write into connection buffers: wait (bounded)
-        // for every armed one to complete before the buffers are freed.
-        let deadline = now_ns() + 2_000_000_000;
-        while self.uring.is_some()
-            && now_ns() < deadline
-            && self
-                .conns
-                .iter()
-                .flatten()
-                .any(|e| e.recv_armed || e.send_armed)
-        {
-            self.uring_step(now_ns(), true);
-            for idx in 0..self.conns.len() {
-                if self.conns[idx].is_some() {
-                    self.close(idx);
-                }
-            }
+        let settle = now_ns() + SOCKET_CLOSE_WAIT_NS;
+        self.wait_in_flight(grace_deadline.max(settle));
+        let (backend, socket) = self.kernel_in_flight();
+        if backend + socket > 0 {
+            let cancelled = self.cancel_in_flight();
+            tracing::warn!(
+                reactor = self.id,
+                "shutdown grace expired with {backend} backend requests and {socket} socket \
+                 operations in flight; {cancelled} cancellations issued"
+            );
+            self.wait_in_flight(now_ns() + CANCEL_WAIT_NS);
         }
-        for idx in 0..self.conns.len() {
-            if self.conns[idx].is_some() {
-                if let Some(e) = self.conns[idx].as_mut() {
-                    // The reactor is exiting: no more completions will be reaped.
-                    e.conn.forget_backend_io();
-                    e.recv_armed = false;
-                    e.send_armed = false;
-                }
-                self.close(idx);
-            }
-        }
+        self.leak_stuck();
+        // SAFETY: epfd is ours and no longer used by anything.
         unsafe { libc::close(self.epfd) };
     }
+
+    /// Reaps completions (closing connections as they finish) until nothing
+    /// is in flight or `deadline` passes.
+    fn wait_in_flight(&mut self, deadline: u64) {
+        loop {
+            let (backend, socket) = self.kernel_in_flight();
+            if backend + socket == 0 || now_ns() >= deadline {
+                return;
+            }
+            let mut work = self.reap_backends(now_ns());
+            if self.uring.is_some() {
+                // A failing engine only means fewer completions seen here;
+                // what stays in flight is leaked below.
+                work |= self.uring_step(now_ns(), true).unwrap_or(false);
+            }
+            for idx in 0..self.conns.len() {
+                self.close(idx);
+            }
+            if !work {
+                std::thread::sleep(SHUTDOWN_POLL);
+            }
+        }
+    }
+
+    /// Issues IORING_OP_ASYNC_CANCEL for every backend request and armed
+    /// socket operation; returns how many.
+    fn cancel_in_flight(&mut self) -> usize {
+        let mut n: usize = self
+            .queues
+            .iter_mut()
+            .flatten()
+            .map(|q| q.cancel_all())
+            .sum();
+        if let Some(u) = self.uring.as_mut() {
+            for (idx, e) in self.conns.iter().enumerate() {
+                let Some(e) = e else { continue };
+                for (armed, k) in [(e.recv_armed, Kind::Recv), (e.send_armed, Kind::Send)] {
+                    if armed && u.cancel(idx, k).is_ok() {
+                        n += 1;
+                    }
+                }
+            }
+            let _ = u.enter(false);
+        }
+        n
+    }
+
+    /// Leaks the buffers of connections the kernel may still write into:
+    /// freeing them would let a late completion corrupt reused memory.
+    fn leak_stuck(&mut self) {
+        for idx in 0..self.conns.len() {
+            let Some(e) = self.conns[idx].as_ref() else {
+                continue;
+            };
+            if e.kernel_owned() {
+                tracing::error!(
+                    reactor = self.id,
+                    peer = %e.conn.peer(),
+                    backend_requests = e.conn.backend_in_flight(),
+                    recv_armed = e.recv_armed,
+                    send_armed = e.send_armed,
+                    "operations still in flight after cancellation: leaking this connection's \
+                     buffers rather than freeing memory the kernel may write"
+                );
+                std::mem::forget(self.conns[idx].take());
+                self.shared.connections.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                self.close(idx);
+            }
+        }
+    }
+}
+
+/// A socket operation could not be queued: close that connection only.
+fn not_queued(reactor: usize, e: &mut Entry, what: &str, err: &std::io::Error) {
+    tracing::error!(reactor, peer = %e.conn.peer(), "closing connection: cannot queue its io_uring {what} ({err})");
+    e.conn
+        .close_quietly(&format!("io_uring {what} could not be submitted: {err}"));
 }
 
 fn open_uring(
@@ -524,7 +817,7 @@ fn open_uring(
     if engine != crate::config::SocketEngine::Uring {
         return None;
     }
-    match crate::uring_net::UringNet::new(4096) {
+    match crate::uring_net::UringNet::new(SOCKET_RING_ENTRIES) {
         Ok(u) => Some(u),
         Err(e) => {
             tracing::warn!(
@@ -538,43 +831,85 @@ fn open_uring(
 
 impl Reactor {
     /// io_uring engine: submit queued work, wait if idle, handle completions,
-    /// and keep one receive armed per live connection.
-    fn uring_step(&mut self, now: u64, shutting: bool) -> bool {
+    /// and keep one receive armed per live connection. Err when the engine
+    /// cannot go on (a submit failed for good and no new ring opens).
+    fn uring_step(&mut self, now: u64, shutting: bool) -> Result<bool, String> {
         let l = &self.shared.reg.limits;
         let spinning = now.saturating_sub(self.last_work_ns) < l.idle_spin_us * 1000;
         let in_flight = self.queues.iter().flatten().any(|q| q.in_flight() > 0);
         let sleep = !spinning && !in_flight;
         let idle_ms = l.idle_sleep_ms;
         let wake_fd = self.wake_fd;
-        let u = self.uring.as_mut().expect("uring engine");
+        let Some(u) = self.uring.as_mut() else {
+            return Ok(false);
+        };
         if !u.wake_armed {
             u.arm_wake(wake_fd);
         }
         if sleep && !u.timeout_armed {
             u.arm_timeout(idle_ms);
         }
-        u.enter(sleep);
-        let cqes = std::mem::take(&mut u.cqes);
-        let mut work = false;
+        u.enter(sleep)?;
+        let mut cqes = std::mem::take(&mut u.cqes);
+        let lost = std::mem::take(&mut u.lost);
+        let mut work = !lost.is_empty();
+        for &ud in &lost {
+            self.on_lost(ud);
+        }
         for &(ud, res) in &cqes {
             let (idx, kind) = crate::uring_net::decode(ud);
             match kind {
-                crate::uring_net::Kind::Wake => {
-                    self.uring.as_mut().unwrap().wake_armed = false;
+                Kind::Wake => {
+                    if let Some(u) = self.uring.as_mut() {
+                        u.wake_armed = false;
+                    }
                     work = true;
                 }
-                crate::uring_net::Kind::Timeout => {
-                    self.uring.as_mut().unwrap().timeout_armed = false
+                Kind::Timeout => {
+                    if let Some(u) = self.uring.as_mut() {
+                        u.timeout_armed = false;
+                    }
                 }
-                crate::uring_net::Kind::Recv => work |= self.on_recv_done(idx, res, now),
-                crate::uring_net::Kind::Send => work |= self.on_send_done(idx, res, now),
+                Kind::Cancel => {}
+                Kind::Recv => work |= self.on_recv_done(idx, res, now),
+                Kind::Send => work |= self.on_send_done(idx, res, now),
             }
         }
-        self.uring.as_mut().unwrap().cqes = cqes;
+        if let Some(u) = self.uring.as_mut() {
+            // Keep completions reaped meanwhile (by a retry inside a push).
+            cqes.clear();
+            cqes.append(&mut u.cqes);
+            u.cqes = cqes;
+        }
         if !shutting {
             self.arm_receives();
         }
-        work
+        Ok(work)
+    }
+
+    /// A socket operation never reached the kernel (its ring was retired):
+    /// it will never complete, so its connection is closed.
+    fn on_lost(&mut self, ud: u64) {
+        let (idx, kind) = crate::uring_net::decode(ud);
+        let Some(e) = self.conns.get_mut(idx).and_then(|e| e.as_mut()) else {
+            return;
+        };
+        let what = match kind {
+            Kind::Recv => {
+                e.recv_armed = false;
+                "receive"
+            }
+            Kind::Send => {
+                e.send_armed = false;
+                "send"
+            }
+            _ => return,
+        };
+        if !e.zombie {
+            let err = std::io::Error::other("submit failed, ring retired");
+            not_queued(self.id, e, what, &err);
+        }
+        self.close(idx);
     }
 
     fn on_recv_done(&mut self, idx: usize, res: i32, now: u64) -> bool {
@@ -628,7 +963,10 @@ impl Reactor {
     }
 
     fn arm_receives(&mut self) {
-        let u = self.uring.as_mut().expect("uring engine");
+        let Some(u) = self.uring.as_mut() else {
+            return;
+        };
+        let mut failed = Vec::new(); // allocates only on failure
         for (idx, slot) in self.conns.iter_mut().enumerate() {
             let Some(e) = slot.as_mut() else { continue };
             if e.recv_armed || e.zombie || e.conn.is_closing() {
@@ -639,8 +977,16 @@ impl Reactor {
             if space.is_empty() {
                 continue; // a zero-length receive would read as EOF
             }
-            u.arm_recv(idx, fd, space);
-            e.recv_armed = true;
+            match u.arm_recv(idx, fd, space) {
+                Ok(()) => e.recv_armed = true,
+                Err(err) => {
+                    not_queued(self.id, e, "receive", &err.0);
+                    failed.push(idx);
+                }
+            }
+        }
+        for idx in failed {
+            self.close(idx);
         }
     }
 }
@@ -652,9 +998,13 @@ fn send(e: &mut Entry, iov: &mut Vec<libc::iovec>, epfd: RawFd, idx: usize) -> b
     if iov.is_empty() {
         return false;
     }
+    // SAFETY: msghdr is plain C data; all-zero is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_mut_ptr();
     msg.msg_iovlen = iov.len() as _;
+    // SAFETY: msg and the iovecs it points to are live for the synchronous
+    // call, and each iovec points into the connection's tx or slot buffers,
+    // which tx_iovecs just listed and nothing modifies meanwhile.
     let n = unsafe {
         libc::sendmsg(
             e.stream.as_raw_fd(),
@@ -689,5 +1039,6 @@ fn arm_out(e: &mut Entry, epfd: RawFd, idx: usize, want: bool) {
         events,
         u64: idx as u64,
     };
+    // SAFETY: ev is a live local the kernel only reads; both fds are open.
     unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, e.stream.as_raw_fd(), &mut ev) };
 }

@@ -3,18 +3,23 @@
 use crate::config::Config;
 use crate::reactor::{self, NewConn, ReactorHandle, Shared};
 use crate::subsystem::Registry;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// How long the acceptor sleeps in poll(2) before looking at the shutdown
+/// flag again: the longest a stop waits for the acceptor.
+const ACCEPT_POLL_MS: i32 = 100;
 
 /// A running target. Dropping it does not stop it: call [`Target::stop`].
 pub struct Target {
     pub reg: Arc<Registry>,
     shutdown: Arc<AtomicBool>,
+    failures: Arc<Mutex<Vec<String>>>,
     acceptor: Option<std::thread::JoinHandle<()>>,
     reactors: Arc<Vec<ReactorHandle>>,
-    pub local_addrs: Vec<std::net::SocketAddr>,
+    pub local_addrs: Vec<SocketAddr>,
 }
 
 impl Target {
@@ -34,8 +39,9 @@ impl Target {
             listeners.push(sock);
         }
         let reg = Arc::new(Registry::build(&cfg)?);
-        let local_addrs = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let local_addrs = cfg.listeners.iter().map(|l| l.addr).collect();
         let shutdown = Arc::new(AtomicBool::new(false));
+        let failures = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));
         let mut reactors = Vec::new();
         for i in 0..cfg.target.reactors {
@@ -44,19 +50,27 @@ impl Target {
                 reg: reg.clone(),
                 shutdown: shutdown.clone(),
                 connections: connections.clone(),
+                failures: failures.clone(),
             };
             reactors.push(reactor::spawn(i, cpu, shared)?);
         }
         let reactors = Arc::new(reactors);
         let acceptor = {
-            let (reactors, shutdown, reg) = (reactors.clone(), shutdown.clone(), reg.clone());
+            let (reactors, reg) = (reactors.clone(), reg.clone());
+            let shared = Shared {
+                reg: reg.clone(),
+                shutdown: shutdown.clone(),
+                connections,
+                failures: failures.clone(),
+            };
             std::thread::Builder::new()
                 .name("acceptor".into())
-                .spawn(move || accept_loop(listeners, &reactors, &shutdown, &connections, &reg))?
+                .spawn(move || accept_thread(listeners, &reactors, &shared))?
         };
         Ok(Target {
             reg,
             shutdown,
+            failures,
             acceptor: Some(acceptor),
             reactors,
             local_addrs,
@@ -69,40 +83,74 @@ impl Target {
 
     /// Stops accepting, lets reactors finish in-flight commands (bounded by
     /// `shutdown_grace_ms`), closes every socket and flushes the backends.
-    pub fn stop(mut self) {
+    /// Err if a reactor failed (panicked) while the target ran.
+    pub fn stop(mut self) -> anyhow::Result<()> {
         self.shutdown.store(true, Ordering::SeqCst);
-        self.wait();
+        self.wait()
     }
 
-    /// Blocks until the shutdown flag is raised (e.g. by a signal), then stops.
-    pub fn wait(&mut self) {
+    /// Blocks until the shutdown flag is raised (by a signal, or by a
+    /// reactor that failed), then stops. Err if any reactor failed: the
+    /// process must then exit non-zero.
+    pub fn wait(&mut self) -> anyhow::Result<()> {
         if let Some(a) = self.acceptor.take() {
-            let _ = a.join();
+            if a.join().is_err() {
+                self.note_failure("the acceptor thread panicked".into());
+            }
         }
         for r in self.reactors.iter() {
             r.wake();
         }
+        let mut joined = Vec::new();
         if let Some(rs) = Arc::get_mut(&mut self.reactors) {
-            rs.clear(); // joins each reactor thread
+            for r in rs.iter_mut() {
+                if let Some(t) = r.thread.take() {
+                    joined.push((r.id, t.join().is_ok()));
+                }
+            }
+            rs.clear(); // closes each reactor's eventfd
+        }
+        for (id, ok) in joined {
+            if !ok {
+                self.note_failure(format!("reactor {id} thread panicked outside its loop"));
+            }
         }
         for ns in &self.reg.namespaces {
             if let Err(e) = ns.backend.sync_all() {
                 tracing::error!("flush of nsid {} failed: {e}", ns.nsid);
             }
         }
-        tracing::info!("target stopped");
+        let failures = std::mem::take(&mut *crate::lock(&self.failures));
+        if failures.is_empty() {
+            tracing::info!("target stopped");
+            Ok(())
+        } else {
+            tracing::error!("target stopped after a failure: {}", failures.join("; "));
+            anyhow::bail!("target failed: {}", failures.join("; "))
+        }
+    }
+
+    fn note_failure(&self, why: String) {
+        tracing::error!("{why}");
+        crate::lock(&self.failures).push(why);
     }
 }
 
-/// Polls the listeners (100 ms timeout so shutdown is noticed) and hands
-/// each accepted socket to a reactor, round-robin.
-fn accept_loop(
-    listeners: Vec<TcpListener>,
-    reactors: &[ReactorHandle],
-    shutdown: &AtomicBool,
-    connections: &AtomicUsize,
-    reg: &Registry,
-) {
+/// The acceptor thread: a panic here would silently stop all new
+/// connections, so it is caught and stops the target with an error.
+fn accept_thread(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: &Shared) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        accept_loop(listeners, reactors, shared)
+    }));
+    if r.is_err() {
+        tracing::error!("the acceptor panicked; stopping the target");
+        shared.fail("the acceptor panicked".into());
+    }
+}
+
+/// Polls the listeners (so shutdown is noticed within [`ACCEPT_POLL_MS`])
+/// and hands each accepted socket to a live reactor, round-robin.
+fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: &Shared) {
     let mut next = 0usize;
     let mut fds: Vec<libc::pollfd> = listeners
         .iter()
@@ -112,8 +160,11 @@ fn accept_loop(
             revents: 0,
         })
         .collect();
-    while !shutdown.load(Ordering::Relaxed) {
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 100) };
+    let max_connections = shared.reg.limits.max_connections;
+    while !shared.shutdown.load(Ordering::Relaxed) {
+        // SAFETY: fds is a live array of fds.len() pollfds that the kernel
+        // fills in; the listeners they name stay open for the whole loop.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, ACCEPT_POLL_MS) };
         if n <= 0 {
             continue;
         }
@@ -122,31 +173,85 @@ fn accept_loop(
                 continue;
             }
             while let Ok((stream, peer)) = l.accept() {
-                if connections.load(Ordering::Relaxed) >= reg.limits.max_connections {
+                if shared.connections.load(Ordering::Relaxed) >= max_connections {
                     tracing::warn!(%peer, "connection limit reached; refusing");
                     continue;
                 }
-                if stream.set_nonblocking(true).is_err() || stream.set_nodelay(true).is_err() {
+                if let Err(e) = stream.set_nonblocking(true).and(stream.set_nodelay(true)) {
+                    tracing::warn!(%peer, "cannot set up the accepted socket ({e}); closing");
                     continue;
                 }
-                connections.fetch_add(1, Ordering::Relaxed);
-                reactors[next % reactors.len()].give(NewConn {
+                shared.connections.fetch_add(1, Ordering::Relaxed);
+                let nc = NewConn {
                     stream,
                     listener: i,
-                });
-                next += 1;
+                };
+                if hand_off(reactors, &mut next, nc, peer).is_err() {
+                    tracing::error!(%peer, "no live reactor to serve the connection; closing it");
+                    shared.connections.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
     }
 }
 
-/// Runs a target until SIGINT or SIGTERM.
+/// Gives the connection to the next live reactor (round-robin, skipping
+/// dead ones); gives it back if every reactor is dead.
+fn hand_off(
+    reactors: &[ReactorHandle],
+    next: &mut usize,
+    mut nc: NewConn,
+    peer: SocketAddr,
+) -> Result<(), NewConn> {
+    for _ in 0..reactors.len() {
+        let Some(i) = next_live(reactors.len(), *next, |i| reactors[i].is_alive()) else {
+            break;
+        };
+        *next = i + 1;
+        match reactors[i].give(nc) {
+            Ok(()) => {
+                if !reactors[i].is_alive() {
+                    // It died while taking the connection: it may close the
+                    // socket unserved; say so rather than let it vanish.
+                    tracing::warn!(%peer, reactor = i, "reactor failed while taking the connection; it will be closed");
+                }
+                return Ok(());
+            }
+            Err(back) => nc = back,
+        }
+    }
+    Err(nc)
+}
+
+/// The first reactor at or after `start` (cyclically) for which `alive` holds.
+fn next_live(n: usize, start: usize, alive: impl Fn(usize) -> bool) -> Option<usize> {
+    (0..n).map(|k| (start + k) % n).find(|&i| alive(i))
+}
+
+/// Runs a target until SIGINT or SIGTERM. Err (so the process exits
+/// non-zero) if it cannot start or if a reactor failed.
 pub fn run(cfg: &Config) -> anyhow::Result<()> {
     let mut t = Target::start(cfg)?;
     let flag = t.shutdown_flag();
     signal_hook::flag::register(signal_hook::consts::SIGINT, flag.clone())?;
     signal_hook::flag::register(signal_hook::consts::SIGTERM, flag)?;
     tracing::info!("trellis target ready");
-    t.wait();
-    Ok(())
+    t.wait()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_live;
+
+    #[test]
+    fn next_live_skips_dead_reactors_round_robin() {
+        let alive = [true, false, true];
+        let f = |i: usize| alive[i];
+        assert_eq!(next_live(3, 0, f), Some(0));
+        assert_eq!(next_live(3, 1, f), Some(2));
+        assert_eq!(next_live(3, 3, f), Some(0));
+        assert_eq!(next_live(3, 5, f), Some(2));
+        assert_eq!(next_live(3, 0, |_| false), None);
+        assert_eq!(next_live(0, 0, |_| true), None);
+    }
 }

@@ -134,7 +134,7 @@ impl Controller {
         }
     }
     pub fn record_error(&self, e: ErrorEntry) {
-        let mut log = self.errors.lock().unwrap();
+        let mut log = crate::lock(&self.errors);
         log.count += 1;
         let mut e = e;
         e.error_count = log.count;
@@ -246,7 +246,7 @@ impl Registry {
     /// Allocates a controller ID in 1..=0xFFEF unique among live controllers,
     /// advancing round-robin so a just-freed ID is not handed out again at once.
     pub fn alloc_cntlid(&self, in_use: &dyn Fn(u16) -> bool) -> Option<u16> {
-        let mut next = self.next_cntlid.lock().unwrap();
+        let mut next = crate::lock(&self.next_cntlid);
         for _ in 0..0xFFEF {
             let id = *next;
             *next = if id >= 0xFFEF { 1 } else { id + 1 };

@@ -292,7 +292,7 @@ fn malformed_input_on(engine: trellis_target::config::SocketEngine) {
             while !stop.load(Ordering::Relaxed) || gen < 50 {
                 gen += 1;
                 let slba = 4096 + (gen % 64) * 256;
-                let blocks = if gen % 2 == 0 { 8 } else { 256 }; // in-capsule and R2T
+                let blocks = if gen.is_multiple_of(2) { 8 } else { 256 }; // in-capsule and R2T
                 let data = pattern(slba, blocks, gen);
                 let w = write(q, slba, &data);
                 assert!(
@@ -317,5 +317,5 @@ fn malformed_input_on(engine: trellis_target::config::SocketEngine) {
         ops.load(Ordering::Relaxed) >= 100,
         "the healthy connection kept working"
     );
-    t.stop();
+    t.stop().unwrap();
 }

@@ -69,7 +69,7 @@ fn identify_reports_what_linux_checks() {
     );
     let (cqe, _) = identify(&mut c.admin, 0, 5);
     assert_eq!(cqe.status, generic::INVALID_NAMESPACE.dnr());
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -103,7 +103,7 @@ fn write_read_verify_on(engine: trellis_target::config::SocketEngine) {
             );
         }
     }
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -139,7 +139,7 @@ fn flush_write_zeroes_and_deallocate_zero_the_data() {
         pattern(0, 64, 1)[8 * 512..16 * 512],
         "blocks outside the ranges are untouched"
     );
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -170,7 +170,7 @@ fn smart_log_counts_host_commands_and_data_units() {
     assert_eq!(s.host_read_commands, 3);
     assert_eq!(s.data_units_written, log::data_units(10 * 200 * 512));
     assert_eq!(s.data_units_read, log::data_units(3 * 200 * 512));
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -203,7 +203,7 @@ fn discovery_log_lists_allowed_subsystem_and_zero_fills() {
         e[2048..].iter().all(|&b| b == 0),
         "past the end reads zeroes"
     );
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -238,7 +238,7 @@ fn connect_refuses_unknown_host_and_subsystem_with_dnr() {
     assert!(write(&mut ok.io[0], 0, &pattern(0, 8, 1))
         .status
         .is_success());
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -251,7 +251,7 @@ fn keep_alive_timeout_tears_down_the_controller_and_its_queues() {
     std::thread::sleep(std::time::Duration::from_millis(1600));
     assert!(c.admin.closed(), "admin queue closed after KATO");
     assert!(c.io[0].closed(), "I/O queue closed with its controller");
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -283,7 +283,7 @@ fn set_features_number_of_queues_bounds_io_queue_connects() {
         generic::COMMAND_SEQUENCE_ERROR.dnr(),
         "a qid connects once"
     );
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -296,7 +296,7 @@ fn shutdown_notification_reports_complete() {
         0x8,
         "CSTS.SHST = shutdown complete"
     );
-    t.stop();
+    t.stop().unwrap();
 }
 
 /// A target over a file backend, for durability and read-only checks.
@@ -341,7 +341,7 @@ fn file_backend_keeps_acknowledged_writes_across_restart() {
             .0
             .status
             .is_success());
-        t.stop();
+        t.stop().unwrap();
     }
     let on_disk = std::fs::read(&path).unwrap();
     assert_eq!(
@@ -362,7 +362,7 @@ fn file_backend_keeps_acknowledged_writes_across_restart() {
         back == data,
         "a restarted target serves the data written before"
     );
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -390,7 +390,7 @@ fn read_only_namespace_refuses_writes_and_serves_reads() {
         IdNs::decode(&d).read_only,
         "Identify Namespace reports write protection"
     );
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -429,7 +429,7 @@ fn aers_are_held_and_limited_and_errors_are_logged() {
         trellis_nvme::Status::from_wire(trellis_nvme::le16(&log_page, 12)),
         generic::LBA_OUT_OF_RANGE.dnr()
     );
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -479,7 +479,7 @@ fn features_round_trip_and_unknown_ones_are_refused() {
     let hi = c.admin.prop_get(4, false);
     assert_eq!(cap, lo | hi << 32);
     assert_eq!(c.admin.prop_get(0x08, false), 0x0001_0400, "VS 1.4");
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -499,7 +499,7 @@ fn discovery_only_listener_refuses_io_subsystems() {
         .fabrics_connect(0, 31, DISCOVERY_NQN, HOST, CNTLID_DYNAMIC, 0)
         .status
         .is_success());
-    t.stop();
+    t.stop().unwrap();
 }
 
 #[test]
@@ -532,7 +532,7 @@ fn null_namespace_discards_writes_and_reads_zeroes_with_digests() {
             );
         }
     }
-    t.stop();
+    t.stop().unwrap();
 }
 
 /// With SQ flow control disabled (what `nvme connect-all` asks for when the
@@ -564,5 +564,5 @@ fn sq_flow_control_disabled_uses_success_flag_reads() {
         write(&mut q, 8, &pattern(8, 8, 3)).status.is_success(),
         "the next PDU on the queue is the write's CapsuleResp"
     );
-    t.stop();
+    t.stop().unwrap();
 }

@@ -197,11 +197,7 @@ impl WriteCost {
     /// One 100 ms window: MI toward 9.0 when writes look slow, else AD by 0.5.
     /// [G] divides a count by a count here (a bug); we use the latency sum (§1.b).
     pub fn end_window(&mut self, tmin_us: u64, tmax_us: u64) {
-        let w_avg = if self.writes == 0 {
-            0
-        } else {
-            self.write_lat_sum_us / self.writes
-        };
+        let w_avg = self.write_lat_sum_us.checked_div(self.writes).unwrap_or(0);
         if (self.reads > 0 && w_avg > tmin_us) || w_avg > tmax_us {
             self.fp10 = (self.fp10 + WC_MAX) / 2;
         } else {

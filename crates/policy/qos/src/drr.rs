@@ -58,7 +58,7 @@ pub struct Drr {
 
 impl Drr {
     pub fn new(cfg: &GimbalConfig) -> Self {
-        assert!(cfg.slots_per_ssd as usize <= SLOT_ENTRIES - 1);
+        assert!((cfg.slots_per_ssd as usize) < SLOT_ENTRIES);
         let tenants = (0..cfg.max_tenants)
             .map(|_| Tenant {
                 // Grows on demand up to the bound; no allocation once warm.
@@ -100,11 +100,8 @@ impl Drr {
 
     fn recompute_vqmaxqd(&mut self) {
         let s = self.slots_per_ssd;
-        self.vqmaxqd = if self.n_active == 0 {
-            s as i32
-        } else {
-            (s / self.n_active).max(1) as i32
-        };
+        // No active tenant: one may take every slot.
+        self.vqmaxqd = s.checked_div(self.n_active).map_or(s, |q| q.max(1)) as i32;
     }
 
     pub fn enqueue(&mut self, tenant: u16, req: Request) -> Result<(), QosError> {

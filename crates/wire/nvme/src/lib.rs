@@ -9,6 +9,7 @@
 //! Layout references are the NVMe Base 2.0, NVMe-oF 1.1 and NVMe/TCP transport
 //! specifications; `shared/reference/nvme-tcp-facts.md` maps the fields the
 //! Linux and SPDK peers actually check.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod crc;
 pub mod fabrics;
@@ -31,11 +32,15 @@ pub fn le16(b: &[u8], off: usize) -> u16 {
 }
 #[inline]
 pub fn le32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(b[off..off + 4].try_into().expect("4-byte slice"))
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
 }
 #[inline]
 pub fn le64(b: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(b[off..off + 8].try_into().expect("8-byte slice"))
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
 }
 #[inline]
 pub fn put16(b: &mut [u8], off: usize, v: u16) {

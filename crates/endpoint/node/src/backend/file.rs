@@ -7,6 +7,7 @@
 //! queue falls back to synchronous pread/pwrite with the same semantics.
 
 use super::{Backend, BackendQueue, IoReq, Op};
+use crate::ring::Ring;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -21,7 +22,14 @@ pub struct FileBackend {
     direct: bool,
 }
 
+/// `BLKGETSIZE64` from <linux/fs.h>: a block device's size in bytes
+/// (`_IOR(0x12, 114, size_t)`; libc does not export it).
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+/// Buffer alignment for O_DIRECT: a page satisfies every logical block size.
+const DIRECT_ALIGN: usize = 4096;
+/// Largest write of zeroes when fallocate is unsupported: big enough to
+/// amortise syscalls, small enough not to hold much memory.
+const ZERO_CHUNK: usize = 1 << 20;
 
 impl FileBackend {
     pub fn open(
@@ -64,6 +72,8 @@ impl FileBackend {
         let meta = file.metadata()?;
         let size_bytes = if meta.file_type().is_block_device() {
             let mut sz: u64 = 0;
+            // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which
+            // points to a live local u64; the fd is open for the whole call.
             let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64 as _, &mut sz) };
             anyhow::ensure!(
                 rc == 0,
@@ -88,18 +98,28 @@ impl FileBackend {
 /// O_DIRECT needs offsets and lengths aligned to the device's logical block;
 /// probe with one block-sized read at an odd block offset.
 fn direct_io_works(f: &File, block_size: u32) -> bool {
-    let layout = std::alloc::Layout::from_size_align(block_size as usize, 4096).unwrap();
-    unsafe {
-        let p = std::alloc::alloc(layout);
-        let rc = libc::pread(
+    let Ok(layout) = std::alloc::Layout::from_size_align(block_size as usize, DIRECT_ALIGN) else {
+        return false;
+    };
+    // SAFETY: the layout has a non-zero size (block sizes are validated to
+    // be at least 512); the pointer is checked for null before use.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: p points to block_size writable bytes that nothing else
+    // references; pread is synchronous, so they are not used after the call.
+    let rc = unsafe {
+        libc::pread(
             f.as_raw_fd(),
             p as *mut _,
             block_size as usize,
             block_size as i64,
-        );
-        std::alloc::dealloc(p, layout);
-        rc >= 0
-    }
+        )
+    };
+    // SAFETY: p came from alloc with this same layout and is freed once.
+    unsafe { std::alloc::dealloc(p, layout) };
+    rc >= 0
 }
 
 impl Backend for FileBackend {
@@ -107,7 +127,7 @@ impl Backend for FileBackend {
         self.size_bytes
     }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
-        match UringQueue::new(self.file.clone(), 256) {
+        match UringQueue::new(self.file.clone()) {
             Ok(q) => Ok(Box::new(q)),
             Err(e) => {
                 tracing::warn!(
@@ -137,6 +157,7 @@ impl Backend for FileBackend {
 /// done synchronously with fallocate, falling back to writing zeroes.
 fn zero_range(file: &File, off: u64, len: u64, punch: bool, fua: bool) -> Status {
     let s = zero_range_inner(file, off, len, punch);
+    // SAFETY: fdatasync only takes an fd, which `file` keeps open.
     if s.is_success() && fua && unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
         return media::WRITE_FAULT;
     }
@@ -150,17 +171,26 @@ fn zero_range_inner(file: &File, off: u64, len: u64, punch: bool) -> Status {
     } else {
         libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
     };
+    // SAFETY: fallocate takes no pointers; fd stays open for the call.
     if unsafe { libc::fallocate(fd, mode, off as i64, len as i64) } == 0 {
         return Status::SUCCESS;
     }
-    // Not supported here (some filesystems, some devices): write zeroes.
-    const CHUNK: usize = 1 << 20;
-    let layout = std::alloc::Layout::from_size_align(CHUNK, 4096).unwrap();
+    // Not supported here (some filesystems, some devices): write zeroes from
+    // an aligned buffer (O_DIRECT files need one).
+    let Ok(layout) = std::alloc::Layout::from_size_align(ZERO_CHUNK, DIRECT_ALIGN) else {
+        return generic::INTERNAL_ERROR;
+    };
+    // SAFETY: the layout has a non-zero size; null is checked below.
     let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+    if buf.is_null() {
+        return generic::INTERNAL_ERROR;
+    }
     let mut done = 0u64;
     let mut status = Status::SUCCESS;
     while done < len {
-        let n = (len - done).min(CHUNK as u64) as usize;
+        let n = (len - done).min(ZERO_CHUNK as u64) as usize;
+        // SAFETY: buf holds ZERO_CHUNK >= n initialised bytes; pwrite only
+        // reads them, synchronously.
         let rc = unsafe { libc::pwrite(fd, buf as *const _, n, (off + done) as i64) };
         if rc <= 0 {
             status = media::WRITE_FAULT;
@@ -168,6 +198,7 @@ fn zero_range_inner(file: &File, off: u64, len: u64, punch: bool) -> Status {
         }
         done += rc as u64;
     }
+    // SAFETY: buf came from alloc_zeroed with this layout and is freed once.
     unsafe { std::alloc::dealloc(buf, layout) };
     status
 }
@@ -209,8 +240,12 @@ struct SyncQueue {
 
 impl BackendQueue for SyncQueue {
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
+        crate::fault::io_panic_point();
         let fd = self.file.as_raw_fd();
         let mut done = 0u64;
+        // SAFETY (the calls below): by this function's contract req.buf is
+        // valid for len_bytes bytes and ours alone during the call; pread and
+        // pwritev2 are synchronous and stay within [buf + done, buf + len).
         let ok = match req.op {
             Op::Read | Op::Write => {
                 while done < req.len_bytes {
@@ -244,47 +279,96 @@ impl BackendQueue for SyncQueue {
     }
 }
 
+/// Submission queue entries of one backend ring (one per reactor and file
+/// namespace).
+const RING_ENTRIES: u32 = 256;
+/// Requests a queue holds at once: twice the ring, because a request keeps
+/// its slot from submit to reap while the ring holds it only until the
+/// kernel consumes it.
+const SLOTS_PER_RING_ENTRY: usize = 2;
+/// User data: the low 32 bits are a slot index; these bits mark our own
+/// auxiliary operations so their completions are not taken for requests.
+const CANCEL_BIT: u64 = 1 << 62;
+const DELAY_BIT: u64 = 1 << 61;
+const SLOT_MASK: u64 = u32::MAX as u64;
+
 /// One in-flight io_uring request; partial transfers are resubmitted.
 #[derive(Clone, Copy)]
 struct Pending {
     tag: u64,
     req: IoReq,
     done_bytes: u64,
+    /// The ring generation the request's current operation went to.
+    gen: u32,
+    /// Fault injection: how long a hard-linked timeout holds the read back.
+    /// Read by the kernel when the timeout is submitted, so it lives here.
+    delay: io_uring::types::Timespec,
 }
 
+/// Requests go to a per-reactor io_uring. When a submit fails for good the
+/// ring is retired (see [`crate::ring`]): requests it never consumed fail
+/// with [`super::SUBMIT_FAILED`], its running requests are still reaped, and
+/// the next request opens a new ring.
 struct UringQueue {
     file: Arc<File>,
-    ring: io_uring::IoUring,
+    ring: Option<Ring>,
+    gen: u32,
+    retired: Vec<(u32, Ring)>,
     slots: Vec<Option<Pending>>,
     free: Vec<u32>,
-    unsubmitted: usize,
+    /// Requests failed without the kernel, reported at the next `reap`.
+    failed: Vec<(u64, Status)>,
     /// Reused between reaps so the hot path does not allocate.
-    scratch: Vec<(u32, i32)>,
+    scratch: Vec<(u64, i32)>,
+}
+
+fn build_ring() -> std::io::Result<Ring> {
+    let ring = io_uring::IoUring::builder()
+        .setup_single_issuer()
+        .build(RING_ENTRIES)?;
+    Ok(Ring::new(ring))
 }
 
 impl UringQueue {
-    fn new(file: Arc<File>, entries: u32) -> std::io::Result<UringQueue> {
-        let ring = io_uring::IoUring::builder()
-            .setup_single_issuer()
-            .build(entries)?;
-        let n = entries as usize * 2;
+    fn new(file: Arc<File>) -> std::io::Result<UringQueue> {
+        let ring = build_ring()?;
+        let n = RING_ENTRIES as usize * SLOTS_PER_RING_ENTRY;
         Ok(UringQueue {
             file,
-            ring,
+            ring: Some(ring),
+            gen: 0,
+            retired: Vec::new(),
             slots: vec![None; n],
             free: (0..n as u32).rev().collect(),
-            unsubmitted: 0,
+            failed: Vec::new(),
             scratch: Vec::with_capacity(n),
         })
     }
 
-    fn push(&mut self, idx: u32) {
+    /// The current ring, opening a new one after a retirement.
+    fn ring(&mut self) -> Result<&mut Ring, Status> {
+        if self.ring.is_none() {
+            match build_ring() {
+                Ok(r) => self.ring = Some(r),
+                Err(e) => {
+                    tracing::error!("cannot open a backend io_uring ({e}); failing the request");
+                    return Err(super::SUBMIT_FAILED);
+                }
+            }
+        }
+        self.ring.as_mut().ok_or(super::SUBMIT_FAILED)
+    }
+
+    /// The entry for the next part of slot `idx`'s request.
+    fn entry(&self, idx: u32) -> Option<io_uring::squeue::Entry> {
         use io_uring::{opcode, types};
-        let p = self.slots[idx as usize].expect("pending slot");
+        let p = self.slots[idx as usize]?;
         let fd = types::Fd(self.file.as_raw_fd());
         let r = p.req;
         let rest = (r.len_bytes - p.done_bytes) as u32;
         let off = r.offset_bytes + p.done_bytes;
+        // SAFETY: done_bytes < len_bytes, so the pointer stays inside the
+        // request's buffer, which the submitter keeps valid (BackendQueue::submit).
         let buf = unsafe { r.buf.add(p.done_bytes as usize) };
         let e = match r.op {
             Op::Read => opcode::Read::new(fd, buf, rest).offset(off).build(),
@@ -295,27 +379,143 @@ impl UringQueue {
             Op::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            Op::WriteZeroes | Op::Discard => unreachable!("done synchronously"),
+            // Done synchronously by zero_or_discard, never queued.
+            Op::WriteZeroes | Op::Discard => return None,
         };
-        let e = e.user_data(idx as u64);
-        // The ring has as many entries as we allow in flight, but a full SQ
-        // can still happen between kicks: submit and retry once.
+        Some(e.user_data(idx as u64))
+    }
+
+    /// Queues the next part of slot `idx`'s request. On Err the slot is
+    /// still held: the caller frees it and reports the status.
+    fn push(&mut self, idx: u32) -> Result<(), Status> {
+        let e = self.entry(idx).ok_or(super::SUBMIT_FAILED)?;
+        let is_read = matches!(self.slots[idx as usize], Some(p) if p.req.op == Op::Read);
+        if let Some(ms) = is_read.then(crate::fault::read_delay_ms).flatten() {
+            return self.push_delayed(idx, e, ms);
+        }
+        for _ in 0..2 {
+            let gen = self.gen;
+            let ring = self.ring()?;
+            // SAFETY: the request's buffer stays valid until it completes (the
+            // BackendQueue::submit contract); if this entry is lost, the slot
+            // is failed only once the ring is retired and can no longer run it.
+            if unsafe { ring.push(&e) }.is_ok() {
+                if let Some(p) = self.slots[idx as usize].as_mut() {
+                    p.gen = gen;
+                }
+                return Ok(());
+            }
+            self.kick(); // full: submit what is queued (may retire the ring)
+        }
+        Err(super::SUBMIT_FAILED)
+    }
+
+    /// Fault injection: queues `e` behind a hard-linked timeout of `ms`, so
+    /// the read starts late but is real kernel I/O meanwhile.
+    fn push_delayed(
+        &mut self,
+        idx: u32,
+        e: io_uring::squeue::Entry,
+        ms: u64,
+    ) -> Result<(), Status> {
+        if self.ring()?.room() < 2 {
+            self.kick();
+        }
+        let gen = self.gen;
+        let Some(p) = self.slots[idx as usize].as_mut() else {
+            return Err(super::SUBMIT_FAILED);
+        };
+        p.gen = gen;
+        p.delay = std::time::Duration::from_millis(ms).into();
+        let ts = &p.delay as *const io_uring::types::Timespec;
+        let ring = self.ring()?;
+        if ring.room() < 2 {
+            return Err(super::SUBMIT_FAILED);
+        }
+        let t = io_uring::opcode::Timeout::new(ts)
+            .build()
+            .flags(io_uring::squeue::Flags::IO_HARDLINK)
+            .user_data(DELAY_BIT | idx as u64);
+        // SAFETY: the timespec lives in the slot, which stays put until the
+        // request completes or is failed as lost; the read is as in `push`.
         unsafe {
-            if self.ring.submission().push(&e).is_err() {
-                let _ = self.ring.submit();
-                self.unsubmitted = 0;
-                self.ring
-                    .submission()
-                    .push(&e)
-                    .expect("SQ has room after submit");
+            ring.push(&t).map_err(|_| super::SUBMIT_FAILED)?;
+            ring.push(&e).map_err(|_| super::SUBMIT_FAILED)
+        }
+    }
+
+    /// A submit failed for good: every entry the ring never consumed will
+    /// never run, so its request fails now; running ones are still reaped.
+    fn retire(&mut self, e: std::io::Error) {
+        let Some(mut old) = self.ring.take() else {
+            return;
+        };
+        let lost = old.take_lost();
+        tracing::error!(
+            "backend io_uring submit failed after {} attempts ({e}); failing {} queued \
+             requests with {} and opening a new ring",
+            crate::ring::SUBMIT_ATTEMPTS,
+            lost.iter()
+                .filter(|&&ud| ud & (CANCEL_BIT | DELAY_BIT) == 0)
+                .count(),
+            super::SUBMIT_FAILED
+        );
+        for ud in lost {
+            if ud & (CANCEL_BIT | DELAY_BIT) == 0 {
+                self.fail(ud as u32, super::SUBMIT_FAILED);
             }
         }
-        self.unsubmitted += 1;
+        if old.in_flight() > 0 {
+            self.retired.push((self.gen, old));
+        }
+        self.gen = self.gen.wrapping_add(1);
+    }
+
+    /// Frees slot `idx` and reports `st` for its request at the next reap.
+    fn fail(&mut self, idx: u32, st: Status) {
+        if let Some(p) = self.slots.get_mut(idx as usize).and_then(Option::take) {
+            self.free.push(idx);
+            self.failed.push((p.tag, st));
+        }
+    }
+
+    /// Handles one completion of a request operation; returns the request's
+    /// final status, or None while parts remain (resubmitted here).
+    fn complete(&mut self, idx: u32, res: i32) -> Option<(u64, Status)> {
+        let mut p = self.slots.get(idx as usize).copied().flatten()?;
+        let status = if res < 0 {
+            tracing::warn!(
+                "{:?} at {} failed: {}",
+                p.req.op,
+                p.req.offset_bytes,
+                std::io::Error::from_raw_os_error(-res)
+            );
+            io_error_status(p.req.op)
+        } else if p.req.op == Op::Flush {
+            Status::SUCCESS
+        } else if res == 0 {
+            io_error_status(p.req.op) // EOF inside the namespace
+        } else {
+            p.done_bytes += res as u64;
+            if p.done_bytes < p.req.len_bytes {
+                self.slots[idx as usize] = Some(p);
+                match self.push(idx) {
+                    Ok(()) => return None,
+                    Err(st) => st,
+                }
+            } else {
+                Status::SUCCESS
+            }
+        };
+        self.slots[idx as usize] = None;
+        self.free.push(idx);
+        Some((p.tag, status))
     }
 }
 
 impl BackendQueue for UringQueue {
     unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+        crate::fault::io_panic_point();
         if let Some(st) = zero_or_discard(&self.file, req) {
             return Some(st);
         }
@@ -328,65 +528,94 @@ impl BackendQueue for UringQueue {
             tag,
             req: *req,
             done_bytes: 0,
+            gen: self.gen,
+            delay: io_uring::types::Timespec::new(),
         });
-        self.push(idx);
-        None
+        match self.push(idx) {
+            Ok(()) => None,
+            Err(st) => {
+                self.slots[idx as usize] = None;
+                self.free.push(idx);
+                Some(st)
+            }
+        }
     }
 
     fn kick(&mut self) {
-        if self.unsubmitted > 0 {
-            let _ = self.ring.submit();
-            self.unsubmitted = 0;
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        if ring.staged() == 0 {
+            return;
+        }
+        if let Err(e) = ring.submit(0, &mut self.scratch) {
+            self.retire(e);
         }
     }
 
     fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
-        let mut n = 0;
-        let mut again = std::mem::take(&mut self.scratch);
-        again.clear();
-        {
-            let cq = self.ring.completion();
-            for c in cq {
-                again.push((c.user_data() as u32, c.result()));
+        let before = out.len();
+        out.append(&mut self.failed);
+        let mut cqes = std::mem::take(&mut self.scratch);
+        if let Some(r) = self.ring.as_mut() {
+            r.reap(&mut cqes);
+        }
+        for (_, r) in &mut self.retired {
+            r.reap_retired(&mut cqes);
+        }
+        self.retired.retain(|(_, r)| r.in_flight() > 0);
+        for &(ud, res) in &cqes {
+            if ud & (CANCEL_BIT | DELAY_BIT) != 0 {
+                continue; // our cancel or fault-delay operations
+            }
+            if let Some(done) = self.complete((ud & SLOT_MASK) as u32, res) {
+                out.push(done);
             }
         }
-        for &(idx, res) in &again {
-            let slot = &mut self.slots[idx as usize];
-            let mut p = slot.expect("completion for a live slot");
-            let status = if res < 0 {
-                tracing::warn!(
-                    "{:?} at {} failed: {}",
-                    p.req.op,
-                    p.req.offset_bytes,
-                    std::io::Error::from_raw_os_error(-res)
-                );
-                Some(io_error_status(p.req.op))
-            } else if p.req.op == Op::Flush {
-                Some(Status::SUCCESS)
-            } else if res == 0 {
-                Some(io_error_status(p.req.op)) // EOF inside the namespace
-            } else {
-                p.done_bytes += res as u64;
-                if p.done_bytes < p.req.len_bytes {
-                    *slot = Some(p);
-                    self.push(idx);
-                    None
-                } else {
-                    Some(Status::SUCCESS)
-                }
-            };
-            if let Some(s) = status {
-                self.slots[idx as usize] = None;
-                self.free.push(idx);
-                out.push((p.tag, s));
-                n += 1;
-            }
-        }
-        self.scratch = again;
-        n
+        cqes.clear();
+        self.scratch = cqes;
+        // Resubmissions inside `complete` may have failed as lost.
+        out.append(&mut self.failed);
+        out.len() - before
     }
 
     fn in_flight(&self) -> usize {
-        self.slots.len() - self.free.len()
+        self.slots.len() - self.free.len() + self.failed.len()
+    }
+
+    fn cancel_all(&mut self) -> usize {
+        if crate::fault::cancels_ignored() {
+            return 0;
+        }
+        self.kick();
+        let gen = self.gen;
+        let targets: Vec<u64> = (0..self.slots.len() as u64)
+            .filter(|&i| matches!(self.slots[i as usize], Some(p) if p.gen == gen))
+            .flat_map(|i| [i, DELAY_BIT | i])
+            .collect();
+        // Requests on retired rings cannot be cancelled: cancelling means
+        // submitting, and a retired ring is never submitted again.
+        let Some(ring) = self.ring.as_mut() else {
+            return 0;
+        };
+        let mut issued = 0;
+        for t in targets {
+            if ring.room() == 0 && ring.submit(0, &mut self.scratch).is_err() {
+                break;
+            }
+            let e = io_uring::opcode::AsyncCancel::new(t)
+                .build()
+                .user_data(CANCEL_BIT | t);
+            // SAFETY: a cancel request points to no memory.
+            if unsafe { ring.push(&e) }.is_ok() {
+                issued += 1;
+            }
+        }
+        if let Err(e) = ring.submit(0, &mut self.scratch) {
+            tracing::error!("cannot submit cancellations: {e}");
+            return 0;
+        }
+        // Completions reaped during retries belong to the next reap.
+        issued
     }
 }

@@ -75,20 +75,42 @@ pub trait BackendQueue {
     fn in_flight(&self) -> usize {
         0
     }
+    /// Shutdown, grace expired: asks the kernel to cancel every request in
+    /// flight (IORING_OP_ASYNC_CANCEL). Their completions still arrive
+    /// through `reap` (as errors, or as successes if too late to cancel).
+    /// Returns how many cancellations were issued.
+    fn cancel_all(&mut self) -> usize {
+        0
+    }
 }
+
+/// Status of a request that could not be handed to the kernel: a submit
+/// failed for good (after the retries of [`crate::ring::SUBMIT_ATTEMPTS`]) or
+/// no ring could be opened.
+///
+/// Internal Error (generic 06h, NVMe Base 2.1 §4.2.3.1: "not completed
+/// successfully due to an internal error"), with Do Not Retry clear: the
+/// next request goes to a fresh ring and may well succeed, and hosts
+/// (Linux, SPDK) retry a status without DNR. Not Command Interrupted (21h),
+/// which would say exactly "retry" but may only be returned to hosts that
+/// enabled ACRE in Host Behavior Support; not Namespace Not Ready (82h),
+/// which describes the whole namespace; not Transient Transport Error (22h),
+/// as no transport failed; not a media error (sct 2): the medium was never
+/// touched.
+pub const SUBMIT_FAILED: Status = trellis_nvme::status::generic::INTERNAL_ERROR;
 
 /// Opens the backend a namespace config names.
 pub fn open(cfg: &crate::config::NamespaceConfig) -> anyhow::Result<std::sync::Arc<dyn Backend>> {
     use crate::config::BackendKind;
+    use anyhow::Context;
+    // Config::validate guarantees size (null, ram) and path (file); checked
+    // again here so a caller that skipped validation gets an error, not a panic.
+    let size = || cfg.size.map(|s| s.0).context("namespace needs a size");
     Ok(match cfg.backend {
-        BackendKind::Null => {
-            std::sync::Arc::new(null::NullBackend::new(cfg.size.expect("validated").0))
-        }
-        BackendKind::Ram => {
-            std::sync::Arc::new(ram::RamBackend::new(cfg.size.expect("validated").0)?)
-        }
+        BackendKind::Null => std::sync::Arc::new(null::NullBackend::new(size()?)),
+        BackendKind::Ram => std::sync::Arc::new(ram::RamBackend::new(size()?)?),
         BackendKind::File => std::sync::Arc::new(file::FileBackend::open(
-            cfg.path.as_deref().expect("validated"),
+            cfg.path.as_deref().context("file namespace needs a path")?,
             cfg.size.map(|s| s.0),
             cfg.block_size,
             cfg.read_only,

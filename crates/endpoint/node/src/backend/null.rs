@@ -36,7 +36,10 @@ struct NullQueue;
 
 impl BackendQueue for NullQueue {
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
+        crate::fault::io_panic_point();
         if req.op == Op::Read {
+            // SAFETY: by this function's contract req.buf is valid for
+            // len_bytes bytes and ours alone during the call.
             // Reads return zeroes; slot buffers are reused, so clear them.
             std::ptr::write_bytes(req.buf, 0, req.len_bytes as usize);
         }

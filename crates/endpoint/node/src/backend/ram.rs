@@ -3,6 +3,7 @@
 
 use super::{Backend, BackendQueue, IoReq, Op};
 use std::sync::Arc;
+use trellis_nvme::status::generic;
 use trellis_nvme::Status;
 
 /// The mapping. Concurrent overlapping reads and writes from different
@@ -13,11 +14,18 @@ struct Region {
     ptr: *mut u8,
     len: usize,
 }
+// SAFETY: the region is plain memory owned by this value for its whole life
+// (unmapped only in Drop); sharing the pointer across threads is sound, and
+// the resulting data races between overlapping I/Os are those a device has
+// too (see above): they change bytes, never memory safety.
 unsafe impl Send for Region {}
+// SAFETY: as for Send.
 unsafe impl Sync for Region {}
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly the mapping made in RamBackend::new,
+        // and the last Arc is gone, so no queue can still use it.
         unsafe { libc::munmap(self.ptr as *mut _, self.len) };
     }
 }
@@ -30,6 +38,8 @@ impl RamBackend {
     pub fn new(size_bytes: u64) -> anyhow::Result<RamBackend> {
         let len = usize::try_from(size_bytes)?;
         // MAP_NORESERVE: a 1 GiB default namespace costs nothing until written.
+        // SAFETY: an anonymous mapping at an address the kernel picks
+        // touches no existing memory; failure is checked below.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -78,8 +88,14 @@ struct RamQueue {
 impl RamQueue {
     /// Zeroes a range: whole pages go back to the kernel (they read as zero),
     /// the unaligned edges are cleared by hand.
+    ///
+    /// # Safety
+    /// `off + len` must not exceed the region's length.
     unsafe fn zero(&self, off: usize, len: usize) {
+        /// madvise works on whole pages (4 KiB on every platform we run on).
         const PAGE: usize = 4096;
+        // SAFETY (below): first_page and last_page lie within [off, off + len],
+        // which the caller guarantees is inside the mapping.
         let base = self.region.ptr;
         let first_page = off.div_ceil(PAGE) * PAGE;
         let end = off + len;
@@ -100,13 +116,26 @@ impl RamQueue {
 
 impl BackendQueue for RamQueue {
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
-        let off = req.offset_bytes as usize;
-        let len = req.len_bytes as usize;
-        // The controller checked the LBA range; this guards the memory anyway.
-        assert!(
-            off.checked_add(len).is_some_and(|e| e <= self.region.len),
-            "ram I/O out of range"
-        );
+        crate::fault::io_panic_point();
+        let (Ok(off), Ok(len)) = (
+            usize::try_from(req.offset_bytes),
+            usize::try_from(req.len_bytes),
+        ) else {
+            return Some(generic::LBA_OUT_OF_RANGE.dnr());
+        };
+        // The controller checked the LBA range; this guards the memory anyway,
+        // with a status rather than a panic.
+        if off.checked_add(len).is_none_or(|e| e > self.region.len) {
+            tracing::error!(
+                "ram I/O at {off}+{len} outside the {} byte region",
+                self.region.len
+            );
+            return Some(generic::LBA_OUT_OF_RANGE.dnr());
+        }
+        // SAFETY (below): [off, off + len) is inside the mapping (checked
+        // above), and by this function's contract req.buf is valid for len
+        // bytes; a caller's buffer never lies inside the mapping, so the
+        // copies do not overlap.
         let p = self.region.ptr.add(off);
         match req.op {
             Op::Read => std::ptr::copy_nonoverlapping(p, req.buf, len),

@@ -78,7 +78,7 @@ impl Queue {
         let resp = IcResp::decode(&r);
         assert_eq!(resp.digests, dg, "ICResp echoes the requested digests");
         assert_eq!(resp.cpda, 0);
-        assert!(resp.maxh2cdata >= 4096 && resp.maxh2cdata % 4 == 0);
+        assert!(resp.maxh2cdata >= 4096 && resp.maxh2cdata.is_multiple_of(4));
         Queue { s, dg, cid: 0 }
     }
 
