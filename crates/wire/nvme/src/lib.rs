@@ -31,11 +31,23 @@ pub fn le16(b: &[u8], off: usize) -> u16 {
 }
 #[inline]
 pub fn le32(b: &[u8], off: usize) -> u32 {
-    u32::from_le_bytes(b[off..off + 4].try_into().expect("4-byte slice"))
+    u32::from_le_bytes(array(&b[off..off + 4]))
 }
 #[inline]
 pub fn le64(b: &[u8], off: usize) -> u64 {
-    u64::from_le_bytes(b[off..off + 8].try_into().expect("8-byte slice"))
+    u64::from_le_bytes(array(&b[off..off + 8]))
+}
+#[inline]
+pub fn le128(b: &[u8], off: usize) -> u128 {
+    u128::from_le_bytes(array(&b[off..off + 16]))
+}
+/// The first N bytes of `b` as an array (`b` is exactly N long at every
+/// call site; indexing panics like a slice would otherwise).
+#[inline]
+fn array<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[..N]);
+    a
 }
 #[inline]
 pub fn put16(b: &mut [u8], off: usize, v: u16) {

@@ -200,7 +200,7 @@ impl Smart {
         put128(b, 176, self.error_log_entries);
     }
     pub fn decode(b: &[u8]) -> Smart {
-        let g = |off: usize| u128::from_le_bytes(b[off..off + 16].try_into().unwrap());
+        let g = |off: usize| crate::le128(b, off);
         Smart {
             critical_warning: b[0],
             temperature_k: le16(b, 1),
