@@ -86,6 +86,9 @@ pub struct Completion {
     pub status: Status,
     pub dw0: u32,
     pub dw1: u32,
+    /// SQ head pointer reported by the controller (0xFFFF when SQ flow
+    /// control is disabled; 0 for reads completed by a SUCCESS C2HData).
+    pub sqhd: u16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -587,19 +590,20 @@ impl Engine {
                 }
             }
         }
-        self.complete(slot, cqe.status, cqe.dw0, cqe.dw1);
+        self.complete(Completion {
+            slot,
+            status: cqe.status,
+            dw0: cqe.dw0,
+            dw1: cqe.dw1,
+            sqhd: cqe.sqhd,
+        });
         Ok(())
     }
 
-    fn complete(&mut self, slot: u16, status: Status, dw0: u32, dw1: u32) {
-        self.slots[slot as usize].state = SlotState::User;
+    fn complete(&mut self, c: Completion) {
+        self.slots[c.slot as usize].state = SlotState::User;
         self.inflight -= 1;
-        self.done.push_back(Completion {
-            slot,
-            status,
-            dw0,
-            dw1,
-        });
+        self.done.push_back(c);
     }
 
     fn on_c2h(&mut self, l: &Layout, h: DataHdr) -> Result<()> {
@@ -694,7 +698,13 @@ impl Engine {
             )));
         }
         if fl & flags::SUCCESS != 0 {
-            self.complete(slot, Status::SUCCESS, 0, 0);
+            self.complete(Completion {
+                slot,
+                status: Status::SUCCESS,
+                dw0: 0,
+                dw1: 0,
+                sqhd: 0,
+            });
         }
         let _ = now;
         Ok(true)

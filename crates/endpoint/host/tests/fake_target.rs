@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use trellis_host::engine::{deallocate_sqe, rw_sqe, write_zeroes_sqe};
-use trellis_host::fake_target::{FakeConfig, FakeTarget, Fault};
+use trellis_testkit::fake_target::{FakeConfig, FakeTarget, Fault};
 use trellis_host::{discover, Controller, Digests, Error, HostConfig, Queue, Xfer};
 use trellis_nvme::sqe::io;
 use trellis_nvme::Sqe;

@@ -113,8 +113,7 @@ fn classes(addr: std::net::SocketAddr) {
     expect_term(&mut q, fes::INVALID_HEADER_FIELD, Some(field::TYPE));
 
     // A PDU before ICReq.
-    let s = Queue::raw(addr);
-    let mut q = Queue { s, dg: NO, cid: 0 };
+    let mut q = Queue::from_stream(Queue::raw(addr), NO);
     q.s.write_all(&write_capsule(72, 72, 72 + 512)).unwrap();
     expect_term(&mut q, fes::PDU_SEQUENCE_ERROR, None);
 
@@ -263,7 +262,7 @@ fn classes(addr: std::net::SocketAddr) {
     let mut s = Queue::raw(addr);
     s.write_all(&[0x16, 0x03, 0x01, 0x00, 0x50, 0x01, 0x00, 0x00])
         .unwrap();
-    let mut q = Queue { s, dg: NO, cid: 0 };
+    let mut q = Queue::from_stream(s, NO);
     assert!(q.closed());
 }
 
@@ -292,7 +291,7 @@ fn malformed_input_on(engine: trellis_target::config::SocketEngine) {
             while !stop.load(Ordering::Relaxed) || gen < 50 {
                 gen += 1;
                 let slba = 4096 + (gen % 64) * 256;
-                let blocks = if gen % 2 == 0 { 8 } else { 256 }; // in-capsule and R2T
+                let blocks = if gen.is_multiple_of(2) { 8 } else { 256 }; // in-capsule and R2T
                 let data = pattern(slba, blocks, gen);
                 let w = write(q, slba, &data);
                 assert!(
