@@ -319,7 +319,7 @@ mod tests {
             h[4..8].copy_from_slice(&len.to_le_bytes());
             req.extend_from_slice(&h);
             if kind == KIND_WRITE {
-                req.extend(std::iter::repeat(7u8).take(len as usize));
+                req.extend(std::iter::repeat_n(7u8, len as usize));
             }
         }
         c.write_all(&req).unwrap();

@@ -161,7 +161,7 @@ fn range_blocks(job: &JobSpec, nsze: u64, bsz: u32) -> Result<(u64, u64)> {
             job.max_bs()
         );
     }
-    if job.min_bs() % bsz != 0 {
+    if !job.min_bs().is_multiple_of(bsz) {
         bail!(
             "block size {} is not a multiple of the LBA size {bsz}",
             job.min_bs()

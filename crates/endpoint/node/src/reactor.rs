@@ -106,15 +106,8 @@ pub fn spawn(id: usize, cpu: Option<usize>, shared: Shared) -> std::io::Result<R
 }
 
 fn pin_to_cpu(cpu: usize) {
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(
-                "cannot pin reactor to CPU {cpu}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+        tracing::warn!("cannot pin reactor to CPU {cpu}");
     }
 }
 
