@@ -338,19 +338,14 @@ pub fn parse_digest(s: &str) -> Result<(bool, bool)> {
     Ok((h, d))
 }
 
-/// Sizes with fio-style binary suffixes: 512, 4k, 128K, 1m, 1g.
+/// Sizes with fio-style binary suffixes: 512, 4k, 128K, 1m, 1GiB. The same
+/// grammar as the node's `ByteSize` (the `parse-size` crate in binary mode:
+/// every unit a power of 1024, any case, with or without "B"/"iB").
 pub fn parse_size(s: &str) -> Result<u64> {
-    let s = s.trim().to_ascii_lowercase();
-    let s = s.trim_end_matches("ib").trim_end_matches('b');
-    let (num, mul) = match s.chars().last() {
-        Some('k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m') => (&s[..s.len() - 1], 1 << 20),
-        Some('g') => (&s[..s.len() - 1], 1 << 30),
-        Some('t') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    n.checked_mul(mul).context("size overflows")
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .with_context(|| format!("bad size {s:?} (use e.g. 512, 4k, 128K, 1m)"))
 }
 
 pub fn fmt_size(b: u64) -> String {
@@ -363,24 +358,26 @@ pub fn fmt_size(b: u64) -> String {
     }
 }
 
-/// Durations: plain seconds, or with ms/s/m suffix.
+/// Durations: a plain number of seconds ("10", "0.5", as fio), or anything
+/// `humantime` reads ("500ms", "30s", "2m", "1h 30m"); at most a week.
 pub fn parse_duration(s: &str) -> Result<Duration> {
     let s = s.trim();
-    let (num, scale) = if let Some(v) = s.strip_suffix("ms") {
-        (v, 1e-3)
-    } else if let Some(v) = s.strip_suffix('s') {
-        (v, 1.0)
-    } else if let Some(v) = s.strip_suffix('m') {
-        (v, 60.0)
-    } else {
-        (s, 1.0)
+    let d = match s.parse::<f64>() {
+        Ok(secs) if (0.0..=MAX_DURATION.as_secs_f64()).contains(&secs) => {
+            Duration::from_secs_f64(secs)
+        }
+        Ok(_) => bail!("duration {s:?} out of range"),
+        Err(_) => humantime::parse_duration(s)
+            .with_context(|| format!("bad duration {s:?} (use e.g. 10, 500ms, 30s, 2m)"))?,
     };
-    let v: f64 = num.parse().with_context(|| format!("bad duration {s:?}"))?;
-    if !(0.0..=86400.0 * 7.0).contains(&(v * scale)) {
+    if d > MAX_DURATION {
         bail!("duration {s:?} out of range");
     }
-    Ok(Duration::from_secs_f64(v * scale))
+    Ok(d)
 }
+
+/// The longest run or ramp accepted.
+const MAX_DURATION: Duration = Duration::from_secs(7 * 86400);
 
 fn parse_bssplit(s: &str) -> Result<Vec<(u32, u32)>> {
     let mut v = Vec::new();
@@ -411,6 +408,14 @@ mod tests {
         assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("0.5").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert!(parse_duration("8days").is_err(), "more than a week");
+        assert!(parse_duration("-1").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_size("4KiB").unwrap(), 4096);
+        assert_eq!(parse_size("2mb").unwrap(), 2 << 20);
     }
 
     #[test]

@@ -114,7 +114,7 @@ struct QueueCtx {
 
 pub fn run(plan: WorkerPlan) -> WorkerResult {
     if let Some(cpu) = plan.cpu {
-        pin_to_cpu(cpu);
+        pin_current_thread(cpu);
     }
     let mut w = Worker::new(plan);
     let phases: &[Phase] = match (w.job.verify, w.job.read_pct) {
@@ -488,15 +488,8 @@ impl Worker {
     }
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) pins this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
+/// Pins the calling thread to `cpu` (best effort: a CPU outside the
+/// process's affinity mask leaves the thread where it was).
 pub fn pin_current_thread(cpu: usize) {
-    pin_to_cpu(cpu)
+    let _ = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
 }

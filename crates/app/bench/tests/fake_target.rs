@@ -4,7 +4,7 @@
 
 use trellis_bench::job::{resolve_jobs, JobOpts};
 use trellis_bench::runner::{run_jobs, RunOpts};
-use trellis_host::fake_target::{FakeConfig, FakeTarget, Fault};
+use trellis_testkit::fake_target::{FakeConfig, FakeTarget, Fault};
 
 fn opts(t: &FakeTarget, rw: &str, bs: &str, qd: u32, digest: &str) -> JobOpts {
     JobOpts {

@@ -9,8 +9,10 @@ use crate::metrics::Metrics;
 use crate::topo::{self, Graph, NodeKind};
 use crate::workload::{Cluster, Gen, IoSpec};
 use anyhow::Result;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use rand_xoshiro::SplitMix64;
+use rustc_hash::FxBuildHasher;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use trellis_fabric::credit::{self, HostRateLimiter};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
@@ -115,7 +117,8 @@ struct Host {
     jobs: Vec<Option<Gen>>,
     /// Per target SSD: the credit-driven limiter and the I/Os waiting on it, in order
     /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
-    limiters: HashMap<u32, Limited, BuildHasherDefault<IdHasher>>,
+    /// Never iterated, so the hasher cannot change any result.
+    limiters: HashMap<u32, Limited, FxBuildHasher>,
 }
 
 pub struct Sim {
@@ -1164,28 +1167,26 @@ impl Sim {
     }
 }
 
-/// Hasher for the per-host limiter map (keyed by SSD index): one multiply instead of
-/// SipHash. The map is never iterated, so the hash cannot change any result.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, x: u32) {
-        // High bits feed hashbrown's control bytes, low bits its bucket index.
-        self.0 = (x as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ x as u64;
-    }
+/// The splitmix64 output function applied to `z` (a stateless hash for
+/// ECMP): SplitMix64 adds its increment before mixing, so start one below.
+fn mix64(z: u64) -> u64 {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    SplitMix64::seed_from_u64(z.wrapping_sub(GOLDEN)).next_u64()
 }
 
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+#[cfg(test)]
+mod mix_tests {
+    /// ECMP choices in recorded results depend on this hash: it must stay
+    /// the former hand-written splitmix64 finalizer.
+    #[test]
+    fn mix64_is_the_splitmix64_finalizer() {
+        let former = |mut z: u64| {
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        for z in [0u64, 1, 42, 1 << 32 | 7, u64::MAX, 0x9E37_79B9_7F4A_7C15] {
+            assert_eq!(super::mix64(z), former(z), "{z:#x}");
+        }
+    }
 }

@@ -86,6 +86,9 @@ pub struct Completion {
     pub status: Status,
     pub dw0: u32,
     pub dw1: u32,
+    /// SQ head pointer reported by the controller (0xFFFF when SQ flow
+    /// control is disabled; 0 for reads completed by a SUCCESS C2HData).
+    pub sqhd: u16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,13 +227,18 @@ impl Engine {
         self.slots[s as usize].state = SlotState::User;
         Some(s)
     }
+    /// Returns a slot the caller owns. Freeing any other slot is a caller
+    /// bug: caught in debug builds, ignored otherwise (the slot list stays
+    /// consistent either way).
     pub fn free(&mut self, slot: u16) {
-        let s = &mut self.slots[slot as usize];
-        assert_eq!(
-            s.state,
-            SlotState::User,
-            "free of a slot the caller does not own"
-        );
+        let Some(s) = self.slots.get_mut(slot as usize) else {
+            debug_assert!(false, "free of slot {slot}, which does not exist");
+            return;
+        };
+        if s.state != SlotState::User {
+            debug_assert!(false, "free of slot {slot}, which the caller does not own");
+            return;
+        }
         s.state = SlotState::Free;
         self.free.push(slot);
     }
@@ -333,16 +341,20 @@ impl Engine {
             Xfer::None => 0,
             Xfer::ToCtrl(n) | Xfer::FromCtrl(n) => n,
         };
-        assert!(
-            len as usize <= self.cfg.buf_bytes,
-            "transfer larger than the slot buffer"
-        );
-        let s = &mut self.slots[slot as usize];
-        assert_eq!(
-            s.state,
-            SlotState::User,
-            "submit of a slot the caller does not own"
-        );
+        if len as usize > self.cfg.buf_bytes {
+            return Err(Error::Usage(format!(
+                "transfer of {len} bytes is larger than the {}-byte slot buffer",
+                self.cfg.buf_bytes
+            )));
+        }
+        let s = match self.slots.get_mut(slot as usize) {
+            Some(s) if s.state == SlotState::User => s,
+            _ => {
+                return Err(Error::Usage(format!(
+                    "submit of slot {slot}, which the caller does not own"
+                )))
+            }
+        };
         s.gen = (s.gen + 1) & 0xf;
         s.state = SlotState::InFlight;
         s.xfer = xfer;
@@ -578,19 +590,20 @@ impl Engine {
                 }
             }
         }
-        self.complete(slot, cqe.status, cqe.dw0, cqe.dw1);
+        self.complete(Completion {
+            slot,
+            status: cqe.status,
+            dw0: cqe.dw0,
+            dw1: cqe.dw1,
+            sqhd: cqe.sqhd,
+        });
         Ok(())
     }
 
-    fn complete(&mut self, slot: u16, status: Status, dw0: u32, dw1: u32) {
-        self.slots[slot as usize].state = SlotState::User;
+    fn complete(&mut self, c: Completion) {
+        self.slots[c.slot as usize].state = SlotState::User;
         self.inflight -= 1;
-        self.done.push_back(Completion {
-            slot,
-            status,
-            dw0,
-            dw1,
-        });
+        self.done.push_back(c);
     }
 
     fn on_c2h(&mut self, l: &Layout, h: DataHdr) -> Result<()> {
@@ -641,7 +654,9 @@ impl Engine {
             ddgst,
         } = self.rx_state
         else {
-            unreachable!()
+            // parse() calls this only in the Payload state.
+            debug_assert!(false, "parse_payload outside a payload");
+            return Ok(false);
         };
         if pad > 0 {
             let n = pad.min(avail);
@@ -683,7 +698,13 @@ impl Engine {
             )));
         }
         if fl & flags::SUCCESS != 0 {
-            self.complete(slot, Status::SUCCESS, 0, 0);
+            self.complete(Completion {
+                slot,
+                status: Status::SUCCESS,
+                dw0: 0,
+                dw1: 0,
+                sqhd: 0,
+            });
         }
         let _ = now;
         Ok(true)

@@ -1,7 +1,7 @@
-//! The one error type of the host library. Every failure is one of four kinds,
+//! The one error type of the host library. Every failure is one of five kinds,
 //! so callers can decide what to do without parsing messages:
-//! the transport broke, the controller said no, nobody answered in time, or the
-//! peer broke the NVMe/TCP protocol.
+//! the transport broke, the controller said no, nobody answered in time, the
+//! peer broke the NVMe/TCP protocol, or the caller misused the API.
 
 use trellis_nvme::Status;
 
@@ -20,6 +20,10 @@ pub enum Error {
     /// CID, short data, bad digest, TermReq). The queue is unusable afterwards.
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// The caller broke the API contract (a slot it does not own, a transfer
+    /// larger than the slot buffer). Nothing was sent; the queue is intact.
+    #[error("invalid use: {0}")]
+    Usage(String),
 }
 
 impl Error {
@@ -34,6 +38,7 @@ impl Error {
             Error::Nvme(s) => Error::Nvme(*s),
             Error::Timeout(s) => Error::Timeout(s.clone()),
             Error::Protocol(s) => Error::Protocol(s.clone()),
+            Error::Usage(s) => Error::Usage(s.clone()),
         }
     }
 }

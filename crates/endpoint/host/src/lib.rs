@@ -5,8 +5,6 @@
 //!   thread that owns it (one gathered `sendmsg` and one `recv` per poll).
 //! - [`ctrl`]: admin queue, controller enable/identify, I/O queue creation,
 //!   Keep Alive, discovery.
-//! - [`fake_target`]: a small, deliberately breakable target over a raw
-//!   socket, for tests of this crate and of `trellis bench`.
 //!
 //! Every encode and decode goes through `trellis-nvme`, the same crate the
 //! target uses. See `docs/host.md` for the design and API walk-through.
@@ -14,7 +12,6 @@
 pub mod ctrl;
 pub mod engine;
 pub mod error;
-pub mod fake_target;
 pub mod queue;
 
 pub use ctrl::{discover, Controller, HostConfig};

@@ -225,7 +225,9 @@ impl Queue {
             // Completions are FIFO; ours is found and others kept in order.
             let n = self.engine.completions_pending();
             for _ in 0..n {
-                let c = self.engine.next_completion().expect("pending");
+                let Some(c) = self.engine.next_completion() else {
+                    break;
+                };
                 if c.slot == slot {
                     return Ok(c);
                 }

@@ -6,10 +6,10 @@
 use std::time::{Duration, Instant};
 
 use trellis_host::engine::{deallocate_sqe, rw_sqe, write_zeroes_sqe};
-use trellis_host::fake_target::{FakeConfig, FakeTarget, Fault};
 use trellis_host::{discover, Controller, Digests, Error, HostConfig, Queue, Xfer};
 use trellis_nvme::sqe::io;
 use trellis_nvme::Sqe;
+use trellis_testkit::fake_target::{FakeConfig, FakeTarget, Fault};
 
 fn host(d: Digests) -> HostConfig {
     HostConfig {

@@ -198,27 +198,22 @@ fn yes() -> bool {
 }
 
 /// A byte count written as an integer or a string like "1GiB", "512M", "4k".
+///
+/// Grammar (the `parse-size` crate in binary mode, the same parser
+/// `trellis bench` uses): a number, optionally fractional, then an optional
+/// unit k, M, G, T, P or E, any case, with or without "B" or "iB"; every unit
+/// is a power of 1024, as in fio ("4k" = "4KB" = "4KiB" = 4096).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ByteSize(pub u64);
 
 impl std::str::FromStr for ByteSize {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-        let mul: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kb" | "kib" => 1 << 10,
-            "m" | "mb" | "mib" => 1 << 20,
-            "g" | "gb" | "gib" => 1 << 30,
-            "t" | "tb" | "tib" => 1 << 40,
-            _ => return Err(format!("bad size unit in {s:?} (use k, M, G, T)")),
-        };
-        n.checked_mul(mul)
+        parse_size::Config::new()
+            .with_binary()
+            .parse_size(s.trim())
             .map(ByteSize)
-            .ok_or_else(|| format!("size {s:?} overflows"))
+            .map_err(|e| format!("bad size {s:?}: {e} (use e.g. 4096, 4k, 512M, 1GiB)"))
     }
 }
 
@@ -394,6 +389,25 @@ mod tests {
         assert_eq!("512M".parse::<ByteSize>().unwrap().0, 512 << 20);
         assert_eq!("4096".parse::<ByteSize>().unwrap().0, 4096);
         assert!("12 parsecs".parse::<ByteSize>().is_err());
+        // Everything the two former parsers (node and bench) accepted.
+        for (text, want) in [
+            ("4k", 4096),
+            ("4K", 4096),
+            ("4kb", 4096),
+            ("4KiB", 4096),
+            ("128K", 128 << 10),
+            ("1m", 1 << 20),
+            ("2MB", 2 << 20),
+            ("1g", 1 << 30),
+            ("1t", 1 << 40),
+            ("1TiB", 1 << 40),
+            ("512b", 512),
+            ("512", 512),
+            (" 8k ", 8192),
+        ] {
+            assert_eq!(text.parse::<ByteSize>().unwrap().0, want, "{text}");
+        }
+        assert!("99999999999T".parse::<ByteSize>().is_err(), "overflow");
     }
 
     #[test]

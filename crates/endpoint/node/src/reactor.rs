@@ -232,17 +232,8 @@ fn epoll_with(wake_fd: RawFd) -> std::io::Result<RawFd> {
 }
 
 fn pin_to_cpu(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data (zeroed is its empty set); CPU_SET and
-    // sched_setaffinity only touch the local set, passed with its own size.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(
-                "cannot pin reactor to CPU {cpu}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+        tracing::warn!("cannot pin reactor to CPU {cpu}");
     }
 }
 

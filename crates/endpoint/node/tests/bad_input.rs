@@ -113,8 +113,7 @@ fn classes(addr: std::net::SocketAddr) {
     expect_term(&mut q, fes::INVALID_HEADER_FIELD, Some(field::TYPE));
 
     // A PDU before ICReq.
-    let s = Queue::raw(addr);
-    let mut q = Queue { s, dg: NO, cid: 0 };
+    let mut q = Queue::from_stream(Queue::raw(addr), NO);
     q.s.write_all(&write_capsule(72, 72, 72 + 512)).unwrap();
     expect_term(&mut q, fes::PDU_SEQUENCE_ERROR, None);
 
@@ -263,7 +262,7 @@ fn classes(addr: std::net::SocketAddr) {
     let mut s = Queue::raw(addr);
     s.write_all(&[0x16, 0x03, 0x01, 0x00, 0x50, 0x01, 0x00, 0x00])
         .unwrap();
-    let mut q = Queue { s, dg: NO, cid: 0 };
+    let mut q = Queue::from_stream(s, NO);
     assert!(q.closed());
 }
 

@@ -14,6 +14,8 @@ mod ledger;
 mod profile;
 use ledger::Ledger;
 pub use profile::{Precondition, SsdProfile};
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use rand_xoshiro::SplitMix64;
 
 /// I/O direction as seen by the SSD. Flush and the rest count as reads (Gimbal does the same).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -188,9 +190,9 @@ impl Ssd {
             Precondition::Fragmented { overwrite_permille } => {
                 self.fill_sequential();
                 let n = self.logical_pages as u64 * overwrite_permille as u64 / 1000;
-                let mut rng = seed ^ 0x9E37_79B9_7F4A_7C15;
+                let mut rng = SplitMix64::seed_from_u64(seed ^ 0x9E37_79B9_7F4A_7C15);
                 for _ in 0..n {
-                    let lpn = (splitmix64(&mut rng) % self.logical_pages as u64) as u32;
+                    let lpn = (rng.next_u64() % self.logical_pages as u64) as u32;
                     self.write_page(lpn, 0);
                     self.gc_if_needed(0);
                 }
@@ -573,14 +575,6 @@ impl Ssd {
 pub fn xfer_ns(bytes: u64, mb_s: u32) -> u64 {
     let unit = 128 * 1_000_000_000u64 / (mb_s as u64 * 1_048_576);
     bytes.div_ceil(128) * unit
-}
-
-fn splitmix64(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

@@ -32,15 +32,23 @@ pub fn le16(b: &[u8], off: usize) -> u16 {
 }
 #[inline]
 pub fn le32(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(a)
+    u32::from_le_bytes(array(&b[off..off + 4]))
 }
 #[inline]
 pub fn le64(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
+    u64::from_le_bytes(array(&b[off..off + 8]))
+}
+#[inline]
+pub fn le128(b: &[u8], off: usize) -> u128 {
+    u128::from_le_bytes(array(&b[off..off + 16]))
+}
+/// The first N bytes of `b` as an array (`b` is exactly N long at every
+/// call site; indexing panics like a slice would otherwise).
+#[inline]
+fn array<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[..N]);
+    a
 }
 #[inline]
 pub fn put16(b: &mut [u8], off: usize, v: u16) {

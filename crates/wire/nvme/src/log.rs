@@ -200,11 +200,7 @@ impl Smart {
         put128(b, 176, self.error_log_entries);
     }
     pub fn decode(b: &[u8]) -> Smart {
-        let g = |off: usize| {
-            let mut a = [0u8; 16];
-            a.copy_from_slice(&b[off..off + 16]);
-            u128::from_le_bytes(a)
-        };
+        let g = |off: usize| crate::le128(b, off);
         Smart {
             critical_warning: b[0],
             temperature_k: le16(b, 1),

@@ -502,9 +502,8 @@ impl TermReq {
 }
 
 /// Writes a common header plus an optional header digest over `b[..hlen]`.
-/// Returns the header length including the digest.
-// Each argument is one header field; a struct would only rename them.
-#[allow(clippy::too_many_arguments)]
+/// Returns the header length including the digest. A PDU carries data
+/// exactly when its PDO is non-zero (the data digest flag follows from it).
 fn finish_header(
     b: &mut [u8],
     t: PduType,
@@ -513,12 +512,11 @@ fn finish_header(
     pdo: usize,
     plen: usize,
     d: Digests,
-    has_data: bool,
 ) -> usize {
     if d.header {
         fl |= flags::HDGSTF;
     }
-    if d.data && has_data {
+    if d.data && pdo != 0 {
         fl |= flags::DDGSTF;
     }
     debug_assert!(plen <= u32::MAX as usize && pdo <= u8::MAX as usize);
@@ -553,7 +551,7 @@ pub fn encode_capsule_resp(b: &mut [u8], cqe: &Cqe, d: Digests) -> usize {
     let plen = SMALL_HLEN + d.hd_len();
     b[..SMALL_HLEN].fill(0);
     cqe.encode(&mut b[8..24]);
-    finish_header(b, PduType::CapsuleResp, 0, SMALL_HLEN, 0, plen, d, false)
+    finish_header(b, PduType::CapsuleResp, 0, SMALL_HLEN, 0, plen, d)
 }
 
 /// C2HData or H2CData header (data and data digest follow, written by the caller).
@@ -573,7 +571,7 @@ pub fn encode_data_hdr(
     put16(b, 10, h.ttag);
     put32(b, 12, h.datao);
     put32(b, 16, h.datal);
-    finish_header(b, t, extra_flags, SMALL_HLEN, pdo, plen, d, true)
+    finish_header(b, t, extra_flags, SMALL_HLEN, pdo, plen, d)
 }
 
 /// R2T header.
@@ -595,7 +593,6 @@ pub fn encode_r2t(b: &mut [u8], r: &R2t, d: Digests) -> usize {
         0,
         SMALL_HLEN + d.hd_len(),
         d,
-        false,
     )
 }
 
@@ -610,16 +607,7 @@ pub fn encode_capsule_cmd(b: &mut [u8], sqe: &Sqe, icd_len: usize, d: Digests) -
     };
     b[..8].fill(0);
     b[8..CMD_HLEN].copy_from_slice(&sqe.0);
-    finish_header(
-        b,
-        PduType::CapsuleCmd,
-        0,
-        CMD_HLEN,
-        pdo,
-        plen,
-        d,
-        icd_len > 0,
-    )
+    finish_header(b, PduType::CapsuleCmd, 0, CMD_HLEN, pdo, plen, d)
 }
 
 /// TermReq carrying up to 128 bytes of the offending header.

@@ -20,6 +20,8 @@ use trellis_nvme::log::{self, DiscoveryEntry, GetLogPage};
 use trellis_nvme::pdu::{
     self, check_layout, flags, DataHdr, Digests, IcReq, IcResp, PduType, R2t, IC_LEN,
 };
+
+use crate::raw::{self, Pdu};
 use trellis_nvme::sqe::{admin, io};
 use trellis_nvme::{crc, Cqe, Fatal, Sqe, Status};
 
@@ -143,10 +145,13 @@ struct Conn {
     /// After a fault the connection only drains input.
     broken: bool,
     /// Capsules that arrived while H2CData for an earlier command was awaited.
-    pending: std::collections::VecDeque<Vec<u8>>,
+    pending: std::collections::VecDeque<Pdu>,
 }
 
 type R<T> = std::io::Result<T>;
+
+/// Largest PDU the fake target reads.
+const MAX_PLEN: usize = 4 << 20;
 
 impl Conn {
     fn new(s: TcpStream, sh: Arc<Shared>) -> Conn {
@@ -184,34 +189,25 @@ impl Conn {
         }
     }
 
-    /// Reads one whole PDU; returns its bytes.
-    fn read_pdu(&mut self) -> R<Vec<u8>> {
-        let mut ch = [0u8; 8];
-        self.s.read_exact(&mut ch)?;
-        let plen = trellis_nvme::le32(&ch, 4) as usize;
-        if !(8..=(4 << 20)).contains(&plen) {
-            return Err(bad("plen"));
-        }
-        let mut b = vec![0u8; plen];
-        b[..8].copy_from_slice(&ch);
-        self.s.read_exact(&mut b[8..])?;
-        Ok(b)
+    /// Reads one whole PDU of at most 4 MiB.
+    fn read_pdu(&mut self) -> R<Pdu> {
+        raw::read_pdu(&mut self.s, MAX_PLEN)
     }
 
     fn read_capsule(&mut self) -> R<(Sqe, Vec<u8>)> {
-        let b = match self.pending.pop_front() {
-            Some(b) => b,
+        let p = match self.pending.pop_front() {
+            Some(p) => p,
             None => self.read_pdu()?,
         };
-        let ch = trellis_nvme::CommonHeader::decode(&b).expect("8 bytes");
-        let l = check_layout(&ch, true, false, self.d, 4 << 20).map_err(|_| bad("layout"))?;
+        let b = &p.bytes;
+        let l = check_layout(&p.ch, true, false, self.d, MAX_PLEN).map_err(|_| bad("layout"))?;
         if l.pdu_type != PduType::CapsuleCmd {
             return Err(bad("expected a capsule"));
         }
         let sqe = Sqe::from_slice(&b[8..72]);
         let icd = b[l.data_off..l.data_off + l.data_len].to_vec();
         if l.ddgst {
-            let want = trellis_nvme::le32(&b, l.data_off + l.data_len);
+            let want = trellis_nvme::le32(b, l.data_off + l.data_len);
             if crc::digest(&icd) != want {
                 return Err(bad("capsule data digest"));
             }
@@ -385,19 +381,13 @@ impl Conn {
                 self.send_read(&sqe, &d, false)
             }
             Fault::WrongPduType => {
-                let mut h = [0u8; 32];
                 let dh = DataHdr {
                     cccid: sqe.cid(),
                     ttag: 0,
                     datao: 0,
                     datal: 4,
                 };
-                let n = pdu::encode_data_hdr(&mut h, PduType::H2CData, &dh, 0, self.d);
-                let mut v = h[..n].to_vec();
-                v.extend_from_slice(&[0; 4]);
-                if self.d.data {
-                    v.extend_from_slice(&crc::digest(&[0; 4]).to_le_bytes());
-                }
+                let v = raw::data_pdu(PduType::H2CData, &dh, 0, self.d, &[0; 4], 0);
                 self.s.write_all(&v)
             }
             Fault::WrongCid => {
@@ -481,15 +471,16 @@ impl Conn {
         self.s.write_all(&h[..n])?;
         let mut data = Vec::with_capacity(len);
         while data.len() < len {
-            let b = self.read_pdu()?;
-            let ch = trellis_nvme::CommonHeader::decode(&b).expect("8 bytes");
-            let l = check_layout(&ch, true, false, self.d, 4 << 20).map_err(|_| bad("layout"))?;
+            let p = self.read_pdu()?;
+            let l =
+                check_layout(&p.ch, true, false, self.d, MAX_PLEN).map_err(|_| bad("layout"))?;
             if l.pdu_type == PduType::CapsuleCmd {
                 // The host keeps submitting while we wait for this command's data.
-                self.pending.push_back(b);
+                self.pending.push_back(p);
                 continue;
             }
-            let dh = DataHdr::decode(&b);
+            let b = &p.bytes;
+            let dh = DataHdr::decode(b);
             if l.pdu_type != PduType::H2CData
                 || dh.cccid != sqe.cid()
                 || dh.ttag != 1
@@ -499,7 +490,7 @@ impl Conn {
                 return Err(bad("H2CData"));
             }
             let chunk = &b[l.data_off..l.data_off + l.data_len];
-            if l.ddgst && crc::digest(chunk) != trellis_nvme::le32(&b, l.data_off + l.data_len) {
+            if l.ddgst && crc::digest(chunk) != trellis_nvme::le32(b, l.data_off + l.data_len) {
                 return Err(bad("H2CData digest"));
             }
             data.extend_from_slice(chunk);
@@ -525,20 +516,13 @@ impl Conn {
     }
 
     fn send_c2h(&mut self, sqe: &Sqe, off: usize, d: &[u8], fl: u8, corrupt: bool) -> R<()> {
-        let mut h = [0u8; 32];
         let dh = DataHdr {
             cccid: sqe.cid(),
             ttag: 0,
             datao: off as u32,
             datal: d.len() as u32,
         };
-        let n = pdu::encode_data_hdr(&mut h, PduType::C2HData, &dh, fl, self.d);
-        let mut v = h[..n].to_vec();
-        v.extend_from_slice(d);
-        if self.d.data {
-            let c = crc::digest(d) ^ corrupt as u32;
-            v.extend_from_slice(&c.to_le_bytes());
-        }
+        let v = raw::data_pdu(PduType::C2HData, &dh, fl, self.d, d, corrupt as u32);
         self.s.write_all(&v)
     }
 
@@ -571,16 +555,4 @@ impl Conn {
 
 fn bad(what: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
-}
-
-/// Waits up to `d` for `f` to hold (test helper).
-pub fn wait_for(d: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = std::time::Instant::now() + d;
-    while std::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    false
 }
