@@ -27,15 +27,10 @@ pub static FABRICS: &[Command] = &[
         fctype: fctype::CONNECT,
         on: on::UNCONNECTED,
         misplaced: SEQUENCE,
-        needs_ready: false,
         dir: Dir::ToCtrl,
         len: Len::Exact(trellis_nvme::fabrics::CONNECT_DATA_LEN as u32),
-        needs_ns: false,
-        media_write: false,
-        icd_in_place: false,
-        effects: 0,
-        check: None,
         exec: Queue::connect,
+        ..Command::NONE
     },
     Command {
         name: "Property Get",
@@ -43,15 +38,8 @@ pub static FABRICS: &[Command] = &[
         fctype: fctype::PROPERTY_GET,
         on: on::ADMIN | on::DISCOVERY,
         misplaced: INVALID_OPCODE,
-        needs_ready: false,
-        dir: Dir::None,
-        len: Len::None,
-        needs_ns: false,
-        media_write: false,
-        icd_in_place: false,
-        effects: 0,
-        check: None,
         exec: Queue::property_get,
+        ..Command::NONE
     },
     Command {
         name: "Property Set",
@@ -59,15 +47,8 @@ pub static FABRICS: &[Command] = &[
         fctype: fctype::PROPERTY_SET,
         on: on::ADMIN | on::DISCOVERY,
         misplaced: INVALID_OPCODE,
-        needs_ready: false,
-        dir: Dir::None,
-        len: Len::None,
-        needs_ns: false,
-        media_write: false,
-        icd_in_place: false,
-        effects: 0,
-        check: None,
         exec: Queue::property_set,
+        ..Command::NONE
     },
 ];
 
@@ -144,22 +125,16 @@ const fn admin_cmd(
     Command {
         name,
         opcode,
-        fctype: 0,
         on: if discovery {
             on::ADMIN | on::DISCOVERY
         } else {
             on::ADMIN
         },
-        misplaced: INVALID_OPCODE,
         needs_ready: true,
         dir,
         len,
-        needs_ns: false,
-        media_write: false,
-        icd_in_place: false,
-        effects: 0,
-        check: None,
         exec,
+        ..Command::NONE
     }
 }
 
@@ -224,9 +199,7 @@ const fn io_cmd(
     Command {
         name,
         opcode,
-        fctype: 0,
         on: on::IO,
-        misplaced: INVALID_OPCODE,
         needs_ready: true,
         dir,
         len,
@@ -236,6 +209,7 @@ const fn io_cmd(
         effects: if media_write { effect::LBCC } else { 0 },
         check,
         exec,
+        ..Command::NONE
     }
 }
 

@@ -119,24 +119,30 @@ pub struct Request {
 /// `Request::ns_uid` when the command names no namespace.
 pub const NO_NS: u32 = u32::MAX;
 
+impl Command {
+    /// The defaults a table row starts from (`..Command::NONE`): runs
+    /// nowhere, moves no data, needs nothing, changes nothing.
+    pub const NONE: Command = Command {
+        name: "unknown",
+        opcode: 0xFF,
+        fctype: 0,
+        on: 0,
+        misplaced: trellis_nvme::status::generic::INVALID_OPCODE.dnr(),
+        needs_ready: false,
+        dir: Dir::None,
+        len: Len::None,
+        needs_ns: false,
+        media_write: false,
+        icd_in_place: false,
+        effects: 0,
+        check: None,
+        exec: |_, _, _| Exec::Done(trellis_nvme::status::generic::INVALID_OPCODE.dnr()),
+    };
+}
+
 /// `Request::cmd` until the command table has found the row: never
 /// executed, since parse refuses a command without a row.
-pub static UNKNOWN: Command = Command {
-    name: "unknown",
-    opcode: 0xFF,
-    fctype: 0,
-    on: 0,
-    misplaced: trellis_nvme::status::generic::INVALID_OPCODE.dnr(),
-    needs_ready: false,
-    dir: Dir::None,
-    len: Len::None,
-    needs_ns: false,
-    media_write: false,
-    icd_in_place: false,
-    effects: 0,
-    check: None,
-    exec: |_, _, _| Exec::Done(trellis_nvme::status::generic::INVALID_OPCODE.dnr()),
-};
+pub static UNKNOWN: Command = Command::NONE;
 
 impl Request {
     pub fn new() -> Request {

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Interleaved A/B of two `trellis` binaries as targets (for example the
-# previous main against this one): the same client (B's `trellis bench`),
-# the same workloads, targets alternating A B A B, repeated; prints the
-# median IOPS and p50 of each and the B/A ratio. This VM flips between a
-# fast and a slow regime from process to process, so only interleaved,
-# repeated runs are compared, and medians are quoted.
+# Interleaved A/B of two target commands: the same client (`trellis bench` of
+# $CLIENT, default B's binary), the same workloads, targets alternating
+# A B A B, repeated; prints the median IOPS and p50 of each and the B/A
+# ratio. This VM flips between a fast and a slow regime from process to
+# process, so only interleaved, repeated runs are compared, and medians quoted.
 #
-#   bench/ab-binaries.sh OLD_TRELLIS NEW_TRELLIS [REPS=3] [RUNTIME_S=3]
-#   env: TARGET_ARGS (extra `trellis target` flags for both), OUT (result dir)
+#   bench/ab.sh "A_TARGET_CMD" "B_TARGET_CMD" [REPS=3] [RUNTIME_S=3]
+# Each command is a `trellis target` invocation; `--null 1G --listen ADDR
+# --reactors 1` is appended. Examples:
+#   bench/ab.sh "old/trellis target" "target/release/trellis target"        # previous main vs now
+#   bench/ab.sh "T target --engine epoll" "T target --engine uring"         # see ab-engines.sh
+# env: CLIENT (trellis binary for the client), OUT (result dir)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 2 ] || { echo "usage: $0 OLD_TRELLIS NEW_TRELLIS [REPS] [RUNTIME_S]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 A_TARGET_CMD B_TARGET_CMD [REPS] [RUNTIME_S]" >&2; exit 2; }
 A=$1 B=$2
 reps=${3:-3}
 rt=${4:-3}
-for t in "$A" "$B"; do [ -x "$t" ] || { echo "not an executable: $t" >&2; exit 2; }; done
+client=${CLIENT:-${B%% *}}
+[ -x "$client" ] || { echo "client binary not executable: $client (set CLIENT)" >&2; exit 2; }
 # shellcheck source=../tests/bench-lib.sh
 . tests/bench-lib.sh
 out=${OUT:-$(mktemp -d /tmp/trellis-ab.XXXXXX)}
@@ -22,17 +26,16 @@ port=$(free_port 15420)
 workloads=("randread 4k 1" "randread 4k 32" "randread 4k 128" "randwrite 4k 32" "read 128k 8" "write 128k 8")
 for r in $(seq 1 "$reps"); do
   for side in a b; do
-    T=$A; [ $side = b ] && T=$B
+    cmd=$A; [ $side = b ] && cmd=$B
     # shellcheck disable=SC2086
-    taskset -c 0 "$T" target --null 1G --listen 127.0.0.1:$port --reactors 1 ${TARGET_ARGS:-} \
-      >"$out/target-$side-$r.log" 2>&1 &
+    taskset -c 0 $cmd --null 1G --listen 127.0.0.1:$port --reactors 1 >"$out/target-$side-$r.log" 2>&1 &
     tp=$!
     wait_port "$port" 10 || { echo "target $side did not start; see $out/target-$side-$r.log" >&2; kill $tp; exit 1; }
     for w in "${workloads[@]}"; do
       # shellcheck disable=SC2086
       set -- $w
       name="$1-$2-qd$3"
-      taskset -c 1 "$B" bench --addr 127.0.0.1:$port --nqn nqn.2026-11.io.trellis:default --rw "$1" --bs "$2" \
+      taskset -c 1 "$client" bench --addr 127.0.0.1:$port --nqn nqn.2026-11.io.trellis:default --rw "$1" --bs "$2" \
         --iodepth "$3" --runtime "${rt}s" --ramp_time 1s --no_progress --json "$out/$side-$name-$r.json" \
         >/dev/null 2>&1 || echo "run failed: $side $name" >&2
     done
