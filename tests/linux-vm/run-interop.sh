@@ -79,7 +79,9 @@ trap 'stop_target >/dev/null 2>&1; exit 130' INT TERM
 if [ "$SELFTEST" = 0 ]; then
   for p in 4420 8009; do port_open $p && die "127.0.0.1:$p is already in use (a stale target?)"; done
   echo "run-interop: starting $TRELLIS target --config $CONFIG ${TARGS[*]:-}" >&2
-  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info} "$TRELLIS" target --config "$CONFIG" ${TARGS[@]+"${TARGS[@]}"} \
+  # The node identity file goes with the logs, not beside the config in the source tree.
+  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info} "$TRELLIS" target --config "$CONFIG" --state-dir "$LOGDIR/state" \
+    ${TARGS[@]+"${TARGS[@]}"} \
     > "$LOGDIR/target.log" 2>&1 < /dev/null &
   TPID=$!
   n=0

@@ -57,6 +57,10 @@ pub struct TargetConfig {
     pub shutdown_grace_ms: u64,
     /// Socket I/O engine: plain syscalls with epoll, or io_uring.
     pub socket_engine: SocketEngine,
+    /// Where the node identity file (`node-id`) lives. Default: the config
+    /// file's directory (`trellis target --config`), else
+    /// [`crate::identity::default_state_dir`].
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// How reactors do socket I/O (the same protocol code runs on both).
@@ -98,6 +102,7 @@ impl Default for TargetConfig {
             connect_timeout_ms: 10_000,
             shutdown_grace_ms: 5_000,
             socket_engine: SocketEngine::Epoll,
+            state_dir: None,
         }
     }
 }
@@ -134,7 +139,8 @@ impl ListenerConfig {
 #[serde(deny_unknown_fields)]
 pub struct SubsystemConfig {
     pub nqn: String,
-    #[serde(default = "default_serial")]
+    /// Serial number (SN); empty: derived from the node identity and NQN.
+    #[serde(default)]
     pub serial: String,
     #[serde(default = "default_model")]
     pub model: String,
@@ -152,9 +158,6 @@ impl SubsystemConfig {
     }
 }
 
-fn default_serial() -> String {
-    "TRELLIS0001".into()
-}
 fn default_model() -> String {
     "Trellis".into()
 }
@@ -188,6 +191,15 @@ pub struct NamespaceConfig {
     /// Open files with O_DIRECT when the filesystem or device allows it.
     #[serde(default = "yes")]
     pub direct: bool,
+    /// Namespace UUID (8-4-4-4-12 hex digits); default: derived from the
+    /// node identity, subsystem NQN and NSID. Likewise `nguid` (32 hex
+    /// digits) and `eui64` (16 hex digits); `-` and `:` separators allowed.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    #[serde(default)]
+    pub nguid: Option<String>,
+    #[serde(default)]
+    pub eui64: Option<String>,
 }
 
 fn default_block_size() -> u32 {
@@ -261,7 +273,7 @@ impl Config {
             ],
             subsystems: vec![SubsystemConfig {
                 nqn: DEFAULT_NQN.into(),
-                serial: default_serial(),
+                serial: String::new(),
                 model: default_model(),
                 allow_any_host: Some(true),
                 allowed_hosts: vec![],
@@ -320,8 +332,9 @@ impl Config {
             );
             ensure!(nqns.insert(s.nqn.clone()), "duplicate subsystem {}", s.nqn);
             ensure!(
-                !s.serial.is_empty() && s.serial.len() <= 20 && s.serial.is_ascii(),
-                "serial of {} must be 1..=20 ASCII chars",
+                s.serial.len() <= 20 && s.serial.bytes().all(|c| c.is_ascii_graphic() || c == b' '),
+                "serial {:?} of {} must be at most 20 printable ASCII characters (or leave it out to derive one)",
+                s.serial,
                 s.nqn
             );
             ensure!(
@@ -354,6 +367,49 @@ impl Config {
                 }
             }
         }
+        self.validate_identities()
+    }
+
+    /// Explicit serials and namespace identifiers: well formed, and unique
+    /// within the node (hosts merge namespaces with equal identifiers).
+    fn validate_identities(&self) -> anyhow::Result<()> {
+        use anyhow::bail;
+        let mut seen = std::collections::HashMap::new();
+        let mut once = |what: String, key: String| -> anyhow::Result<()> {
+            if let Some(first) = seen.insert(key.clone(), what.clone()) {
+                bail!("{what} repeats {first} ({key}): give each a different value, or leave it out to derive one");
+            }
+            Ok(())
+        };
+        for s in &self.subsystems {
+            if !s.serial.is_empty() {
+                once(
+                    format!("serial of {}", s.nqn),
+                    format!("serial {:?}", s.serial),
+                )?;
+            }
+            for (i, n) in s.namespaces.iter().enumerate() {
+                let at = format!("namespace {} of {}", n.nsid.unwrap_or(i as u32 + 1), s.nqn);
+                if let Some(u) = &n.uuid {
+                    let id = uuid::Uuid::parse_str(u).ok().filter(|u| !u.is_nil()).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "{at}: uuid {u:?} is not a UUID (write 8-4-4-4-12 hex digits, not all zero, or leave it out to derive one)"
+                        )
+                    })?;
+                    once(format!("uuid of {at}"), format!("uuid {id}"))?;
+                }
+                for (name, v, len) in [("nguid", &n.nguid, 16), ("eui64", &n.eui64, 8)] {
+                    let Some(v) = v else { continue };
+                    let b = crate::identity::parse_hex_id(v, len).map_err(|why| {
+                        anyhow::anyhow!("{at}: {name} {v:?} {why} (or leave it out to derive one)")
+                    })?;
+                    once(
+                        format!("{name} of {at}"),
+                        format!("{name} {}", crate::identity::hex(&b)),
+                    )?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -368,6 +424,9 @@ impl NamespaceConfig {
             block_size: 512,
             read_only: false,
             direct: true,
+            uuid: None,
+            nguid: None,
+            eui64: None,
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod conn;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod identity;
 pub mod io;
 pub mod reactor;
 pub mod server;

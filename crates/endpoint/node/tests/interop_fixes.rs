@@ -309,3 +309,160 @@ fn discovery_controller_serves_the_commands_nvmet_serves_and_refuses_the_rest() 
     t.stop();
 }
 
+// ---------------------------------------------------------------- 3. unique identities
+
+/// Serial, and NGUID / EUI-64 / UUID of NSID 1, read over the wire.
+#[derive(Debug, PartialEq, Eq, Clone)]
+struct Identity {
+    serial: String,
+    nguid: Vec<u8>,
+    eui64: Vec<u8>,
+    uuid: Vec<u8>,
+}
+
+fn identity_of(addr: SocketAddr, subnqn: &str) -> Identity {
+    let mut c = controller_as(addr, subnqn, HOST, 0);
+    let (cqe, id) = identify(&mut c.admin, 1, 0);
+    assert!(cqe.status.is_success());
+    let (cqe, ns) = identify(&mut c.admin, 0, 1);
+    assert!(cqe.status.is_success());
+    let (cqe, desc) = identify(&mut c.admin, 3, 1);
+    assert!(cqe.status.is_success());
+    let mut uuid = Vec::new();
+    let mut off = 0;
+    while off + 4 <= desc.len() && desc[off] != 0 {
+        let (nidt, nidl) = (desc[off], desc[off + 1] as usize);
+        if nidt == 3 {
+            uuid = desc[off + 4..off + 4 + nidl].to_vec();
+        }
+        off += 4 + nidl;
+    }
+    Identity {
+        serial: IdCtrl::decode(&id).serial,
+        nguid: ns[104..120].to_vec(),
+        eui64: ns[120..128].to_vec(),
+        uuid,
+    }
+}
+
+fn assert_all_differ(a: &Identity, b: &Identity) {
+    assert_ne!(a.serial, b.serial, "serials differ");
+    assert_ne!(a.nguid, b.nguid, "NGUIDs differ");
+    assert_ne!(a.eui64, b.eui64, "EUI-64s differ");
+    assert_ne!(a.uuid, b.uuid, "UUIDs differ");
+    for id in [a, b] {
+        assert!(id.nguid.iter().any(|&x| x != 0), "NGUID set");
+        assert!(id.eui64.iter().any(|&x| x != 0), "EUI-64 set");
+        assert_eq!(id.uuid.len(), 16, "UUID descriptor present");
+    }
+}
+
+#[test]
+fn two_targets_on_the_default_config_present_different_identities() {
+    let nqn = trellis_target::config::DEFAULT_NQN;
+    let a = trellis_target::Target::start(&default_config()).unwrap();
+    let b = trellis_target::Target::start(&default_config()).unwrap();
+    let ia = identity_of(a.local_addrs[0], nqn);
+    let ib = identity_of(b.local_addrs[0], nqn);
+    assert_all_differ(&ia, &ib);
+    a.stop();
+    b.stop();
+}
+
+fn config_in(dir: &std::path::Path) -> Config {
+    let mut cfg = default_config();
+    cfg.target.state_dir = Some(dir.to_path_buf());
+    cfg
+}
+
+#[test]
+fn identity_is_kept_across_restarts_and_differs_between_state_dirs() {
+    let nqn = trellis_target::config::DEFAULT_NQN;
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let t = trellis_target::Target::start(&config_in(d1.path())).unwrap();
+    let first = identity_of(t.local_addrs[0], nqn);
+    t.stop();
+    let t = trellis_target::Target::start(&config_in(d1.path())).unwrap();
+    assert_eq!(
+        identity_of(t.local_addrs[0], nqn),
+        first,
+        "same state dir, same identity"
+    );
+    t.stop();
+    let t = trellis_target::Target::start(&config_in(d2.path())).unwrap();
+    assert_all_differ(&first, &identity_of(t.local_addrs[0], nqn));
+    t.stop();
+}
+
+#[test]
+fn concurrent_targets_in_one_state_dir_differ_and_each_gets_its_own_back() {
+    let nqn = trellis_target::config::DEFAULT_NQN;
+    let d = tempfile::tempdir().unwrap();
+    let a = trellis_target::Target::start(&config_in(d.path())).unwrap();
+    let b = trellis_target::Target::start(&config_in(d.path())).unwrap();
+    let (ia, ib) = (
+        identity_of(a.local_addrs[0], nqn),
+        identity_of(b.local_addrs[0], nqn),
+    );
+    assert_all_differ(&ia, &ib);
+    assert!(
+        d.path().join("node-id.1").exists(),
+        "the second took node-id.1"
+    );
+    b.stop();
+    let b = trellis_target::Target::start(&config_in(d.path())).unwrap();
+    assert_eq!(
+        identity_of(b.local_addrs[0], nqn),
+        ib,
+        "restarted beside a, b is b again"
+    );
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn explicit_identity_values_are_served_as_given() {
+    let nqn = trellis_target::config::DEFAULT_NQN;
+    let d = tempfile::tempdir().unwrap();
+    let mut cfg = config_in(d.path());
+    cfg.subsystems[0].serial = "SN-EXPLICIT-1".into();
+    let ns = &mut cfg.subsystems[0].namespaces[0];
+    ns.uuid = Some("5472656c-6c69-4073-8000-00000000abcd".into());
+    ns.nguid = Some("00112233-4455-6677-8899-aabbccddeeff".into());
+    ns.eui64 = Some("02:11:22:33:44:55:66:77".into());
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let id = identity_of(t.local_addrs[0], nqn);
+    assert_eq!(id.serial, "SN-EXPLICIT-1");
+    assert_eq!(id.uuid[..2], [0x54, 0x72]);
+    assert_eq!(id.uuid[14..], [0xab, 0xcd]);
+    assert_eq!(id.nguid, (0..16).map(|i| i * 0x11).collect::<Vec<u8>>());
+    assert_eq!(id.eui64, [0x02, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77]);
+    t.stop();
+}
+
+#[test]
+fn bad_or_repeated_identity_values_are_refused_with_the_value_and_the_fix() {
+    let text = |ns: &str| {
+        format!(
+            "[[listener]]\naddr = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"nqn.2026-11.io.trellis:a\"\n{ns}"
+        )
+    };
+    let one =
+        |kv: &str| format!("[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1M\"\n{kv}\n");
+    for (kv, want) in [
+        ("uuid = \"not-a-uuid\"", "not-a-uuid"),
+        ("nguid = \"0011\"", "32 hex digits"),
+        ("eui64 = \"0000000000000000\"", "all zeroes"),
+    ] {
+        let e = Config::from_toml(&text(&one(kv))).unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("leave it out"), "{e}");
+        assert_eq!(e.lines().count(), 1, "one line: {e}");
+    }
+    let twice = one("eui64 = \"0211223344556677\"").repeat(2);
+    let e = Config::from_toml(&text(&twice)).unwrap_err().to_string();
+    assert!(
+        e.contains("eui64 0211223344556677") && e.contains("different value"),
+        "{e}"
+    );
+}
+
