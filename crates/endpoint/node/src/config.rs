@@ -32,6 +32,16 @@ pub struct TargetConfig {
     pub cpus: Vec<usize>,
     /// Largest data transfer per command (MDTS), a power of two ≥ 4 KiB.
     pub max_io_size: ByteSize,
+    /// Command data buffers up to this size are kept for reuse when their
+    /// command completes (no allocation per I/O); larger ones are freed. An
+    /// idle queue pair thus holds at most 2 × queue depth × this, however
+    /// large the transfers it served, plus its share of `large_buffer_budget`;
+    /// in flight, each command holds its own.
+    pub slot_buffer_keep: ByteSize,
+    /// Node-wide bytes of buffers larger than `slot_buffer_keep` kept for
+    /// reuse after their command. Within it, large transfers allocate
+    /// nothing once warm; beyond it, their buffers are freed after use.
+    pub large_buffer_budget: ByteSize,
     /// In-capsule data accepted on I/O queues (IOCCSZ). Admin queues and
     /// Connect always accept 8 KiB, as hosts require.
     pub in_capsule_data: ByteSize,
@@ -89,7 +99,9 @@ impl Default for TargetConfig {
         TargetConfig {
             reactors: 1,
             cpus: Vec::new(),
-            max_io_size: ByteSize(128 << 10),
+            max_io_size: ByteSize(1 << 20),
+            slot_buffer_keep: ByteSize(128 << 10),
+            large_buffer_budget: ByteSize(256 << 20),
             in_capsule_data: ByteSize(8 << 10),
             max_h2c_data: ByteSize(128 << 10),
             max_queue_depth: 128,
@@ -296,6 +308,11 @@ impl Config {
         ensure!(
             io.is_power_of_two() && (4096..=MAX_IO_SIZE_LIMIT).contains(&io),
             "target.max_io_size must be a power of two in 4KiB..=8MiB"
+        );
+        ensure!(
+            t.slot_buffer_keep.0 <= MAX_IO_SIZE_LIMIT,
+            "target.slot_buffer_keep {} is above 8MiB: use at most max_io_size",
+            t.slot_buffer_keep.0
         );
         ensure!(
             t.in_capsule_data.0.is_multiple_of(16) && t.in_capsule_data.0 <= 64 << 10,

@@ -750,6 +750,9 @@ impl Conn {
             slot.phase
         );
         slot.phase = Phase::Free;
+        // Bounds what idle queues keep: `slot_buffer_keep`, `large_buffer_budget`.
+        let keep = self.reg.limits.slot_buffer_keep.0 as usize;
+        slot.buf.shrink_to(keep, &self.reg.buffer_budget);
         self.free.push(s);
     }
 

@@ -158,6 +158,8 @@ pub struct Registry {
     pub limits: TargetConfig,
     /// Held (locked) for the registry's life: see [`crate::identity`].
     pub node: NodeId,
+    /// Large command buffers kept across commands (`large_buffer_budget`).
+    pub buffer_budget: Arc<crate::buf::BufferBudget>,
     pub subsystems: Vec<Arc<Subsystem>>,
     pub namespaces: Vec<Arc<Namespace>>,
     pub listeners: Vec<ListenerInfo>,
@@ -219,6 +221,9 @@ impl Registry {
         Ok(Registry {
             limits: cfg.target.clone(),
             node,
+            buffer_budget: Arc::new(crate::buf::BufferBudget::new(
+                cfg.target.large_buffer_budget.0,
+            )),
             subsystems,
             namespaces: all_ns,
             listeners,

@@ -466,3 +466,77 @@ fn bad_or_repeated_identity_values_are_refused_with_the_value_and_the_fix() {
     );
 }
 
+// ---------------------------------------------------------------- 5. largest transfer
+
+use trellis_nvme::pdu::{self, PduType};
+use trellis_nvme::sqe::io;
+
+/// Writes `data` at LBA 0 through R2T, H2CData in `chunk`-byte PDUs, then
+/// reads it back; returns the write and read statuses.
+fn write_read_chunked(q: &mut Queue, data: &[u8], chunk: usize) -> (Cqe, Vec<u8>) {
+    let nlb = (data.len() / 512) as u32;
+    let cid = q.next_cid();
+    let mut sqe = Sqe::rw(io::WRITE, cid, 1, 0, nlb, false);
+    sqe.set_sgl(Sgl::transport(data.len() as u32));
+    q.send_capsule(&sqe, &[]);
+    let p = q.recv().expect("a response to the write");
+    if p.ch.pdu_type == PduType::CapsuleResp as u8 {
+        return (Cqe::decode(&p.bytes[8..24]), Vec::new());
+    }
+    assert_eq!(p.ch.pdu_type, PduType::R2T as u8);
+    let r = pdu::R2t::decode(&p.bytes);
+    assert_eq!(
+        (r.r2to, r.r2tl as usize),
+        (0, data.len()),
+        "one R2T for all"
+    );
+    q.send_h2c(r.ttag, cid, data, 0, chunk);
+    let p = q.recv().expect("write completion");
+    assert_eq!(p.ch.pdu_type, PduType::CapsuleResp as u8);
+    let w = Cqe::decode(&p.bytes[8..24]);
+    if !w.status.is_success() {
+        return (w, Vec::new());
+    }
+    let (cqe, back) = read(q, 0, nlb);
+    assert!(cqe.status.is_success(), "read back: {:?}", cqe.status);
+    (w, back)
+}
+
+#[test]
+fn one_mib_transfers_work_at_the_default_mdts_with_several_h2c_pdus() {
+    let t = trellis_target::Target::start(&default_config()).unwrap();
+    let nqn = trellis_target::config::DEFAULT_NQN;
+    let mut c = controller_as(t.local_addrs[0], nqn, HOST, 1);
+    let (cqe, id) = identify(&mut c.admin, 1, 0);
+    assert!(cqe.status.is_success());
+    let mdts = IdCtrl::decode(&id).max_transfer_bytes();
+    assert!(
+        mdts.is_some_and(|m| m >= 1 << 20),
+        "MDTS ≥ 1 MiB, got {mdts:?}"
+    );
+    let data = pattern(0, 2048, 9);
+    // H2CData of 128 KiB (the default MAXH2CDATA): 8 PDUs per command.
+    let (w, back) = write_read_chunked(&mut c.io[0], &data, 128 << 10);
+    assert!(w.status.is_success(), "1 MiB write: {:?}", w.status);
+    assert!(back == data, "1 MiB read back equals the write");
+    t.stop();
+}
+
+#[test]
+fn transfers_at_the_configured_maximum_work_and_one_block_more_is_refused() {
+    let mut cfg = default_config();
+    cfg.target.max_io_size = trellis_target::config::ByteSize(8 << 20);
+    cfg.target.max_h2c_data = trellis_target::config::ByteSize(64 << 10);
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let nqn = trellis_target::config::DEFAULT_NQN;
+    let mut c = controller_as(t.local_addrs[0], nqn, HOST, 1);
+    let data = pattern(0, 16384, 5);
+    // 8 MiB in 128 H2CData PDUs of MAXH2CDATA each.
+    let (w, back) = write_read_chunked(&mut c.io[0], &data, 64 << 10);
+    assert!(w.status.is_success(), "8 MiB write: {:?}", w.status);
+    assert!(back == data, "8 MiB read back equals the write");
+    let over = Sqe::rw(io::READ, 0, 1, 0, 16385, false);
+    let (cqe, _) = c.io[0].cmd(over, &[], 16385 * 512, 0);
+    assert_eq!(cqe.status, generic::INVALID_FIELD.dnr(), "above MDTS");
+    t.stop();
+}
