@@ -13,6 +13,8 @@ use trellis_nvme::{Sqe, Status};
 
 /// DSM range: context attributes u32, length in blocks u32 (1-based), SLBA u64.
 const DSM_RANGE_BYTES: usize = 16;
+/// Write Zeroes CDW12 bit 25: Deallocate (NVMe NVM Command Set 1.0 §3.2.8).
+const WZ_DEAC: u32 = 1 << 25;
 
 /// Checks that `nlb` blocks from `slba` lie inside the namespace.
 fn range_ok(ns: &Namespace, slba: u64, nlb: u64) -> bool {
@@ -172,6 +174,20 @@ fn write_zeroes_req(ns: &Namespace, sqe: &Sqe) -> Result<IoReq, Status> {
     }
     if ns.read_only {
         return Err(generic::NS_WRITE_PROTECTED.dnr());
+    }
+    if sqe.cdw12() & WZ_DEAC != 0 {
+        // The blocks are zeroed either way (DEAC is a hint): counted and
+        // logged so a test can tell the host used it (Linux sets DEAC when
+        // DLFEAT says deallocated blocks read as zeroes).
+        ns.stats
+            .write_zeroes_deac
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(
+            nsid = ns.nsid,
+            slba = sqe.slba(),
+            nlb,
+            "write zeroes with deallocate (DEAC)"
+        );
     }
     let bs = ns.block_size as u64;
     Ok(IoReq {

@@ -23,6 +23,8 @@ pub struct NsStats {
     pub read_cmds: AtomicU64,
     pub write_cmds: AtomicU64,
     pub media_errors: AtomicU64,
+    /// Write Zeroes commands with the Deallocate bit (DEAC) set.
+    pub write_zeroes_deac: AtomicU64,
 }
 
 pub struct Namespace {

@@ -466,6 +466,38 @@ fn bad_or_repeated_identity_values_are_refused_with_the_value_and_the_fix() {
     );
 }
 
+// ---------------------------------------------------------------- 4. write zeroes with deallocate
+
+#[test]
+fn write_zeroes_with_deallocate_zeroes_counts_and_is_advertised() {
+    use trellis_nvme::sqe::io;
+    use trellis_nvme::{Sgl, Sqe};
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    let (cqe, id) = identify(&mut c.admin, 0, 1);
+    assert!(cqe.status.is_success());
+    // DLFEAT: deallocated blocks read as zeroes (bits 2:0 = 001b) and DEAC
+    // is supported in Write Zeroes (bit 3): Linux then sets DEAC.
+    assert_eq!(id[33], 0x09, "DLFEAT");
+    let q = &mut c.io[0];
+    assert!(write(q, 0, &pattern(0, 32, 4)).status.is_success());
+    let mut wz = Sqe::rw(io::WRITE_ZEROES, 0, 1, 8, 16, false);
+    wz.set_cdw(12, wz.cdw12() | 1 << 25);
+    wz.set_sgl(Sgl::transport(0));
+    assert!(q.cmd(wz, &[], 0, 8192).0.status.is_success());
+    let (_, d) = read(q, 0, 32);
+    assert!(d[8 * 512..24 * 512].iter().all(|&b| b == 0), "range zeroed");
+    assert_eq!(d[..8 * 512], pattern(0, 32, 4)[..8 * 512], "before intact");
+    assert_eq!(d[24 * 512..], pattern(0, 32, 4)[24 * 512..], "after intact");
+    let n = &t.reg.namespaces[0].stats.write_zeroes_deac;
+    assert_eq!(
+        n.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "DEAC counted"
+    );
+    t.stop();
+}
+
 // ---------------------------------------------------------------- 5. largest transfer
 
 use trellis_nvme::pdu::{self, PduType};
