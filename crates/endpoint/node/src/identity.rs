@@ -28,8 +28,8 @@ pub const MAX_NODE_ID_FILES: usize = 64;
 pub struct NodeId {
     id: Uuid,
     path: PathBuf,
-    /// Holds the `flock`: closing the file releases it.
-    _lock: File,
+    /// Holds the `flock`: closing the file releases it (None: in memory).
+    _lock: Option<File>,
 }
 
 /// The state directory when none is configured: systemd's
@@ -89,12 +89,27 @@ impl NodeId {
                 continue; // another running target owns this identity
             }
             let id = read_or_create(&mut f, &path)?;
-            return Ok(NodeId { id, path, _lock: f });
+            return Ok(NodeId {
+                id,
+                path,
+                _lock: Some(f),
+            });
         }
         bail!(
             "all {MAX_NODE_ID_FILES} node identity files in {} are held by running targets (give this one its own --state-dir)",
             dir.display()
         )
+    }
+
+    /// An identity kept nowhere, for the fuzz targets and random-input
+    /// tests (which build a registry per input and must not touch files).
+    /// Two registries built with the same `id` present the same disks.
+    pub fn in_memory(id: Uuid) -> NodeId {
+        NodeId {
+            id,
+            path: PathBuf::from("(in memory)"),
+            _lock: None,
+        }
     }
 
     pub fn uuid(&self) -> Uuid {

@@ -178,6 +178,11 @@ impl Registry {
     pub fn build(cfg: &Config) -> anyhow::Result<Registry> {
         let node = NodeId::acquire(&state_dir(cfg))?;
         tracing::info!("node identity {} ({})", node.uuid(), node.path().display());
+        Registry::build_with(cfg, node)
+    }
+
+    /// Opens every backend the config names, under the identity `node`.
+    pub fn build_with(cfg: &Config, node: NodeId) -> anyhow::Result<Registry> {
         let mut all_ns = Vec::new();
         let mut subsystems = Vec::new();
         let mut seen = HashMap::new();
