@@ -119,6 +119,51 @@ impl Default for TargetConfig {
     }
 }
 
+impl TargetConfig {
+    /// Checks every daemon-wide bound.
+    fn validate(&self) -> anyhow::Result<()> {
+        use anyhow::ensure;
+        let t = self;
+        ensure!(
+            t.reactors >= 1 && t.reactors <= 256,
+            "target.reactors must be 1..=256"
+        );
+        let io = t.max_io_size.0;
+        ensure!(
+            io.is_power_of_two() && (4096..=MAX_IO_SIZE_LIMIT).contains(&io),
+            "target.max_io_size must be a power of two in 4KiB..=8MiB"
+        );
+        ensure!(
+            t.slot_buffer_keep.0 <= MAX_IO_SIZE_LIMIT,
+            "target.slot_buffer_keep {} is above 8MiB: use at most max_io_size",
+            t.slot_buffer_keep.0
+        );
+        ensure!(
+            t.in_capsule_data.0.is_multiple_of(16) && t.in_capsule_data.0 <= 64 << 10,
+            "target.in_capsule_data must be a multiple of 16 up to 64KiB"
+        );
+        let h2c = t.max_h2c_data.0;
+        ensure!(
+            h2c >= 4096 && h2c.is_multiple_of(4) && h2c <= 1 << 20,
+            "target.max_h2c_data must be 4KiB..=1MiB and a multiple of 4"
+        );
+        ensure!(
+            t.max_queue_depth >= 2 && t.max_queue_depth <= 4096,
+            "target.max_queue_depth must be 2..=4096"
+        );
+        ensure!(
+            t.max_io_queues >= 1 && t.max_io_queues <= 1024,
+            "target.max_io_queues must be 1..=1024"
+        );
+        ensure!(t.max_connections >= 1, "target.max_connections must be ≥ 1");
+        ensure!(
+            t.max_controllers >= 1 && t.max_controllers < 0xFFEF,
+            "target.max_controllers out of range"
+        );
+        Ok(())
+    }
+}
+
 /// What a listener serves.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -299,43 +344,7 @@ impl Config {
     /// Checks every bound and name before anything is opened.
     pub fn validate(&self) -> anyhow::Result<()> {
         use anyhow::{bail, ensure};
-        let t = &self.target;
-        ensure!(
-            t.reactors >= 1 && t.reactors <= 256,
-            "target.reactors must be 1..=256"
-        );
-        let io = t.max_io_size.0;
-        ensure!(
-            io.is_power_of_two() && (4096..=MAX_IO_SIZE_LIMIT).contains(&io),
-            "target.max_io_size must be a power of two in 4KiB..=8MiB"
-        );
-        ensure!(
-            t.slot_buffer_keep.0 <= MAX_IO_SIZE_LIMIT,
-            "target.slot_buffer_keep {} is above 8MiB: use at most max_io_size",
-            t.slot_buffer_keep.0
-        );
-        ensure!(
-            t.in_capsule_data.0.is_multiple_of(16) && t.in_capsule_data.0 <= 64 << 10,
-            "target.in_capsule_data must be a multiple of 16 up to 64KiB"
-        );
-        let h2c = t.max_h2c_data.0;
-        ensure!(
-            h2c >= 4096 && h2c.is_multiple_of(4) && h2c <= 1 << 20,
-            "target.max_h2c_data must be 4KiB..=1MiB and a multiple of 4"
-        );
-        ensure!(
-            t.max_queue_depth >= 2 && t.max_queue_depth <= 4096,
-            "target.max_queue_depth must be 2..=4096"
-        );
-        ensure!(
-            t.max_io_queues >= 1 && t.max_io_queues <= 1024,
-            "target.max_io_queues must be 1..=1024"
-        );
-        ensure!(t.max_connections >= 1, "target.max_connections must be ≥ 1");
-        ensure!(
-            t.max_controllers >= 1 && t.max_controllers < 0xFFEF,
-            "target.max_controllers out of range"
-        );
+        self.target.validate()?;
         ensure!(
             !self.listeners.is_empty(),
             "at least one [[listener]] is needed"
