@@ -164,7 +164,7 @@ impl NodeId {
     }
 }
 
-/// The three namespace identifiers hosts compare (NVMe Base 2.0 §4.5).
+/// The three namespace identifiers hosts compare (NVMe Base 2.0, Unique Identifier).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NamespaceIds {
     pub nguid: [u8; 16],

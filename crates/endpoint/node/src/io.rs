@@ -13,7 +13,7 @@ use trellis_nvme::{Sqe, Status};
 
 /// DSM range: context attributes u32, length in blocks u32 (1-based), SLBA u64.
 const DSM_RANGE_BYTES: usize = 16;
-/// Write Zeroes CDW12 bit 25: Deallocate (NVMe NVM Command Set 1.0 §3.2.8).
+/// Write Zeroes CDW12 bit 25: Deallocate (NVM Command Set spec, Write Zeroes).
 const WZ_DEAC: u32 = 1 << 25;
 
 /// Checks that `nlb` blocks from `slba` lie inside the namespace.

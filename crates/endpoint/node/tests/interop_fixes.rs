@@ -200,7 +200,7 @@ fn discovery_identify_promises_only_what_the_controller_serves() {
     let (cqe, id) = identify(&mut q, 1, 0);
     assert!(cqe.status.is_success());
     let lpa = id[261];
-    // Each advertised log page feature must be served (NVMe Base 2.0 §5.17.2).
+    // Each advertised log page feature must be served (NVMe Base 2.0, Identify Controller LPA).
     if lpa & 0x02 != 0 {
         let (cqe, _) = get_log(&mut q, log::lid::COMMANDS_EFFECTS, 0, 4096);
         assert!(
