@@ -14,8 +14,8 @@
 #   NR_IO_QUEUES [2]  MIN_IO_QUEUES [2] (fail if the controller ends up with fewer I/O queues)
 #   FIO_SIZE [32M]  FIO_IODEPTH [16]  FIO_ENGINE [libaio]  FIO_TIMEOUT [300]
 #   CTRL_LOSS_TMO [20]  (seconds the kernel keeps reconnecting after a connection loss)
-#   STEPS ["discover-io discover-8009 connect fio-4k fio-128k ext4 digest-connect digest-fio-4k
-#           digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
+#   STEPS ["discover-io discover-8009 connect fio-4k fio-128k write-zeroes large-io ext4 digest-connect
+#           digest-fio-4k digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
 #                   to the guest as /run/guest-nvmet.sh) on 127.0.0.1:IO_PORT and :DISC_PORT with only
@@ -36,7 +36,7 @@ FIO_IODEPTH=${FIO_IODEPTH:-16}
 FIO_ENGINE=${FIO_ENGINE:-libaio}
 FIO_TIMEOUT=${FIO_TIMEOUT:-300}
 CTRL_LOSS_TMO=${CTRL_LOSS_TMO:-20}
-STEPS=${STEPS:-"discover-io discover-8009 connect fio-4k fio-128k ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
+STEPS=${STEPS:-"discover-io discover-8009 connect fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
@@ -156,6 +156,57 @@ step_connect() {
 }
 step_fio_4k() { run_fio fio-4k 4k; }
 step_fio_128k() { run_fio fio-128k 128k; }
+# Zeroes three ranges of an 8 MiB pattern through the kernel and checks they read back as zeroes
+# while the data around them is intact:
+#   [1, 3) MiB  fallocate --punch-hole on the block device: blkdev_issue_zeroout() without NOUNMAP,
+#               so Linux >= 6.2 (commit 1b96f862eccc) sends Write Zeroes with DEAC when Identify
+#               Namespace DLFEAT allows it; older kernels never set DEAC;
+#   [4, 5) MiB  blkdiscard -z (BLKZEROOUT: Write Zeroes with NOUNMAP, so without DEAC);
+#   [6, 6.5) MiB nvme write-zeroes --deac (passthrough, DEAC set by nvme-cli).
+# For each "expect-deac slba=N" line printed, run-interop.sh checks the target logged a Write
+# Zeroes with DEAC at LBA N (the guest cannot see the target).
+step_write_zeroes() {
+  [ -n "$DEV" ] || why "not connected" || return 1
+  bs=$(cat /sys/block/$DEV/queue/logical_block_size)
+  info "logical_block_size=$bs write_zeroes_max_bytes=$(cat /sys/block/$DEV/queue/write_zeroes_max_bytes 2>/dev/null)"
+  head -c 8388608 /dev/urandom > $W/wz.pat
+  show dd if=$W/wz.pat of=/dev/$DEV bs=1M oflag=direct conv=fsync || why "writing the pattern failed" || return 1
+  show /usr/bin/fallocate --punch-hole --keep-size --offset 1048576 --length 2097152 /dev/$DEV ||
+    { kmsg; why "fallocate --punch-hole on /dev/$DEV failed"; return 1; }
+  kv=$(uname -r); kmaj=${kv%%.*}; kmin=${kv#*.}; kmin=${kmin%%.*}
+  if [ "$kmaj" -gt 6 ] || { [ "$kmaj" = 6 ] && [ "$kmin" -ge 2 ]; }; then
+    info "expect-deac slba=$((1048576 / bs)) (the kernel's punch hole)"
+  else
+    info "kernel $kv predates DEAC in Write Zeroes (Linux 6.2): its punch hole is checked for zeroes only"
+  fi
+  show /usr/sbin/blkdiscard -z -o 4194304 -l 1048576 /dev/$DEV || { kmsg; why "blkdiscard -z failed"; return 1; }
+  show nvme write-zeroes /dev/$DEV --start-block=$((6291456 / bs)) --block-count=$((524288 / bs - 1)) --deac ||
+    why "nvme write-zeroes --deac failed" || return 1
+  info "expect-deac slba=$((6291456 / bs)) (nvme-cli)"
+  cp $W/wz.pat $W/wz.want
+  dd if=/dev/zero of=$W/wz.want bs=1M seek=1 count=2 conv=notrunc 2>/dev/null
+  dd if=/dev/zero of=$W/wz.want bs=1M seek=4 count=1 conv=notrunc 2>/dev/null
+  dd if=/dev/zero of=$W/wz.want bs=512K seek=12 count=1 conv=notrunc 2>/dev/null
+  show dd if=/dev/$DEV of=$W/wz.got bs=1M count=8 iflag=direct || why "reading back failed" || return 1
+  cmp $W/wz.want $W/wz.got > $W/cmp 2>&1 || why "read back differs from the zeroed pattern: $(head -1 $W/cmp)" || return 1
+  info "8 MiB read back: three ranges zero, the rest intact"
+}
+# A single 512 KiB and 1 MiB command each way through nvme-cli's passthrough (no splitting by the
+# block layer): a transfer above MDTS fails in the host with "Invalid argument".
+step_large_io() {
+  [ -n "$DEV" ] || why "not connected" || return 1
+  bs=$(cat /sys/block/$DEV/queue/logical_block_size)
+  info "max_hw_sectors_kb=$(cat /sys/block/$DEV/queue/max_hw_sectors_kb)"
+  for sz in 524288 1048576; do
+    head -c $sz /dev/urandom > $W/big.in
+    show nvme write /dev/$DEV --start-block=0 --block-count=$((sz / bs - 1)) --data-size=$sz --data=$W/big.in ||
+      { kmsg; why "nvme write of $sz bytes failed"; return 1; }
+    show nvme read /dev/$DEV --start-block=0 --block-count=$((sz / bs - 1)) --data-size=$sz --data=$W/big.out ||
+      { kmsg; why "nvme read of $sz bytes failed"; return 1; }
+    cmp $W/big.in $W/big.out > $W/cmp 2>&1 || why "$sz-byte read differs from the write: $(head -1 $W/cmp)" || return 1
+    info "$sz bytes written and read back in one command each"
+  done
+}
 step_ext4() {
   [ -n "$DEV" ] || why "not connected" || return 1
   show mkfs.ext4 -q -F /dev/$DEV || why "mkfs.ext4 failed" || return 1

@@ -16,10 +16,13 @@
 #   --target-arg ARG    extra argument for `trellis target` (repeatable)
 #
 # Flow: check 127.0.0.1:4420/8009 are free; start `TRELLIS target --config interop.toml` in the
-# background (log level from $TRELLIS_LOG, default info); wait until both ports accept TCP (30 s);
+# background (log level from $TRELLIS_LOG, default info plus the target's debug line for each Write
+# Zeroes with DEAC); wait until both ports accept TCP (30 s);
 # boot the VM and run guest-initiator.sh (guest sees the host loopback as 10.0.2.2); check the
-# target is still alive; SIGTERM it and require exit status 0 within 20 s; print a summary.
-# Exit status: 0 only if every guest step passed and the target exited cleanly.
+# target is still alive; SIGTERM it and require exit status 0 within 20 s; if the write-zeroes step
+# passed, require the target log to show the kernel's Write Zeroes with DEAC at the LBA the guest
+# printed ("expect-deac slba=N"); print a summary.
+# Exit status: 0 only if every guest step passed, the DEAC check held and the target exited cleanly.
 set -uo pipefail
 DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CONFIG=$DIR/interop.toml
@@ -79,7 +82,9 @@ trap 'stop_target >/dev/null 2>&1; exit 130' INT TERM
 if [ "$SELFTEST" = 0 ]; then
   for p in 4420 8009; do port_open $p && die "127.0.0.1:$p is already in use (a stale target?)"; done
   echo "run-interop: starting $TRELLIS target --config $CONFIG ${TARGS[*]:-}" >&2
-  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info} "$TRELLIS" target --config "$CONFIG" ${TARGS[@]+"${TARGS[@]}"} \
+  # The node identity file goes with the logs, not beside the config in the source tree.
+  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info,trellis_target::io=debug} "$TRELLIS" target --config "$CONFIG" --state-dir "$LOGDIR/state" \
+    ${TARGS[@]+"${TARGS[@]}"} \
     > "$LOGDIR/target.log" 2>&1 < /dev/null &
   TPID=$!
   n=0
@@ -106,7 +111,18 @@ sleep 0.3   # let the stderr tee finish
 T_VM=$((SECONDS - T_VM))
 TARGET_OK=1
 if [ "$SELFTEST" = 0 ]; then stop_target || TARGET_OK=0; fi
-
+# The guest cannot see the target: check here that the Write Zeroes it expects carried DEAC.
+DEAC_NOTE=""
+if [ "$SELFTEST" = 0 ] && grep -q '^STEP write-zeroes: ok' "$LOGDIR/console.log"; then
+  for slba in $(grep -o 'expect-deac slba=[0-9]*' "$LOGDIR/console.log" | cut -d= -f2); do
+    if grep -q "write zeroes with deallocate (DEAC) nsid=1 slba=$slba " "$LOGDIR/target.log"; then
+      DEAC_NOTE="$DEAC_NOTE ok@$slba"
+    else
+      DEAC_NOTE="$DEAC_NOTE FAIL@$slba"; TARGET_OK=0
+    fi
+  done
+  DEAC_NOTE="Write Zeroes with DEAC expected at LBA:${DEAC_NOTE:- (none)}; $(grep -c 'write zeroes with deallocate' "$LOGDIR/target.log") logged"
+fi
 {
   echo "==================== Linux NVMe/TCP initiator interop summary"
   if [ "$SELFTEST" = 1 ]; then echo "target : Linux nvmet inside the guest (--selftest)"
@@ -114,6 +130,7 @@ if [ "$SELFTEST" = 0 ]; then stop_target || TARGET_OK=0; fi
   grep -E '^STEP |^SUMMARY' "$LOGDIR/console.log" || echo "(no guest step output)"
   echo "vm     : exit $VM_RC, ${T_VM}s ($(grep -o 'vm.sh: accel=.*' "$LOGDIR/vm.err" | tail -1))"
   [ "$SELFTEST" = 1 ] || echo "target : $TARGET_NOTE"
+  [ -z "$DEAC_NOTE" ] || echo "deac   : $DEAC_NOTE"
   echo "total  : $((SECONDS - T0))s; logs in $LOGDIR"
 } | tee "$LOGDIR/summary.txt"
 if [ "$SELFTEST" = 0 ] && [ "$TARGET_OK" = 0 ]; then

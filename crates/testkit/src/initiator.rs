@@ -20,8 +20,9 @@ use trellis_nvme::{Cqe, Sqe};
 pub use crate::raw::Pdu;
 
 /// The largest transfer one command may move (a slot buffer; the engine
-/// allocates them zeroed, so untouched pages cost nothing).
-pub const MAX_XFER: usize = 4 << 20;
+/// allocates them zeroed, so untouched pages cost nothing); tests of a
+/// target configured with an 8 MiB MDTS move that much in one command.
+pub const MAX_XFER: usize = 16 << 20;
 /// Socket read timeout: a test that waits longer has failed.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest PDU accepted by the raw [`Queue::recv`].

@@ -45,7 +45,12 @@ pub struct TargetArgs {
     /// Socket engine: epoll (syscalls) or uring (io_uring).
     #[arg(long)]
     engine: Option<trellis_target::config::SocketEngine>,
-    /// Print the effective configuration and exit.
+    /// Directory of the node identity file (node-id). Default: [target]
+    /// state_dir, else the --config file's directory, else $STATE_DIRECTORY,
+    /// $XDG_STATE_HOME/trellis, ~/.local/state/trellis or /var/lib/trellis.
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
+    /// Print the effective configuration and identities, and exit.
     #[arg(long)]
     check: bool,
 }
@@ -54,6 +59,7 @@ pub fn run(a: TargetArgs) -> anyhow::Result<()> {
     let cfg = build(a.config.as_deref(), &a)?;
     if a.check {
         println!("{cfg:#?}");
+        print!("{}", identities(&cfg)?);
         return Ok(());
     }
     trellis_target::server::run(&cfg)
@@ -99,7 +105,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             cfg.subsystems
                 .push(trellis_target::config::SubsystemConfig {
                     nqn: a.nqn.clone(),
-                    serial: "TRELLIS0001".into(),
+                    serial: String::new(), // derived from the node identity
                     model: "Trellis".into(),
                     allow_any_host: Some(a.allow_host.is_empty()),
                     allowed_hosts: a.allow_host.clone(),
@@ -123,8 +129,62 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     if !a.cpus.is_empty() {
         cfg.target.cpus = a.cpus.clone();
     }
+    cfg.target.state_dir = state_dir(path, cfg.target.state_dir.take(), a);
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The flag, else the config's `state_dir` (relative to the config file),
+/// else the config file's directory; None leaves the default chain.
+fn state_dir(
+    config: Option<&str>,
+    configured: Option<std::path::PathBuf>,
+    a: &TargetArgs,
+) -> Option<std::path::PathBuf> {
+    if let Some(d) = &a.state_dir {
+        return Some(d.clone());
+    }
+    let path = std::path::Path::new(config?);
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    Some(match configured {
+        Some(d) => dir.join(d), // an absolute `d` replaces `dir`
+        None => dir,
+    })
+}
+
+/// The identities a target started now would present. Reads the node
+/// identity file without creating or locking anything; when there is none
+/// yet, says so (the values shown are then placeholders from a fresh id).
+fn identities(cfg: &Config) -> anyhow::Result<String> {
+    use std::fmt::Write;
+    use trellis_target::identity::NodeId;
+    let dir = trellis_target::subsystem::state_dir(cfg);
+    let Some(node) = NodeId::peek(&dir)? else {
+        return Ok(format!(
+            "node identity: none yet in {}; the first start creates one (serials, NGUIDs, EUI-64s and UUIDs derive from it)\n",
+            dir.display()
+        ));
+    };
+    let mut out = format!(
+        "node identity {} ({})\n",
+        node.uuid(),
+        node.path().display()
+    );
+    for s in &cfg.subsystems {
+        writeln!(out, "subsystem {}: serial {}", s.nqn, node.serial(s))?;
+        for (i, n) in s.namespaces.iter().enumerate() {
+            let nsid = n.nsid.unwrap_or(i as u32 + 1);
+            writeln!(
+                out,
+                "  nsid {nsid}: {}",
+                node.namespace_ids(&s.nqn, nsid, n)
+            )?;
+        }
+    }
+    Ok(out)
 }
 
 fn ns(
@@ -141,5 +201,8 @@ fn ns(
         block_size,
         read_only: false,
         direct: true,
+        uuid: None,
+        nguid: None,
+        eui64: None,
     }
 }

@@ -26,45 +26,90 @@ fn invalid_param(in_data: bool, offset: u16) -> Exec {
     )
 }
 
+/// A refused Connect: the completion to send and the reason to log.
+pub(crate) struct Refusal {
+    exec: Exec,
+    why: &'static str,
+}
+
+fn refuse(exec: Exec, why: &'static str) -> Refusal {
+    Refusal { exec, why }
+}
+
 impl Queue {
-    /// Fabrics Connect: creates a controller (admin queue) or attaches an I/O queue.
+    /// Fabrics Connect: creates a controller (admin queue) or attaches an I/O
+    /// queue. Every refusal is logged at info: a host that cannot connect
+    /// otherwise sees only a status code, and the operator nothing.
     pub(crate) fn connect(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
         let cmd = ConnectCmd::decode(&req.sqe);
-        // The command table admits exactly CONNECT_DATA_LEN bytes.
-        let data = match ConnectData::decode(req.buf.slice(fabrics::CONNECT_DATA_LEN)) {
+        let data = match connect_data(req) {
             Ok(d) => d,
-            Err(bad) => return invalid_param(true, bad.0),
+            Err(r) => return self.refused(r, &cmd, None),
         };
+        match self.connect_checked(ctx, &cmd, &data) {
+            Ok(e) => e,
+            Err(r) => self.refused(r, &cmd, Some(&data)),
+        }
+    }
+
+    fn refused(&self, r: Refusal, cmd: &ConnectCmd, data: Option<&ConnectData>) -> Exec {
+        let (host, sub) = data.map_or(("?", "?"), |d| (d.hostnqn.as_str(), d.subnqn.as_str()));
+        tracing::info!(
+            peer = %self.peer,
+            host = ?host,
+            subsystem = ?sub,
+            qid = cmd.qid,
+            "connect refused: {}",
+            r.why
+        );
+        r.exec
+    }
+
+    fn connect_checked(
+        &mut self,
+        ctx: &mut Ctx,
+        cmd: &ConnectCmd,
+        data: &ConnectData,
+    ) -> Result<Exec, Refusal> {
         if cmd.recfmt != 0 {
-            return Exec::Done(specific::CONNECT_INCOMPATIBLE_FORMAT.dnr());
+            let e = Exec::Done(specific::CONNECT_INCOMPATIBLE_FORMAT.dnr());
+            return Err(refuse(e, "unsupported record format"));
         }
         let discovery = data.subnqn == fabrics::DISCOVERY_NQN;
         let sub = if discovery {
             None
         } else {
             let Some(sub) = self.reg.subsystem(&data.subnqn).cloned() else {
-                return invalid_param(true, ipo::DATA_SUBNQN);
+                let e = invalid_param(true, ipo::DATA_SUBNQN);
+                return Err(refuse(e, "no such subsystem"));
             };
             if self.listener_kind == ListenerKind::Discovery {
-                return invalid_param(true, ipo::DATA_SUBNQN); // not exposed on a discovery-only port
+                let e = invalid_param(true, ipo::DATA_SUBNQN);
+                return Err(refuse(e, "subsystem not exposed on a discovery-only port"));
             }
+            // An empty host NQN (SPDK's perf sends one) is refused only
+            // when an allow-list applies: it can never be on the list.
             if !sub.host_allowed(&data.hostnqn) {
-                tracing::warn!(host = %data.hostnqn, subsystem = %sub.nqn, "connect refused: host not allowed");
-                return Exec::DoneWith(
+                let e = Exec::DoneWith(
                     specific::CONNECT_INVALID_HOST.dnr(),
                     fabrics::invalid_param_dw0(true, ipo::DATA_HOSTNQN),
                     0,
                 );
+                return Err(refuse(e, "host not allowed"));
             }
             Some(sub)
         };
         if cmd.sqsize == 0 || cmd.sqsize >= self.reg.limits.max_queue_depth {
-            return invalid_param(false, ipo::SQE_SQSIZE);
+            let e = invalid_param(false, ipo::SQE_SQSIZE);
+            return Err(refuse(
+                e,
+                "queue size out of range (target.max_queue_depth)",
+            ));
         }
         if cmd.qid == 0 {
-            self.connect_admin(ctx, &cmd, data, sub)
+            self.connect_admin(ctx, cmd, data, sub)
         } else {
-            self.connect_io(&cmd, data, sub)
+            self.connect_io(cmd, data, sub)
         }
     }
 
@@ -72,23 +117,28 @@ impl Queue {
         &mut self,
         ctx: &mut Ctx,
         cmd: &ConnectCmd,
-        data: ConnectData,
+        data: &ConnectData,
         sub: Option<Arc<Subsystem>>,
-    ) -> Exec {
+    ) -> Result<Exec, Refusal> {
         if data.cntlid != fabrics::CNTLID_DYNAMIC {
-            return invalid_param(true, ipo::DATA_CNTLID); // static controller model is not offered
+            let e = invalid_param(true, ipo::DATA_CNTLID);
+            return Err(refuse(e, "static controller model is not offered"));
         }
         let max = self.reg.limits.max_controllers;
         let map = match &sub {
             Some(s) => &s.controllers,
             None => &self.reg.discovery_controllers,
         };
+        let busy = || Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
         let mut ctrls = crate::lock(map);
         if ctrls.len() >= max {
-            return Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
+            return Err(refuse(
+                busy(),
+                "controller limit reached (target.max_controllers)",
+            ));
         }
         let Some(cntlid) = self.reg.alloc_cntlid(&|id| ctrls.contains_key(&id)) else {
-            return Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
+            return Err(refuse(busy(), "no free controller ID"));
         };
         let ctrl = Arc::new(Controller {
             cntlid,
@@ -108,7 +158,7 @@ impl Queue {
         });
         ctrls.insert(cntlid, ctrl.clone());
         drop(ctrls);
-        tracing::info!(cntlid, host = %data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
+        tracing::info!(cntlid, host = ?data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
         self.q = Some(QueueCtx {
             qid: 0,
             sqsize: cmd.sqsize,
@@ -117,30 +167,34 @@ impl Queue {
             sqflow_disabled: cmd.disable_sqflow(),
             sqhd: 0,
         });
-        Exec::DoneWith(Status::SUCCESS, cntlid as u32, 0)
+        Ok(Exec::DoneWith(Status::SUCCESS, cntlid as u32, 0))
     }
 
     fn connect_io(
         &mut self,
         cmd: &ConnectCmd,
-        data: ConnectData,
+        data: &ConnectData,
         sub: Option<Arc<Subsystem>>,
-    ) -> Exec {
+    ) -> Result<Exec, Refusal> {
+        let seq_error = || Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
         let Some(sub) = sub else {
-            return invalid_param(false, ipo::SQE_QID);
-        }; // discovery has no I/O queues
+            let e = invalid_param(false, ipo::SQE_QID);
+            return Err(refuse(e, "discovery controllers have no I/O queues"));
+        };
         let ctrl = crate::lock(&sub.controllers).get(&data.cntlid).cloned();
         let Some(ctrl) = ctrl.filter(|c| c.hostnqn == data.hostnqn && !c.dead.load(Relaxed)) else {
-            return invalid_param(true, ipo::DATA_CNTLID);
+            let e = invalid_param(true, ipo::DATA_CNTLID);
+            return Err(refuse(e, "no live controller with this ID for this host"));
         };
         if cmd.qid > ctrl.io_queues.load(Relaxed) {
-            return invalid_param(false, ipo::SQE_QID);
+            let e = invalid_param(false, ipo::SQE_QID);
+            return Err(refuse(e, "queue ID above the granted number of I/O queues"));
         }
         if !ctrl.ready() {
-            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+            return Err(refuse(seq_error(), "controller not enabled (CSTS.RDY 0)"));
         }
         if !crate::lock(&ctrl.connected_qids).insert(cmd.qid) {
-            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr()); // queue already connected
+            return Err(refuse(seq_error(), "queue already connected"));
         }
         tracing::debug!(
             cntlid = ctrl.cntlid,
@@ -156,9 +210,17 @@ impl Queue {
             sqflow_disabled: cmd.disable_sqflow(),
             sqhd: 0,
         });
-        Exec::DoneWith(Status::SUCCESS, data.cntlid as u32, 0)
+        Ok(Exec::DoneWith(Status::SUCCESS, data.cntlid as u32, 0))
     }
+}
 
+/// The Connect data (the command table admits exactly its 1024 bytes).
+fn connect_data(req: &Request) -> Result<ConnectData, Refusal> {
+    ConnectData::decode(req.buf.slice(fabrics::CONNECT_DATA_LEN))
+        .map_err(|bad| refuse(invalid_param(true, bad.0), "malformed Connect data"))
+}
+
+impl Queue {
     pub(crate) fn property_get(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
         let p = PropertyCmd::decode(&req.sqe);
         let Some(ctrl) = self.ctrl() else {

@@ -2,9 +2,43 @@
 //! reused for the connection's whole life so the data path never allocates
 //! once warm.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
 pub struct AlignedBuf {
     ptr: *mut u8,
     cap: usize,
+    /// Set while this buffer is counted in a [`BufferBudget`].
+    charged: Option<Arc<BufferBudget>>,
+}
+
+/// Bytes of large command buffers (above `slot_buffer_keep`) that finished
+/// commands may keep for reuse, across the node (`large_buffer_budget`).
+/// Within it, large transfers reuse buffers as small ones do; beyond it,
+/// their buffers are freed after each command.
+pub struct BufferBudget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl BufferBudget {
+    pub fn new(limit: u64) -> BufferBudget {
+        BufferBudget {
+            limit,
+            used: AtomicU64::new(0),
+        }
+    }
+    /// Bytes currently kept under this budget.
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+    fn try_charge(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Relaxed, Relaxed, |u| {
+                u.checked_add(n).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
 }
 
 // SAFETY: the buffer is uniquely owned heap memory (no aliasing handles are
@@ -20,6 +54,7 @@ impl AlignedBuf {
         AlignedBuf {
             ptr: std::ptr::null_mut(),
             cap: 0,
+            charged: None,
         }
     }
     /// Makes room for `len` bytes, reallocating (without keeping contents)
@@ -41,6 +76,20 @@ impl AlignedBuf {
         }
         self.ptr = p;
         self.cap = cap;
+    }
+    /// After a command: keeps the buffer if it holds at most `keep` bytes,
+    /// or if `budget` has room for it (counted until freed); frees it
+    /// otherwise, so a burst of large transfers cannot pin memory for the
+    /// connection's life.
+    pub fn shrink_to(&mut self, keep: usize, budget: &Arc<BufferBudget>) {
+        if self.cap <= keep || self.charged.is_some() {
+            return;
+        }
+        if budget.try_charge(self.cap as u64) {
+            self.charged = Some(budget.clone());
+        } else {
+            self.free();
+        }
     }
     pub fn capacity(&self) -> usize {
         self.cap
@@ -78,6 +127,9 @@ impl AlignedBuf {
                 unsafe { std::alloc::dealloc(self.ptr, layout) };
             }
             self.ptr = std::ptr::null_mut();
+            if let Some(b) = self.charged.take() {
+                b.used.fetch_sub(self.cap as u64, Relaxed);
+            }
             self.cap = 0;
         }
     }
@@ -86,5 +138,45 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         self.free();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_buffers_are_kept_within_the_budget_and_freed_beyond_it() {
+        let budget = Arc::new(BufferBudget::new(2 << 20));
+        let mut bufs: Vec<AlignedBuf> = (0..3).map(|_| AlignedBuf::empty()).collect();
+        for b in &mut bufs {
+            b.ensure(1 << 20);
+            b.shrink_to(128 << 10, &budget);
+        }
+        let kept: Vec<usize> = bufs.iter().map(|b| b.capacity()).collect();
+        assert_eq!(
+            kept,
+            [1 << 20, 1 << 20, 0],
+            "two fit the budget, the third is freed"
+        );
+        assert_eq!(budget.used(), 2 << 20);
+        bufs[0].shrink_to(128 << 10, &budget);
+        assert_eq!(budget.used(), 2 << 20, "a kept buffer is counted once");
+        let mut small = AlignedBuf::empty();
+        small.ensure(64 << 10);
+        small.shrink_to(128 << 10, &budget);
+        assert_eq!(small.capacity(), 64 << 10, "ordinary sizes are always kept");
+        bufs.truncate(1);
+        assert_eq!(
+            budget.used(),
+            1 << 20,
+            "dropping a kept buffer returns its bytes"
+        );
+        bufs[0].ensure(2 << 20);
+        assert_eq!(
+            budget.used(),
+            0,
+            "growing reallocates: the old charge is returned"
+        );
     }
 }

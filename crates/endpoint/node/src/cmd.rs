@@ -174,7 +174,7 @@ pub static IO: &[Command] = &[
         Len::None,
         true,
         Some(io::check_write_zeroes),
-        io::submit_prepared,
+        io::write_zeroes,
     ),
     io_cmd(
         "Dataset Management",

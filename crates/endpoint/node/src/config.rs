@@ -32,6 +32,16 @@ pub struct TargetConfig {
     pub cpus: Vec<usize>,
     /// Largest data transfer per command (MDTS), a power of two ≥ 4 KiB.
     pub max_io_size: ByteSize,
+    /// Command data buffers up to this size are kept for reuse when their
+    /// command completes (no allocation per I/O); larger ones are freed. An
+    /// idle queue pair thus holds at most 2 × queue depth × this, however
+    /// large the transfers it served, plus its share of `large_buffer_budget`;
+    /// in flight, each command holds its own.
+    pub slot_buffer_keep: ByteSize,
+    /// Node-wide bytes of buffers larger than `slot_buffer_keep` kept for
+    /// reuse after their command. Within it, large transfers allocate
+    /// nothing once warm; beyond it, their buffers are freed after use.
+    pub large_buffer_budget: ByteSize,
     /// In-capsule data accepted on I/O queues (IOCCSZ). Admin queues and
     /// Connect always accept 8 KiB, as hosts require.
     pub in_capsule_data: ByteSize,
@@ -57,6 +67,10 @@ pub struct TargetConfig {
     pub shutdown_grace_ms: u64,
     /// Socket I/O engine: plain syscalls with epoll, or io_uring.
     pub socket_engine: SocketEngine,
+    /// Where the node identity file (`node-id`) lives. Default: the config
+    /// file's directory (`trellis target --config`), else
+    /// [`crate::identity::default_state_dir`].
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// How reactors do socket I/O (the same protocol code runs on both).
@@ -85,7 +99,9 @@ impl Default for TargetConfig {
         TargetConfig {
             reactors: 1,
             cpus: Vec::new(),
-            max_io_size: ByteSize(128 << 10),
+            max_io_size: ByteSize(1 << 20),
+            slot_buffer_keep: ByteSize(128 << 10),
+            large_buffer_budget: ByteSize(256 << 20),
             in_capsule_data: ByteSize(8 << 10),
             max_h2c_data: ByteSize(128 << 10),
             max_queue_depth: 128,
@@ -98,7 +114,53 @@ impl Default for TargetConfig {
             connect_timeout_ms: 10_000,
             shutdown_grace_ms: 5_000,
             socket_engine: SocketEngine::Epoll,
+            state_dir: None,
         }
+    }
+}
+
+impl TargetConfig {
+    /// Checks every daemon-wide bound.
+    fn validate(&self) -> anyhow::Result<()> {
+        use anyhow::ensure;
+        let t = self;
+        ensure!(
+            t.reactors >= 1 && t.reactors <= 256,
+            "target.reactors must be 1..=256"
+        );
+        let io = t.max_io_size.0;
+        ensure!(
+            io.is_power_of_two() && (4096..=MAX_IO_SIZE_LIMIT).contains(&io),
+            "target.max_io_size must be a power of two in 4KiB..=8MiB"
+        );
+        ensure!(
+            t.slot_buffer_keep.0 <= MAX_IO_SIZE_LIMIT,
+            "target.slot_buffer_keep {} is above 8MiB: use at most max_io_size",
+            t.slot_buffer_keep.0
+        );
+        ensure!(
+            t.in_capsule_data.0.is_multiple_of(16) && t.in_capsule_data.0 <= 64 << 10,
+            "target.in_capsule_data must be a multiple of 16 up to 64KiB"
+        );
+        let h2c = t.max_h2c_data.0;
+        ensure!(
+            h2c >= 4096 && h2c.is_multiple_of(4) && h2c <= 1 << 20,
+            "target.max_h2c_data must be 4KiB..=1MiB and a multiple of 4"
+        );
+        ensure!(
+            t.max_queue_depth >= 2 && t.max_queue_depth <= 4096,
+            "target.max_queue_depth must be 2..=4096"
+        );
+        ensure!(
+            t.max_io_queues >= 1 && t.max_io_queues <= 1024,
+            "target.max_io_queues must be 1..=1024"
+        );
+        ensure!(t.max_connections >= 1, "target.max_connections must be ≥ 1");
+        ensure!(
+            t.max_controllers >= 1 && t.max_controllers < 0xFFEF,
+            "target.max_controllers out of range"
+        );
+        Ok(())
     }
 }
 
@@ -134,7 +196,8 @@ impl ListenerConfig {
 #[serde(deny_unknown_fields)]
 pub struct SubsystemConfig {
     pub nqn: String,
-    #[serde(default = "default_serial")]
+    /// Serial number (SN); empty: derived from the node identity and NQN.
+    #[serde(default)]
     pub serial: String,
     #[serde(default = "default_model")]
     pub model: String,
@@ -152,9 +215,6 @@ impl SubsystemConfig {
     }
 }
 
-fn default_serial() -> String {
-    "TRELLIS0001".into()
-}
 fn default_model() -> String {
     "Trellis".into()
 }
@@ -188,6 +248,15 @@ pub struct NamespaceConfig {
     /// Open files with O_DIRECT when the filesystem or device allows it.
     #[serde(default = "yes")]
     pub direct: bool,
+    /// Namespace UUID (8-4-4-4-12 hex digits); default: derived from the
+    /// node identity, subsystem NQN and NSID. Likewise `nguid` (32 hex
+    /// digits) and `eui64` (16 hex digits); `-` and `:` separators allowed.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    #[serde(default)]
+    pub nguid: Option<String>,
+    #[serde(default)]
+    pub eui64: Option<String>,
 }
 
 fn default_block_size() -> u32 {
@@ -256,7 +325,7 @@ impl Config {
             ],
             subsystems: vec![SubsystemConfig {
                 nqn: DEFAULT_NQN.into(),
-                serial: default_serial(),
+                serial: String::new(),
                 model: default_model(),
                 allow_any_host: Some(true),
                 allowed_hosts: vec![],
@@ -271,38 +340,7 @@ impl Config {
     /// Checks every bound and name before anything is opened.
     pub fn validate(&self) -> anyhow::Result<()> {
         use anyhow::{bail, ensure};
-        let t = &self.target;
-        ensure!(
-            t.reactors >= 1 && t.reactors <= 256,
-            "target.reactors must be 1..=256"
-        );
-        let io = t.max_io_size.0;
-        ensure!(
-            io.is_power_of_two() && (4096..=MAX_IO_SIZE_LIMIT).contains(&io),
-            "target.max_io_size must be a power of two in 4KiB..=8MiB"
-        );
-        ensure!(
-            t.in_capsule_data.0.is_multiple_of(16) && t.in_capsule_data.0 <= 64 << 10,
-            "target.in_capsule_data must be a multiple of 16 up to 64KiB"
-        );
-        let h2c = t.max_h2c_data.0;
-        ensure!(
-            h2c >= 4096 && h2c.is_multiple_of(4) && h2c <= 1 << 20,
-            "target.max_h2c_data must be 4KiB..=1MiB and a multiple of 4"
-        );
-        ensure!(
-            t.max_queue_depth >= 2 && t.max_queue_depth <= 4096,
-            "target.max_queue_depth must be 2..=4096"
-        );
-        ensure!(
-            t.max_io_queues >= 1 && t.max_io_queues <= 1024,
-            "target.max_io_queues must be 1..=1024"
-        );
-        ensure!(t.max_connections >= 1, "target.max_connections must be ≥ 1");
-        ensure!(
-            t.max_controllers >= 1 && t.max_controllers < 0xFFEF,
-            "target.max_controllers out of range"
-        );
+        self.target.validate()?;
         ensure!(
             !self.listeners.is_empty(),
             "at least one [[listener]] is needed"
@@ -316,8 +354,9 @@ impl Config {
             );
             ensure!(nqns.insert(s.nqn.clone()), "duplicate subsystem {}", s.nqn);
             ensure!(
-                !s.serial.is_empty() && s.serial.len() <= 20 && s.serial.is_ascii(),
-                "serial of {} must be 1..=20 ASCII chars",
+                s.serial.len() <= 20 && s.serial.bytes().all(|c| c.is_ascii_graphic() || c == b' '),
+                "serial {:?} of {} must be at most 20 printable ASCII characters (or leave it out to derive one)",
+                s.serial,
                 s.nqn
             );
             ensure!(
@@ -350,6 +389,49 @@ impl Config {
                 }
             }
         }
+        self.validate_identities()
+    }
+
+    /// Explicit serials and namespace identifiers: well formed, and unique
+    /// within the node (hosts merge namespaces with equal identifiers).
+    fn validate_identities(&self) -> anyhow::Result<()> {
+        use anyhow::bail;
+        let mut seen = std::collections::HashMap::new();
+        let mut once = |what: String, key: String| -> anyhow::Result<()> {
+            if let Some(first) = seen.insert(key.clone(), what.clone()) {
+                bail!("{what} repeats {first} ({key}): give each a different value, or leave it out to derive one");
+            }
+            Ok(())
+        };
+        for s in &self.subsystems {
+            if !s.serial.is_empty() {
+                once(
+                    format!("serial of {}", s.nqn),
+                    format!("serial {:?}", s.serial),
+                )?;
+            }
+            for (i, n) in s.namespaces.iter().enumerate() {
+                let at = format!("namespace {} of {}", n.nsid.unwrap_or(i as u32 + 1), s.nqn);
+                if let Some(u) = &n.uuid {
+                    let id = uuid::Uuid::parse_str(u).ok().filter(|u| !u.is_nil()).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "{at}: uuid {u:?} is not a UUID (write 8-4-4-4-12 hex digits, not all zero, or leave it out to derive one)"
+                        )
+                    })?;
+                    once(format!("uuid of {at}"), format!("uuid {id}"))?;
+                }
+                for (name, v, len) in [("nguid", &n.nguid, 16), ("eui64", &n.eui64, 8)] {
+                    let Some(v) = v else { continue };
+                    let b = crate::identity::parse_hex_id(v, len).map_err(|why| {
+                        anyhow::anyhow!("{at}: {name} {v:?} {why} (or leave it out to derive one)")
+                    })?;
+                    once(
+                        format!("{name} of {at}"),
+                        format!("{name} {}", crate::identity::hex(&b)),
+                    )?;
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -364,6 +446,9 @@ impl NamespaceConfig {
             block_size: 512,
             read_only: false,
             direct: true,
+            uuid: None,
+            nguid: None,
+            eui64: None,
         }
     }
 }

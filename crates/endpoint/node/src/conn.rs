@@ -778,6 +778,9 @@ impl Conn {
             slot.phase
         );
         slot.phase = Phase::Free;
+        // Bounds what idle queues keep: `slot_buffer_keep`, `large_buffer_budget`.
+        let keep = self.queue.reg.limits.slot_buffer_keep.0 as usize;
+        slot.req.buf.shrink_to(keep, &self.queue.reg.buffer_budget);
         self.free.push(s);
     }
 

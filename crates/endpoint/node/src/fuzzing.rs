@@ -24,7 +24,9 @@ fn registry() -> Arc<Registry> {
     }];
     cfg.subsystems[0].nqn = NQN.into();
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 20)];
-    Arc::new(Registry::build(&cfg).expect("fuzz registry"))
+    // An identity in memory: a registry per input must not touch files.
+    let node = crate::identity::NodeId::in_memory(uuid::Uuid::from_u128(0xF022));
+    Arc::new(Registry::build_with(&cfg, node).expect("fuzz registry"))
 }
 
 /// A valid byte prefix: ICReq, then optionally Connect (+ enable) for the admin queue.

@@ -10,6 +10,7 @@ use crate::backend::{IoReq, Op};
 use crate::exec::Request;
 use crate::exec::{Ctx, Exec, Queue};
 use crate::subsystem::Namespace;
+use std::sync::atomic::Ordering::Relaxed;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Sqe, Status};
 
@@ -22,6 +23,8 @@ const DSM_DEALLOCATE: u32 = 1 << 2;
 pub(crate) fn dsm_ranges(sqe: &Sqe) -> usize {
     (sqe.cdw10() & 0xff) as usize + 1
 }
+/// Write Zeroes CDW12 bit 25: Deallocate (NVM Command Set spec, Write Zeroes).
+const WZ_DEAC: u32 = 1 << 25;
 
 /// Checks that `nlb` blocks from `slba` lie inside the namespace.
 fn range_ok(ns: &Namespace, slba: u64, nlb: u64) -> bool {
@@ -116,7 +119,21 @@ pub(crate) fn flush(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
 }
 
 /// Write Zeroes: the request prepared by its check has no data.
-pub(crate) fn submit_prepared(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+pub(crate) fn write_zeroes(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    if req.sqe.cdw12() & WZ_DEAC != 0 {
+        // The blocks are zeroed either way (DEAC is a hint): counted and
+        // logged so a test can tell the host used it (Linux sets DEAC when
+        // DLFEAT says deallocated blocks read as zeroes).
+        let ns = ns_of(ctx, req);
+        ns.stats.write_zeroes_deac.fetch_add(1, Relaxed);
+        let (slba, nlb) = (req.sqe.slba(), req.sqe.nlb());
+        tracing::debug!(
+            nsid = ns.nsid,
+            slba,
+            nlb,
+            "write zeroes with deallocate (DEAC)"
+        );
+    }
     let io = req.io;
     submit(ctx, req, &io)
 }

@@ -21,6 +21,7 @@ pub mod exec;
 pub mod fault;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod identity;
 pub mod io;
 pub mod reactor;
 pub mod ring;

@@ -3,7 +3,10 @@
 //! taken only on the control path (Connect, teardown, error log).
 
 use crate::backend::{self, Backend};
-use crate::config::{Config, ListenerConfig, ListenerKind, TargetConfig};
+use crate::config::{
+    Config, ListenerConfig, ListenerKind, NamespaceConfig, SubsystemConfig, TargetConfig,
+};
+use crate::identity::NodeId;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -20,6 +23,8 @@ pub struct NsStats {
     pub read_cmds: AtomicU64,
     pub write_cmds: AtomicU64,
     pub media_errors: AtomicU64,
+    /// Write Zeroes commands with the Deallocate bit (DEAC) set.
+    pub write_zeroes_deac: AtomicU64,
 }
 
 pub struct Namespace {
@@ -153,6 +158,10 @@ pub struct ListenerInfo {
 
 pub struct Registry {
     pub limits: TargetConfig,
+    /// Held (locked) for the registry's life: see [`crate::identity`].
+    pub node: NodeId,
+    /// Large command buffers kept across commands (`large_buffer_budget`).
+    pub buffer_budget: Arc<crate::buf::BufferBudget>,
     pub subsystems: Vec<Arc<Subsystem>>,
     pub namespaces: Vec<Arc<Namespace>>,
     pub listeners: Vec<ListenerInfo>,
@@ -165,50 +174,40 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Opens every backend the config names.
+    /// Takes the node identity, then opens every backend the config names.
     pub fn build(cfg: &Config) -> anyhow::Result<Registry> {
+        let node = NodeId::acquire(&state_dir(cfg))?;
+        tracing::info!("node identity {} ({})", node.uuid(), node.path().display());
+        Registry::build_with(cfg, node)
+    }
+
+    /// Opens every backend the config names, under the identity `node`.
+    pub fn build_with(cfg: &Config, node: NodeId) -> anyhow::Result<Registry> {
         let mut all_ns = Vec::new();
         let mut subsystems = Vec::new();
+        let mut seen = HashMap::new();
         for s in &cfg.subsystems {
+            let serial = node.serial(s);
+            tracing::info!(subsystem = %s.nqn, "serial {serial}");
+            unique(&mut seen, format!("serial {serial}"), &s.nqn)?;
             let mut nss = Vec::new();
             for (i, n) in s.namespaces.iter().enumerate() {
-                let nsid = n.nsid.unwrap_or(i as u32 + 1);
-                let backend = backend::open(n)?;
-                let bs = n.block_size;
-                let size_blocks = backend.size_bytes() / bs as u64;
-                anyhow::ensure!(
-                    size_blocks > 0,
-                    "namespace {nsid} of {} is smaller than a block",
-                    s.nqn
-                );
-                let info = NamespaceInfo {
-                    size_blocks,
-                    lbads: bs.trailing_zeros() as u8,
-                    nguid: stable_id(&s.nqn, nsid, b"nguid"),
-                    eui64: [0; 8],
-                    uuid: uuid_v8(stable_id(&s.nqn, nsid, b"uuid")),
-                    read_only: n.read_only,
-                    deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
-                };
-                tracing::info!(subsystem = %s.nqn, nsid, "namespace: {}", backend.describe());
-                let ns = Arc::new(Namespace {
-                    nsid,
-                    uid: all_ns.len(),
-                    backend,
-                    block_size: bs,
-                    lbads: bs.trailing_zeros() as u8,
-                    size_blocks,
-                    read_only: n.read_only,
-                    info,
-                    stats: NsStats::default(),
-                });
+                let ns = open_namespace(&node, s, i, n, all_ns.len())?;
+                let hex = crate::identity::hex;
+                for key in [
+                    format!("uuid {}", hex(&ns.info.uuid)),
+                    format!("nguid {}", hex(&ns.info.nguid)),
+                    format!("eui64 {}", hex(&ns.info.eui64)),
+                ] {
+                    unique(&mut seen, key, &format!("nsid {} of {}", ns.nsid, s.nqn))?;
+                }
                 all_ns.push(ns.clone());
                 nss.push(ns);
             }
             nss.sort_by_key(|n| n.nsid);
             subsystems.push(Arc::new(Subsystem {
                 nqn: s.nqn.clone(),
-                serial: s.serial.clone(),
+                serial,
                 model: s.model.clone(),
                 allow_any: s.allow_any(),
                 allowed_hosts: s.allowed_hosts.iter().cloned().collect(),
@@ -228,6 +227,10 @@ impl Registry {
             .collect();
         Ok(Registry {
             limits: cfg.target.clone(),
+            node,
+            buffer_budget: Arc::new(crate::buf::BufferBudget::new(
+                cfg.target.large_buffer_budget.0,
+            )),
             subsystems,
             namespaces: all_ns,
             listeners,
@@ -262,31 +265,64 @@ impl Registry {
     }
 }
 
-/// A namespace identifier derived from the subsystem NQN and NSID, so it is
-/// stable across restarts and reconnects and unique across subsystems (hosts
-/// drop namespaces whose IDs change or collide).
-fn stable_id(nqn: &str, nsid: u32, salt: &[u8]) -> [u8; 16] {
-    // Two FNV-1a 64 passes with different seeds: not cryptographic, only unique enough.
-    let mut out = [0u8; 16];
-    for (half, seed) in [
-        (0usize, 0xcbf2_9ce4_8422_2325u64),
-        (8, 0x6c62_272e_07bb_0142),
-    ] {
-        let mut h = seed;
-        for b in nqn.as_bytes().iter().chain(&nsid.to_le_bytes()).chain(salt) {
-            h ^= *b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        out[half..half + 8].copy_from_slice(&h.to_be_bytes());
-    }
-    out
+/// The state directory of `cfg`: configured, else the default chain.
+pub fn state_dir(cfg: &Config) -> std::path::PathBuf {
+    cfg.target
+        .state_dir
+        .clone()
+        .unwrap_or_else(crate::identity::default_state_dir)
 }
 
-/// Marks 16 bytes as an RFC 9562 version 8 (custom) UUID.
-fn uuid_v8(mut b: [u8; 16]) -> [u8; 16] {
-    b[6] = (b[6] & 0x0f) | 0x80;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    b
+/// Refuses a second namespace or subsystem with the same identifier (an
+/// explicit value equal to another one, explicit or derived).
+fn unique(seen: &mut HashMap<String, String>, key: String, owner: &str) -> anyhow::Result<()> {
+    if let Some(first) = seen.insert(key.clone(), owner.to_string()) {
+        anyhow::bail!(
+            "{owner} has the same {key} as {first}: give one of them another value in the config"
+        );
+    }
+    Ok(())
+}
+
+/// Opens namespace `i` of subsystem `s` with its backend and identifiers.
+fn open_namespace(
+    node: &NodeId,
+    s: &SubsystemConfig,
+    i: usize,
+    n: &NamespaceConfig,
+    uid: usize,
+) -> anyhow::Result<Arc<Namespace>> {
+    let nsid = n.nsid.unwrap_or(i as u32 + 1);
+    let backend = backend::open(n)?;
+    let bs = n.block_size;
+    let size_blocks = backend.size_bytes() / bs as u64;
+    anyhow::ensure!(
+        size_blocks > 0,
+        "namespace {nsid} of {} is smaller than a block",
+        s.nqn
+    );
+    let ids = node.namespace_ids(&s.nqn, nsid, n);
+    let info = NamespaceInfo {
+        size_blocks,
+        lbads: bs.trailing_zeros() as u8,
+        nguid: ids.nguid,
+        eui64: ids.eui64,
+        uuid: ids.uuid,
+        read_only: n.read_only,
+        deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
+    };
+    tracing::info!(subsystem = %s.nqn, nsid, "namespace: {}; {ids}", backend.describe());
+    Ok(Arc::new(Namespace {
+        nsid,
+        uid,
+        backend,
+        block_size: bs,
+        lbads: bs.trailing_zeros() as u8,
+        size_blocks,
+        read_only: n.read_only,
+        info,
+        stats: NsStats::default(),
+    }))
 }
 
 #[cfg(test)]
@@ -294,15 +330,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn namespace_ids_are_stable_and_distinct() {
-        assert_eq!(stable_id("nqn.a", 1, b"x"), stable_id("nqn.a", 1, b"x"));
-        assert_ne!(stable_id("nqn.a", 1, b"x"), stable_id("nqn.a", 2, b"x"));
-        assert_ne!(stable_id("nqn.a", 1, b"x"), stable_id("nqn.b", 1, b"x"));
+    fn explicit_identifiers_equal_to_another_namespace_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::embedded_default();
+        cfg.target.state_dir = Some(dir.path().into());
+        let mut n =
+            crate::config::NamespaceConfig::sized(crate::config::BackendKind::Null, 1 << 20);
+        n.eui64 = Some("02:00:00:00:00:00:00:01".into());
+        cfg.subsystems[0].namespaces = vec![n.clone(), n];
+        let e = Registry::build(&cfg).err().unwrap().to_string();
+        assert!(
+            e.contains("eui64 0200000000000001") && e.contains("nsid 2"),
+            "{e}"
+        );
     }
 
     #[test]
     fn cntlid_allocation_skips_live_ids() {
-        let r = Registry::build(&Config::embedded_default()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::embedded_default();
+        cfg.target.state_dir = Some(dir.path().into());
+        let r = Registry::build(&cfg).unwrap();
         let a = r.alloc_cntlid(&|_| false).unwrap();
         let b = r.alloc_cntlid(&|id| id == a + 1).unwrap();
         assert_eq!(b, a + 2);

@@ -174,9 +174,9 @@ fn classes(addr: std::net::SocketAddr) {
 
     // Oversize transfer: a command beyond MDTS gets Invalid Field...
     let (_c, mut q) = io_queue(addr, NO);
-    let mut sqe = Sqe::rw(io::READ, 0, 1, 0, 1024, false); // 512 KiB > 128 KiB
-    sqe.set_sgl(Sgl::transport(1024 * 512));
-    expect_status(&mut q, sqe, &[], 1024 * 512, generic::INVALID_FIELD.dnr());
+    let mut sqe = Sqe::rw(io::READ, 0, 1, 0, 4096, false); // 2 MiB > 1 MiB
+    sqe.set_sgl(Sgl::transport(4096 * 512));
+    expect_status(&mut q, sqe, &[], 4096 * 512, generic::INVALID_FIELD.dnr());
     // ...and a PDU larger than MAXH2CDATA allows ends the connection.
     let mut h = vec![0u8; 24];
     let plen = 24 + (4 << 20);

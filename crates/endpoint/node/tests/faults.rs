@@ -115,6 +115,7 @@ fn target(s: Setup) -> (trellis_target::Target, tempfile::TempDir) {
         allowed_hosts: vec![],
         namespaces: vec![ns],
     }];
+    cfg.target.state_dir = Some(dir.path().to_path_buf());
     (trellis_target::Target::start(&cfg).unwrap(), dir)
 }
 

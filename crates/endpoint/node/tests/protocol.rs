@@ -63,10 +63,9 @@ fn identify_reports_what_linux_checks() {
     assert_eq!(trellis_nvme::le32(&d, 4), 0);
     let (cqe, d) = identify(&mut c.admin, 3, 1);
     assert!(cqe.status.is_success());
-    assert_eq!(
-        d[0], 2,
-        "NGUID descriptor first (EUI64 is zero and omitted)"
-    );
+    assert_eq!((d[0], d[1]), (1, 8), "EUI-64 descriptor first");
+    assert_eq!((d[12], d[13]), (2, 16), "then the NGUID");
+    assert_eq!((d[32], d[33]), (3, 16), "then the UUID");
     let (cqe, _) = identify(&mut c.admin, 0, 5);
     assert_eq!(cqe.status, generic::INVALID_NAMESPACE.dnr());
     t.stop().unwrap();

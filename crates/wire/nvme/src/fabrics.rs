@@ -94,10 +94,14 @@ impl ConnectData {
         if b.len() < CONNECT_DATA_LEN {
             return Err(BadConnectField(0));
         }
-        let nqn = |off: usize, ipo| {
+        // The host NQN may be empty (SPDK's initiator sends none unless
+        // told): whether that is acceptable is the subsystem's policy.
+        let nqn = |off: usize, ipo, may_be_empty: bool| {
             let f = &b[off..off + NQN_FIELD_LEN];
             match get_cstr(f) {
-                Some(s) if !s.is_empty() && s.len() <= NQN_MAX_LEN => Ok(s.to_string()),
+                Some(s) if (may_be_empty || !s.is_empty()) && s.len() <= NQN_MAX_LEN => {
+                    Ok(s.to_string())
+                }
                 _ => Err(BadConnectField(ipo)),
             }
         };
@@ -106,8 +110,8 @@ impl ConnectData {
         Ok(ConnectData {
             hostid,
             cntlid: le16(b, 16),
-            subnqn: nqn(256, ipo::DATA_SUBNQN)?,
-            hostnqn: nqn(512, ipo::DATA_HOSTNQN)?,
+            subnqn: nqn(256, ipo::DATA_SUBNQN, false)?,
+            hostnqn: nqn(512, ipo::DATA_HOSTNQN, true)?,
         })
     }
     pub fn encode(&self, b: &mut [u8]) {
@@ -210,10 +214,12 @@ mod tests {
         let mut b = [0u8; 1024];
         d.encode(&mut b);
         assert_eq!(ConnectData::decode(&b).unwrap(), d);
-        b[512] = 0; // empty host NQN
+        b[512] = 0; // empty host NQN: decoded, policy decides
+        assert_eq!(ConnectData::decode(&b).unwrap().hostnqn, "");
+        b[256] = 0; // empty subsystem NQN: nothing to connect to
         assert_eq!(
             ConnectData::decode(&b).unwrap_err(),
-            BadConnectField(ipo::DATA_HOSTNQN)
+            BadConnectField(ipo::DATA_SUBNQN)
         );
     }
 

@@ -65,13 +65,20 @@ pub fn encode_controller(c: &ControllerInfo, b: &mut [u8]) {
     put16(b, 78, c.cntlid);
     put32(b, 80, c.version);
     put32(b, 92, c.oaes);
-    put32(b, 96, 0x1); // CTRATT: 128-bit host identifier
     b[111] = c.kind as u8;
-    b[258] = 3; // ACL (0-based)
     b[259] = c.aerl;
-    b[260] = 0x3; // FRMW: slot 1 read-only, one slot
-    b[261] = 0x02 | 0x04; // LPA: commands supported & effects, extended data
-    b[262] = 63; // ELPE: 64 error log entries (0-based)
+    // A discovery controller serves only Identify CNS 01h, the discovery
+    // log, KATO and Async Event Configuration, AER and Keep Alive (as Linux
+    // nvmet's discovery.c): it promises nothing else, so these stay zero.
+    if io {
+        put32(b, 96, 0x1); // CTRATT: 128-bit host identifier (Get Features 81h)
+        b[258] = 3; // ACL (0-based): Abort is accepted
+        b[260] = 0x3; // FRMW: slot 1 read-only, one slot (Firmware Slot log)
+        b[262] = 63; // ELPE: 64 error log entries (0-based)
+    }
+    // LPA bit 2: extended data (NUMDU, LPO) for Get Log Page, on both kinds;
+    // bit 1: the Commands Supported and Effects log, on I/O controllers only.
+    b[261] = if io { 0x02 | 0x04 } else { 0x04 };
     put16(b, 320, c.kas);
     if io {
         b[512] = 0x66; // SQES
@@ -87,10 +94,11 @@ pub fn encode_controller(c: &ControllerInfo, b: &mut [u8]) {
     // SGLS: supported (byte aligned); keyed/offset bit 20: address may be an offset.
     put32(b, 536, 0x0010_0001);
     put_cstr(&mut b[768..1024], &c.subnqn);
-    if io {
-        put32(b, 1792, 4 + c.icd_bytes / 16); // IOCCSZ in 16-byte units
-        put32(b, 1796, 1); // IORCSZ
-    }
+    // IOCCSZ in 16-byte units (SQE + in-capsule data) and IORCSZ (the CQE).
+    // Set for discovery controllers too, as nvmet does since Linux 6.8: hosts
+    // of that release check them on every fabrics controller.
+    put32(b, 1792, 4 + c.icd_bytes / 16);
+    put32(b, 1796, 1);
     put16(b, 1800, 0); // ICDOFF
     b[1802] = 0; // FCATT: dynamic controller model
     b[1803] = 1; // MSDBD
@@ -275,6 +283,25 @@ mod tests {
         assert_eq!(d.subnqn, "nqn.2026-11.io.trellis:x");
         assert_eq!(d.serial, "SN1");
         assert_eq!(d.max_transfer_bytes(), Some(128 << 10));
+    }
+
+    #[test]
+    fn discovery_controllers_promise_no_io_controller_services() {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        let d = ControllerInfo {
+            kind: ControllerType::Discovery,
+            icd_bytes: 0,
+            vwc: false,
+            ..ctrl()
+        };
+        encode_controller(&d, &mut b);
+        assert_eq!(b[261], 0x04, "LPA: extended data only, no effects log");
+        assert_eq!(le32(&b, 96), 0, "CTRATT: no Host Identifier feature");
+        assert_eq!((b[258], b[260], b[262]), (0, 0, 0), "ACL, FRMW, ELPE");
+        assert_eq!((le16(&b, 520), b[525]), (0, 0), "ONCS, VWC");
+        assert_eq!((le32(&b, 1792), le32(&b, 1796)), (4, 1), "IOCCSZ, IORCSZ");
+        encode_controller(&ctrl(), &mut b);
+        assert_eq!(b[261], 0x06, "I/O controllers serve the effects log");
     }
 
     #[test]

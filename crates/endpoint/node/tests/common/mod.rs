@@ -40,7 +40,15 @@ pub fn start_target_with(engine: trellis_target::config::SocketEngine) -> trelli
         allowed_hosts: vec![HOST.into()],
         namespaces: vec![NamespaceConfig::sized(BackendKind::Ram, 16 << 20)],
     }];
+    cfg.target.state_dir = Some(test_state_dir());
     trellis_target::Target::start(&cfg).unwrap()
+}
+
+/// Where test targets keep their node identity: one shared directory
+/// under the temp dir (concurrent targets take node-id, node-id.1, ...),
+/// never the user's own state directory.
+pub fn test_state_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join("trellis-test-state")
 }
 
 /// An enabled controller: admin queue plus `ios` connected I/O queues.
