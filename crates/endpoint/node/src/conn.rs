@@ -396,6 +396,12 @@ impl Conn {
         slot.h2c_error = false;
         slot.icd_at = NO_ICD;
         if let Err(st) = self.check_data(s, icd_len) {
+            let why = if st == generic::COMMAND_SEQUENCE_ERROR.dnr() {
+                "only Connect may come first on a queue"
+            } else {
+                "malformed data descriptor"
+            };
+            self.refused_before_connect(st, why);
             self.finish(s, st);
             return Ok(());
         }
@@ -407,6 +413,7 @@ impl Conn {
         // Parse once, before any data moves: no R2T goes out for a command
         // that will fail anyway, and the handler does not check again.
         if let Err(st) = cmd::parse(&self.queue, &mut self.slots[s as usize].req) {
+            self.refused_before_connect(st, "command refused before its handler");
             self.finish(s, st);
             return Ok(());
         }
@@ -424,7 +431,9 @@ impl Conn {
             } else if self.queue.q.is_none() {
                 // Connect carries its data in the capsule (the admin queue's
                 // in-capsule data size covers it): anything else is out of order.
-                self.finish(s, generic::COMMAND_SEQUENCE_ERROR.dnr());
+                let st = generic::COMMAND_SEQUENCE_ERROR.dnr();
+                self.refused_before_connect(st, "Connect data not in the capsule");
+                self.finish(s, st);
                 return Ok(());
             } else {
                 self.start_r2t(s);
@@ -433,6 +442,16 @@ impl Conn {
         }
         self.execute(ctx, s);
         Ok(())
+    }
+
+    /// On a queue not yet connected, every failed command is a refused
+    /// Connect (or a command before Connect): logged at info like the
+    /// refusals the Connect handler makes, so an operator sees why a host
+    /// cannot connect.
+    fn refused_before_connect(&self, st: Status, why: &str) {
+        if self.queue.q.is_none() {
+            tracing::info!(peer = %self.queue.peer, "connect refused: {why} ({st})");
+        }
     }
 
     /// Transport-level checks of SGL1 against the command's row (direction,

@@ -149,6 +149,29 @@ fn every_connect_refusal_is_logged_at_info_with_reason_host_subsystem_and_peer()
         let line = wait_for_line(&["connect refused", why, host, subnqn, &peer]);
         assert!(line.contains("INFO"), "logged at info: {line}");
     }
+    // Refusals before the Connect handler runs are logged too: a command
+    // before Connect, and Connect data offered through R2T.
+    let mut q = Queue::open(addr, NO);
+    let peer = q.s.local_addr().unwrap().to_string();
+    let (c, _) = q.cmd(Sqe::new(admin::KEEP_ALIVE, 0, 0), &[], 0, 0);
+    assert_eq!(c.status, generic::COMMAND_SEQUENCE_ERROR.dnr());
+    let line = wait_for_line(&["connect refused", "only Connect may come first", &peer]);
+    assert!(line.contains("INFO"), "logged at info: {line}");
+    let mut q = Queue::open(addr, NO);
+    let peer = q.s.local_addr().unwrap().to_string();
+    let mut connect = trellis_nvme::fabrics::ConnectCmd {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato_ms: 0,
+    }
+    .to_sqe(1);
+    connect.set_sgl(Sgl::transport(1024));
+    let (c, _) = q.cmd(connect, &[0u8; 1024], 0, 0);
+    assert_eq!(c.status, generic::COMMAND_SEQUENCE_ERROR.dnr());
+    let line = wait_for_line(&["connect refused", "Connect data not in the capsule", &peer]);
+    assert!(line.contains("INFO"), "logged at info: {line}");
     t.stop().unwrap();
 }
 
