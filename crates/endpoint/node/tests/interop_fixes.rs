@@ -168,7 +168,10 @@ fn every_connect_refusal_is_logged_at_info_with_reason_host_subsystem_and_peer()
     }
     .to_sqe(1);
     connect.set_sgl(Sgl::transport(1024));
-    let (c, _) = q.cmd(connect, &[0u8; 1024], 0, 0);
+    q.send_capsule(&connect, &[]);
+    let p = q.recv().expect("a response, not an R2T");
+    assert_eq!(p.bytes[0], trellis_nvme::pdu::PduType::CapsuleResp as u8);
+    let c = Cqe::decode(&p.bytes[8..24]);
     assert_eq!(c.status, generic::COMMAND_SEQUENCE_ERROR.dnr());
     let line = wait_for_line(&["connect refused", "Connect data not in the capsule", &peer]);
     assert!(line.contains("INFO"), "logged at info: {line}");
