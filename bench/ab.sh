@@ -22,6 +22,7 @@ client=${CLIENT:-${B%% *}}
 # shellcheck source=../tests/bench-lib.sh
 . tests/bench-lib.sh
 out=${OUT:-$(mktemp -d /tmp/trellis-ab.XXXXXX)}
+mkdir -p "$out"
 port=$(free_port 15420)
 workloads=("randread 4k 1" "randread 4k 32" "randread 4k 128" "randwrite 4k 32" "read 128k 8" "write 128k 8")
 for r in $(seq 1 "$reps"); do
