@@ -3,7 +3,7 @@
 use crate::config::SimConfig;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use trellis_qos::Op;
+use trellis_units::IoDir;
 
 pub struct Metrics {
     warmup_ns: u64,
@@ -50,7 +50,7 @@ impl Metrics {
 
     pub fn on_complete(
         &mut self,
-        op: Op,
+        op: IoDir,
         size: u32,
         e2e_ns: u64,
         ssd_ns: u64,
@@ -64,7 +64,7 @@ impl Metrics {
         if now_ns < self.warmup_ns {
             return;
         }
-        let i = (op == Op::Write) as usize;
+        let i = (op == IoDir::Write) as usize;
         self.ios[i] += 1;
         self.bytes[i] += size as u64;
         self.lat_sum_ns[i] += e2e_ns as u128;

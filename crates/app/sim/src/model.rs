@@ -14,9 +14,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use trellis_fabric::credit::{self, HostRateLimiter};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
-use trellis_fabric::IoKind;
-use trellis_qos::{CongestionControl, Dispatch, Gimbal, Op};
-use trellis_ssd::{IoOp, Ssd};
+use trellis_qos::{CongestionControl, Dispatch, Gimbal};
+use trellis_ssd::Ssd;
+use trellis_units::IoDir;
 
 // Event kinds.
 const EV_ARRIVE: u8 = 0;
@@ -429,12 +429,7 @@ impl Sim {
             let o = self.ios.get(io);
             (o.host, o.spec.op, o.spec.size_bytes, o.gen)
         };
-        let kind = if op == Op::Read {
-            IoKind::Read
-        } else {
-            IoKind::Write
-        };
-        let fwd = reserve::request_bytes(kind, size);
+        let fwd = reserve::request_bytes(op, size);
         let n = fwd.div_ceil(self.payload_max);
         let hnode = self.hosts[host as usize].node;
         let hport = self.hosts[host as usize].port;
@@ -625,7 +620,7 @@ impl Sim {
         }
         let op = self.ios.get(pk.io).spec.op;
         // Write completions are tiny and always go first (Q_wcpl).
-        if op == Op::Write {
+        if op == IoDir::Write {
             return 0;
         }
         if self.ports[port as usize]
@@ -797,11 +792,11 @@ impl Sim {
             let o = self.ios.get(io);
             (o.spec.op, o.spec.size_bytes, o.n_grants)
         };
-        if n as usize >= 8 || op == Op::Write {
+        if n as usize >= 8 || op == IoDir::Write {
             // Write completions are tiny: they use the priority queue, not a reservation.
             return;
         }
-        let r = self.cfg.reserve.reservation_bytes_per_s(IoKind::Read, size);
+        let r = self.cfg.reserve.reservation_bytes_per_s(IoDir::Read, size);
         let granted = self.ports[in_port as usize].resv.reserve(r);
         let o = self.ios.get_mut(io);
         o.grants[n as usize] = (in_port, granted);
@@ -1029,12 +1024,9 @@ impl Sim {
         let now = self.q.now;
         let spec = self.ios.get(io).spec;
         let s = &mut self.ssds[ssd as usize];
-        let op = if spec.op == Op::Read {
-            IoOp::Read
-        } else {
-            IoOp::Write
-        };
-        let done = s.ssd.submit(op, spec.offset_bytes, spec.size_bytes, now);
+        let done = s
+            .ssd
+            .submit(spec.op, spec.offset_bytes, spec.size_bytes, now);
         s.outstanding += 1;
         let slot = s.inflight.insert((io, gen, d, now));
         assert!(slot < (1 << 20));
@@ -1084,12 +1076,7 @@ impl Sim {
                 o.rank,
             )
         };
-        let kind = if op == Op::Read {
-            IoKind::Read
-        } else {
-            IoKind::Write
-        };
-        let total = reserve::response_bytes(kind, size);
+        let total = reserve::response_bytes(op, size);
         let n = total.div_ceil(self.payload_max);
         self.ios.get_mut(io).rev_expected = n as u16;
         let symmetric = self.cfg.mechanisms.isr;

@@ -12,13 +12,3 @@
 pub mod credit;
 pub mod isr;
 pub mod reserve;
-
-use serde::{Deserialize, Serialize};
-
-/// NVMe I/O direction as the fabric sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IoKind {
-    Read,
-    Write,
-}

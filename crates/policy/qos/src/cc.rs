@@ -1,6 +1,7 @@
 //! Delay-based congestion control (§1.a) and write-cost estimation (§1.b).
 
-use crate::{GimbalConfig, Op};
+use crate::GimbalConfig;
+use trellis_units::IoDir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CcState {
@@ -65,11 +66,11 @@ impl CongestionControl {
     }
 
     /// Apply one successful completion; returns the state it put the SSD in.
-    pub fn on_complete(&mut self, op: Op, len: u32, latency_ns: u64, now_ns: u64) -> CcState {
+    pub fn on_complete(&mut self, dir: IoDir, len: u32, latency_ns: u64, now_ns: u64) -> CcState {
         let (tmin, tmax) = (self.thresh_min_us, self.thresh_max_us);
-        let cc = match op {
-            Op::Write => &mut self.write,
-            Op::Read => &mut self.read,
+        let cc = match dir {
+            IoDir::Write => &mut self.write,
+            IoDir::Read => &mut self.read,
         };
         let state = update_dir(cc, latency_ns / 1000, tmin, tmax);
         let len = len as u64;
@@ -166,16 +167,16 @@ impl WriteCost {
     }
 
     /// Weighted length used by DRR and slots: writes cost (wc × len) >> 10 [G].
-    pub fn weighted(op: Op, len: u32, wc_fp10: u64) -> u64 {
-        match op {
-            Op::Write => (wc_fp10 * len as u64) >> 10,
-            Op::Read => len as u64,
+    pub fn weighted(dir: IoDir, len: u32, wc_fp10: u64) -> u64 {
+        match dir {
+            IoDir::Write => (wc_fp10 * len as u64) >> 10,
+            IoDir::Read => len as u64,
         }
     }
 
     pub fn on_complete(
         &mut self,
-        op: Op,
+        dir: IoDir,
         latency_ns: u64,
         now_ns: u64,
         tmin_us: u64,
@@ -185,9 +186,9 @@ impl WriteCost {
             self.end_window(tmin_us, tmax_us);
             self.window_start_ns = now_ns;
         }
-        match op {
-            Op::Read => self.reads += 1,
-            Op::Write => {
+        match dir {
+            IoDir::Read => self.reads += 1,
+            IoDir::Write => {
                 self.writes += 1;
                 self.write_lat_sum_us += latency_ns / 1000;
             }

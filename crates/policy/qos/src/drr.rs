@@ -1,13 +1,14 @@
 //! Level 1: DRR over tenants with write-cost-weighted sizes and virtual slots (§1.c).
 
 use crate::cc::WriteCost;
-use crate::{GimbalConfig, Op, QosError};
+use crate::{GimbalConfig, QosError};
 use std::collections::VecDeque;
+use trellis_units::IoDir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     pub tag: u64,
-    pub op: Op,
+    pub dir: IoDir,
     pub size_bytes: u32,
 }
 
@@ -140,7 +141,7 @@ impl Drr {
             let tid = *self.active.front()?;
             let t = &mut self.tenants[tid as usize];
             let head = *t.queue.front().expect("active tenant with an empty queue");
-            let w = WriteCost::weighted(head.op, head.size_bytes, wc_fp10) as i64;
+            let w = WriteCost::weighted(head.dir, head.size_bytes, wc_fp10) as i64;
             if t.deficit < w {
                 t.deficit += self.quantum;
                 self.active.rotate_left(1);

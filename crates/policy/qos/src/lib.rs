@@ -14,14 +14,7 @@ pub use drr::{Drr, Request, SlotTag};
 pub use token::DualTokenBucket;
 
 use serde::{Deserialize, Serialize};
-
-/// Direction of an I/O; everything that is not a WRITE is scheduled as a read [G].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Op {
-    Read,
-    Write,
-}
+use trellis_units::IoDir;
 
 /// Errors visible to callers; the scheduler never drops silently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,13 +105,13 @@ impl Gimbal {
     pub fn submit(
         &mut self,
         tenant: u16,
-        op: Op,
+        dir: IoDir,
         size_bytes: u32,
         tag: u64,
     ) -> Result<(), QosError> {
         let req = Request {
             tag,
-            op,
+            dir,
             size_bytes,
         };
         self.drr.enqueue(tenant, req)
@@ -129,7 +122,7 @@ impl Gimbal {
         self.bucket
             .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
         if let Some(d) = self.blocked {
-            if !self.bucket.try_take(d.req.op, d.req.size_bytes) {
+            if !self.bucket.try_take(d.req.dir, d.req.size_bytes) {
                 return None;
             }
             self.blocked = None;
@@ -137,7 +130,7 @@ impl Gimbal {
         }
         let (tenant, req, slot) = self.drr.dequeue(self.wc.fp10())?;
         let d = Dispatch { tenant, req, slot };
-        if self.bucket.try_take(req.op, req.size_bytes) {
+        if self.bucket.try_take(req.dir, req.size_bytes) {
             return Some(d);
         }
         self.blocked = Some(d);
@@ -150,7 +143,7 @@ impl Gimbal {
         Some(
             now_ns
                 + self.bucket.wait_ns(
-                    d.req.op,
+                    d.req.dir,
                     d.req.size_bytes,
                     self.cc.target_rate(),
                     self.wc.fp10(),
@@ -162,12 +155,12 @@ impl Gimbal {
     pub fn complete(&mut self, d: &Dispatch, latency_ns: u64, now_ns: u64) {
         let state = self
             .cc
-            .on_complete(d.req.op, d.req.size_bytes, latency_ns, now_ns);
+            .on_complete(d.req.dir, d.req.size_bytes, latency_ns, now_ns);
         if state == CcState::Overloaded {
             self.bucket.zero();
         }
         self.wc.on_complete(
-            d.req.op,
+            d.req.dir,
             latency_ns,
             now_ns,
             self.cfg.thresh_min_us,

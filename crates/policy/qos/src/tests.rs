@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::cc::{update_dir, DirCc};
+use trellis_units::IoDir;
 
 #[test]
 fn cc_threshold_follows_table_1a() {
@@ -33,11 +34,11 @@ fn cc_threshold_follows_table_1a() {
 #[test]
 fn cc_rate_follows_example_1a1() {
     let mut cc = CongestionControl::new(&GimbalConfig::default());
-    cc.on_complete(Op::Read, 131_072, 800_000, 1);
+    cc.on_complete(IoDir::Read, 131_072, 800_000, 1);
     assert_eq!(cc.target_rate(), 1_048_707_072);
-    cc.on_complete(Op::Read, 131_072, 800_000, 2);
+    cc.on_complete(IoDir::Read, 131_072, 800_000, 2);
     cc.set_cpl_rate(838_860_800);
-    let s = cc.on_complete(Op::Read, 131_072, 3_000_000, 3);
+    let s = cc.on_complete(IoDir::Read, 131_072, 3_000_000, 3);
     assert_eq!(s, CcState::Overloaded);
     assert_eq!(cc.target_rate(), 838_729_728);
 }
@@ -49,7 +50,7 @@ fn cc_underutilised_adds_eight_lengths() {
     cc.read.ewma_us = 200;
     let before = cc.target_rate();
     assert_eq!(
-        cc.on_complete(Op::Read, 4096, 200_000, 1),
+        cc.on_complete(IoDir::Read, 4096, 200_000, 1),
         CcState::UnderUtilised
     );
     assert_eq!(cc.target_rate() - before, 32_768);
@@ -65,8 +66,8 @@ fn write_cost_ad_mi_examples() {
     assert_eq!(wc.fp10(), 1024);
     // Ex 1.b-2: congested → 5120, congested → 7168, calm → 6656.
     let congested = |wc: &mut WriteCost| {
-        wc.on_complete(Op::Read, 100_000, 1, 250, 1500);
-        wc.on_complete(Op::Write, 900_000, 1, 250, 1500);
+        wc.on_complete(IoDir::Read, 100_000, 1, 250, 1500);
+        wc.on_complete(IoDir::Write, 900_000, 1, 250, 1500);
         wc.end_window(250, 1500);
     };
     congested(&mut wc);
@@ -76,8 +77,8 @@ fn write_cost_ad_mi_examples() {
     wc.end_window(250, 1500);
     assert_eq!(wc.fp10(), 6656);
     // Ex 1.b-3: weighted 4 KiB write at 4.0.
-    assert_eq!(WriteCost::weighted(Op::Write, 4096, 4096), 16_384);
-    assert_eq!(WriteCost::weighted(Op::Read, 4096, 4096), 4096);
+    assert_eq!(WriteCost::weighted(IoDir::Write, 4096, 4096), 16_384);
+    assert_eq!(WriteCost::weighted(IoDir::Read, 4096, 4096), 4096);
 }
 
 fn drr_cfg() -> GimbalConfig {
@@ -87,22 +88,22 @@ fn drr_cfg() -> GimbalConfig {
     }
 }
 
-fn req(op: Op, size: u32) -> Request {
+fn req(dir: IoDir, size: u32) -> Request {
     Request {
         tag: 0,
-        op,
+        dir,
         size_bytes: size,
     }
 }
 
 /// Dequeue `n` I/Os, completing each at once (so slots never bind); bytes per tenant.
-fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, Op, u32)]) -> [u64; 4] {
+fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, IoDir, u32)]) -> [u64; 4] {
     let mut bytes = [0u64; 4];
     for _ in 0..n {
         let (t, r, slot) = drr.dequeue(wc).expect("backlogged tenants");
         bytes[t as usize] += r.size_bytes as u64;
-        let (_, op, size) = refill[t as usize];
-        drr.enqueue(t, req(op, size)).unwrap();
+        let (_, dir, size) = refill[t as usize];
+        drr.enqueue(t, req(dir, size)).unwrap();
         drr.release(t, slot);
     }
     bytes
@@ -112,10 +113,10 @@ fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, Op, u32)]) -> [u64;
 fn drr_4k_vs_64k_reads_share_bytes_equally() {
     // Ex 1.c-1: per round A sends 32 × 4 KiB, B 2 × 64 KiB: 50/50 bytes, 32/34 I/Os.
     let mut drr = Drr::new(&drr_cfg());
-    let spec = [(0, Op::Read, 4096), (1, Op::Read, 65536)];
+    let spec = [(0, IoDir::Read, 4096), (1, IoDir::Read, 65536)];
     for _ in 0..64 {
-        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
-        drr.enqueue(1, req(Op::Read, 65536)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
     }
     let mut counts = [0u32; 2];
     for _ in 0..34 {
@@ -134,10 +135,10 @@ fn drr_4k_vs_64k_reads_share_bytes_equally() {
 fn drr_read_vs_write_split_by_write_cost() {
     // Ex 1.c-2: wc = 4.0; per round 32 reads vs 8 writes: raw bytes 80/20.
     let mut drr = Drr::new(&drr_cfg());
-    let spec = [(0, Op::Read, 4096), (1, Op::Write, 4096)];
+    let spec = [(0, IoDir::Read, 4096), (1, IoDir::Write, 4096)];
     for _ in 0..64 {
-        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
-        drr.enqueue(1, req(Op::Write, 4096)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Write, 4096)).unwrap();
     }
     let b = run_drr(&mut drr, 40 * 25, 4096, &spec);
     assert_eq!(b[0], 4 * b[1]);
@@ -147,10 +148,10 @@ fn drr_read_vs_write_split_by_write_cost() {
 fn drr_deficit_carries_between_rounds() {
     // Ex 1.c-3: 48 KiB reads against a 4 KiB tenant: 2, 3, 3 I/Os per round (3Q total).
     let mut drr = Drr::new(&drr_cfg());
-    let spec = [(0, Op::Read, 49_152), (1, Op::Read, 4096)];
+    let spec = [(0, IoDir::Read, 49_152), (1, IoDir::Read, 4096)];
     for _ in 0..16 {
-        drr.enqueue(0, req(Op::Read, 49_152)).unwrap();
-        drr.enqueue(1, req(Op::Read, 4096)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 49_152)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 4096)).unwrap();
     }
     let mut per_round = Vec::new();
     let mut run = 0;
@@ -163,7 +164,8 @@ fn drr_deficit_carries_between_rounds() {
             run = 0;
         }
         drr.release(t, slot);
-        drr.enqueue(t, req(Op::Read, spec[t as usize].2)).unwrap();
+        drr.enqueue(t, req(IoDir::Read, spec[t as usize].2))
+            .unwrap();
         let _ = r;
     }
     assert_eq!(&per_round[..3], &[2, 3, 3]);
@@ -174,7 +176,7 @@ fn virtual_slots_defer_after_sixteen_64k_ios() {
     // Ex 1.c-4: one tenant, vqmaxqd = 8, two 64 KiB I/Os per slot: deferred after 16.
     let mut drr = Drr::new(&drr_cfg());
     for _ in 0..40 {
-        drr.enqueue(0, req(Op::Read, 65536)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 65536)).unwrap();
     }
     let mut out = Vec::new();
     while let Some(d) = drr.dequeue(1024) {
@@ -203,7 +205,7 @@ fn vqmaxqd_divides_slots_among_active_tenants() {
     let mut active = 0;
     for (n, limit) in expect {
         while active < n {
-            drr.enqueue(active as u16, req(Op::Read, 4096)).unwrap();
+            drr.enqueue(active as u16, req(IoDir::Read, 4096)).unwrap();
             active += 1;
         }
         assert_eq!(drr.vqmaxqd(), limit, "{n} tenants");
@@ -215,8 +217,8 @@ fn credits_follow_slot_sizes() {
     // Ex 1.e-1: N_active = 2, 4 KiB-read tenant → 4 × 32 = 128; 64 KiB → 4 × 2 = 8.
     let mut drr = Drr::new(&drr_cfg());
     for _ in 0..200 {
-        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
-        drr.enqueue(1, req(Op::Read, 65536)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
     }
     let mut held = Vec::new();
     for _ in 0..68 {
@@ -273,7 +275,7 @@ fn gimbal_paces_writes_by_tokens_and_never_reorders() {
     let mut g = Gimbal::new(cfg, 0);
     // Drain the initial buckets with 4 × 64 KiB writes (write bucket holds 256 KiB).
     for i in 0..6 {
-        g.submit(0, Op::Write, 65536, i).unwrap();
+        g.submit(0, IoDir::Write, 65536, i).unwrap();
     }
     let mut sent = Vec::new();
     while let Some(d) = g.poll_dispatch(0) {
@@ -281,7 +283,7 @@ fn gimbal_paces_writes_by_tokens_and_never_reorders() {
     }
     assert_eq!(sent, vec![0, 1, 2, 3]);
     // The 5th write blocks on tokens; a read (with a full read bucket) must wait behind it.
-    g.submit(1, Op::Read, 4096, 100).unwrap();
+    g.submit(1, IoDir::Read, 4096, 100).unwrap();
     assert!(g.poll_dispatch(0).is_none());
     // The read bucket is full, so its share overflows to writes (Ex 1.d-4): the write
     // gets the whole 1,048,576,000 B/s and has 64 KiB after 62.5 µs.
@@ -289,7 +291,7 @@ fn gimbal_paces_writes_by_tokens_and_never_reorders() {
     assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(4));
     // The read, queued behind, goes next; the timer estimate ignores overflow (conservative).
     assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(100));
-    g.submit(0, Op::Write, 65536, 9).unwrap();
+    g.submit(0, IoDir::Write, 65536, 9).unwrap();
     let _ = g.poll_dispatch(62_500);
     if let Some(w) = g.next_wakeup_ns(62_500) {
         assert!(

@@ -1,6 +1,6 @@
 //! Dual token bucket, Algorithm 4 of the Gimbal appendix (§1.d).
 
-use crate::Op;
+use trellis_units::IoDir;
 
 pub struct DualTokenBucket {
     pub read_tokens: u64,
@@ -57,11 +57,11 @@ impl DualTokenBucket {
 
     /// Take the raw length from the matching bucket. [R] An I/O larger than the bucket
     /// needs only a full bucket, or it could never pass.
-    pub fn try_take(&mut self, op: Op, len: u32) -> bool {
+    pub fn try_take(&mut self, dir: IoDir, len: u32) -> bool {
         let need = (len as u64).min(self.max_tokens);
-        let b = match op {
-            Op::Write => &mut self.write_tokens,
-            Op::Read => &mut self.read_tokens,
+        let b = match dir {
+            IoDir::Write => &mut self.write_tokens,
+            IoDir::Read => &mut self.read_tokens,
         };
         if *b < need {
             return false;
@@ -76,12 +76,12 @@ impl DualTokenBucket {
         self.write_tokens = 0;
     }
 
-    /// Conservative time until `op` has `len` tokens, ignoring overflow from the other bucket.
-    pub fn wait_ns(&self, op: Op, len: u32, rate: u64, wc_fp10: u64) -> u64 {
+    /// Conservative time until `dir` has `len` tokens, ignoring overflow from the other bucket.
+    pub fn wait_ns(&self, dir: IoDir, len: u32, rate: u64, wc_fp10: u64) -> u64 {
         let need = (len as u64).min(self.max_tokens);
-        let (have, share_num) = match op {
-            Op::Write => (self.write_tokens, 1024u128),
-            Op::Read => (self.read_tokens, wc_fp10 as u128),
+        let (have, share_num) = match dir {
+            IoDir::Write => (self.write_tokens, 1024u128),
+            IoDir::Read => (self.read_tokens, wc_fp10 as u128),
         };
         let missing = need.saturating_sub(have) as u128;
         let per_s = rate as u128 * share_num / (wc_fp10 as u128 + 1024);

@@ -14,14 +14,7 @@ mod ledger;
 mod profile;
 use ledger::Ledger;
 pub use profile::{Precondition, SsdProfile};
-
-/// I/O direction as seen by the SSD. Flush and the rest count as reads (Gimbal does the same).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IoOp {
-    Read,
-    Write,
-}
+use trellis_units::IoDir;
 
 const FREE: u32 = u32::MAX;
 const INVALID: u32 = u32::MAX - 1;
@@ -222,16 +215,16 @@ impl Ssd {
 
     /// Submit one I/O at `now_ns`; returns its completion time in ns.
     /// The offset wraps modulo the logical capacity so that any trace can be replayed.
-    pub fn submit(&mut self, op: IoOp, offset_bytes: u64, size_bytes: u32, now_ns: u64) -> u64 {
+    pub fn submit(&mut self, dir: IoDir, offset_bytes: u64, size_bytes: u32, now_ns: u64) -> u64 {
         assert!(size_bytes > 0, "zero-length I/O");
         assert!(now_ns >= self.now_ns, "SSD time went backwards");
         self.now_ns = now_ns;
         let pb = self.p.page_bytes as u64;
         let first = (offset_bytes / pb) % self.logical_pages as u64;
         let n_pages = (offset_bytes % pb + size_bytes as u64).div_ceil(pb) as u32;
-        match op {
-            IoOp::Read => self.read(first as u32, n_pages, size_bytes, now_ns),
-            IoOp::Write => self.write(first as u32, n_pages, size_bytes, now_ns),
+        match dir {
+            IoDir::Read => self.read(first as u32, n_pages, size_bytes, now_ns),
+            IoDir::Write => self.write(first as u32, n_pages, size_bytes, now_ns),
         }
     }
 
