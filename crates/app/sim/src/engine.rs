@@ -406,7 +406,7 @@ mod tests {
                     0 => rng.below(4),
                     1 => rng.below(1000),
                     2 => ((WHEEL as u64 - 1) << GRAIN_BITS) + rng.below(64),
-                    _ => rng.below(3 * (WHEEL as u64) << GRAIN_BITS),
+                    _ => rng.below((3 * (WHEEL as u64)) << GRAIN_BITS),
                 };
                 // Coarse times so that ties are common.
                 let t = (q.now + d) / 4 * 4;

@@ -31,7 +31,7 @@ pub fn line_chart(
     if x0 >= x1 {
         x1 = x0 + 1.0;
     }
-    if !(y1 > 0.0) {
+    if y1.is_nan() || y1 <= 0.0 {
         y1 = 1.0;
     }
     let y0 = 0.0;

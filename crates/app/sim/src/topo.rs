@@ -190,7 +190,7 @@ pub fn balanced_dims(n: u32, k: usize) -> Vec<u32> {
         }
         let mut d = min;
         while d * d <= n {
-            if n % d == 0 {
+            if n.is_multiple_of(d) {
                 cur.push(d);
                 rec(n / d, k - 1, d, cur, best, score);
                 cur.pop();

@@ -419,7 +419,7 @@ impl YcsbGen {
         self.compaction_busy = true;
         // Alternate reads and writes of compaction input/output.
         self.compaction_debt_bytes -= COMPACTION_IO as u64;
-        let op = if (self.compaction_debt_bytes / COMPACTION_IO as u64) % 2 == 0 {
+        let op = if (self.compaction_debt_bytes / COMPACTION_IO as u64).is_multiple_of(2) {
             IoDir::Read
         } else {
             IoDir::Write
@@ -455,7 +455,7 @@ mod tests {
             let s = g.first(i % 32, &mut rng);
             reads += (s.op == IoDir::Read) as u32;
             big += (s.size_bytes == 65536) as u32;
-            assert!(s.offset_bytes % 4096 == 0 && s.ssd < 8);
+            assert!(s.offset_bytes.is_multiple_of(4096) && s.ssd < 8);
         }
         assert!((13_600..14_400).contains(&reads), "{reads}");
         assert!((4_600..5_400).contains(&big), "{big}");

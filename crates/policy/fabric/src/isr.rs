@@ -141,7 +141,7 @@ impl IsrTable {
         if !e.valid || now_ns.saturating_sub(e.updated_ns) > self.cfg.stale_ns {
             return local_qdelay_ns;
         }
-        local_qdelay_ns + e.delay_ns + (self.cfg.p_ecn_ns * e.ecn_fp10 >> 10)
+        local_qdelay_ns + e.delay_ns + ((self.cfg.p_ecn_ns * e.ecn_fp10) >> 10)
     }
 
     /// Least-congested productive port toward `target`. `local_qdelay_ns(port)` is this
@@ -167,7 +167,7 @@ impl IsrTable {
             } else if s == best {
                 // Reservoir choice among ties: deterministic given tie_rand.
                 n_best += 1;
-                if mix(tie_rand, n_best) % n_best == 0 {
+                if mix(tie_rand, n_best).is_multiple_of(n_best) {
                     pick = p;
                 }
             }

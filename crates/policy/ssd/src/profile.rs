@@ -182,10 +182,10 @@ impl SsdProfile {
 
     pub fn validate(&self) {
         assert!(self.channels > 0 && self.luns_per_channel > 0);
-        assert!(self.page_bytes > 0 && self.flash_page_bytes % self.page_bytes == 0);
+        assert!(self.page_bytes > 0 && self.flash_page_bytes.is_multiple_of(self.page_bytes));
         let sub = self.flash_page_bytes / self.page_bytes;
         assert!(
-            self.pages_per_block % sub == 0,
+            self.pages_per_block.is_multiple_of(sub),
             "pages_per_block must hold whole flash pages"
         );
         assert!(self.blocks_per_lun >= 8, "need at least 8 lines");
