@@ -19,7 +19,8 @@ pub struct Metrics {
     pub drops: u64,
     pub lost_ios: u64,
     pub failed_ios: u64,
-    pub qos_rejects: u64,
+    /// Commands the SSD scheduler answered Busy (a bound was full); each is retried.
+    pub sched_busy: u64,
     pub failure_at_ns: Option<u64>,
 }
 
@@ -43,7 +44,7 @@ impl Metrics {
             drops: 0,
             lost_ios: 0,
             failed_ios: 0,
-            qos_rejects: 0,
+            sched_busy: 0,
             failure_at_ns: None,
         }
     }

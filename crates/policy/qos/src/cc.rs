@@ -22,6 +22,8 @@ pub struct DirCc {
 pub struct CongestionControl {
     pub read: DirCc,
     pub write: DirCc,
+    /// State the last completion of each direction put the SSD in ([read, write]).
+    last_state: [Option<CcState>; 2],
     target_rate: u64,
     rate_min: u64,
     rate_max: u64,
@@ -44,6 +46,7 @@ impl CongestionControl {
         CongestionControl {
             read: dir,
             write: dir,
+            last_state: [None; 2],
             target_rate: cfg.rate_init_bytes_per_s,
             rate_min: cfg.rate_min_bytes_per_s,
             rate_max: cfg.rate_max_bytes_per_s,
@@ -60,12 +63,26 @@ impl CongestionControl {
         self.target_rate
     }
 
+    /// Latency state of one direction (EWMA and dynamic threshold, µs).
+    pub fn dir_cc(&self, dir: IoDir) -> &DirCc {
+        match dir {
+            IoDir::Read => &self.read,
+            IoDir::Write => &self.write,
+        }
+    }
+
+    /// State set by the last completion in `dir`; None before the first one.
+    pub fn last_state(&self, dir: IoDir) -> Option<CcState> {
+        self.last_state[dir.index()]
+    }
+
     /// Measured completion rate, B/s (0 until the first 16 MiB sample).
     pub fn cpl_rate(&self) -> u64 {
         self.cpl_rate
     }
 
-    /// Apply one successful completion; returns the state it put the SSD in.
+    /// Apply one successful completion (`latency_ns` = device time, converted to Gimbal's
+    /// µs ticks); returns the state it put the SSD in.
     pub fn on_complete(&mut self, dir: IoDir, len: u32, latency_ns: u64, now_ns: u64) -> CcState {
         let (tmin, tmax) = (self.thresh_min_us, self.thresh_max_us);
         let cc = match dir {
@@ -73,6 +90,7 @@ impl CongestionControl {
             IoDir::Read => &mut self.read,
         };
         let state = update_dir(cc, latency_ns / 1000, tmin, tmax);
+        self.last_state[dir.index()] = Some(state);
         let len = len as u64;
         self.target_rate = match state {
             CcState::Overloaded => {
@@ -182,7 +200,7 @@ impl WriteCost {
         tmin_us: u64,
         tmax_us: u64,
     ) {
-        if now_ns >= self.window_start_ns + self.window_ns {
+        if now_ns >= self.window_start_ns.saturating_add(self.window_ns) {
             self.end_window(tmin_us, tmax_us);
             self.window_start_ns = now_ns;
         }
@@ -198,11 +216,7 @@ impl WriteCost {
     /// One 100 ms window: MI toward 9.0 when writes look slow, else AD by 0.5.
     /// [G] divides a count by a count here (a bug); we use the latency sum (§1.b).
     pub fn end_window(&mut self, tmin_us: u64, tmax_us: u64) {
-        let w_avg = if self.writes == 0 {
-            0
-        } else {
-            self.write_lat_sum_us / self.writes
-        };
+        let w_avg = self.write_lat_sum_us.checked_div(self.writes).unwrap_or(0);
         if (self.reads > 0 && w_avg > tmin_us) || w_avg > tmax_us {
             self.fp10 = (self.fp10 + WC_MAX) / 2;
         } else {

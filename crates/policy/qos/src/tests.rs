@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::cc::{update_dir, DirCc};
+use crate::sched::{GimbalScheduler, SchedConfig, SchedLimits, Scheduler, Submitted};
 use trellis_units::IoDir;
 
 #[test]
@@ -81,11 +82,16 @@ fn write_cost_ad_mi_examples() {
     assert_eq!(WriteCost::weighted(IoDir::Read, 4096, 4096), 4096);
 }
 
-fn drr_cfg() -> GimbalConfig {
-    GimbalConfig {
-        max_tenants: 4,
-        ..GimbalConfig::default()
+fn limits(max_tenants: u16) -> SchedLimits {
+    SchedLimits {
+        max_tenants,
+        ..SchedLimits::default()
     }
+}
+
+/// Gimbal's DRR with the default constants and a 4-tenant table.
+fn drr4() -> Drr {
+    Drr::new(&GimbalConfig::default(), &limits(4))
 }
 
 fn req(dir: IoDir, size: u32) -> Request {
@@ -112,7 +118,7 @@ fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, IoDir, u32)]) -> [u
 #[test]
 fn drr_4k_vs_64k_reads_share_bytes_equally() {
     // Ex 1.c-1: per round A sends 32 × 4 KiB, B 2 × 64 KiB: 50/50 bytes, 32/34 I/Os.
-    let mut drr = Drr::new(&drr_cfg());
+    let mut drr = drr4();
     let spec = [(0, IoDir::Read, 4096), (1, IoDir::Read, 65536)];
     for _ in 0..64 {
         drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
@@ -134,7 +140,7 @@ fn drr_4k_vs_64k_reads_share_bytes_equally() {
 #[test]
 fn drr_read_vs_write_split_by_write_cost() {
     // Ex 1.c-2: wc = 4.0; per round 32 reads vs 8 writes: raw bytes 80/20.
-    let mut drr = Drr::new(&drr_cfg());
+    let mut drr = drr4();
     let spec = [(0, IoDir::Read, 4096), (1, IoDir::Write, 4096)];
     for _ in 0..64 {
         drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
@@ -147,7 +153,7 @@ fn drr_read_vs_write_split_by_write_cost() {
 #[test]
 fn drr_deficit_carries_between_rounds() {
     // Ex 1.c-3: 48 KiB reads against a 4 KiB tenant: 2, 3, 3 I/Os per round (3Q total).
-    let mut drr = Drr::new(&drr_cfg());
+    let mut drr = drr4();
     let spec = [(0, IoDir::Read, 49_152), (1, IoDir::Read, 4096)];
     for _ in 0..16 {
         drr.enqueue(0, req(IoDir::Read, 49_152)).unwrap();
@@ -174,7 +180,7 @@ fn drr_deficit_carries_between_rounds() {
 #[test]
 fn virtual_slots_defer_after_sixteen_64k_ios() {
     // Ex 1.c-4: one tenant, vqmaxqd = 8, two 64 KiB I/Os per slot: deferred after 16.
-    let mut drr = Drr::new(&drr_cfg());
+    let mut drr = drr4();
     for _ in 0..40 {
         drr.enqueue(0, req(IoDir::Read, 65536)).unwrap();
     }
@@ -197,10 +203,7 @@ fn virtual_slots_defer_after_sixteen_64k_ios() {
 
 #[test]
 fn vqmaxqd_divides_slots_among_active_tenants() {
-    let mut drr = Drr::new(&GimbalConfig {
-        max_tenants: 16,
-        ..GimbalConfig::default()
-    });
+    let mut drr = Drr::new(&GimbalConfig::default(), &limits(16));
     let expect = [(1, 8), (2, 4), (3, 2), (5, 1), (9, 1)];
     let mut active = 0;
     for (n, limit) in expect {
@@ -215,7 +218,7 @@ fn vqmaxqd_divides_slots_among_active_tenants() {
 #[test]
 fn credits_follow_slot_sizes() {
     // Ex 1.e-1: N_active = 2, 4 KiB-read tenant → 4 × 32 = 128; 64 KiB → 4 × 2 = 8.
-    let mut drr = Drr::new(&drr_cfg());
+    let mut drr = drr4();
     for _ in 0..200 {
         drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
         drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
@@ -227,8 +230,8 @@ fn credits_follow_slot_sizes() {
     for (t, _, s) in held {
         drr.release(t, s);
     }
-    assert_eq!(drr.credits(0), 128);
-    assert_eq!(drr.credits(1), 8);
+    assert_eq!(drr.io_credits(0), Some(128));
+    assert_eq!(drr.io_credits(1), Some(8));
 }
 
 #[test]
@@ -267,33 +270,47 @@ fn refill_in_small_steps_loses_no_bytes() {
 
 #[test]
 fn gimbal_paces_writes_by_tokens_and_never_reorders() {
-    let cfg = GimbalConfig {
-        max_tenants: 2,
-        write_cost_init_fp10: 4096,
-        ..GimbalConfig::default()
+    let cfg = SchedConfig {
+        limits: limits(2),
+        gimbal: GimbalConfig {
+            write_cost_init_fp10: 4096,
+            ..GimbalConfig::default()
+        },
+        ..SchedConfig::default()
     };
-    let mut g = Gimbal::new(cfg, 0);
+    let mut g = GimbalScheduler::new(&cfg, 0).unwrap();
     // Drain the initial buckets with 4 × 64 KiB writes (write bucket holds 256 KiB).
-    for i in 0..6 {
-        g.submit(0, IoDir::Write, 65536, i).unwrap();
-    }
+    let mut tags = Vec::new();
     let mut sent = Vec::new();
+    for i in 0..6 {
+        match g.submit(0, IoDir::Write, 65536, 0).unwrap() {
+            Submitted::Dispatch(t) => {
+                tags.push(t);
+                sent.push(i);
+            }
+            Submitted::Queued(t) => tags.push(t),
+            Submitted::Busy => panic!("busy"),
+        }
+    }
+    let label = |tags: &[_], t| tags.iter().position(|&x| x == t).unwrap();
     while let Some(d) = g.poll_dispatch(0) {
-        sent.push(d.req.tag);
+        sent.push(label(&tags, d.tag));
     }
     assert_eq!(sent, vec![0, 1, 2, 3]);
     // The 5th write blocks on tokens; a read (with a full read bucket) must wait behind it.
-    g.submit(1, IoDir::Read, 4096, 100).unwrap();
+    let Submitted::Queued(read) = g.submit(1, IoDir::Read, 4096, 0).unwrap() else {
+        panic!("the read must queue behind the blocked write");
+    };
     assert!(g.poll_dispatch(0).is_none());
     // The read bucket is full, so its share overflows to writes (Ex 1.d-4): the write
     // gets the whole 1,048,576,000 B/s and has 64 KiB after 62.5 µs.
     assert!(g.poll_dispatch(62_499).is_none());
-    assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(4));
+    assert_eq!(g.poll_dispatch(62_500).map(|d| d.tag), Some(tags[4]));
     // The read, queued behind, goes next; the timer estimate ignores overflow (conservative).
-    assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(100));
-    g.submit(0, IoDir::Write, 65536, 9).unwrap();
+    assert_eq!(g.poll_dispatch(62_500).map(|d| d.tag), Some(read));
+    g.submit(0, IoDir::Write, 65536, 62_500).unwrap();
     let _ = g.poll_dispatch(62_500);
-    if let Some(w) = g.next_wakeup_ns(62_500) {
+    if let Some(w) = g.next_timeout() {
         assert!(
             w >= 62_500 + 62_500,
             "estimate {w} earlier than the fastest refill"
@@ -303,13 +320,13 @@ fn gimbal_paces_writes_by_tokens_and_never_reorders() {
 
 #[test]
 fn credit_window_example_1e2() {
-    let mut w = CreditWindow {
-        credit_tot: 8,
-        inflight: 8,
+    let mut w = IoCreditWindow {
+        io_credits_total: 8,
+        inflight_ios: 8,
     };
     assert!(!w.try_submit());
     w.on_complete(16);
-    assert_eq!((w.credit_tot, w.inflight), (16, 7));
+    assert_eq!((w.io_credits_total, w.inflight_ios), (16, 7));
     let admitted = (0..20).filter(|_| w.try_submit()).count();
     assert_eq!(admitted, 9);
 }

@@ -70,6 +70,11 @@ impl DualTokenBucket {
         true
     }
 
+    /// Time of the last refill: the "now" that `wait_ns` counts from.
+    pub fn last_refill_ns(&self) -> u64 {
+        self.last_ns
+    }
+
     /// OVERLOADED empties both buckets [G].
     pub fn zero(&mut self) {
         self.read_tokens = 0;
