@@ -2,9 +2,9 @@
 //! baselines are configurations, not hand-written numbers.
 
 use serde::{Deserialize, Serialize};
-use trellis_fabric::credit::LimiterConfig;
 use trellis_fabric::isr::IsrConfig;
 use trellis_fabric::reserve::ReserveConfig;
+use trellis_fabric::ssd_credit::LimiterConfig;
 use trellis_qos::sched::SchedLimits;
 use trellis_qos::GimbalConfig;
 use trellis_ssd::{Precondition, SsdProfile};
@@ -189,7 +189,8 @@ pub struct Mechanisms {
     pub isr: bool,
     /// Eager bandwidth reservation for responses; off = FIFO for responses.
     pub reservation: bool,
-    /// Storage-driven scheduling: credits in completions, host limiter, rank queues.
+    /// Storage-driven scheduling (NSDI'26, §3.3): SSD credits (headroom) in completions,
+    /// host limiter, rank queues. Not Gimbal's per-tenant I/O credits (see `gimbal`).
     pub credits: bool,
     /// Gimbal at each SSD; off = FIFO to the device.
     pub gimbal: bool,

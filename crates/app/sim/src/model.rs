@@ -1,6 +1,6 @@
 //! The SAN model: hosts, fabric nodes, egress queues, targets with a scheduler and SSDs.
 //!
-//! Each SSD's queueing, dispatch and credits belong to its `trellis_qos::sched`
+//! Each SSD's queueing, dispatch and headroom belong to its `trellis_qos::sched`
 //! scheduler (FIFO or Gimbal), the same core the storage node runs; this file only
 //! maps hosts to tenants and I/Os to the scheduler's tags.
 //!
@@ -15,9 +15,9 @@ use crate::workload::{Cluster, Gen, IoSpec};
 use anyhow::Result;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use trellis_fabric::credit::{self, HostRateLimiter};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
+use trellis_fabric::ssd_credit::{self, HostRateLimiter};
 use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
 use trellis_ssd::Ssd;
 use trellis_units::IoDir;
@@ -125,7 +125,7 @@ struct Host {
     node: u32,
     port: u32,
     jobs: Vec<Option<Gen>>,
-    /// Per target SSD: the credit-driven limiter and the I/Os waiting on it, in order
+    /// Per target SSD: the SSD-credit-driven limiter and the I/Os waiting on it, in order
     /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
     limiters: HashMap<u32, Limited, BuildHasherDefault<IdHasher>>,
 }
@@ -400,11 +400,11 @@ impl Sim {
             }
             l.waiting.pop_front();
             let headroom = l.lim.last_headroom();
-            // The rank is fixed once per I/O, from the latest credit: all its packets share it.
+            // The rank is fixed once per I/O, from the latest SSD credit: all its packets share it.
             self.ios.get_mut(io).rank = if headroom == u64::MAX {
                 0
             } else {
-                credit::rank(headroom, cap)
+                ssd_credit::rank(headroom, cap)
             };
             self.send_command(io);
         }
@@ -460,7 +460,7 @@ impl Sim {
         if self.cfg.mechanisms.credits {
             let lcfg = &self.cfg.limiter;
             if let Some(l) = self.hosts[host as usize].limiters.get_mut(&spec.ssd) {
-                l.lim.on_credit(lcfg, headroom);
+                l.lim.on_ssd_credit(lcfg, headroom);
             }
         }
         let ssd_lat = self.ios.get(io).ssd_latency_ns;
