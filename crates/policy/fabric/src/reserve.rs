@@ -2,7 +2,7 @@
 //! bandwidth on the reverse port for the response it will cause.
 
 use serde::{Deserialize, Serialize};
-use trellis_units::IoDir;
+use trellis_units::{IoDir, Nanos};
 
 /// NVMe/TCP bytes controller→host caused by one command (no digests) [R, Ex 3-1]:
 /// read = C2HData header + data + CapsuleResp; write (via R2T) = R2T + CapsuleResp.
@@ -107,7 +107,7 @@ impl PortReservation {
 
     /// Does a response packet of `bytes` conform to the reserved rate now? Conformant
     /// packets use the reserved queue; the rest fall back to best effort.
-    pub fn conform(&mut self, bytes: u64, now_ns: u64) -> bool {
+    pub fn conform(&mut self, bytes: u64, now_ns: Nanos) -> bool {
         if now_ns > self.last_ns {
             let num =
                 self.reserved_bytes_per_s as u128 * (now_ns - self.last_ns) as u128 + self.carry;

@@ -7,6 +7,7 @@
 //! I/Os, `trellis_qos`).
 
 use serde::{Deserialize, Serialize};
+use trellis_units::Nanos;
 
 const MIB: u64 = 1 << 20;
 
@@ -91,7 +92,7 @@ impl HostRateLimiter {
         };
     }
 
-    fn refill(&mut self, cfg: &LimiterConfig, now_ns: u64) {
+    fn refill(&mut self, cfg: &LimiterConfig, now_ns: Nanos) {
         if now_ns <= self.last_ns {
             return;
         }
@@ -102,7 +103,7 @@ impl HostRateLimiter {
     }
 
     /// Admit an I/O of `bytes` now, or return the time at which it would conform.
-    pub fn admit(&mut self, cfg: &LimiterConfig, bytes: u64, now_ns: u64) -> Result<(), u64> {
+    pub fn admit(&mut self, cfg: &LimiterConfig, bytes: u64, now_ns: Nanos) -> Result<(), Nanos> {
         self.refill(cfg, now_ns);
         let need = bytes.min(cfg.burst_bytes);
         if self.tokens >= need {

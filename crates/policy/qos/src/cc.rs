@@ -1,7 +1,7 @@
 //! Delay-based congestion control (§1.a) and write-cost estimation (§1.b).
 
 use crate::GimbalConfig;
-use trellis_units::IoDir;
+use trellis_units::{IoDir, Nanos};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CcState {
@@ -83,7 +83,13 @@ impl CongestionControl {
 
     /// Apply one successful completion (`latency_ns` = device time, converted to Gimbal's
     /// µs ticks); returns the state it put the SSD in.
-    pub fn on_complete(&mut self, dir: IoDir, len: u32, latency_ns: u64, now_ns: u64) -> CcState {
+    pub fn on_complete(
+        &mut self,
+        dir: IoDir,
+        len: u32,
+        latency_ns: Nanos,
+        now_ns: Nanos,
+    ) -> CcState {
         let (tmin, tmax) = (self.thresh_min_us, self.thresh_max_us);
         let cc = match dir {
             IoDir::Write => &mut self.write,
@@ -110,7 +116,7 @@ impl CongestionControl {
         state
     }
 
-    fn sample_cpl_rate(&mut self, len: u64, now_ns: u64) {
+    fn sample_cpl_rate(&mut self, len: u64, now_ns: Nanos) {
         self.cpl_bytes += len;
         if self.cpl_bytes > self.cpl_sample_bytes && now_ns > self.cpl_t0_ns {
             self.cpl_rate =
@@ -157,7 +163,7 @@ pub fn update_dir(cc: &mut DirCc, lat_us: u64, tmin: u64, tmax: u64) -> CcState 
 /// Write cost in FP10 (1024 = 1.0), AD/MI every window [G], range [1.0, 9.0].
 pub struct WriteCost {
     fp10: u64,
-    window_ns: u64,
+    window_ns: Nanos,
     window_start_ns: u64,
     reads: u64,
     writes: u64,
@@ -169,7 +175,7 @@ pub const WC_MAX: u64 = 9216;
 pub const WC_DESC: u64 = 512;
 
 impl WriteCost {
-    pub fn new(init_fp10: u64, window_ns: u64, now_ns: u64) -> Self {
+    pub fn new(init_fp10: u64, window_ns: Nanos, now_ns: Nanos) -> Self {
         WriteCost {
             fp10: init_fp10.clamp(WC_ONE, WC_MAX),
             window_ns,
@@ -195,8 +201,8 @@ impl WriteCost {
     pub fn on_complete(
         &mut self,
         dir: IoDir,
-        latency_ns: u64,
-        now_ns: u64,
+        latency_ns: Nanos,
+        now_ns: Nanos,
         tmin_us: u64,
         tmax_us: u64,
     ) {

@@ -1,6 +1,6 @@
 //! Dual token bucket, Algorithm 4 of the Gimbal appendix (§1.d).
 
-use trellis_units::IoDir;
+use trellis_units::{IoDir, Nanos};
 
 pub struct DualTokenBucket {
     pub read_tokens: u64,
@@ -15,7 +15,7 @@ const NS_PER_S: u128 = 1_000_000_000;
 
 impl DualTokenBucket {
     /// Both buckets start full [G].
-    pub fn new(max_tokens: u64, now_ns: u64) -> Self {
+    pub fn new(max_tokens: u64, now_ns: Nanos) -> Self {
         DualTokenBucket {
             read_tokens: max_tokens,
             write_tokens: max_tokens,
@@ -25,7 +25,7 @@ impl DualTokenBucket {
         }
     }
 
-    pub fn refill(&mut self, rate_bytes_per_s: u64, wc_fp10: u64, now_ns: u64) {
+    pub fn refill(&mut self, rate_bytes_per_s: u64, wc_fp10: u64, now_ns: Nanos) {
         if now_ns <= self.last_ns {
             return;
         }
