@@ -2,9 +2,10 @@
 //! baselines are configurations, not hand-written numbers.
 
 use serde::{Deserialize, Serialize};
-use trellis_fabric::credit::LimiterConfig;
 use trellis_fabric::isr::IsrConfig;
 use trellis_fabric::reserve::ReserveConfig;
+use trellis_fabric::ssd_credit::LimiterConfig;
+use trellis_qos::sched::SchedLimits;
 use trellis_qos::GimbalConfig;
 use trellis_ssd::{Precondition, SsdProfile};
 
@@ -26,6 +27,21 @@ pub struct SimConfig {
     pub reserve: ReserveConfig,
     pub limiter: LimiterConfig,
     pub gimbal: GimbalConfig,
+    /// Bounds of each SSD's scheduler (tenant table, queues, request table).
+    pub sched: SchedLimits,
+}
+
+/// The simulator's scheduler bounds: the library defaults (64 tenants, 1024 queued per
+/// tenant), except that request tables start empty and grow to their peak (presets
+/// have up to 4,000 SSDs, most of them idle at any time) and hold up to 2^20 requests
+/// (device events carry the tag index in 20 bits), so that only a tenant's own queue
+/// bound, not its neighbours' load, makes its commands bounce.
+pub fn sim_sched_limits() -> SchedLimits {
+    SchedLimits {
+        max_requests: 1 << 20,
+        prealloc_requests: 0,
+        ..SchedLimits::default()
+    }
 }
 
 impl Default for SimConfig {
@@ -45,6 +61,7 @@ impl Default for SimConfig {
             reserve: ReserveConfig::default(),
             limiter: LimiterConfig::default(),
             gimbal: GimbalConfig::default(),
+            sched: sim_sched_limits(),
         }
     }
 }
@@ -172,7 +189,8 @@ pub struct Mechanisms {
     pub isr: bool,
     /// Eager bandwidth reservation for responses; off = FIFO for responses.
     pub reservation: bool,
-    /// Storage-driven scheduling: credits in completions, host limiter, rank queues.
+    /// Storage-driven scheduling (NSDI'26, §3.3): SSD credits (headroom) in completions,
+    /// host limiter, rank queues. Not Gimbal's per-tenant I/O credits (see `gimbal`).
     pub credits: bool,
     /// Gimbal at each SSD; off = FIFO to the device.
     pub gimbal: bool,

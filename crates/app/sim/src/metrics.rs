@@ -3,7 +3,7 @@
 use crate::config::SimConfig;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use trellis_qos::Op;
+use trellis_units::IoDir;
 
 pub struct Metrics {
     warmup_ns: u64,
@@ -19,7 +19,8 @@ pub struct Metrics {
     pub drops: u64,
     pub lost_ios: u64,
     pub failed_ios: u64,
-    pub qos_rejects: u64,
+    /// Commands the SSD scheduler answered Busy (a bound was full); each is retried.
+    pub sched_busy: u64,
     pub failure_at_ns: Option<u64>,
 }
 
@@ -43,14 +44,14 @@ impl Metrics {
             drops: 0,
             lost_ios: 0,
             failed_ios: 0,
-            qos_rejects: 0,
+            sched_busy: 0,
             failure_at_ns: None,
         }
     }
 
     pub fn on_complete(
         &mut self,
-        op: Op,
+        op: IoDir,
         size: u32,
         e2e_ns: u64,
         ssd_ns: u64,
@@ -64,7 +65,7 @@ impl Metrics {
         if now_ns < self.warmup_ns {
             return;
         }
-        let i = (op == Op::Write) as usize;
+        let i = (op == IoDir::Write) as usize;
         self.ios[i] += 1;
         self.bytes[i] += size as u64;
         self.lat_sum_ns[i] += e2e_ns as u128;

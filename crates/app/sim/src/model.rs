@@ -1,4 +1,8 @@
-//! The SAN model: hosts, fabric nodes, egress queues, targets with Gimbal and SSDs.
+//! The SAN model: hosts, fabric nodes, egress queues, targets with a scheduler and SSDs.
+//!
+//! Each SSD's queueing, dispatch and headroom belong to its `trellis_qos::sched`
+//! scheduler (FIFO or Gimbal), the same core the storage node runs; this file only
+//! maps hosts to tenants and I/Os to the scheduler's tags.
 //!
 //! Per packet per hop there is one `Arrive` event, plus one `TxDone` only when the
 //! egress was busy. Packets, I/Os and events are plain structs in slabs and a heap.
@@ -13,12 +17,12 @@ use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::SplitMix64;
 use rustc_hash::FxBuildHasher;
 use std::collections::{HashMap, VecDeque};
-use trellis_fabric::credit::{self, HostRateLimiter};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
-use trellis_fabric::IoKind;
-use trellis_qos::{CongestionControl, Dispatch, Gimbal, Op};
-use trellis_ssd::{IoOp, Ssd};
+use trellis_fabric::ssd_credit::{self, HostRateLimiter};
+use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
+use trellis_ssd::Ssd;
+use trellis_units::IoDir;
 
 // Event kinds.
 const EV_ARRIVE: u8 = 0;
@@ -26,7 +30,7 @@ const EV_TXDONE: u8 = 1;
 const EV_SSD_DONE: u8 = 2;
 const EV_HOST_ARRIVAL: u8 = 3;
 const EV_ADMIT: u8 = 4;
-const EV_GIMBAL_WAKE: u8 = 5;
+const EV_SCHED_WAKE: u8 = 5;
 const EV_FAIL: u8 = 6;
 const EV_RETRY: u8 = 7;
 
@@ -75,7 +79,8 @@ struct Io {
     fwd_arrived: u16,
     rev_expected: u16,
     rev_arrived: u16,
-    headroom: u64,
+    /// The SSD's headroom at completion, B/s: the NSDI'26 SSD credit it carries home.
+    headroom_bytes_per_s: u64,
     ssd_latency_ns: u64,
     /// Reservation grants (port, B/s), released at completion.
     grants: [(u32, u64); 8],
@@ -95,14 +100,21 @@ struct PortQ {
 struct SsdSlot {
     ssd: Ssd,
     node: u32,
-    gimbal: Option<Gimbal>,
-    cc: CongestionControl,
-    fifo: VecDeque<u32>,
-    outstanding: u32,
+    sched: Box<dyn Scheduler>,
+    /// Per scheduler tag index: the I/O it stands for (grown to the peak tag index).
+    tags: Vec<Option<TagRow>>,
+    /// Time of the armed scheduler wake-up event (u64::MAX: none).
     wake_at: u64,
-    /// In-flight device commands: (io, gen, dispatch, device submit time).
-    inflight: Slab<(u32, u16, Option<Dispatch>, u64)>,
     alive: bool,
+}
+
+#[derive(Clone, Copy)]
+struct TagRow {
+    tag: Tag,
+    io: u32,
+    gen: u16,
+    /// Device submission time (the start of the device latency).
+    device_submit_ns: u64,
 }
 
 struct Limited {
@@ -115,7 +127,7 @@ struct Host {
     node: u32,
     port: u32,
     jobs: Vec<Option<Gen>>,
-    /// Per target SSD: the credit-driven limiter and the I/Os waiting on it, in order
+    /// Per target SSD: the SSD-credit-driven limiter and the I/Os waiting on it, in order
     /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
     /// Never iterated, so the hasher cannot change any result.
     limiters: HashMap<u32, Limited, FxBuildHasher>,
@@ -148,34 +160,8 @@ impl Sim {
     pub fn new(cfg: SimConfig) -> Result<Self> {
         let g = topo::build(&cfg.topology)?;
         anyhow::ensure!(!g.hosts.is_empty(), "need at least one host");
-        let profile = cfg.ssd.profile()?;
         let mut rng = Rng::new(cfg.seed);
-        let mut ssds = Vec::new();
-        for (i, &node) in g.storage.iter().enumerate() {
-            for k in 0..cfg.ssd.per_node {
-                let mut ssd = Ssd::new(profile.clone());
-                ssd.precondition(
-                    cfg.ssd.precondition,
-                    cfg.seed ^ ((i as u64) << 16 | k as u64),
-                );
-                let gimbal = cfg
-                    .mechanisms
-                    .gimbal
-                    .then(|| Gimbal::new(cfg.gimbal.clone(), 0));
-                ssds.push(SsdSlot {
-                    ssd,
-                    node,
-                    gimbal,
-                    cc: CongestionControl::new(&cfg.gimbal),
-                    fifo: VecDeque::new(),
-                    outstanding: 0,
-                    wake_at: u64::MAX,
-                    inflight: Slab::new(1 << 20),
-                    alive: true,
-                });
-            }
-        }
-        anyhow::ensure!(!ssds.is_empty(), "need at least one SSD");
+        let ssds = build_ssds(&cfg, &g)?;
         let ssd_bytes = ssds[0].ssd.logical_bytes();
         let ports = g
             .ports
@@ -305,7 +291,7 @@ impl Sim {
                     let n = self.ssds.len() as u32;
                     self.drain_limiter(e.a / n, e.a % n)
                 }
-                EV_GIMBAL_WAKE => {
+                EV_SCHED_WAKE => {
                     self.ssds[e.a as usize].wake_at = u64::MAX;
                     self.pump(e.a)
                 }
@@ -338,7 +324,7 @@ impl Sim {
             fwd_arrived: 0,
             rev_expected: 0,
             rev_arrived: 0,
-            headroom: 0,
+            headroom_bytes_per_s: 0,
             ssd_latency_ns: 0,
             grants: [(0, 0); 8],
             n_grants: 0,
@@ -417,11 +403,11 @@ impl Sim {
             }
             l.waiting.pop_front();
             let headroom = l.lim.last_headroom();
-            // The rank is fixed once per I/O, from the latest credit: all its packets share it.
+            // The rank is fixed once per I/O, from the latest SSD credit: all its packets share it.
             self.ios.get_mut(io).rank = if headroom == u64::MAX {
                 0
             } else {
-                credit::rank(headroom, cap)
+                ssd_credit::rank(headroom, cap)
             };
             self.send_command(io);
         }
@@ -432,12 +418,7 @@ impl Sim {
             let o = self.ios.get(io);
             (o.host, o.spec.op, o.spec.size_bytes, o.gen)
         };
-        let kind = if op == Op::Read {
-            IoKind::Read
-        } else {
-            IoKind::Write
-        };
-        let fwd = reserve::request_bytes(kind, size);
+        let fwd = reserve::request_bytes(op, size);
         let n = fwd.div_ceil(self.payload_max);
         let hnode = self.hosts[host as usize].node;
         let hport = self.hosts[host as usize].port;
@@ -476,13 +457,13 @@ impl Sim {
         let now = self.q.now;
         let (host, job, spec, submit, headroom) = {
             let o = self.ios.get(io);
-            (o.host, o.job, o.spec, o.submit_ns, o.headroom)
+            (o.host, o.job, o.spec, o.submit_ns, o.headroom_bytes_per_s)
         };
         self.release_grants(io);
         if self.cfg.mechanisms.credits {
             let lcfg = &self.cfg.limiter;
             if let Some(l) = self.hosts[host as usize].limiters.get_mut(&spec.ssd) {
-                l.lim.on_credit(lcfg, headroom);
+                l.lim.on_ssd_credit(lcfg, headroom);
             }
         }
         let ssd_lat = self.ios.get(io).ssd_latency_ns;
@@ -628,7 +609,7 @@ impl Sim {
         }
         let op = self.ios.get(pk.io).spec.op;
         // Write completions are tiny and always go first (Q_wcpl).
-        if op == Op::Write {
+        if op == IoDir::Write {
             return 0;
         }
         if self.ports[port as usize]
@@ -800,11 +781,11 @@ impl Sim {
             let o = self.ios.get(io);
             (o.spec.op, o.spec.size_bytes, o.n_grants)
         };
-        if n as usize >= 8 || op == Op::Write {
+        if n as usize >= 8 || op == IoDir::Write {
             // Write completions are tiny: they use the priority queue, not a reservation.
             return;
         }
-        let r = self.cfg.reserve.reservation_bytes_per_s(IoKind::Read, size);
+        let r = self.cfg.reserve.reservation_bytes_per_s(IoDir::Read, size);
         let granted = self.ports[in_port as usize].resv.reserve(r);
         let o = self.ios.get_mut(io);
         o.grants[n as usize] = (in_port, granted);
@@ -964,113 +945,95 @@ impl Sim {
 
     // ---------------------------------------------------------------- targets
 
+    /// The scheduler tenant of a host: the host index, folded into the tenant table.
+    fn tenant_of(&self, host: u32) -> TenantId {
+        (host % self.cfg.sched.max_tenants as u32) as TenantId
+    }
+
+    /// The command has fully arrived at its target: offer it to the SSD's scheduler.
     fn ssd_enqueue(&mut self, io: u32) {
+        let now = self.q.now;
         let (ssd, host, op, size, gen) = {
             let o = self.ios.get(io);
             (o.spec.ssd, o.host, o.spec.op, o.spec.size_bytes, o.gen)
         };
+        let tenant = self.tenant_of(host);
         let s = &mut self.ssds[ssd as usize];
-        if let Some(gm) = s.gimbal.as_mut() {
-            let tenant = (host as usize % gm.config().max_tenants) as u16;
-            let tag = (io as u64) | (gen as u64) << 32;
-            if gm.submit(tenant, op, size, tag).is_err() {
-                self.metrics.qos_rejects += 1;
-                s.fifo.push_back(io);
+        let (tag, now_to_device) = match s.sched.submit(tenant, op, size, now) {
+            Ok(Submitted::Dispatch(tag)) => (tag, true),
+            Ok(Submitted::Queued(tag)) => (tag, false),
+            Ok(Submitted::Busy) => {
+                // A bound is full: the target answers "busy, retry" and the host resends
+                // the command after the retry timeout [R].
+                self.metrics.sched_busy += 1;
+                self.q.push(now + self.retry_ns, EV_RETRY, io);
                 return;
             }
-        } else {
-            s.fifo.push_back(io);
+            Err(e) => unreachable!("tenant {tenant} is inside the table: {e:?}"),
+        };
+        let i = tag.index();
+        if i >= s.tags.len() {
+            s.tags.resize(i + 1, None);
+        }
+        s.tags[i] = Some(TagRow {
+            tag,
+            io,
+            gen,
+            device_submit_ns: 0,
+        });
+        if now_to_device {
+            self.dispatch(ssd, tag);
         }
         self.pump(ssd);
     }
 
-    /// Move I/Os from Gimbal or the FIFO to the device.
+    /// Send to the device what the scheduler releases; arm its timer if it holds back.
     fn pump(&mut self, ssd: u32) {
         let now = self.q.now;
-        let qd = self.cfg.ssd.device_qd;
-        loop {
-            let s = &mut self.ssds[ssd as usize];
-            let (io, gen, d) = if let Some(gm) = s.gimbal.as_mut() {
-                match gm.poll_dispatch(now) {
-                    Some(d) => (
-                        (d.req.tag & 0xFFFF_FFFF) as u32,
-                        (d.req.tag >> 32) as u16,
-                        Some(d),
-                    ),
-                    None => {
-                        if let Some(t) = gm.next_wakeup_ns(now) {
-                            if t < s.wake_at {
-                                s.wake_at = t;
-                                self.q.push(t, EV_GIMBAL_WAKE, ssd);
-                            }
-                        }
-                        // Overflow FIFO (tenant queue was full): retry it into Gimbal.
-                        if let Some(&io) = s.fifo.front() {
-                            let o = self.ios.get(io);
-                            let tenant = (o.host as usize % gm.config().max_tenants) as u16;
-                            let tag = (io as u64) | (o.gen as u64) << 32;
-                            if gm.submit(tenant, o.spec.op, o.spec.size_bytes, tag).is_ok() {
-                                s.fifo.pop_front();
-                                continue;
-                            }
-                        }
-                        return;
-                    }
-                }
-            } else {
-                if s.outstanding >= qd {
-                    return;
-                }
-                let Some(io) = s.fifo.pop_front() else { return };
-                (io, self.ios.get(io).gen, None)
-            };
-            self.dispatch(ssd, io, gen, d);
+        while let Some(d) = self.ssds[ssd as usize].sched.poll_dispatch(now) {
+            self.dispatch(ssd, d.tag);
+        }
+        let s = &mut self.ssds[ssd as usize];
+        if let Some(t) = s.sched.next_timeout() {
+            if t < s.wake_at {
+                s.wake_at = t;
+                self.q.push(t, EV_SCHED_WAKE, ssd);
+            }
         }
     }
 
-    fn dispatch(&mut self, ssd: u32, io: u32, gen: u16, d: Option<Dispatch>) {
+    fn dispatch(&mut self, ssd: u32, tag: Tag) {
         let now = self.q.now;
-        let spec = self.ios.get(io).spec;
         let s = &mut self.ssds[ssd as usize];
-        let op = if spec.op == Op::Read {
-            IoOp::Read
-        } else {
-            IoOp::Write
-        };
-        let done = s.ssd.submit(op, spec.offset_bytes, spec.size_bytes, now);
-        s.outstanding += 1;
-        let slot = s.inflight.insert((io, gen, d, now));
-        assert!(slot < (1 << 20));
-        self.q.push(done, EV_SSD_DONE, ssd << 20 | slot);
+        let row = s.tags[tag.index()]
+            .as_mut()
+            .expect("dispatched tag unknown");
+        row.device_submit_ns = now;
+        let spec = self.ios.get(row.io).spec;
+        let done = s
+            .ssd
+            .submit(spec.op, spec.offset_bytes, spec.size_bytes, now);
+        self.q
+            .push(done, EV_SSD_DONE, ssd << 20 | tag.index() as u32);
     }
 
     fn on_ssd_done(&mut self, a: u32) {
         let now = self.q.now;
-        let (ssd, slot) = (a >> 20, a & 0xF_FFFF);
+        let (ssd, i) = (a >> 20, (a & 0xF_FFFF) as usize);
         let s = &mut self.ssds[ssd as usize];
-        let (io, gen, d, t0) = *s.inflight.get(slot);
-        s.inflight.remove(slot);
-        s.outstanding -= 1;
-        let lat = now - t0;
-        let o = self.ios.get(io);
-        let (op, size) = (o.spec.op, o.spec.size_bytes);
-        match (s.gimbal.as_mut(), d) {
-            (Some(gm), Some(d)) => gm.complete(&d, lat, now),
-            _ => {
-                s.cc.on_complete(op, size, lat, now);
-            }
-        }
-        let headroom = match &s.gimbal {
-            Some(gm) => gm.headroom_bytes_per_s(),
-            None => s.cc.target_rate().saturating_sub(s.cc.cpl_rate()),
-        };
-        let valid = o.gen == gen && !o.lost;
-        if valid {
-            let o = self.ios.get_mut(io);
-            o.headroom = headroom;
+        let row = s.tags[i].take().expect("completion of an unknown tag");
+        let lat = now - row.device_submit_ns;
+        s.sched
+            .complete(row.tag, lat, now)
+            .expect("the SSD completes each dispatched command once");
+        let headroom = s.sched.headroom_bytes_per_s();
+        let o = self.ios.get(row.io);
+        if o.gen == row.gen && !o.lost {
+            let o = self.ios.get_mut(row.io);
+            o.headroom_bytes_per_s = headroom;
             o.ssd_latency_ns = lat;
             o.hdr.ssd_latency_ns = lat;
-            self.send_response(io);
+            self.send_response(row.io);
         }
         self.pump(ssd);
     }
@@ -1087,12 +1050,7 @@ impl Sim {
                 o.rank,
             )
         };
-        let kind = if op == Op::Read {
-            IoKind::Read
-        } else {
-            IoKind::Write
-        };
-        let total = reserve::response_bytes(kind, size);
+        let total = reserve::response_bytes(op, size);
         let n = total.div_ceil(self.payload_max);
         self.ios.get_mut(io).rev_expected = n as u16;
         let symmetric = self.cfg.mechanisms.isr;
@@ -1165,6 +1123,50 @@ impl Sim {
     pub fn ssd_stats(&self) -> Vec<trellis_ssd::SsdStats> {
         self.ssds.iter().map(|s| s.ssd.stats()).collect()
     }
+}
+
+/// One SSD model and one scheduler (the shared core) per SSD of every storage node.
+fn build_ssds(cfg: &SimConfig, g: &Graph) -> Result<Vec<SsdSlot>> {
+    let profile = cfg.ssd.profile()?;
+    let sched_cfg = SchedConfig {
+        policy: if cfg.mechanisms.gimbal {
+            Policy::Gimbal
+        } else {
+            Policy::Fifo
+        },
+        limits: cfg.sched.clone(),
+        device_qd: cfg.ssd.device_qd,
+        gimbal: cfg.gimbal.clone(),
+    };
+    // Device events carry (SSD, tag index) in 12 + 20 bits.
+    anyhow::ensure!(
+        cfg.sched.max_requests <= 1 << 20,
+        "sched.max_requests above 2^20"
+    );
+    let mut ssds = Vec::new();
+    for (i, &node) in g.storage.iter().enumerate() {
+        for k in 0..cfg.ssd.per_node {
+            let mut ssd = Ssd::new(profile.clone());
+            ssd.precondition(
+                cfg.ssd.precondition,
+                cfg.seed ^ ((i as u64) << 16 | k as u64),
+            );
+            ssds.push(SsdSlot {
+                ssd,
+                node,
+                sched: sched::build(&sched_cfg, 0).map_err(anyhow::Error::msg)?,
+                tags: Vec::new(),
+                wake_at: u64::MAX,
+                alive: true,
+            });
+        }
+    }
+    anyhow::ensure!(!ssds.is_empty(), "need at least one SSD");
+    anyhow::ensure!(
+        ssds.len() <= 1 << 12,
+        "device events index at most 4096 SSDs"
+    );
+    Ok(ssds)
 }
 
 /// The splitmix64 output function applied to `z` (a stateless hash for

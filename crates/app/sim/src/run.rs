@@ -33,6 +33,8 @@ pub struct Results {
     pub drops: u64,
     pub lost_ios: u64,
     pub failed_ios: u64,
+    /// Commands refused by a full scheduler bound and resent by the host.
+    pub sched_busy: u64,
     pub events: u64,
     pub gc_runs: u64,
 }
@@ -161,6 +163,7 @@ fn summarise(sim: &Sim, cfg: &SimConfig) -> Results {
         drops: m.drops,
         lost_ios: m.lost_ios,
         failed_ios: m.failed_ios,
+        sched_busy: m.sched_busy,
         events: sim.q.processed,
         gc_runs: sim.ssd_stats().iter().map(|s| s.gc_runs).sum(),
     }

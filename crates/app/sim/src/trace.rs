@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
-use trellis_qos::Op;
+use trellis_units::IoDir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceRec {
@@ -10,7 +10,7 @@ pub struct TraceRec {
     pub device: u32,
     pub offset_bytes: u64,
     pub size_bytes: u32,
-    pub op: Op,
+    pub op: IoDir,
 }
 
 const WSRCH: &str = include_str!("../data/wsrch-sample.trace");
@@ -67,7 +67,11 @@ fn parse_mqsim(line: &str) -> Result<TraceRec> {
         device: f[1].parse()?,
         offset_bytes: f[2].parse::<u64>()? * 512,
         size_bytes: f[3].parse::<u32>()? * 512,
-        op: if f[4] == "1" { Op::Read } else { Op::Write },
+        op: if f[4] == "1" {
+            IoDir::Read
+        } else {
+            IoDir::Write
+        },
     })
 }
 
@@ -83,9 +87,9 @@ fn parse_spc(line: &str) -> Result<TraceRec> {
         offset_bytes: f[1].parse::<u64>()? * 512,
         size_bytes: f[2].parse()?,
         op: if f[3].eq_ignore_ascii_case("r") {
-            Op::Read
+            IoDir::Read
         } else {
-            Op::Write
+            IoDir::Write
         },
     })
 }
@@ -102,9 +106,9 @@ fn parse_msr(line: &str) -> Result<TraceRec> {
         offset_bytes: f[4].parse()?,
         size_bytes: f[5].parse()?,
         op: if f[3].eq_ignore_ascii_case("read") {
-            Op::Read
+            IoDir::Read
         } else {
-            Op::Write
+            IoDir::Write
         },
     })
 }
@@ -123,7 +127,7 @@ mod tests {
                 device: 0,
                 offset_bytes: 657_728 * 512,
                 size_bytes: 8192,
-                op: Op::Read
+                op: IoDir::Read
             }
         );
         let s = parse(
@@ -134,7 +138,7 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!(
             (s[1].t_ns, s[1].op, s[1].size_bytes),
-            (500_000_000, Op::Read, 4096)
+            (500_000_000, IoDir::Read, 4096)
         );
         let r = parse(
             "128166372003061629,wdev,0,Write,3221225472,4096,1342\n",
@@ -143,7 +147,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (r[0].op, r[0].offset_bytes, r[0].t_ns),
-            (Op::Write, 3_221_225_472, 12_816_637_200_306_162_900)
+            (IoDir::Write, 3_221_225_472, 12_816_637_200_306_162_900)
         );
     }
 
@@ -152,10 +156,10 @@ mod tests {
         let w = load("builtin:wsrch", "").unwrap();
         assert_eq!(w.len(), 3000);
         assert!(
-            w.iter().filter(|r| r.op == Op::Read).count() >= 2_970,
+            w.iter().filter(|r| r.op == IoDir::Read).count() >= 2_970,
             "WebSearch is ~100% reads"
         );
         let t = load("builtin:tpcc", "").unwrap();
-        assert!(t.iter().any(|r| r.op == Op::Write));
+        assert!(t.iter().any(|r| r.op == IoDir::Write));
     }
 }

@@ -6,12 +6,12 @@ use crate::engine::Rng;
 use crate::trace::{self, TraceRec};
 use anyhow::{bail, Result};
 use std::sync::Arc;
-use trellis_qos::Op;
+use trellis_units::IoDir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IoSpec {
     pub ssd: u32,
-    pub op: Op,
+    pub op: IoDir,
     pub size_bytes: u32,
     pub offset_bytes: u64,
     /// Generator-private context (YCSB op slot, compaction flag).
@@ -230,9 +230,9 @@ impl FioGen {
     fn next(&mut self, rng: &mut Rng, ctx: u32) -> IoSpec {
         let size = self.sizes.pick(rng);
         let op = if (rng.below(100) as u32) < self.read_pct {
-            Op::Read
+            IoDir::Read
         } else {
-            Op::Write
+            IoDir::Write
         };
         let ssd = match self.targets {
             Targets::One(s) => s % self.c.n_ssds,
@@ -342,7 +342,7 @@ impl YcsbGen {
         })
     }
 
-    fn block(&self, rng: &mut Rng, op: Op, size: u32, ctx: u32) -> IoSpec {
+    fn block(&self, rng: &mut Rng, op: IoDir, size: u32, ctx: u32) -> IoSpec {
         let ssd = rng.below(self.c.n_ssds as u64) as u32;
         let offset = rng.below(self.c.ssd_bytes / size as u64) * size as u64;
         IoSpec {
@@ -373,10 +373,10 @@ impl YcsbGen {
             x -= p;
         }
         let (op, size, steps) = match kind {
-            0 => (Op::Read, 4096, 1),
-            1 | 2 => (Op::Write, self.wal_bytes(), 1),
-            3 => (Op::Read, 16384, SCAN_BLOCKS),
-            _ => (Op::Read, 4096, 2),
+            0 => (IoDir::Read, 4096, 1),
+            1 | 2 => (IoDir::Write, self.wal_bytes(), 1),
+            3 => (IoDir::Read, 16384, SCAN_BLOCKS),
+            _ => (IoDir::Read, 4096, 2),
         };
         self.slots[ctx as usize] = (kind, now_ns, steps);
         self.block(rng, op, size, ctx)
@@ -387,14 +387,14 @@ impl YcsbGen {
             self.compaction_busy = false;
             return [self.maybe_compact(rng), None];
         }
-        if spec.op == Op::Write {
+        if spec.op == IoDir::Write {
             self.compaction_debt_bytes += COMPACTION_AMP * spec.size_bytes as u64;
         }
         let (kind, start, steps) = self.slots[spec.ctx as usize];
         if steps > 1 {
             self.slots[spec.ctx as usize].2 = steps - 1;
             let next = match kind {
-                4 => self.block(rng, Op::Write, self.wal_bytes(), spec.ctx),
+                4 => self.block(rng, IoDir::Write, self.wal_bytes(), spec.ctx),
                 _ => IoSpec {
                     offset_bytes: (spec.offset_bytes + 16384) % self.c.ssd_bytes,
                     ..*spec
@@ -420,9 +420,9 @@ impl YcsbGen {
         // Alternate reads and writes of compaction input/output.
         self.compaction_debt_bytes -= COMPACTION_IO as u64;
         let op = if (self.compaction_debt_bytes / COMPACTION_IO as u64).is_multiple_of(2) {
-            Op::Read
+            IoDir::Read
         } else {
-            Op::Write
+            IoDir::Write
         };
         Some(self.block(rng, op, COMPACTION_IO, BG_CTX))
     }
@@ -453,7 +453,7 @@ mod tests {
         let (mut reads, mut big) = (0, 0);
         for i in 0..20_000 {
             let s = g.first(i % 32, &mut rng);
-            reads += (s.op == Op::Read) as u32;
+            reads += (s.op == IoDir::Read) as u32;
             big += (s.size_bytes == 65536) as u32;
             assert!(s.offset_bytes.is_multiple_of(4096) && s.ssd < 8);
         }
@@ -477,7 +477,7 @@ mod tests {
             let mut writes = 0;
             for i in 0..10_000 {
                 let s = g.first(i % 4, &mut rng);
-                writes += (s.op == Op::Write) as u32;
+                writes += (s.op == IoDir::Write) as u32;
             }
             assert!((lo..=hi).contains(&writes), "{w}: {writes}");
         }

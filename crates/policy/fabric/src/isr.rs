@@ -6,6 +6,7 @@
 //! the port it chose, and uses it for the next command's choice.
 
 use serde::{Deserialize, Serialize};
+use trellis_units::Nanos;
 
 /// Longest path a header can record (a 10×10×10 torus needs 15 hops plus host links).
 pub const MAX_HOPS: usize = 24;
@@ -136,7 +137,7 @@ impl IsrTable {
     }
 
     /// Score of a candidate: local queueing + remembered downstream delay + ECN penalty.
-    pub fn score(&self, target: u32, port: u8, local_qdelay_ns: u64, now_ns: u64) -> u64 {
+    pub fn score(&self, target: u32, port: u8, local_qdelay_ns: Nanos, now_ns: Nanos) -> u64 {
         let e = self.entries[self.idx(target, port)];
         if !e.valid || now_ns.saturating_sub(e.updated_ns) > self.cfg.stale_ns {
             return local_qdelay_ns;
@@ -151,7 +152,7 @@ impl IsrTable {
         target: u32,
         candidates: &[u8],
         local_qdelay_ns: impl Fn(u8) -> u64,
-        now_ns: u64,
+        now_ns: Nanos,
         tie_rand: u64,
     ) -> u8 {
         assert!(!candidates.is_empty(), "no route candidates");
@@ -176,7 +177,14 @@ impl IsrTable {
     }
 
     /// Completion passing back through this node: learn the delay toward `target` via `port`.
-    pub fn update(&mut self, target: u32, port: u8, downstream_ns: u64, ecn: bool, now_ns: u64) {
+    pub fn update(
+        &mut self,
+        target: u32,
+        port: u8,
+        downstream_ns: Nanos,
+        ecn: bool,
+        now_ns: Nanos,
+    ) {
         let shift = self.cfg.ewma_shift;
         let i = self.idx(target, port);
         let e = &mut self.entries[i];

@@ -5,20 +5,11 @@
 //! - [`isr`]: INT-assisted symmetric routing (per-hop telemetry, least-congested next hop,
 //!   completion retraces the command's hops).
 //! - [`reserve`]: eager bandwidth reservation for the predicted response.
-//! - [`credit`]: storage-driven scheduling: SSD headroom credits, host rate limit, packet rank.
+//! - [`ssd_credit`]: storage-driven scheduling: the SSD credit (bandwidth headroom, MiB/s),
+//!   host rate limit, packet rank. Not Gimbal's per-tenant I/O credits (`trellis-qos`).
 //!
 //! Everything concrete that the paper does not publish is a tagged reconstruction [R].
 
-pub mod credit;
 pub mod isr;
 pub mod reserve;
-
-use serde::{Deserialize, Serialize};
-
-/// NVMe I/O direction as the fabric sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IoKind {
-    Read,
-    Write,
-}
+pub mod ssd_credit;

@@ -1,27 +1,27 @@
 //! Eager bandwidth reservation (§3.2): when a command passes a hop, reserve egress
 //! bandwidth on the reverse port for the response it will cause.
 
-use crate::IoKind;
 use serde::{Deserialize, Serialize};
+use trellis_units::{IoDir, Nanos};
 
 /// NVMe/TCP bytes controller→host caused by one command (no digests) [R, Ex 3-1]:
 /// read = C2HData header + data + CapsuleResp; write (via R2T) = R2T + CapsuleResp.
-pub fn response_bytes(kind: IoKind, len: u32) -> u32 {
-    match kind {
-        IoKind::Read => 24 + len + 24,
-        IoKind::Write => 24 + 24,
+pub fn response_bytes(dir: IoDir, len: u32) -> u32 {
+    match dir {
+        IoDir::Read => 24 + len + 24,
+        IoDir::Write => 24 + 24,
     }
 }
 
 /// NVMe/TCP bytes host→controller: CapsuleCmd, plus H2CData header and data for writes.
-pub fn request_bytes(kind: IoKind, len: u32) -> u32 {
-    match kind {
-        IoKind::Read => 72,
-        IoKind::Write => 72 + 24 + len,
+pub fn request_bytes(dir: IoDir, len: u32) -> u32 {
+    match dir {
+        IoDir::Read => 72,
+        IoDir::Write => 72 + 24 + len,
     }
 }
 
-/// Offline profile of the response time T_prof(op, size) = base + size / rate [R].
+/// Offline profile of the response time T_prof(dir, size) = base + size / rate [R].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReserveConfig {
@@ -47,17 +47,17 @@ impl Default for ReserveConfig {
 }
 
 impl ReserveConfig {
-    pub fn t_prof_ns(&self, kind: IoKind, len: u32) -> u64 {
-        match kind {
-            IoKind::Read => self.read_base_ns + len as u64 * 1_000_000_000 / self.read_bytes_per_s,
-            IoKind::Write => self.write_base_ns,
+    pub fn t_prof_ns(&self, dir: IoDir, len: u32) -> u64 {
+        match dir {
+            IoDir::Read => self.read_base_ns + len as u64 * 1_000_000_000 / self.read_bytes_per_s,
+            IoDir::Write => self.write_base_ns,
         }
     }
 
     /// r = R_over × response_bytes / T_prof, in bytes/s [R, Ex 3-2].
-    pub fn reservation_bytes_per_s(&self, kind: IoKind, len: u32) -> u64 {
+    pub fn reservation_bytes_per_s(&self, dir: IoDir, len: u32) -> u64 {
         let bw =
-            response_bytes(kind, len) as u128 * 1_000_000_000 / self.t_prof_ns(kind, len) as u128;
+            response_bytes(dir, len) as u128 * 1_000_000_000 / self.t_prof_ns(dir, len) as u128;
         (bw * self.over_commit_permille as u128 / 1000) as u64
     }
 }
@@ -107,7 +107,7 @@ impl PortReservation {
 
     /// Does a response packet of `bytes` conform to the reserved rate now? Conformant
     /// packets use the reserved queue; the rest fall back to best effort.
-    pub fn conform(&mut self, bytes: u64, now_ns: u64) -> bool {
+    pub fn conform(&mut self, bytes: u64, now_ns: Nanos) -> bool {
         if now_ns > self.last_ns {
             let num =
                 self.reserved_bytes_per_s as u128 * (now_ns - self.last_ns) as u128 + self.carry;
@@ -130,11 +130,11 @@ mod tests {
 
     #[test]
     fn response_sizes_match_example_3_1() {
-        assert_eq!(response_bytes(IoKind::Read, 4096), 4_144);
-        assert_eq!(request_bytes(IoKind::Read, 4096), 72);
-        assert_eq!(response_bytes(IoKind::Write, 4096), 48);
-        assert_eq!(request_bytes(IoKind::Write, 4096), 4_192);
-        assert_eq!(response_bytes(IoKind::Read, 131_072), 131_120);
+        assert_eq!(response_bytes(IoDir::Read, 4096), 4_144);
+        assert_eq!(request_bytes(IoDir::Read, 4096), 72);
+        assert_eq!(response_bytes(IoDir::Write, 4096), 48);
+        assert_eq!(request_bytes(IoDir::Write, 4096), 4_192);
+        assert_eq!(response_bytes(IoDir::Read, 131_072), 131_120);
     }
 
     #[test]
@@ -145,8 +145,8 @@ mod tests {
             read_bytes_per_s: u64::MAX,
             ..ReserveConfig::default()
         };
-        assert_eq!(cfg.t_prof_ns(IoKind::Read, 131_072), 250_000);
-        let r = cfg.reservation_bytes_per_s(IoKind::Read, 131_072);
+        assert_eq!(cfg.t_prof_ns(IoDir::Read, 131_072), 250_000);
+        let r = cfg.reservation_bytes_per_s(IoDir::Read, 131_072);
         assert_eq!(r, 419_584_000);
         // Ten in flight on a 100 Gb/s (12.5 GB/s) port reserve 4,195.84 MB/s = 33.6 Gb/s.
         let mut port = PortReservation::new(12_500_000_000, 65_536);

@@ -1,6 +1,7 @@
 //! Delay-based congestion control (§1.a) and write-cost estimation (§1.b).
 
-use crate::{GimbalConfig, Op};
+use crate::GimbalConfig;
+use trellis_units::{IoDir, Nanos};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CcState {
@@ -21,6 +22,8 @@ pub struct DirCc {
 pub struct CongestionControl {
     pub read: DirCc,
     pub write: DirCc,
+    /// State the last completion of each direction put the SSD in ([read, write]).
+    last_state: [Option<CcState>; 2],
     target_rate: u64,
     rate_min: u64,
     rate_max: u64,
@@ -43,6 +46,7 @@ impl CongestionControl {
         CongestionControl {
             read: dir,
             write: dir,
+            last_state: [None; 2],
             target_rate: cfg.rate_init_bytes_per_s,
             rate_min: cfg.rate_min_bytes_per_s,
             rate_max: cfg.rate_max_bytes_per_s,
@@ -59,19 +63,40 @@ impl CongestionControl {
         self.target_rate
     }
 
+    /// Latency state of one direction (EWMA and dynamic threshold, µs).
+    pub fn dir_cc(&self, dir: IoDir) -> &DirCc {
+        match dir {
+            IoDir::Read => &self.read,
+            IoDir::Write => &self.write,
+        }
+    }
+
+    /// State set by the last completion in `dir`; None before the first one.
+    pub fn last_state(&self, dir: IoDir) -> Option<CcState> {
+        self.last_state[dir.index()]
+    }
+
     /// Measured completion rate, B/s (0 until the first 16 MiB sample).
     pub fn cpl_rate(&self) -> u64 {
         self.cpl_rate
     }
 
-    /// Apply one successful completion; returns the state it put the SSD in.
-    pub fn on_complete(&mut self, op: Op, len: u32, latency_ns: u64, now_ns: u64) -> CcState {
+    /// Apply one successful completion (`latency_ns` = device time, converted to Gimbal's
+    /// µs ticks); returns the state it put the SSD in.
+    pub fn on_complete(
+        &mut self,
+        dir: IoDir,
+        len: u32,
+        latency_ns: Nanos,
+        now_ns: Nanos,
+    ) -> CcState {
         let (tmin, tmax) = (self.thresh_min_us, self.thresh_max_us);
-        let cc = match op {
-            Op::Write => &mut self.write,
-            Op::Read => &mut self.read,
+        let cc = match dir {
+            IoDir::Write => &mut self.write,
+            IoDir::Read => &mut self.read,
         };
         let state = update_dir(cc, latency_ns / 1000, tmin, tmax);
+        self.last_state[dir.index()] = Some(state);
         let len = len as u64;
         self.target_rate = match state {
             CcState::Overloaded => {
@@ -91,7 +116,7 @@ impl CongestionControl {
         state
     }
 
-    fn sample_cpl_rate(&mut self, len: u64, now_ns: u64) {
+    fn sample_cpl_rate(&mut self, len: u64, now_ns: Nanos) {
         self.cpl_bytes += len;
         if self.cpl_bytes > self.cpl_sample_bytes && now_ns > self.cpl_t0_ns {
             self.cpl_rate =
@@ -138,7 +163,7 @@ pub fn update_dir(cc: &mut DirCc, lat_us: u64, tmin: u64, tmax: u64) -> CcState 
 /// Write cost in FP10 (1024 = 1.0), AD/MI every window [G], range [1.0, 9.0].
 pub struct WriteCost {
     fp10: u64,
-    window_ns: u64,
+    window_ns: Nanos,
     window_start_ns: u64,
     reads: u64,
     writes: u64,
@@ -150,7 +175,7 @@ pub const WC_MAX: u64 = 9216;
 pub const WC_DESC: u64 = 512;
 
 impl WriteCost {
-    pub fn new(init_fp10: u64, window_ns: u64, now_ns: u64) -> Self {
+    pub fn new(init_fp10: u64, window_ns: Nanos, now_ns: Nanos) -> Self {
         WriteCost {
             fp10: init_fp10.clamp(WC_ONE, WC_MAX),
             window_ns,
@@ -166,28 +191,28 @@ impl WriteCost {
     }
 
     /// Weighted length used by DRR and slots: writes cost (wc × len) >> 10 [G].
-    pub fn weighted(op: Op, len: u32, wc_fp10: u64) -> u64 {
-        match op {
-            Op::Write => (wc_fp10 * len as u64) >> 10,
-            Op::Read => len as u64,
+    pub fn weighted(dir: IoDir, len: u32, wc_fp10: u64) -> u64 {
+        match dir {
+            IoDir::Write => (wc_fp10 * len as u64) >> 10,
+            IoDir::Read => len as u64,
         }
     }
 
     pub fn on_complete(
         &mut self,
-        op: Op,
-        latency_ns: u64,
-        now_ns: u64,
+        dir: IoDir,
+        latency_ns: Nanos,
+        now_ns: Nanos,
         tmin_us: u64,
         tmax_us: u64,
     ) {
-        if now_ns >= self.window_start_ns + self.window_ns {
+        if now_ns >= self.window_start_ns.saturating_add(self.window_ns) {
             self.end_window(tmin_us, tmax_us);
             self.window_start_ns = now_ns;
         }
-        match op {
-            Op::Read => self.reads += 1,
-            Op::Write => {
+        match dir {
+            IoDir::Read => self.reads += 1,
+            IoDir::Write => {
                 self.writes += 1;
                 self.write_lat_sum_us += latency_ns / 1000;
             }

@@ -1,13 +1,22 @@
 //! Level 1: DRR over tenants with write-cost-weighted sizes and virtual slots (§1.c).
+//!
+//! Tenant weights are ours [R]: Gimbal gives every tenant the same quantum and the
+//! same share of slots. A tenant of weight w gets `w × Q` per DRR visit and
+//! `max(1, ⌊S × w / W_active⌋)` virtual slots (S = slots per SSD, W_active = the sum
+//! of the active tenants' weights), which is Gimbal's `max(1, ⌊S / N_active⌋)` when
+//! every weight is 1.
 
 use crate::cc::WriteCost;
-use crate::{GimbalConfig, Op, QosError};
+use crate::pool::{List, ListPool};
+use crate::sched::SchedLimits;
+use crate::{GimbalConfig, QosError};
 use std::collections::VecDeque;
+use trellis_units::IoDir;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
     pub tag: u64,
-    pub op: Op,
+    pub dir: IoDir,
     pub size_bytes: u32,
 }
 
@@ -17,6 +26,9 @@ pub struct SlotTag(pub u8);
 
 /// 8 slots in use at most plus one being opened [G] DRR_NUM_VQE = 8 + 1.
 const SLOT_ENTRIES: usize = 9;
+
+/// Largest slots_per_ssd the slot table can hold (one entry stays free for opening).
+pub const MAX_SLOTS_PER_SSD: u32 = SLOT_ENTRIES as u32 - 1;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Slot {
@@ -33,75 +45,115 @@ enum Where {
 }
 
 struct Tenant {
-    queue: VecDeque<Request>,
+    queue: List,
     deficit: i64,
     backlog: u64,
     io_processing: u32,
     slots: [Slot; SLOT_ENTRIES],
     cur_slot: Option<u8>,
     vqsize: i32,
-    credit_per_vslot: u32,
+    /// I/Os the last retired slot held: the per-slot I/O credit [G] `credit_per_vslot`.
+    io_credits_per_vslot: u32,
     place: Where,
+    weight: u32,
+    /// Counted in N_active / W_active (from first enqueue until idle with nothing in flight).
+    counted: bool,
 }
 
 pub struct Drr {
     tenants: Vec<Tenant>,
+    pool: ListPool<Request>,
     active: VecDeque<u16>,
     n_active: u32,
-    vqmaxqd: i32,
+    w_active: u64,
     quantum: i64,
     slot_bytes: u64,
     slots_per_ssd: u32,
-    queue_cap: usize,
-    queued: usize,
+    queue_cap: u32,
 }
 
 impl Drr {
-    pub fn new(cfg: &GimbalConfig) -> Self {
-        assert!((cfg.slots_per_ssd as usize) < SLOT_ENTRIES);
-        let tenants = (0..cfg.max_tenants)
+    /// `cfg` must be valid ([`GimbalConfig::validate`]); the constructor asserts it.
+    pub fn new(cfg: &GimbalConfig, limits: &SchedLimits) -> Self {
+        assert!(cfg.slots_per_ssd >= 1 && cfg.slots_per_ssd <= MAX_SLOTS_PER_SSD);
+        let tenants = (0..limits.max_tenants)
             .map(|_| Tenant {
-                // Grows on demand up to the bound; no allocation once warm.
-                queue: VecDeque::new(),
+                queue: List::new(),
                 deficit: 0,
                 backlog: 0,
                 io_processing: 0,
                 slots: [Slot::default(); SLOT_ENTRIES],
                 cur_slot: Some(0),
                 vqsize: 1,
-                credit_per_vslot: cfg.credit_per_vslot_init,
+                io_credits_per_vslot: cfg.io_credits_per_vslot_init,
                 place: Where::Idle,
+                weight: 1,
+                counted: false,
             })
             .collect();
         Drr {
             tenants,
-            active: VecDeque::with_capacity(cfg.max_tenants),
+            pool: ListPool::new(limits.max_requests, limits.prealloc_requests),
+            active: VecDeque::with_capacity(limits.max_tenants as usize),
             n_active: 0,
-            vqmaxqd: cfg.slots_per_ssd as i32,
+            w_active: 0,
             quantum: cfg.quantum_bytes as i64,
             slot_bytes: cfg.slot_bytes,
             slots_per_ssd: cfg.slots_per_ssd,
-            queue_cap: cfg.queue_capacity_per_tenant,
-            queued: 0,
+            queue_cap: limits.max_queued_per_tenant,
         }
     }
 
+    /// Requests queued over all tenants.
     pub fn queued(&self) -> usize {
-        self.queued
+        self.pool.live() as usize
     }
 
+    /// Slot limit of a weight-1 tenant: Gimbal's `vqmaxqd`.
     pub fn vqmaxqd(&self) -> i32 {
-        self.vqmaxqd
+        self.slot_limit(1)
     }
 
     pub fn n_active(&self) -> u32 {
         self.n_active
     }
 
-    fn recompute_vqmaxqd(&mut self) {
-        let s = self.slots_per_ssd;
-        // No active tenant: one may take every slot.
-        self.vqmaxqd = s.checked_div(self.n_active).map_or(s, |q| q.max(1)) as i32;
+    /// `max(1, ⌊S × w / W_active⌋)`, at most S; S when no tenant is active [G], [R] weights.
+    fn slot_limit(&self, weight: u32) -> i32 {
+        let s = self.slots_per_ssd as u64;
+        if self.w_active == 0 {
+            return s as i32;
+        }
+        (s * weight as u64 / self.w_active).clamp(1, s) as i32
+    }
+
+    fn count(&mut self, tenant: u16, on: bool) {
+        let t = &mut self.tenants[tenant as usize];
+        assert_ne!(t.counted, on, "tenant counted twice or released twice");
+        t.counted = on;
+        if on {
+            self.n_active += 1;
+            self.w_active += t.weight as u64;
+        } else {
+            self.n_active -= 1;
+            self.w_active -= t.weight as u64;
+        }
+    }
+
+    /// Set a tenant's weight (≥ 1); takes effect for its next quantum and slot limit.
+    pub fn set_weight(&mut self, tenant: u16, weight: u32) -> Result<(), QosError> {
+        let t = self
+            .tenants
+            .get_mut(tenant as usize)
+            .ok_or(QosError::BadTenant)?;
+        if weight == 0 {
+            return Err(QosError::BadWeight);
+        }
+        if t.counted {
+            self.w_active = self.w_active - t.weight as u64 + weight as u64;
+        }
+        t.weight = weight;
+        Ok(())
     }
 
     pub fn enqueue(&mut self, tenant: u16, req: Request) -> Result<(), QosError> {
@@ -110,22 +162,24 @@ impl Drr {
             .tenants
             .get_mut(tenant as usize)
             .ok_or(QosError::BadTenant)?;
-        if t.queue.len() >= cap {
+        // A zero-length request would leave `backlog` at 0 and look idle while queued.
+        if req.size_bytes == 0 {
+            return Err(QosError::ZeroLength);
+        }
+        if t.queue.len() >= cap || !self.pool.push_back(&mut t.queue, req) {
             return Err(QosError::QueueFull);
         }
-        t.queue.push_back(req);
         let activate = t.backlog == 0 && t.place == Where::Idle;
         let first = t.io_processing == 0;
         t.backlog += req.size_bytes as u64;
-        self.queued += 1;
         if activate {
-            self.tenants[tenant as usize].place = Where::Active;
+            t.place = Where::Active;
             self.active.push_back(tenant);
             if first {
-                self.n_active += 1;
-                self.recompute_vqmaxqd();
+                self.count(tenant, true);
                 // [R] deficit starts at 0, so each activation grants exactly one quantum.
-                self.tenants[tenant as usize].deficit += self.quantum;
+                let t = &mut self.tenants[tenant as usize];
+                t.deficit += self.quantum * t.weight as i64;
             }
         }
         Ok(())
@@ -136,21 +190,23 @@ impl Drr {
         loop {
             let tid = *self.active.front()?;
             let t = &mut self.tenants[tid as usize];
-            let head = *t.queue.front().expect("active tenant with an empty queue");
-            let w = WriteCost::weighted(head.op, head.size_bytes, wc_fp10) as i64;
+            let head = self
+                .pool
+                .front(&t.queue)
+                .expect("active tenant with an empty queue");
+            let w = WriteCost::weighted(head.dir, head.size_bytes, wc_fp10) as i64;
             if t.deficit < w {
-                t.deficit += self.quantum;
+                t.deficit += self.quantum * t.weight as i64;
                 self.active.rotate_left(1);
                 continue;
             }
-            t.queue.pop_front();
-            self.queued -= 1;
+            self.pool.pop_front(&mut t.queue);
             return Some(self.serve(tid, head, w));
         }
     }
 
     fn serve(&mut self, tid: u16, req: Request, w: i64) -> (u16, Request, SlotTag) {
-        let vqmaxqd = self.vqmaxqd;
+        let limit = self.slot_limit(self.tenants[tid as usize].weight);
         let slot_bytes = self.slot_bytes;
         let t = &mut self.tenants[tid as usize];
         let cur = t.cur_slot.expect("active tenant without an open slot");
@@ -161,7 +217,7 @@ impl Drr {
         t.backlog -= req.size_bytes as u64;
         t.io_processing += 1;
         if s.length >= slot_bytes {
-            if vqmaxqd - t.vqsize <= 0 {
+            if limit - t.vqsize <= 0 {
                 // Out of slots: defer until one retires [A B.2].
                 t.place = Where::Deferred;
                 t.deficit = 0;
@@ -170,7 +226,7 @@ impl Drr {
                 return (tid, req, SlotTag(cur));
             }
             t.vqsize += 1;
-            t.cur_slot = Some(free_slot(&t.slots, None));
+            t.cur_slot = Some(free_slot(&t.slots));
         }
         if t.backlog == 0 {
             t.deficit = 0;
@@ -181,8 +237,9 @@ impl Drr {
     }
 
     /// Completion of an I/O charged to `slot` (before its credit is read) [G].
+    /// The caller guarantees that (tenant, slot) came from `dequeue` and completes once.
     pub fn release(&mut self, tenant: u16, slot: SlotTag) {
-        let vqmaxqd = self.vqmaxqd;
+        let limit = self.slot_limit(self.tenants[tenant as usize].weight);
         let t = &mut self.tenants[tenant as usize];
         let s = &mut t.slots[slot.0 as usize];
         s.completions += 1;
@@ -192,10 +249,10 @@ impl Drr {
         );
         if s.submits == s.completions && t.cur_slot != Some(slot.0) {
             t.vqsize -= 1;
-            t.credit_per_vslot = s.submits;
+            t.io_credits_per_vslot = s.submits;
             *s = Slot::default();
-            if t.place == Where::Deferred && vqmaxqd - t.vqsize > 0 {
-                t.cur_slot = Some(free_slot(&t.slots, None));
+            if t.place == Where::Deferred && limit - t.vqsize > 0 {
+                t.cur_slot = Some(free_slot(&t.slots));
                 t.vqsize += 1;
                 if t.backlog > 0 {
                     t.place = Where::Active;
@@ -208,21 +265,28 @@ impl Drr {
         let t = &mut self.tenants[tenant as usize];
         t.io_processing -= 1;
         if t.backlog == 0 && t.io_processing == 0 && t.place != Where::Deferred {
-            self.n_active -= 1;
-            self.recompute_vqmaxqd();
+            self.count(tenant, false);
         }
     }
 
-    pub fn credits(&self, tenant: u16) -> u32 {
-        let t = &self.tenants[tenant as usize];
-        (self.vqmaxqd.max(1) as u32 * t.credit_per_vslot).min(65535)
+    /// I/O credits of `tenant`, in I/Os: min(65535, slot limit × I/Os per slot) [G] (§1.e).
+    /// None for a tenant id outside the table.
+    pub fn io_credits(&self, tenant: u16) -> Option<u32> {
+        let t = self.tenants.get(tenant as usize)?;
+        Some((self.slot_limit(t.weight) as u32 * t.io_credits_per_vslot).min(65535))
+    }
+
+    /// (queued, in flight, weight) of `tenant`, or None outside the table.
+    pub fn tenant_counts(&self, tenant: u16) -> Option<(u32, u32, u32)> {
+        let t = self.tenants.get(tenant as usize)?;
+        Some((t.queue.len(), t.io_processing, t.weight))
     }
 }
 
 /// An unused slot entry: 9 entries and at most 8 in use, so one always exists.
-fn free_slot(slots: &[Slot; SLOT_ENTRIES], skip: Option<u8>) -> u8 {
+fn free_slot(slots: &[Slot; SLOT_ENTRIES]) -> u8 {
     for (i, s) in slots.iter().enumerate() {
-        if s.submits == 0 && Some(i as u8) != skip {
+        if s.submits == 0 {
             return i as u8;
         }
     }

@@ -1,53 +1,77 @@
-//! Gimbal storage-side scheduling (SIGCOMM'21), one instance per SSD.
+//! Storage-side scheduling for one namespace (one SSD): Gimbal (SIGCOMM'21) and a
+//! plain FIFO, behind one sans-IO scheduler core ([`sched`]).
 //!
-//! Sans-IO and allocation-free per I/O: the caller passes `now_ns`, submits
-//! requests with `submit`, pulls what may go to the device with
-//! `poll_dispatch`, and reports device latency with `complete`. Rules and
-//! constants follow algorithms.md §1 (tags [G], [S:004], [R]).
+//! Sans-IO and allocation-free per I/O: the caller passes `now_ns` (u64 ns), submits
+//! requests, pulls what may go to the device with `poll_dispatch`, and reports device
+//! latency with `complete`. The Gimbal pieces are public so that their worked examples
+//! can be tested one by one: congestion control ([`CongestionControl`]), write cost
+//! ([`WriteCost`]), DRR with virtual slots ([`Drr`]), the dual token bucket
+//! ([`DualTokenBucket`]). Rules and constants follow algorithms.md §1 (tags [G],
+//! [S:004], [R]).
+//!
+//! Two units are called "credit" in Trellis; this crate deals only in the first:
+//! - **I/O credits** (`io_credits`, unit: I/Os): Gimbal's per-tenant allowance of
+//!   outstanding I/Os, `min(65535, slots × I/Os per slot)` (§1.e), carried in CQE DW1.
+//! - **SSD credit** (`ssd_credit_mib_per_s` in `trellis-fabric`, unit: MiB/s): the
+//!   NSDI'26 per-SSD bandwidth headroom (§3.3). This crate supplies the headroom, in
+//!   B/s, as [`sched::Scheduler::headroom_bytes_per_s`].
 
 mod cc;
 mod drr;
+mod pool;
+pub mod sched;
 mod token;
 
-pub use cc::{CcState, CongestionControl, WriteCost};
-pub use drr::{Drr, Request, SlotTag};
+pub use cc::{CcState, CongestionControl, DirCc, WriteCost};
+pub use drr::{Drr, Request, SlotTag, MAX_SLOTS_PER_SSD};
 pub use token::DualTokenBucket;
 
 use serde::{Deserialize, Serialize};
 
-/// Direction of an I/O; everything that is not a WRITE is scheduled as a read [G].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Op {
-    Read,
-    Write,
-}
-
-/// Errors visible to callers; the scheduler never drops silently.
+/// Errors of the Gimbal building blocks; the scheduler never drops silently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QosError {
+    /// The tenant's queue, or the shared request pool, is at its bound.
     QueueFull,
+    /// Tenant id outside the tenant table.
     BadTenant,
+    /// Weight 0 (a tenant that never gets a quantum would starve forever).
+    BadWeight,
+    /// A zero-length request (the scheduler charges these one byte instead).
+    ZeroLength,
 }
 
+/// Gimbal's parameters for one SSD. Every default is the value of algorithms.md §1.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GimbalConfig {
+    /// Thresh_min, µs (Gimbal's tick taken as 1 µs, §1.a examples) [G].
     pub thresh_min_us: u64,
+    /// Thresh_max, µs: 1500 for the DCT983, 3000 tuned for the P3600 [G] (§1.a).
     pub thresh_max_us: u64,
+    /// Initial target_rate, 1000 MiB/s [G] (§1.a).
     pub rate_init_bytes_per_s: u64,
+    /// Rate clamp floor, 50 MiB/s [G] (§1.a).
     pub rate_min_bytes_per_s: u64,
+    /// Rate clamp ceiling, 4 GiB/s [G] (§1.a).
     pub rate_max_bytes_per_s: u64,
+    /// cpl_rate is resampled every 16 MiB completed [G] (§1.a step 8).
     pub cpl_sample_bytes: u64,
+    /// DRR quantum Q, 128 KiB "the maximum I/O size" [S:004], [G] (§1.c).
     pub quantum_bytes: u64,
+    /// Virtual slot capacity, 128 KiB of weighted length [G] (§1.c).
     pub slot_bytes: u64,
+    /// Slots per SSD for one active tenant, 8 [G] `DRR_NUM_VQE − 1` (§1.c); at most
+    /// [`MAX_SLOTS_PER_SSD`].
     pub slots_per_ssd: u32,
+    /// Capacity of each token bucket, 256 KiB [S:004], [G] (§1.d line 2).
     pub bucket_bytes: u64,
+    /// Initial write cost in FP10, 9.0 = 9216 (pessimistic) [G] (§1.b).
     pub write_cost_init_fp10: u64,
+    /// Write-cost AD/MI window, 100 ms [G] (§1.b).
     pub write_cost_window_ns: u64,
-    pub max_tenants: usize,
-    pub queue_capacity_per_tenant: usize,
-    pub credit_per_vslot_init: u32,
+    /// Initial I/O credits per virtual slot, 32 [G] (§1.c per-tenant state, §1.e).
+    pub io_credits_per_vslot_init: u32,
 }
 
 impl Default for GimbalConfig {
@@ -65,152 +89,69 @@ impl Default for GimbalConfig {
             bucket_bytes: 262_144,
             write_cost_init_fp10: 9216,
             write_cost_window_ns: 100_000_000,
-            max_tenants: 64,
-            queue_capacity_per_tenant: 1024,
-            credit_per_vslot_init: 32,
+            io_credits_per_vslot_init: 32,
         }
     }
 }
 
-/// An I/O the caller may now send to the SSD.
+impl GimbalConfig {
+    /// Reject configurations the algorithms cannot run with (instead of panicking later).
+    pub fn validate(&self) -> Result<(), &'static str> {
+        let checks = [
+            (
+                self.thresh_min_us < self.thresh_max_us,
+                "thresh_min_us must be below thresh_max_us",
+            ),
+            (
+                self.rate_min_bytes_per_s > 0
+                    && self.rate_min_bytes_per_s <= self.rate_max_bytes_per_s,
+                "need 0 < rate_min_bytes_per_s <= rate_max_bytes_per_s",
+            ),
+            (self.quantum_bytes > 0, "quantum_bytes must be positive"),
+            (self.slot_bytes > 0, "slot_bytes must be positive"),
+            (
+                self.slots_per_ssd >= 1 && self.slots_per_ssd <= MAX_SLOTS_PER_SSD,
+                "slots_per_ssd must be in 1..=8",
+            ),
+            (self.bucket_bytes > 0, "bucket_bytes must be positive"),
+            (
+                self.write_cost_window_ns > 0,
+                "write_cost_window_ns must be positive",
+            ),
+            (
+                self.io_credits_per_vslot_init > 0,
+                "io_credits_per_vslot_init must be positive",
+            ),
+        ];
+        match checks.iter().find(|(ok, _)| !ok) {
+            Some((_, why)) => Err(why),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Client side of Algorithm 3: admit while `io_credits_total > inflight_ios` [S:004].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Dispatch {
-    pub tenant: u16,
-    pub req: Request,
-    pub slot: SlotTag,
+pub struct IoCreditWindow {
+    /// Latest I/O credits granted by the target (Algorithm 3's `credit_tot`), in I/Os.
+    pub io_credits_total: u32,
+    /// I/Os sent and not yet completed.
+    pub inflight_ios: u32,
 }
 
-/// Gimbal for one SSD: DRR with virtual slots (level 1), dual token bucket paced by
-/// delay-based congestion control (level 2), credits for clients.
-pub struct Gimbal {
-    cfg: GimbalConfig,
-    pub cc: CongestionControl,
-    pub wc: WriteCost,
-    pub drr: Drr,
-    pub bucket: DualTokenBucket,
-    /// The dequeued I/O that did not conform; nothing passes it (no reordering [S:004]).
-    blocked: Option<Dispatch>,
-}
-
-impl Gimbal {
-    pub fn new(cfg: GimbalConfig, now_ns: u64) -> Self {
-        Gimbal {
-            cc: CongestionControl::new(&cfg),
-            wc: WriteCost::new(cfg.write_cost_init_fp10, cfg.write_cost_window_ns, now_ns),
-            drr: Drr::new(&cfg),
-            bucket: DualTokenBucket::new(cfg.bucket_bytes, now_ns),
-            blocked: None,
-            cfg,
-        }
-    }
-
-    pub fn config(&self) -> &GimbalConfig {
-        &self.cfg
-    }
-
-    /// Queue one request of `tenant`. `tag` is the caller's handle, returned on dispatch.
-    pub fn submit(
-        &mut self,
-        tenant: u16,
-        op: Op,
-        size_bytes: u32,
-        tag: u64,
-    ) -> Result<(), QosError> {
-        let req = Request {
-            tag,
-            op,
-            size_bytes,
-        };
-        self.drr.enqueue(tenant, req)
-    }
-
-    /// Next I/O allowed to go to the device now, if any.
-    pub fn poll_dispatch(&mut self, now_ns: u64) -> Option<Dispatch> {
-        self.bucket
-            .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
-        if let Some(d) = self.blocked {
-            if !self.bucket.try_take(d.req.op, d.req.size_bytes) {
-                return None;
-            }
-            self.blocked = None;
-            return Some(d);
-        }
-        let (tenant, req, slot) = self.drr.dequeue(self.wc.fp10())?;
-        let d = Dispatch { tenant, req, slot };
-        if self.bucket.try_take(req.op, req.size_bytes) {
-            return Some(d);
-        }
-        self.blocked = Some(d);
-        None
-    }
-
-    /// When tokens will next allow the blocked I/O (for the caller's timer), if one is blocked.
-    pub fn next_wakeup_ns(&self, now_ns: u64) -> Option<u64> {
-        let d = self.blocked?;
-        Some(
-            now_ns
-                + self.bucket.wait_ns(
-                    d.req.op,
-                    d.req.size_bytes,
-                    self.cc.target_rate(),
-                    self.wc.fp10(),
-                ),
-        )
-    }
-
-    /// Report a device completion: `latency_ns` is from device submit to device completion.
-    pub fn complete(&mut self, d: &Dispatch, latency_ns: u64, now_ns: u64) {
-        let state = self
-            .cc
-            .on_complete(d.req.op, d.req.size_bytes, latency_ns, now_ns);
-        if state == CcState::Overloaded {
-            self.bucket.zero();
-        }
-        self.wc.on_complete(
-            d.req.op,
-            latency_ns,
-            now_ns,
-            self.cfg.thresh_min_us,
-            self.cfg.thresh_max_us,
-        );
-        self.drr.release(d.tenant, d.slot);
-    }
-
-    /// Credits for `tenant`, in I/Os: vqmaxqd × credit_per_vslot, capped at 65535 [G].
-    pub fn credits(&self, tenant: u16) -> u32 {
-        self.drr.credits(tenant)
-    }
-
-    /// Bandwidth headroom of this SSD, B/s: max(0, target_rate − cpl_rate) [R §3.3].
-    pub fn headroom_bytes_per_s(&self) -> u64 {
-        self.cc.target_rate().saturating_sub(self.cc.cpl_rate())
-    }
-
-    pub fn queued(&self) -> usize {
-        self.drr.queued() + self.blocked.is_some() as usize
-    }
-}
-
-/// Client side of Algorithm 3: admit while `credit_tot > inflight` [S:004].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CreditWindow {
-    pub credit_tot: u32,
-    pub inflight: u32,
-}
-
-impl CreditWindow {
-    /// [R] 256 = 8 slots × 32, a fresh tenant's value at the target.
+impl IoCreditWindow {
+    /// [R] 256 = 8 slots × 32, a fresh tenant's value at the target (§1.e).
     pub fn new() -> Self {
-        CreditWindow {
-            credit_tot: 256,
-            inflight: 0,
+        IoCreditWindow {
+            io_credits_total: 256,
+            inflight_ios: 0,
         }
     }
 
     /// True if the I/O may be sent now (and counts it), false = device busy.
     pub fn try_submit(&mut self) -> bool {
-        if self.credit_tot > self.inflight {
-            self.inflight += 1;
+        if self.io_credits_total > self.inflight_ios {
+            self.inflight_ios += 1;
             true
         } else {
             false
@@ -219,14 +160,17 @@ impl CreditWindow {
 
     /// Completion: overwrite the credit with the latest value, release one in-flight slot.
     /// [R] Also on error completions, so that a failed I/O does not leak a credit.
-    pub fn on_complete(&mut self, credit: u32) {
-        assert!(self.inflight > 0, "completion without an I/O in flight");
-        self.credit_tot = credit;
-        self.inflight -= 1;
+    /// A completion with nothing in flight (a confused or hostile peer) is ignored.
+    pub fn on_complete(&mut self, io_credits: u32) {
+        if self.inflight_ios == 0 {
+            return;
+        }
+        self.io_credits_total = io_credits;
+        self.inflight_ios -= 1;
     }
 }
 
-impl Default for CreditWindow {
+impl Default for IoCreditWindow {
     fn default() -> Self {
         Self::new()
     }

@@ -2,6 +2,8 @@
 
 use super::*;
 use crate::cc::{update_dir, DirCc};
+use crate::sched::{GimbalScheduler, SchedConfig, SchedLimits, Scheduler, Submitted};
+use trellis_units::IoDir;
 
 #[test]
 fn cc_threshold_follows_table_1a() {
@@ -33,11 +35,11 @@ fn cc_threshold_follows_table_1a() {
 #[test]
 fn cc_rate_follows_example_1a1() {
     let mut cc = CongestionControl::new(&GimbalConfig::default());
-    cc.on_complete(Op::Read, 131_072, 800_000, 1);
+    cc.on_complete(IoDir::Read, 131_072, 800_000, 1);
     assert_eq!(cc.target_rate(), 1_048_707_072);
-    cc.on_complete(Op::Read, 131_072, 800_000, 2);
+    cc.on_complete(IoDir::Read, 131_072, 800_000, 2);
     cc.set_cpl_rate(838_860_800);
-    let s = cc.on_complete(Op::Read, 131_072, 3_000_000, 3);
+    let s = cc.on_complete(IoDir::Read, 131_072, 3_000_000, 3);
     assert_eq!(s, CcState::Overloaded);
     assert_eq!(cc.target_rate(), 838_729_728);
 }
@@ -49,7 +51,7 @@ fn cc_underutilised_adds_eight_lengths() {
     cc.read.ewma_us = 200;
     let before = cc.target_rate();
     assert_eq!(
-        cc.on_complete(Op::Read, 4096, 200_000, 1),
+        cc.on_complete(IoDir::Read, 4096, 200_000, 1),
         CcState::UnderUtilised
     );
     assert_eq!(cc.target_rate() - before, 32_768);
@@ -65,8 +67,8 @@ fn write_cost_ad_mi_examples() {
     assert_eq!(wc.fp10(), 1024);
     // Ex 1.b-2: congested → 5120, congested → 7168, calm → 6656.
     let congested = |wc: &mut WriteCost| {
-        wc.on_complete(Op::Read, 100_000, 1, 250, 1500);
-        wc.on_complete(Op::Write, 900_000, 1, 250, 1500);
+        wc.on_complete(IoDir::Read, 100_000, 1, 250, 1500);
+        wc.on_complete(IoDir::Write, 900_000, 1, 250, 1500);
         wc.end_window(250, 1500);
     };
     congested(&mut wc);
@@ -76,33 +78,38 @@ fn write_cost_ad_mi_examples() {
     wc.end_window(250, 1500);
     assert_eq!(wc.fp10(), 6656);
     // Ex 1.b-3: weighted 4 KiB write at 4.0.
-    assert_eq!(WriteCost::weighted(Op::Write, 4096, 4096), 16_384);
-    assert_eq!(WriteCost::weighted(Op::Read, 4096, 4096), 4096);
+    assert_eq!(WriteCost::weighted(IoDir::Write, 4096, 4096), 16_384);
+    assert_eq!(WriteCost::weighted(IoDir::Read, 4096, 4096), 4096);
 }
 
-fn drr_cfg() -> GimbalConfig {
-    GimbalConfig {
-        max_tenants: 4,
-        ..GimbalConfig::default()
+fn limits(max_tenants: u16) -> SchedLimits {
+    SchedLimits {
+        max_tenants,
+        ..SchedLimits::default()
     }
 }
 
-fn req(op: Op, size: u32) -> Request {
+/// Gimbal's DRR with the default constants and a 4-tenant table.
+fn drr4() -> Drr {
+    Drr::new(&GimbalConfig::default(), &limits(4))
+}
+
+fn req(dir: IoDir, size: u32) -> Request {
     Request {
         tag: 0,
-        op,
+        dir,
         size_bytes: size,
     }
 }
 
 /// Dequeue `n` I/Os, completing each at once (so slots never bind); bytes per tenant.
-fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, Op, u32)]) -> [u64; 4] {
+fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, IoDir, u32)]) -> [u64; 4] {
     let mut bytes = [0u64; 4];
     for _ in 0..n {
         let (t, r, slot) = drr.dequeue(wc).expect("backlogged tenants");
         bytes[t as usize] += r.size_bytes as u64;
-        let (_, op, size) = refill[t as usize];
-        drr.enqueue(t, req(op, size)).unwrap();
+        let (_, dir, size) = refill[t as usize];
+        drr.enqueue(t, req(dir, size)).unwrap();
         drr.release(t, slot);
     }
     bytes
@@ -111,11 +118,11 @@ fn run_drr(drr: &mut Drr, n: usize, wc: u64, refill: &[(u16, Op, u32)]) -> [u64;
 #[test]
 fn drr_4k_vs_64k_reads_share_bytes_equally() {
     // Ex 1.c-1: per round A sends 32 × 4 KiB, B 2 × 64 KiB: 50/50 bytes, 32/34 I/Os.
-    let mut drr = Drr::new(&drr_cfg());
-    let spec = [(0, Op::Read, 4096), (1, Op::Read, 65536)];
+    let mut drr = drr4();
+    let spec = [(0, IoDir::Read, 4096), (1, IoDir::Read, 65536)];
     for _ in 0..64 {
-        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
-        drr.enqueue(1, req(Op::Read, 65536)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
     }
     let mut counts = [0u32; 2];
     for _ in 0..34 {
@@ -133,11 +140,11 @@ fn drr_4k_vs_64k_reads_share_bytes_equally() {
 #[test]
 fn drr_read_vs_write_split_by_write_cost() {
     // Ex 1.c-2: wc = 4.0; per round 32 reads vs 8 writes: raw bytes 80/20.
-    let mut drr = Drr::new(&drr_cfg());
-    let spec = [(0, Op::Read, 4096), (1, Op::Write, 4096)];
+    let mut drr = drr4();
+    let spec = [(0, IoDir::Read, 4096), (1, IoDir::Write, 4096)];
     for _ in 0..64 {
-        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
-        drr.enqueue(1, req(Op::Write, 4096)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Write, 4096)).unwrap();
     }
     let b = run_drr(&mut drr, 40 * 25, 4096, &spec);
     assert_eq!(b[0], 4 * b[1]);
@@ -146,11 +153,11 @@ fn drr_read_vs_write_split_by_write_cost() {
 #[test]
 fn drr_deficit_carries_between_rounds() {
     // Ex 1.c-3: 48 KiB reads against a 4 KiB tenant: 2, 3, 3 I/Os per round (3Q total).
-    let mut drr = Drr::new(&drr_cfg());
-    let spec = [(0, Op::Read, 49_152), (1, Op::Read, 4096)];
+    let mut drr = drr4();
+    let spec = [(0, IoDir::Read, 49_152), (1, IoDir::Read, 4096)];
     for _ in 0..16 {
-        drr.enqueue(0, req(Op::Read, 49_152)).unwrap();
-        drr.enqueue(1, req(Op::Read, 4096)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 49_152)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 4096)).unwrap();
     }
     let mut per_round = Vec::new();
     let mut run = 0;
@@ -163,7 +170,8 @@ fn drr_deficit_carries_between_rounds() {
             run = 0;
         }
         drr.release(t, slot);
-        drr.enqueue(t, req(Op::Read, spec[t as usize].2)).unwrap();
+        drr.enqueue(t, req(IoDir::Read, spec[t as usize].2))
+            .unwrap();
         let _ = r;
     }
     assert_eq!(&per_round[..3], &[2, 3, 3]);
@@ -172,9 +180,9 @@ fn drr_deficit_carries_between_rounds() {
 #[test]
 fn virtual_slots_defer_after_sixteen_64k_ios() {
     // Ex 1.c-4: one tenant, vqmaxqd = 8, two 64 KiB I/Os per slot: deferred after 16.
-    let mut drr = Drr::new(&drr_cfg());
+    let mut drr = drr4();
     for _ in 0..40 {
-        drr.enqueue(0, req(Op::Read, 65536)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 65536)).unwrap();
     }
     let mut out = Vec::new();
     while let Some(d) = drr.dequeue(1024) {
@@ -195,15 +203,12 @@ fn virtual_slots_defer_after_sixteen_64k_ios() {
 
 #[test]
 fn vqmaxqd_divides_slots_among_active_tenants() {
-    let mut drr = Drr::new(&GimbalConfig {
-        max_tenants: 16,
-        ..GimbalConfig::default()
-    });
+    let mut drr = Drr::new(&GimbalConfig::default(), &limits(16));
     let expect = [(1, 8), (2, 4), (3, 2), (5, 1), (9, 1)];
     let mut active = 0;
     for (n, limit) in expect {
         while active < n {
-            drr.enqueue(active as u16, req(Op::Read, 4096)).unwrap();
+            drr.enqueue(active as u16, req(IoDir::Read, 4096)).unwrap();
             active += 1;
         }
         assert_eq!(drr.vqmaxqd(), limit, "{n} tenants");
@@ -213,10 +218,10 @@ fn vqmaxqd_divides_slots_among_active_tenants() {
 #[test]
 fn credits_follow_slot_sizes() {
     // Ex 1.e-1: N_active = 2, 4 KiB-read tenant → 4 × 32 = 128; 64 KiB → 4 × 2 = 8.
-    let mut drr = Drr::new(&drr_cfg());
+    let mut drr = drr4();
     for _ in 0..200 {
-        drr.enqueue(0, req(Op::Read, 4096)).unwrap();
-        drr.enqueue(1, req(Op::Read, 65536)).unwrap();
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
     }
     let mut held = Vec::new();
     for _ in 0..68 {
@@ -225,8 +230,8 @@ fn credits_follow_slot_sizes() {
     for (t, _, s) in held {
         drr.release(t, s);
     }
-    assert_eq!(drr.credits(0), 128);
-    assert_eq!(drr.credits(1), 8);
+    assert_eq!(drr.io_credits(0), Some(128));
+    assert_eq!(drr.io_credits(1), Some(8));
 }
 
 #[test]
@@ -265,33 +270,47 @@ fn refill_in_small_steps_loses_no_bytes() {
 
 #[test]
 fn gimbal_paces_writes_by_tokens_and_never_reorders() {
-    let cfg = GimbalConfig {
-        max_tenants: 2,
-        write_cost_init_fp10: 4096,
-        ..GimbalConfig::default()
+    let cfg = SchedConfig {
+        limits: limits(2),
+        gimbal: GimbalConfig {
+            write_cost_init_fp10: 4096,
+            ..GimbalConfig::default()
+        },
+        ..SchedConfig::default()
     };
-    let mut g = Gimbal::new(cfg, 0);
+    let mut g = GimbalScheduler::new(&cfg, 0).unwrap();
     // Drain the initial buckets with 4 × 64 KiB writes (write bucket holds 256 KiB).
-    for i in 0..6 {
-        g.submit(0, Op::Write, 65536, i).unwrap();
-    }
+    let mut tags = Vec::new();
     let mut sent = Vec::new();
+    for i in 0..6 {
+        match g.submit(0, IoDir::Write, 65536, 0).unwrap() {
+            Submitted::Dispatch(t) => {
+                tags.push(t);
+                sent.push(i);
+            }
+            Submitted::Queued(t) => tags.push(t),
+            Submitted::Busy => panic!("busy"),
+        }
+    }
+    let label = |tags: &[_], t| tags.iter().position(|&x| x == t).unwrap();
     while let Some(d) = g.poll_dispatch(0) {
-        sent.push(d.req.tag);
+        sent.push(label(&tags, d.tag));
     }
     assert_eq!(sent, vec![0, 1, 2, 3]);
     // The 5th write blocks on tokens; a read (with a full read bucket) must wait behind it.
-    g.submit(1, Op::Read, 4096, 100).unwrap();
+    let Submitted::Queued(read) = g.submit(1, IoDir::Read, 4096, 0).unwrap() else {
+        panic!("the read must queue behind the blocked write");
+    };
     assert!(g.poll_dispatch(0).is_none());
     // The read bucket is full, so its share overflows to writes (Ex 1.d-4): the write
     // gets the whole 1,048,576,000 B/s and has 64 KiB after 62.5 µs.
     assert!(g.poll_dispatch(62_499).is_none());
-    assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(4));
+    assert_eq!(g.poll_dispatch(62_500).map(|d| d.tag), Some(tags[4]));
     // The read, queued behind, goes next; the timer estimate ignores overflow (conservative).
-    assert_eq!(g.poll_dispatch(62_500).map(|d| d.req.tag), Some(100));
-    g.submit(0, Op::Write, 65536, 9).unwrap();
+    assert_eq!(g.poll_dispatch(62_500).map(|d| d.tag), Some(read));
+    g.submit(0, IoDir::Write, 65536, 62_500).unwrap();
     let _ = g.poll_dispatch(62_500);
-    if let Some(w) = g.next_wakeup_ns(62_500) {
+    if let Some(w) = g.next_timeout() {
         assert!(
             w >= 62_500 + 62_500,
             "estimate {w} earlier than the fastest refill"
@@ -301,13 +320,13 @@ fn gimbal_paces_writes_by_tokens_and_never_reorders() {
 
 #[test]
 fn credit_window_example_1e2() {
-    let mut w = CreditWindow {
-        credit_tot: 8,
-        inflight: 8,
+    let mut w = IoCreditWindow {
+        io_credits_total: 8,
+        inflight_ios: 8,
     };
     assert!(!w.try_submit());
     w.on_complete(16);
-    assert_eq!((w.credit_tot, w.inflight), (16, 7));
+    assert_eq!((w.io_credits_total, w.inflight_ios), (16, 7));
     let admitted = (0..20).filter(|_| w.try_submit()).count();
     assert_eq!(admitted, 9);
 }

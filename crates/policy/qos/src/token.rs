@@ -1,6 +1,6 @@
 //! Dual token bucket, Algorithm 4 of the Gimbal appendix (§1.d).
 
-use crate::Op;
+use trellis_units::{IoDir, Nanos};
 
 pub struct DualTokenBucket {
     pub read_tokens: u64,
@@ -15,7 +15,7 @@ const NS_PER_S: u128 = 1_000_000_000;
 
 impl DualTokenBucket {
     /// Both buckets start full [G].
-    pub fn new(max_tokens: u64, now_ns: u64) -> Self {
+    pub fn new(max_tokens: u64, now_ns: Nanos) -> Self {
         DualTokenBucket {
             read_tokens: max_tokens,
             write_tokens: max_tokens,
@@ -25,7 +25,7 @@ impl DualTokenBucket {
         }
     }
 
-    pub fn refill(&mut self, rate_bytes_per_s: u64, wc_fp10: u64, now_ns: u64) {
+    pub fn refill(&mut self, rate_bytes_per_s: u64, wc_fp10: u64, now_ns: Nanos) {
         if now_ns <= self.last_ns {
             return;
         }
@@ -57,11 +57,11 @@ impl DualTokenBucket {
 
     /// Take the raw length from the matching bucket. [R] An I/O larger than the bucket
     /// needs only a full bucket, or it could never pass.
-    pub fn try_take(&mut self, op: Op, len: u32) -> bool {
+    pub fn try_take(&mut self, dir: IoDir, len: u32) -> bool {
         let need = (len as u64).min(self.max_tokens);
-        let b = match op {
-            Op::Write => &mut self.write_tokens,
-            Op::Read => &mut self.read_tokens,
+        let b = match dir {
+            IoDir::Write => &mut self.write_tokens,
+            IoDir::Read => &mut self.read_tokens,
         };
         if *b < need {
             return false;
@@ -70,18 +70,23 @@ impl DualTokenBucket {
         true
     }
 
+    /// Time of the last refill: the "now" that `wait_ns` counts from.
+    pub fn last_refill_ns(&self) -> u64 {
+        self.last_ns
+    }
+
     /// OVERLOADED empties both buckets [G].
     pub fn zero(&mut self) {
         self.read_tokens = 0;
         self.write_tokens = 0;
     }
 
-    /// Conservative time until `op` has `len` tokens, ignoring overflow from the other bucket.
-    pub fn wait_ns(&self, op: Op, len: u32, rate: u64, wc_fp10: u64) -> u64 {
+    /// Conservative time until `dir` has `len` tokens, ignoring overflow from the other bucket.
+    pub fn wait_ns(&self, dir: IoDir, len: u32, rate: u64, wc_fp10: u64) -> u64 {
         let need = (len as u64).min(self.max_tokens);
-        let (have, share_num) = match op {
-            Op::Write => (self.write_tokens, 1024u128),
-            Op::Read => (self.read_tokens, wc_fp10 as u128),
+        let (have, share_num) = match dir {
+            IoDir::Write => (self.write_tokens, 1024u128),
+            IoDir::Read => (self.read_tokens, wc_fp10 as u128),
         };
         let missing = need.saturating_sub(have) as u128;
         let per_s = rate as u128 * share_num / (wc_fp10 as u128 + 1024);

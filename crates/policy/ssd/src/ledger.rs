@@ -3,6 +3,8 @@
 //! waiting for its LUN, a read finishing late) block an earlier one; the ledger lets earlier
 //! transfers use the idle capacity before it.
 
+use trellis_units::Nanos;
+
 #[derive(Clone, Debug)]
 pub struct Ledger {
     /// Bytes one slot can carry.
@@ -38,7 +40,7 @@ impl Ledger {
     }
 
     /// Forget slots before `now` (time only moves forward in callers).
-    fn advance(&mut self, now_ns: u64) {
+    fn advance(&mut self, now_ns: Nanos) {
         self.base = self.base.max(now_ns / SLOT_NS);
     }
 
@@ -66,7 +68,7 @@ impl Ledger {
 
     /// Reserve a transfer of `bytes` starting no earlier than `t`; returns its end time.
     /// Uncontended, this is exactly `t + xfer_ns(bytes)` (NVMeVirt's per-128 B rule).
-    pub fn reserve(&mut self, now_ns: u64, t: u64, bytes: u64) -> u64 {
+    pub fn reserve(&mut self, now_ns: Nanos, t: u64, bytes: u64) -> u64 {
         self.advance(now_ns);
         let dur = crate::xfer_ns(bytes, self.mb_s);
         let mut slot = (t / SLOT_NS).max(self.base);

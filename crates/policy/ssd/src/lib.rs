@@ -16,14 +16,7 @@ use ledger::Ledger;
 pub use profile::{Precondition, SsdProfile};
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::SplitMix64;
-
-/// I/O direction as seen by the SSD. Flush and the rest count as reads (Gimbal does the same).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IoOp {
-    Read,
-    Write,
-}
+use trellis_units::{IoDir, Nanos};
 
 const FREE: u32 = u32::MAX;
 const INVALID: u32 = u32::MAX - 1;
@@ -72,7 +65,7 @@ pub struct Ssd {
     channels: Vec<Ledger>,
     pcie: Option<Ledger>,
     /// Latest submit time seen (ledgers forget slots before it).
-    now_ns: u64,
+    now_ns: Nanos,
     // FTL state.
     map: Vec<u32>,
     rmap: Vec<u32>,
@@ -224,20 +217,26 @@ impl Ssd {
 
     /// Submit one I/O at `now_ns`; returns its completion time in ns.
     /// The offset wraps modulo the logical capacity so that any trace can be replayed.
-    pub fn submit(&mut self, op: IoOp, offset_bytes: u64, size_bytes: u32, now_ns: u64) -> u64 {
+    pub fn submit(
+        &mut self,
+        dir: IoDir,
+        offset_bytes: u64,
+        size_bytes: u32,
+        now_ns: Nanos,
+    ) -> Nanos {
         assert!(size_bytes > 0, "zero-length I/O");
         assert!(now_ns >= self.now_ns, "SSD time went backwards");
         self.now_ns = now_ns;
         let pb = self.p.page_bytes as u64;
         let first = (offset_bytes / pb) % self.logical_pages as u64;
         let n_pages = (offset_bytes % pb + size_bytes as u64).div_ceil(pb) as u32;
-        match op {
-            IoOp::Read => self.read(first as u32, n_pages, size_bytes, now_ns),
-            IoOp::Write => self.write(first as u32, n_pages, size_bytes, now_ns),
+        match dir {
+            IoDir::Read => self.read(first as u32, n_pages, size_bytes, now_ns),
+            IoDir::Write => self.write(first as u32, n_pages, size_bytes, now_ns),
         }
     }
 
-    fn read(&mut self, first: u32, n_pages: u32, size_bytes: u32, now_ns: u64) -> u64 {
+    fn read(&mut self, first: u32, n_pages: u32, size_bytes: u32, now_ns: Nanos) -> u64 {
         self.stats.reads += 1;
         let fw = if size_bytes <= 4096 * self.p.fw_read_small_partitions {
             self.p.fw_read_small_ns
@@ -312,7 +311,7 @@ impl Ssd {
         self.pcie_xfer(e, bytes)
     }
 
-    fn write(&mut self, first: u32, n_pages: u32, size_bytes: u32, now_ns: u64) -> u64 {
+    fn write(&mut self, first: u32, n_pages: u32, size_bytes: u32, now_ns: Nanos) -> u64 {
         self.stats.writes += 1;
         self.gc_if_needed(now_ns);
         if self.p.write_buffer_bytes == 0 {
@@ -345,7 +344,7 @@ impl Ssd {
     }
 
     /// Wait until the shared write buffer can hold `bytes`; returns the admission time.
-    fn wbuf_admit(&mut self, bytes: u64, now_ns: u64) -> u64 {
+    fn wbuf_admit(&mut self, bytes: u64, now_ns: Nanos) -> u64 {
         let cap = self.p.write_buffer_bytes;
         let bytes = bytes.min(cap);
         let mut t = now_ns;
@@ -475,7 +474,7 @@ impl Ssd {
     }
 
     /// FEMU: forced GC while free lines ≤ gc_hi; one background pass when ≤ gc_lo.
-    fn gc_if_needed(&mut self, now_ns: u64) {
+    fn gc_if_needed(&mut self, now_ns: Nanos) {
         if self.p.static_map {
             return;
         }
@@ -492,7 +491,7 @@ impl Ssd {
     }
 
     /// Greedy GC of one victim line. Returns false when nothing could be reclaimed.
-    fn do_gc(&mut self, force: bool, now_ns: u64) -> bool {
+    fn do_gc(&mut self, force: bool, now_ns: Nanos) -> bool {
         let Some(victim) = self.pick_victim() else {
             return false;
         };
@@ -534,7 +533,7 @@ impl Ssd {
         best
     }
 
-    fn erase_line(&mut self, victim: u32, now_ns: u64) {
+    fn erase_line(&mut self, victim: u32, now_ns: Nanos) {
         let base = victim * self.pages_per_line;
         for i in 0..self.pages_per_line {
             self.rmap[(base + i) as usize] = FREE;

@@ -10,10 +10,10 @@ fn femu_small() -> Ssd {
 fn femu_read_idle_lun_takes_t_r_and_queues_per_lun() {
     // Ex 4-1: 40 µs alone; two reads to the same LUN at t = 0 finish at 40 and 80 µs.
     let mut ssd = femu_small();
-    assert_eq!(ssd.submit(IoOp::Read, 0, 4096, 0), 40_000);
-    assert_eq!(ssd.submit(IoOp::Read, 0, 4096, 0), 80_000);
+    assert_eq!(ssd.submit(IoDir::Read, 0, 4096, 0), 40_000);
+    assert_eq!(ssd.submit(IoDir::Read, 0, 4096, 0), 80_000);
     // LPN 1 stripes onto channel 1: an idle LUN, so 40 µs again.
-    assert_eq!(ssd.submit(IoOp::Read, 4096, 4096, 0), 40_000);
+    assert_eq!(ssd.submit(IoDir::Read, 4096, 4096, 0), 40_000);
 }
 
 #[test]
@@ -21,8 +21,8 @@ fn femu_read_waits_for_program_on_same_lun() {
     // Ex 4-2: a 4 KiB write at t = 0 programs ch0/LUN0 until 200 µs; a read of that
     // page at 10 µs starts at 200 and ends at 240 (latency 230 µs).
     let mut ssd = femu_small();
-    assert_eq!(ssd.submit(IoOp::Write, 0, 4096, 0), 200_000);
-    let done = ssd.submit(IoOp::Read, 0, 4096, 10_000);
+    assert_eq!(ssd.submit(IoDir::Write, 0, 4096, 0), 200_000);
+    let done = ssd.submit(IoDir::Read, 0, 4096, 10_000);
     assert_eq!(done, 240_000);
     assert_eq!(done - 10_000, 230_000);
 }
@@ -32,23 +32,23 @@ fn femu_read_under_concurrent_writes_follows_lun_busy_rule() {
     // Two 32 KiB writes at t = 0 on a fresh device: the write pointer stripes channels
     // first, so they busy LUN 0 and then LUN 1 of every channel until 200 µs.
     let mut ssd = femu_small();
-    assert_eq!(ssd.submit(IoOp::Write, 0, 32768, 0), 200_000);
-    assert_eq!(ssd.submit(IoOp::Write, 32768, 32768, 0), 200_000);
+    assert_eq!(ssd.submit(IoDir::Write, 0, 32768, 0), 200_000);
+    assert_eq!(ssd.submit(IoDir::Write, 32768, 32768, 0), 200_000);
     // Reading LPN 9 (channel 1, LUN 1) at 50 µs waits for its program: 200 + 40.
-    assert_eq!(ssd.submit(IoOp::Read, 9 * 4096, 4096, 50_000), 240_000);
+    assert_eq!(ssd.submit(IoDir::Read, 9 * 4096, 4096, 50_000), 240_000);
     // LPN 1040 is unwritten; its home (1040 mod 16384) is channel 0, LUN 2: idle, 50 + 40.
-    assert_eq!(ssd.submit(IoOp::Read, 1040 * 4096, 4096, 50_000), 90_000);
+    assert_eq!(ssd.submit(IoDir::Read, 1040 * 4096, 4096, 50_000), 90_000);
 }
 
 #[test]
 fn femu_16k_write_stripes_over_four_channels() {
     // Ex 4-3: 4 LPNs land on channels 0-3, LUN 0; all program in parallel: 200 µs.
     let mut ssd = femu_small();
-    assert_eq!(ssd.submit(IoOp::Write, 0, 16384, 0), 200_000);
+    assert_eq!(ssd.submit(IoDir::Write, 0, 16384, 0), 200_000);
     // A second 16 KiB write continues on channels 4-7: still parallel, 200 µs.
-    assert_eq!(ssd.submit(IoOp::Write, 16384, 16384, 0), 200_000);
+    assert_eq!(ssd.submit(IoDir::Write, 16384, 16384, 0), 200_000);
     // The third wraps to LUN 1 of channels 0-3: also idle, 200 µs.
-    assert_eq!(ssd.submit(IoOp::Write, 32768, 16384, 0), 200_000);
+    assert_eq!(ssd.submit(IoDir::Write, 32768, 16384, 0), 200_000);
 }
 
 #[test]
@@ -57,10 +57,10 @@ fn nvmevirt_read_and_write_match_hand_computation() {
     let mut ssd = Ssd::new(SsdProfile::nvmevirt_970pro());
     assert_eq!(xfer_ns(4096, 800), 32 * 152);
     assert_eq!(xfer_ns(4096, 3360), 32 * 36);
-    assert_eq!(ssd.submit(IoOp::Read, 0, 4096, 0), 57_276);
+    assert_eq!(ssd.submit(IoDir::Read, 0, 4096, 0), 57_276);
     // Ex 4-6: a 4 KiB write with early completion: 4,000 + 460 + 1,152 = 5,612 ns.
     let mut ssd = Ssd::new(SsdProfile::nvmevirt_970pro());
-    assert_eq!(ssd.submit(IoOp::Write, 0, 4096, 0), 5_612);
+    assert_eq!(ssd.submit(IoDir::Write, 0, 4096, 0), 5_612);
 }
 
 #[test]
@@ -70,13 +70,13 @@ fn nvmevirt_one_shot_flush_keeps_lun_busy() {
     let mut ssd = Ssd::new(SsdProfile::nvmevirt_970pro());
     let mut t1 = 0;
     for i in 0..8 {
-        t1 = ssd.submit(IoOp::Write, i * 4096, 4096, 0);
+        t1 = ssd.submit(IoDir::Write, i * 4096, 4096, 0);
     }
     // The last write's early completion: fw + 8 PCIe transfers sharing 2 µs ledger slots
     // (between fully parallel and fully serialised).
     assert!((4_460 + 1_152..=4_460 + 8 * 1_152).contains(&t1), "{t1}");
     let flush_end = t1 + 256 * 152 + 185_000;
-    let read_done = ssd.submit(IoOp::Read, 0, 4096, t1);
+    let read_done = ssd.submit(IoDir::Read, 0, 4096, t1);
     assert_eq!(read_done, flush_end + 29_760 + 32 * 152 + 32 * 36);
 }
 
@@ -95,7 +95,7 @@ fn gc_keeps_mapping_consistent_and_runs_when_fragmented() {
     for i in 0..20_000u64 {
         let lpn = (i * 7919) % (ssd.logical_bytes() / 4096);
         t += 10_000;
-        ssd.submit(IoOp::Write, lpn * 4096, 4096, t);
+        ssd.submit(IoDir::Write, lpn * 4096, 4096, t);
     }
     ssd.check_invariants();
     let s = ssd.stats();
@@ -116,7 +116,8 @@ fn fragmented_device_writes_slower_than_clean() {
         let pages = ssd.logical_bytes() / 4096;
         let mut last = 0;
         for i in 0..5_000u64 {
-            last = last.max(ssd.submit(IoOp::Write, (i * 104_729 % pages) * 4096, 4096, i * 1_000));
+            last =
+                last.max(ssd.submit(IoDir::Write, (i * 104_729 % pages) * 4096, 4096, i * 1_000));
         }
         last
     };
@@ -138,7 +139,7 @@ fn write_buffer_stalls_when_nand_is_slower_than_pcie() {
     let mut ssd = Ssd::new(SsdProfile::nvmevirt_970pro());
     let mut last = 0;
     for i in 0..1024u64 {
-        last = ssd.submit(IoOp::Write, i * 65536, 65536, 0);
+        last = ssd.submit(IoDir::Write, i * 65536, 65536, 0);
     }
     assert!(ssd.stats().write_buffer_stalls > 0);
     let nand_bound_ns = (64u64 << 20) * 223_912 / (16 * 32768);

@@ -1,17 +1,24 @@
 //! Storage-driven traffic scheduling (§3.3): the target's SSD headroom rides in
 //! completions; hosts rate-limit per SSD on it; hops rank packets by it.
+//!
+//! The **SSD credit** is that headroom, a bandwidth: B/s inside Trellis
+//! (`headroom_bytes_per_s`), MiB/s in 16 bits on the wire (`ssd_credit_mib_per_s`).
+//! It is per SSD and unrelated to Gimbal's per-tenant **I/O credits** (a count of
+//! I/Os, `trellis_qos`).
 
 use serde::{Deserialize, Serialize};
+use trellis_units::Nanos;
 
 const MIB: u64 = 1 << 20;
 
-/// Headroom encoded in 16 bits, MiB/s [R].
-pub fn credit16(headroom_bytes_per_s: u64) -> u16 {
+/// The SSD credit: headroom encoded in 16 bits, MiB/s, saturating at 65,535 [R] (§3.3).
+pub fn ssd_credit_mib_per_s(headroom_bytes_per_s: u64) -> u16 {
     (headroom_bytes_per_s / MIB).min(65_535) as u16
 }
 
-pub fn headroom_from_credit16(c: u16) -> u64 {
-    c as u64 * MIB
+/// Headroom in B/s from an SSD credit in MiB/s.
+pub fn headroom_bytes_per_s(ssd_credit_mib_per_s: u16) -> u64 {
+    ssd_credit_mib_per_s as u64 * MIB
 }
 
 /// Rank of an I/O's packets, 0 (served first) to 7, from its SSD's headroom [R]:
@@ -73,8 +80,9 @@ impl HostRateLimiter {
         self.last_headroom
     }
 
-    /// A completion carried `headroom`: grow by headroom/k, or shrink by 1/8 when none is left.
-    pub fn on_credit(&mut self, cfg: &LimiterConfig, headroom_bytes_per_s: u64) {
+    /// A completion carried the SSD credit `headroom_bytes_per_s`: grow by headroom/k, or
+    /// shrink by 1/8 when none is left.
+    pub fn on_ssd_credit(&mut self, cfg: &LimiterConfig, headroom_bytes_per_s: u64) {
         self.last_headroom = headroom_bytes_per_s;
         let l = self.limit_bytes_per_s;
         self.limit_bytes_per_s = if headroom_bytes_per_s > 0 {
@@ -84,7 +92,7 @@ impl HostRateLimiter {
         };
     }
 
-    fn refill(&mut self, cfg: &LimiterConfig, now_ns: u64) {
+    fn refill(&mut self, cfg: &LimiterConfig, now_ns: Nanos) {
         if now_ns <= self.last_ns {
             return;
         }
@@ -95,7 +103,7 @@ impl HostRateLimiter {
     }
 
     /// Admit an I/O of `bytes` now, or return the time at which it would conform.
-    pub fn admit(&mut self, cfg: &LimiterConfig, bytes: u64, now_ns: u64) -> Result<(), u64> {
+    pub fn admit(&mut self, cfg: &LimiterConfig, bytes: u64, now_ns: Nanos) -> Result<(), Nanos> {
         self.refill(cfg, now_ns);
         let need = bytes.min(cfg.burst_bytes);
         if self.tokens >= need {
@@ -121,10 +129,10 @@ mod tests {
     }
 
     #[test]
-    fn credit16_saturates() {
-        assert_eq!(credit16(3000 * MIB + 5), 3000);
-        assert_eq!(credit16(u64::MAX), 65_535);
-        assert_eq!(headroom_from_credit16(3000), 3000 * MIB);
+    fn ssd_credit_saturates() {
+        assert_eq!(ssd_credit_mib_per_s(3000 * MIB + 5), 3000);
+        assert_eq!(ssd_credit_mib_per_s(u64::MAX), 65_535);
+        assert_eq!(headroom_bytes_per_s(3000), 3000 * MIB);
     }
 
     #[test]
@@ -136,14 +144,14 @@ mod tests {
             burst_bytes: 10,
         };
         let mut l = HostRateLimiter::new(&cfg);
-        l.on_credit(&cfg, 0);
+        l.on_ssd_credit(&cfg, 0);
         assert_eq!(l.limit_bytes_per_s(), 7_000);
-        l.on_credit(&cfg, 0);
+        l.on_ssd_credit(&cfg, 0);
         assert_eq!(l.limit_bytes_per_s(), 6_125);
-        l.on_credit(&cfg, 400);
+        l.on_ssd_credit(&cfg, 400);
         assert_eq!(l.limit_bytes_per_s(), 6_225);
         for _ in 0..100 {
-            l.on_credit(&cfg, 0);
+            l.on_ssd_credit(&cfg, 0);
         }
         assert_eq!(l.limit_bytes_per_s(), 100);
     }

@@ -1,0 +1,244 @@
+//! Gimbal for one namespace (algorithms.md §1): DRR with virtual slots (level 1), a
+//! dual token bucket paced by delay-based congestion control (level 2), write-cost
+//! estimation, and per-tenant I/O credits.
+
+use super::table::{ReqTable, State};
+use super::{
+    check_config, check_weight, headroom, make_view, Completed, Dispatch, Policy, SchedConfig,
+    SchedError, SchedLimits, Scheduler, Submitted, Tag, TenantFigures, TenantId, TenantView,
+};
+use crate::{CcState, CongestionControl, Drr, DualTokenBucket, GimbalConfig, QosError};
+use crate::{Request, SlotTag, WriteCost};
+use trellis_units::{IoDir, Nanos};
+
+pub struct GimbalScheduler {
+    cfg: GimbalConfig,
+    limits: SchedLimits,
+    table: ReqTable,
+    cc: CongestionControl,
+    wc: WriteCost,
+    drr: Drr,
+    bucket: DualTokenBucket,
+    /// The dequeued request that did not conform: nothing passes it, so I/Os leave in
+    /// DRR order ("Gimbal does not reorder I/Os when dequeued", [S:004], §1.d step 3).
+    blocked: Option<(Tag, SlotTag)>,
+    inflight: u32,
+}
+
+/// Length charged to DRR and the buckets: a zero-length command (Flush) costs one
+/// byte [R], so that DRR's backlog (which detects idle tenants) counts it.
+fn charged_bytes(len_bytes: u32) -> u32 {
+    len_bytes.max(1)
+}
+
+impl GimbalScheduler {
+    pub fn new(cfg: &SchedConfig, now_ns: Nanos) -> Result<Self, &'static str> {
+        check_config(cfg)?;
+        let (g, l) = (&cfg.gimbal, &cfg.limits);
+        Ok(GimbalScheduler {
+            table: ReqTable::new(l.max_requests, l.prealloc_requests),
+            cc: CongestionControl::new(g),
+            wc: WriteCost::new(g.write_cost_init_fp10, g.write_cost_window_ns, now_ns),
+            drr: Drr::new(g, l),
+            bucket: DualTokenBucket::new(g.bucket_bytes, now_ns),
+            blocked: None,
+            inflight: 0,
+            cfg: g.clone(),
+            limits: l.clone(),
+        })
+    }
+
+    /// Congestion-control state, for tests and traces.
+    pub fn congestion(&self) -> &CongestionControl {
+        &self.cc
+    }
+
+    pub fn write_cost_fp10(&self) -> u64 {
+        self.wc.fp10()
+    }
+
+    /// Token buckets (read, write), B.
+    pub fn tokens_bytes(&self) -> (u64, u64) {
+        (self.bucket.read_tokens, self.bucket.write_tokens)
+    }
+
+    /// The next request in DRR order, or the blocked one; without taking tokens.
+    fn next_candidate(&mut self) -> Option<(Tag, SlotTag)> {
+        if let Some(b) = self.blocked.take() {
+            return Some(b);
+        }
+        let (_, req, slot) = self.drr.dequeue(self.wc.fp10())?;
+        Some((Tag::from_u64(req.tag), slot))
+    }
+
+    /// Release a dispatched request's slot and row; the tenant's credits after it.
+    fn release(&mut self, tag: Tag) -> Completed {
+        let e = *self
+            .table
+            .get(tag, State::InFlight)
+            .expect("release of a request not in flight");
+        self.drr.release(e.tenant, SlotTag(e.vslot));
+        self.table.free(tag);
+        self.inflight -= 1;
+        debug_assert_eq!(self.table.live(), self.queued() + self.inflight);
+        Completed {
+            tenant: e.tenant,
+            io_credits: self.drr.io_credits(e.tenant).unwrap_or(0),
+        }
+    }
+}
+
+impl Scheduler for GimbalScheduler {
+    fn policy(&self) -> Policy {
+        Policy::Gimbal
+    }
+
+    fn submit(
+        &mut self,
+        tenant: TenantId,
+        dir: IoDir,
+        len_bytes: u32,
+        now_ns: Nanos,
+    ) -> Result<Submitted, SchedError> {
+        if tenant >= self.limits.max_tenants {
+            return Err(SchedError::BadTenant);
+        }
+        let Some(tag) = self.table.alloc(tenant, dir, len_bytes) else {
+            return Ok(Submitted::Busy);
+        };
+        let req = Request {
+            tag: tag.to_u64(),
+            dir,
+            size_bytes: charged_bytes(len_bytes),
+        };
+        match self.drr.enqueue(tenant, req) {
+            Ok(()) => {}
+            Err(QosError::QueueFull) => {
+                self.table.free(tag);
+                return Ok(Submitted::Busy);
+            }
+            Err(e) => unreachable!("tenant and length were checked: {e:?}"),
+        }
+        // Alone in the scheduler: whatever poll_dispatch returns now is this request,
+        // so handing it back directly cannot reorder anything.
+        if self.queued() == 1 {
+            if let Some(d) = self.poll_dispatch(now_ns) {
+                assert_eq!(
+                    d.tag, tag,
+                    "the only queued request was not the one dispatched"
+                );
+                return Ok(Submitted::Dispatch(tag));
+            }
+        }
+        Ok(Submitted::Queued(tag))
+    }
+
+    /// §1.d Dispatch: refill, then the blocked request or DRR's next, if it conforms.
+    fn poll_dispatch(&mut self, now_ns: Nanos) -> Option<Dispatch> {
+        self.bucket
+            .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
+        let (tag, slot) = self.next_candidate()?;
+        let e = self
+            .table
+            .get_mut(tag, State::Queued)
+            .expect("DRR returned a request the table does not hold");
+        if !self.bucket.try_take(e.dir, charged_bytes(e.len_bytes)) {
+            self.blocked = Some((tag, slot));
+            return None;
+        }
+        e.state = State::InFlight;
+        e.vslot = slot.0;
+        self.inflight += 1;
+        Some(Dispatch {
+            tag,
+            tenant: e.tenant,
+            dir: e.dir,
+            len_bytes: e.len_bytes,
+        })
+    }
+
+    /// §1.a rate update (OVERLOADED empties the buckets), §1.b write-cost sample,
+    /// §1.c slot release, then the tenant's credits (§1.e: release before the credit).
+    fn complete(
+        &mut self,
+        tag: Tag,
+        device_latency_ns: Nanos,
+        now_ns: Nanos,
+    ) -> Result<Completed, SchedError> {
+        let e = *self
+            .table
+            .get(tag, State::InFlight)
+            .ok_or(SchedError::BadTag)?;
+        let state = self
+            .cc
+            .on_complete(e.dir, e.len_bytes, device_latency_ns, now_ns);
+        if state == CcState::Overloaded {
+            self.bucket.zero();
+        }
+        let (tmin, tmax) = (self.cfg.thresh_min_us, self.cfg.thresh_max_us);
+        self.wc
+            .on_complete(e.dir, device_latency_ns, now_ns, tmin, tmax);
+        Ok(self.release(tag))
+    }
+
+    fn abort(&mut self, tag: Tag, _now_ns: Nanos) -> Result<Completed, SchedError> {
+        self.table
+            .get(tag, State::InFlight)
+            .ok_or(SchedError::BadTag)?;
+        Ok(self.release(tag))
+    }
+
+    /// When the buckets will hold enough for the blocked request. Conservative: the
+    /// estimate ignores overflow from the other bucket, so it may be late, never early.
+    fn next_timeout(&self) -> Option<Nanos> {
+        let (tag, _) = self.blocked?;
+        let e = self.table.get(tag, State::Queued)?;
+        let wait_ns = self.bucket.wait_ns(
+            e.dir,
+            charged_bytes(e.len_bytes),
+            self.cc.target_rate(),
+            self.wc.fp10(),
+        );
+        Some(self.bucket.last_refill_ns().saturating_add(wait_ns))
+    }
+
+    fn set_weight(&mut self, tenant: TenantId, weight: u32) -> Result<(), SchedError> {
+        check_weight(weight)?;
+        self.drr
+            .set_weight(tenant, weight)
+            .map_err(|_| SchedError::BadTenant)
+    }
+
+    fn io_credits(&self, tenant: TenantId) -> Option<u32> {
+        self.drr.io_credits(tenant)
+    }
+
+    fn view(&self, tenant: TenantId) -> Option<TenantView> {
+        let (queued, inflight, weight) = self.drr.tenant_counts(tenant)?;
+        let blocked = self
+            .blocked
+            .and_then(|(tag, _)| self.table.get(tag, State::Queued))
+            .is_some_and(|e| e.tenant == tenant);
+        let figures = TenantFigures {
+            tenant,
+            weight,
+            io_credits: self.drr.io_credits(tenant)?,
+            // DRR counts the blocked request as dispatched; the view counts it queued.
+            queued: queued + blocked as u32,
+            inflight: inflight - blocked as u32,
+        };
+        Some(make_view(figures, &self.cc, &self.wc))
+    }
+
+    fn headroom_bytes_per_s(&self) -> u64 {
+        headroom(&self.cc)
+    }
+
+    fn queued(&self) -> u32 {
+        self.drr.queued() as u32 + self.blocked.is_some() as u32
+    }
+
+    fn inflight(&self) -> u32 {
+        self.inflight
+    }
+}

@@ -1,0 +1,476 @@
+//! The scheduler core through its public API, with expectations computed by hand
+//! from algorithms.md §1 (examples cited per test).
+
+use super::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::collections::VecDeque;
+
+const KIB: u32 = 1024;
+
+fn cfg(policy: Policy) -> SchedConfig {
+    SchedConfig {
+        policy,
+        ..SchedConfig::default()
+    }
+}
+
+/// Make later submits queue: tenant 2 sends three 128 KiB reads at t = 0; the 256 KiB
+/// read bucket passes two and the third blocks on tokens, and nothing passes it (§1.d).
+fn block_on_tokens(s: &mut dyn Scheduler) {
+    for _ in 0..3 {
+        submit_tag(s, 2, IoDir::Read, 128 * KIB, 0);
+    }
+    assert_eq!((s.inflight(), s.queued()), (2, 1));
+}
+
+/// Poll with the clock stepping 1 µs until `n` requests of tenants other than 2 are
+/// out; their tenants in dispatch order. Tokens decide when, DRR decides who. Each
+/// request completes at once (100 µs device time), so virtual slots never bind.
+fn drain(s: &mut dyn Scheduler, n: usize) -> Vec<TenantId> {
+    let (mut out, mut now) = (Vec::new(), 0);
+    while out.len() < n {
+        now += 1_000;
+        while let Some(d) = s.poll_dispatch(now) {
+            if d.tenant != 2 {
+                out.push(d.tenant);
+            }
+            s.complete(d.tag, 100_000, now).unwrap();
+        }
+    }
+    out
+}
+
+fn submit_tag(s: &mut dyn Scheduler, tenant: TenantId, dir: IoDir, len: u32, now: u64) -> Tag {
+    match s.submit(tenant, dir, len, now).unwrap() {
+        Submitted::Dispatch(t) | Submitted::Queued(t) => t,
+        Submitted::Busy => panic!("unexpected Busy"),
+    }
+}
+
+/// Closed-loop tenants against a device model, driven only through the trait.
+struct Harness {
+    s: Box<dyn Scheduler>,
+    now: u64,
+    /// (completion time, tag, device latency), in completion order.
+    device: VecDeque<(u64, Tag, u64)>,
+    /// Per tenant: I/O size; completed bytes; tenant of each tag index.
+    len: Vec<u32>,
+    bytes: Vec<u64>,
+    owner: Vec<TenantId>,
+    /// Single-server device: each I/O occupies it for `service_ns` (0 = infinite
+    /// parallelism with a fixed `latency_ns`).
+    service_ns: u64,
+    latency_ns: u64,
+    busy_until: u64,
+    /// Σ depth × time, for the time-averaged device depth.
+    depth_ns: u128,
+}
+
+impl Harness {
+    fn new(cfg: &SchedConfig, outstanding: &[(u32, u32)]) -> Self {
+        let mut h = Harness {
+            s: build(cfg, 0).unwrap(),
+            now: 0,
+            device: VecDeque::new(),
+            len: outstanding.iter().map(|&(_, len)| len).collect(),
+            bytes: vec![0; outstanding.len()],
+            owner: vec![0; cfg.limits.max_requests as usize],
+            service_ns: 0,
+            latency_ns: 100_000,
+            busy_until: 0,
+            depth_ns: 0,
+        };
+        for (t, &(n, len)) in outstanding.iter().enumerate() {
+            for _ in 0..n {
+                h.submit(t as TenantId, len);
+            }
+        }
+        h
+    }
+
+    fn submit(&mut self, tenant: TenantId, len: u32) {
+        let now = self.now;
+        match self.s.submit(tenant, IoDir::Read, len, now).unwrap() {
+            Submitted::Dispatch(tag) => {
+                self.owner[tag.index()] = tenant;
+                self.send_to_device(tag);
+            }
+            Submitted::Queued(tag) => self.owner[tag.index()] = tenant,
+            Submitted::Busy => panic!("harness sized below the limits"),
+        }
+    }
+
+    fn send_to_device(&mut self, tag: Tag) {
+        let done = if self.service_ns == 0 {
+            self.now + self.latency_ns
+        } else {
+            self.busy_until = self.busy_until.max(self.now) + self.service_ns;
+            self.busy_until
+        };
+        self.device.push_back((done, tag, done - self.now));
+    }
+
+    /// Run until `end_ns`; bytes completed from `measure_from_ns` on are counted.
+    fn run(&mut self, end_ns: u64, measure_from_ns: u64) {
+        while self.now < end_ns {
+            while let Some(d) = self.s.poll_dispatch(self.now) {
+                self.send_to_device(d.tag);
+            }
+            let next = [self.device.front().map(|e| e.0), self.s.next_timeout()]
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("closed loop never idles");
+            assert!(next >= self.now, "time went backwards");
+            self.depth_ns += self.device.len() as u128 * (next - self.now) as u128;
+            self.now = next;
+            while self.device.front().is_some_and(|e| e.0 <= self.now) {
+                let (_, tag, lat) = self.device.pop_front().unwrap();
+                let c = self.s.complete(tag, lat, self.now).unwrap();
+                assert_eq!(c.tenant, self.owner[tag.index()]);
+                if self.now >= measure_from_ns {
+                    self.bytes[c.tenant as usize] += self.len[c.tenant as usize] as u64;
+                }
+                self.submit(c.tenant, self.len[c.tenant as usize]);
+            }
+        }
+    }
+}
+
+#[test]
+fn drr_4k_and_64k_readers_get_equal_bytes_per_round() {
+    // Ex 1.c-1: both backlogged, Q = 128 KiB: per round A sends 32 × 4 KiB and
+    // B 2 × 64 KiB, 131,072 B each.
+    let mut s = build(&cfg(Policy::Gimbal), 0).unwrap();
+    block_on_tokens(s.as_mut());
+    // Enough for three rounds and more: both stay backlogged throughout.
+    for i in 0..100 {
+        submit_tag(s.as_mut(), 0, IoDir::Read, 4 * KIB, 0);
+        if i < 10 {
+            submit_tag(s.as_mut(), 1, IoDir::Read, 64 * KIB, 0);
+        }
+    }
+    let order = drain(s.as_mut(), 34 * 3);
+    for round in order.chunks(34) {
+        let n0 = round.iter().filter(|&&t| t == 0).count();
+        assert_eq!((n0, 34 - n0), (32, 2), "one DRR round");
+        assert_eq!(
+            n0 as u32 * 4 * KIB,
+            (34 - n0) as u32 * 64 * KIB,
+            "equal bytes"
+        );
+    }
+}
+
+#[test]
+fn intensity_2_to_1_is_equal_under_gimbal_and_2_to_1_under_fifo() {
+    // Tenant 0 keeps 64 4 KiB reads outstanding, tenant 1 keeps 32 (the appendix's
+    // intensity case, §1.g: vanilla gives 2.0×). Device: 100 µs per I/O, any depth.
+    // FIFO (depth 8): the 96 requests circulate in a fixed order, each served once per
+    // cycle, so bytes split 64:32 = 2:1 exactly per cycle.
+    let mut fifo = cfg(Policy::Fifo);
+    fifo.device_qd = 8;
+    let mut h = Harness::new(&fifo, &[(64, 4 * KIB), (32, 4 * KIB)]);
+    h.run(200_000_000, 10_000_000);
+    let ratio = h.bytes[0] as f64 / h.bytes[1] as f64;
+    assert!((ratio - 2.0).abs() < 0.03, "fifo ratio {ratio}");
+    // Gimbal paced at a fixed 400 MiB/s (rate_min = rate_max): the scheduler is the
+    // bottleneck, both tenants stay backlogged, and DRR gives each Q per round, so the
+    // byte counts differ by at most one quantum plus one I/O.
+    let mut g = cfg(Policy::Gimbal);
+    let rate = 400 << 20;
+    (
+        g.gimbal.rate_init_bytes_per_s,
+        g.gimbal.rate_min_bytes_per_s,
+    ) = (rate, rate);
+    g.gimbal.rate_max_bytes_per_s = rate;
+    let mut h = Harness::new(&g, &[(64, 4 * KIB), (32, 4 * KIB)]);
+    h.run(200_000_000, 10_000_000);
+    let diff = h.bytes[0].abs_diff(h.bytes[1]);
+    assert!(diff <= 131_072 + 4096, "gimbal bytes {:?}", h.bytes);
+    // And the pacer holds the rate: 190 ms × 400 MiB/s, within one bucket (256 KiB).
+    let total = h.bytes[0] + h.bytes[1];
+    assert!(
+        total.abs_diff(rate * 190 / 1000) <= 262_144 + 8192,
+        "total {total}"
+    );
+}
+
+#[test]
+fn weights_split_bytes_in_proportion() {
+    // [R] weighted DRR: weight 2 gets 2Q per visit, so one round is 64 + 32 I/Os.
+    let mut s = build(&cfg(Policy::Gimbal), 0).unwrap();
+    s.set_weight(0, 2).unwrap();
+    block_on_tokens(s.as_mut());
+    for _ in 0..200 {
+        submit_tag(s.as_mut(), 0, IoDir::Read, 4 * KIB, 0);
+        submit_tag(s.as_mut(), 1, IoDir::Read, 4 * KIB, 0);
+    }
+    let order = drain(s.as_mut(), 96 * 2);
+    for round in order.chunks(96) {
+        let n0 = round.iter().filter(|&&t| t == 0).count();
+        assert_eq!((n0, 96 - n0), (64, 32));
+    }
+    assert_eq!(s.set_weight(0, 0), Err(SchedError::BadWeight));
+    assert_eq!(s.set_weight(64, 1), Err(SchedError::BadTenant));
+}
+
+#[test]
+fn congestion_control_lowers_the_dispatch_depth_when_latency_exceeds_the_threshold() {
+    // A single-server device, 10 µs per 4 KiB read (400 MB/s); one tenant keeps 256
+    // reads outstanding. FIFO (depth 256) keeps all 256 at the device: latency 2.56 ms,
+    // above Thresh_max = 1.5 ms. Gimbal's slots allow 8 × 32 = 256 too (§1.c), so any
+    // lower depth is the congestion control's doing: it holds the latency EWMA near
+    // Thresh_cur ≤ 1.5 ms, i.e. (Little) at most 150 I/Os at the device.
+    let run = |policy| {
+        let mut c = cfg(policy);
+        c.gimbal.rate_init_bytes_per_s = 3_000 << 20;
+        let mut h = Harness::new(&c, &[(256, 4 * KIB)]);
+        h.service_ns = 10_000;
+        h.run(1_000_000_000, 0);
+        (h.depth_ns / h.now as u128) as u64
+    };
+    assert_eq!(run(Policy::Fifo), 256);
+    let gimbal_depth = run(Policy::Gimbal);
+    assert!(gimbal_depth <= 150, "gimbal depth {gimbal_depth}");
+}
+
+#[test]
+fn io_credits_shrink_when_write_latency_raises_the_write_cost() {
+    // §1.b/§1.e: one tenant of 4 KiB writes, write cost starting at 1.0.
+    let mut c = cfg(Policy::Gimbal);
+    c.gimbal.write_cost_init_fp10 = 1024;
+    let mut s = build(&c, 0).unwrap();
+    let lat = 2_000_000; // 2 ms: above Thresh_max, so the window counts as congested
+    let mut tags: Vec<Tag> = (0..32)
+        .map(|_| submit_tag(s.as_mut(), 0, IoDir::Write, 4 * KIB, 0))
+        .collect();
+    while s.poll_dispatch(0).is_some() {}
+    assert_eq!(s.inflight(), 32, "32 × 4 KiB = one 128 KiB slot");
+    let last = tags.pop().unwrap();
+    for t in tags {
+        s.complete(t, lat, 1_000_000).unwrap();
+    }
+    // The last completion ends the 100 ms window: writes averaged 2 ms > 1.5 ms, so
+    // MI: wc = (1024 + 9216) / 2 = 5120 (Ex 1.b-2). It also retires slot 0, which held
+    // 32 writes: credits = 8 slots × 32 = 256 (one tenant, §1.e).
+    let done = s.complete(last, lat, 100_000_000).unwrap();
+    assert_eq!(done.io_credits, 256);
+    assert_eq!(s.view(0).unwrap().write_cost_fp10, 5120);
+    // At wc = 5.0 a 4 KiB write weighs 20,480 B: the 7th crosses 128 KiB and closes the
+    // slot (6 × 20,480 = 122,880 < 131,072 ≤ 143,360). Retired, it gives 8 × 7 = 56.
+    let tags: Vec<Tag> = (0..7)
+        .map(|_| submit_tag(s.as_mut(), 0, IoDir::Write, 4 * KIB, 100_000_000))
+        .collect();
+    while s.poll_dispatch(100_000_000).is_some() {}
+    assert_eq!(s.inflight(), 7);
+    let credits: Vec<u32> = tags
+        .into_iter()
+        .map(|t| s.complete(t, lat, 101_000_000).unwrap().io_credits)
+        .collect();
+    assert_eq!(credits.last(), Some(&56));
+    assert_eq!(s.io_credits(0), Some(56));
+}
+
+#[test]
+fn busy_when_a_tenant_queue_or_the_table_is_full() {
+    // FIFO at device depth 1: the first request dispatches, the next 4 queue.
+    let mut c = cfg(Policy::Fifo);
+    c.device_qd = 1;
+    c.limits = SchedLimits {
+        max_tenants: 2,
+        max_queued_per_tenant: 4,
+        max_requests: 6,
+        prealloc_requests: 6,
+    };
+    let mut s = build(&c, 0).unwrap();
+    let r: Vec<_> = (0..6)
+        .map(|_| s.submit(0, IoDir::Read, 4096, 0).unwrap())
+        .collect();
+    assert!(matches!(r[0], Submitted::Dispatch(_)));
+    assert!(r[1..5].iter().all(|x| matches!(x, Submitted::Queued(_))));
+    assert_eq!(r[5], Submitted::Busy, "tenant 0 has 4 queued");
+    // Tenant 1 gets the sixth row; then the table (6 rows) is full.
+    assert!(matches!(
+        s.submit(1, IoDir::Read, 4096, 0),
+        Ok(Submitted::Queued(_))
+    ));
+    assert_eq!(s.submit(1, IoDir::Read, 4096, 0), Ok(Submitted::Busy));
+    assert_eq!(
+        s.submit(2, IoDir::Read, 4096, 0),
+        Err(SchedError::BadTenant)
+    );
+    // Gimbal, 128 KiB reads: the 256 KiB read bucket passes 2 (each alone, so sent at
+    // once), the 3rd blocks on tokens (out of DRR), the next 4 fill the tenant's DRR
+    // queue, the 8th is Busy.
+    let mut c = cfg(Policy::Gimbal);
+    c.limits.max_queued_per_tenant = 4;
+    let mut s = build(&c, 0).unwrap();
+    let r: Vec<_> = (0..8)
+        .map(|_| s.submit(0, IoDir::Read, 128 * KIB, 0).unwrap())
+        .collect();
+    assert!(r[..2].iter().all(|x| matches!(x, Submitted::Dispatch(_))));
+    assert!(r[2..7].iter().all(|x| matches!(x, Submitted::Queued(_))));
+    assert_eq!(r[7], Submitted::Busy);
+    assert_eq!((s.queued(), s.inflight()), (5, 2));
+}
+
+#[test]
+fn next_timeout_is_the_token_refill_time() {
+    // wc = 1.0 splits the 1,048,576,000 B/s evenly (Ex 1.d-3). Two 128 KiB reads empty
+    // the 256 KiB read bucket; the third needs 131,072 B at 524,288,000 B/s: 250 µs.
+    let mut c = cfg(Policy::Gimbal);
+    c.gimbal.write_cost_init_fp10 = 1024;
+    let mut s = build(&c, 0).unwrap();
+    for _ in 0..3 {
+        submit_tag(s.as_mut(), 0, IoDir::Read, 128 * KIB, 0);
+    }
+    while s.poll_dispatch(0).is_some() {}
+    assert_eq!(s.inflight(), 2);
+    assert_eq!(s.next_timeout(), Some(250_000));
+    // The estimate is conservative: the write bucket is full, so its half overflows
+    // into reads (Ex 1.d-4) and the read conforms after 125 µs already.
+    assert!(s.poll_dispatch(124_999).is_none());
+    assert!(s.poll_dispatch(125_000).is_some());
+    assert_eq!(s.next_timeout(), None, "nothing blocked");
+    // The FIFO never needs a timer: only completions free device depth.
+    let mut f = build(&cfg(Policy::Fifo), 0).unwrap();
+    submit_tag(f.as_mut(), 0, IoDir::Read, 4096, 0);
+    assert_eq!(f.next_timeout(), None);
+}
+
+#[test]
+fn fifo_dispatches_in_arrival_order_up_to_the_device_queue_depth() {
+    let mut c = cfg(Policy::Fifo);
+    c.device_qd = 2;
+    let mut s = build(&c, 0).unwrap();
+    let r: Vec<Submitted> = (0..5)
+        .map(|i| s.submit(i % 2, IoDir::Read, 4096, 0).unwrap())
+        .collect();
+    let tags: Vec<Tag> = r
+        .iter()
+        .map(|x| match *x {
+            Submitted::Dispatch(t) | Submitted::Queued(t) => t,
+            Submitted::Busy => panic!("busy"),
+        })
+        .collect();
+    assert!(r[..2].iter().all(|x| matches!(x, Submitted::Dispatch(_))));
+    assert!(r[2..].iter().all(|x| matches!(x, Submitted::Queued(_))));
+    assert_eq!(s.poll_dispatch(0), None, "depth 2 reached");
+    s.complete(tags[0], 50_000, 50_000).unwrap();
+    assert_eq!(s.poll_dispatch(50_000).map(|d| d.tag), Some(tags[2]));
+    assert_eq!(s.io_credits(0), Some(2), "the FIFO grants the device depth");
+}
+
+#[test]
+fn stale_or_repeated_tags_are_errors_not_panics() {
+    for policy in [Policy::Fifo, Policy::Gimbal] {
+        let mut s = build(&cfg(policy), 0).unwrap();
+        let a = submit_tag(s.as_mut(), 0, IoDir::Read, 4096, 0);
+        assert!(s.complete(a, 100_000, 100_000).is_ok());
+        assert_eq!(s.complete(a, 100_000, 100_000), Err(SchedError::BadTag));
+        assert_eq!(s.abort(a, 100_000), Err(SchedError::BadTag));
+        // The row is reused with a new generation: the old tag still does not match.
+        let b = submit_tag(s.as_mut(), 0, IoDir::Read, 4096, 100_000);
+        assert_eq!(a.index(), b.index());
+        assert_eq!(s.complete(a, 1, 100_001), Err(SchedError::BadTag));
+        assert!(s.abort(b, 100_001).is_ok(), "{policy:?}");
+        assert_eq!((s.queued(), s.inflight()), (0, 0));
+    }
+}
+
+#[test]
+fn zero_length_and_invalid_configs_are_handled() {
+    // A Flush (0 bytes) is scheduled like a 1-byte read and completes normally.
+    let mut s = build(&cfg(Policy::Gimbal), 0).unwrap();
+    let t = submit_tag(s.as_mut(), 3, IoDir::Read, 0, 0);
+    assert!(s.complete(t, 10_000, 10_000).is_ok());
+    let mut bad = cfg(Policy::Gimbal);
+    bad.gimbal.thresh_min_us = bad.gimbal.thresh_max_us;
+    assert!(build(&bad, 0).is_err());
+    let mut bad = cfg(Policy::Fifo);
+    bad.limits.max_tenants = 0;
+    assert!(build(&bad, 0).is_err());
+    bad = cfg(Policy::Fifo);
+    bad.gimbal.slots_per_ssd = 9;
+    assert!(build(&bad, 0).is_err());
+}
+
+#[test]
+fn view_reports_credits_congestion_target_and_write_cost() {
+    let mut s = build(&cfg(Policy::Gimbal), 0).unwrap();
+    let v = s.view(0).unwrap();
+    assert_eq!(v.io_credits, 256, "8 slots × 32 for a fresh tenant (§1.e)");
+    assert_eq!(v.read.state, None);
+    assert_eq!(
+        v.read.latency_target_us, 1500,
+        "Thresh_cur starts at Thresh_max"
+    );
+    assert_eq!(v.write_cost_fp10, 9216, "write cost starts at 9.0 (§1.b)");
+    // §1.a table row 1: an 800 µs read gives ewma 400, AVOIDANCE, threshold 1432.
+    let t = submit_tag(s.as_mut(), 0, IoDir::Read, 128 * KIB, 0);
+    s.complete(t, 800_000, 800_000).unwrap();
+    let v = s.view(0).unwrap();
+    assert_eq!(v.read.state, Some(CcState::Avoidance));
+    assert_eq!(
+        (v.read.latency_ewma_us, v.read.latency_target_us),
+        (400, 1432)
+    );
+    assert_eq!(v.target_rate_bytes_per_s, 1_048_707_072, "Ex 1.a-1");
+    assert_eq!(s.view(64), None);
+}
+
+// ---- no allocation on the hot path
+
+thread_local! {
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts this thread's allocations, so parallel tests do not disturb the count.
+struct CountingAlloc;
+
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+#[test]
+fn submit_dispatch_complete_never_allocate() {
+    for policy in [Policy::Fifo, Policy::Gimbal] {
+        let mut s = build(&cfg(policy), 0).unwrap();
+        let mut inflight: VecDeque<Tag> = VecDeque::with_capacity(8192);
+        let before = ALLOCS.with(|c| c.get());
+        let mut now = 0;
+        for i in 0..100_000u64 {
+            now += 20_000;
+            let t = (i % 4) as TenantId;
+            let dir = if i % 3 == 0 {
+                IoDir::Write
+            } else {
+                IoDir::Read
+            };
+            if let Submitted::Dispatch(tag) = s.submit(t, dir, 4096 << (i % 5), now).unwrap() {
+                inflight.push_back(tag);
+            }
+            while let Some(d) = s.poll_dispatch(now) {
+                inflight.push_back(d.tag);
+            }
+            if let Some(tag) = inflight.pop_front() {
+                // 0.1 to 1.9 ms: every congestion state, including OVERLOADED.
+                s.complete(tag, 100_000 + (i % 7) * 300_000, now).unwrap();
+            }
+            let _ = (s.next_timeout(), s.view(t), s.headroom_bytes_per_s());
+        }
+        let after = ALLOCS.with(|c| c.get());
+        assert_eq!(after - before, 0, "{policy:?} allocated on the hot path");
+    }
+}

@@ -1,0 +1,37 @@
+//! Vocabulary shared by every policy crate (`trellis-qos`, `trellis-ssd`,
+//! `trellis-fabric`) and their callers.
+//!
+//! It is a crate of its own because none of the policy crates depends on another:
+//! putting the enum in one of them would make, say, the fabric depend on the SSD
+//! timing model just to name a direction.
+//!
+//! Conventions, used across all policy crates:
+//! - **Time** is [`Nanos`]: a `u64` count of nanoseconds, passed in by the caller
+//!   (virtual time in the simulator, a monotonic clock in the daemon). Names end in
+//!   `_ns`. Gimbal's latency ticks are µs inside `trellis-qos` (so that the worked
+//!   examples of algorithms.md §1.a reproduce bit-exactly); its API still takes ns.
+//! - **Direction** is [`IoDir`].
+
+use serde::{Deserialize, Serialize};
+
+/// A point in time or a duration, in nanoseconds. An alias, not a newtype: the
+/// policy code does arithmetic on it everywhere and the unit is carried by the `_ns`
+/// suffix of every name.
+pub type Nanos = u64;
+
+/// Direction of an I/O as the policy code sees it. Only NVMe WRITE is a write;
+/// Flush, Write Zeroes, Dataset Management and the rest are scheduled, charged and
+/// modelled as reads (algorithms.md §1.a step 1, [G]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoDir {
+    Read,
+    Write,
+}
+
+impl IoDir {
+    /// 0 for reads, 1 for writes: an index into per-direction arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
