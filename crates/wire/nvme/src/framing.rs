@@ -168,7 +168,11 @@ struct Entry {
 /// drains, and grows by a chunk only if a burst outruns it (the owner's
 /// [`TxQueue::has_room`] check normally prevents that).
 pub struct TxQueue {
-    chunks: Vec<Box<[u8]>>,
+    /// The first chunk, where everything lives unless a burst outruns it
+    /// (kept apart so the common lookup is one range check).
+    first: Box<[u8]>,
+    /// Further chunks, allocated on demand and kept.
+    more: Vec<Box<[u8]>>,
     chunk_shift: u32,
     /// Bump position over the chunks, and the end of the current chunk.
     used: usize,
@@ -196,7 +200,8 @@ impl TxQueue {
     pub fn new(arena_bytes: usize, max_entries: usize) -> TxQueue {
         let chunk = arena_bytes.max(PUSH_MAX).next_power_of_two();
         TxQueue {
-            chunks: vec![vec![0u8; chunk].into_boxed_slice()],
+            first: vec![0u8; chunk].into_boxed_slice(),
+            more: Vec::new(),
             chunk_shift: chunk.trailing_zeros(),
             used: 0,
             chunk_end: chunk,
@@ -246,8 +251,8 @@ impl TxQueue {
         let cb = self.chunk_bytes();
         // Chunk k spans [k·cb, (k+1)·cb); the current one ends at chunk_end.
         let next = self.chunk_end >> self.chunk_shift;
-        if next == self.chunks.len() {
-            self.chunks.push(vec![0u8; cb].into_boxed_slice());
+        if next == 1 + self.more.len() {
+            self.more.push(vec![0u8; cb].into_boxed_slice());
         }
         self.used = self.chunk_end;
         self.chunk_end += cb;
@@ -255,14 +260,20 @@ impl TxQueue {
 
     #[inline]
     fn arena_mut(&mut self, at: usize, n: usize) -> &mut [u8] {
+        if at + n <= self.first.len() {
+            return &mut self.first[at..at + n];
+        }
         let o = at & (self.chunk_bytes() - 1);
-        &mut self.chunks[at >> self.chunk_shift][o..o + n]
+        &mut self.more[(at >> self.chunk_shift) - 1][o..o + n]
     }
 
     #[inline]
     fn arena(&self, at: usize, n: usize) -> &[u8] {
+        if at + n <= self.first.len() {
+            return &self.first[at..at + n];
+        }
         let o = at & (self.chunk_bytes() - 1);
-        &self.chunks[at >> self.chunk_shift][o..o + n]
+        &self.more[(at >> self.chunk_shift) - 1][o..o + n]
     }
 
     /// The bytes of one entry; `resolve` maps a source id to its buffer.
