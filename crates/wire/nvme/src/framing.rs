@@ -51,6 +51,7 @@ impl RxBuf {
     /// an incomplete unit of at most `max_unit` bytes, the returned space is
     /// non-empty and the unit completes contiguously. It is empty only when
     /// the whole buffer holds unparsed bytes (the owner stopped parsing).
+    #[inline]
     pub fn space(&mut self) -> &mut [u8] {
         if self.head == self.tail {
             self.head = 0;
@@ -64,6 +65,7 @@ impl RxBuf {
     }
 
     /// Accounts `n` bytes written at the start of [`RxBuf::space`].
+    #[inline]
     pub fn commit(&mut self, n: usize) {
         debug_assert!(self.tail + n <= self.buf.len(), "commit past the space");
         self.tail += n.min(self.buf.len() - self.tail);
@@ -80,35 +82,42 @@ impl RxBuf {
     }
 
     /// The received bytes not yet consumed.
+    #[inline]
     pub fn pending(&self) -> &[u8] {
         &self.buf[self.head..self.tail]
     }
 
     /// Number of unconsumed bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.tail - self.head
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.head == self.tail
     }
 
     /// Position of the first unconsumed byte (valid until the next `space`).
+    #[inline]
     pub fn head(&self) -> usize {
         self.head
     }
 
     /// Marks `n` bytes (at most [`RxBuf::len`]) as parsed.
+    #[inline]
     pub fn consume(&mut self, n: usize) {
         debug_assert!(n <= self.len(), "consume past the received bytes");
         self.head += n.min(self.len());
     }
 
     /// The largest unit guaranteed to fit contiguously.
+    #[inline]
     pub fn max_unit(&self) -> usize {
         self.max_unit
     }
 
+    #[inline]
     pub fn capacity(&self) -> usize {
         self.buf.len()
     }
@@ -118,6 +127,7 @@ impl RxBuf {
 /// Only received bytes can be named: a range past them panics like a slice.
 impl std::ops::Index<Range<usize>> for RxBuf {
     type Output = [u8];
+    #[inline]
     fn index(&self, r: Range<usize>) -> &[u8] {
         &self.buf[..self.tail][r]
     }
@@ -158,10 +168,15 @@ struct Entry {
 /// drains, and grows by a chunk only if a burst outruns it (the owner's
 /// [`TxQueue::has_room`] check normally prevents that).
 pub struct TxQueue {
-    chunks: Vec<Box<[u8]>>,
+    /// The first chunk, where everything lives unless a burst outruns it
+    /// (kept apart so the common lookup is one range check).
+    first: Box<[u8]>,
+    /// Further chunks, allocated on demand and kept.
+    more: Vec<Box<[u8]>>,
     chunk_shift: u32,
-    /// Bump position over the chunks.
+    /// Bump position over the chunks, and the end of the current chunk.
     used: usize,
+    chunk_end: usize,
     /// Soft limits checked by `has_room`.
     arena_limit: usize,
     max_entries: usize,
@@ -185,9 +200,11 @@ impl TxQueue {
     pub fn new(arena_bytes: usize, max_entries: usize) -> TxQueue {
         let chunk = arena_bytes.max(PUSH_MAX).next_power_of_two();
         TxQueue {
-            chunks: vec![vec![0u8; chunk].into_boxed_slice()],
+            first: vec![0u8; chunk].into_boxed_slice(),
+            more: Vec::new(),
             chunk_shift: chunk.trailing_zeros(),
             used: 0,
+            chunk_end: chunk,
             arena_limit: chunk,
             max_entries: max_entries.max(ENTRIES_PER_COMMAND),
             entries: Vec::with_capacity(max_entries.clamp(16, 256)),
@@ -196,46 +213,85 @@ impl TxQueue {
         }
     }
 
+    #[inline]
     fn chunk_bytes(&self) -> usize {
         1 << self.chunk_shift
     }
 
     /// Whether the response to one more command fits within the limits.
+    #[inline]
     pub fn has_room(&self) -> bool {
         self.used + ROOM_PER_COMMAND <= self.arena_limit
             && self.entries.len() + ENTRIES_PER_COMMAND <= self.max_entries
     }
 
     /// Nothing left to send.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.head == self.entries.len()
     }
 
     /// Reserves `n` (≤ chunk size) contiguous arena bytes; returns their
-    /// arena offset. Moves to the next chunk (allocating it the first time)
-    /// when the current one cannot hold them.
+    /// arena offset.
+    #[inline]
     fn reserve(&mut self, n: usize) -> usize {
-        let cb = self.chunk_bytes();
-        debug_assert!(n <= cb);
-        if (self.used & (cb - 1)) + n > cb {
-            self.used = (self.used | (cb - 1)) + 1;
-        }
-        let chunk = self.used >> self.chunk_shift;
-        if chunk == self.chunks.len() {
-            self.chunks.push(vec![0u8; cb].into_boxed_slice());
+        if self.used + n > self.chunk_end {
+            self.next_chunk();
         }
         let at = self.used;
         self.used += n;
         at
     }
 
-    fn arena_mut(&mut self, at: usize, n: usize) -> &mut [u8] {
+    /// Moves the bump position to the next chunk, allocating it the first
+    /// time (a burst beyond `has_room`; rare, so kept out of line).
+    #[cold]
+    #[inline(never)]
+    fn next_chunk(&mut self) {
         let cb = self.chunk_bytes();
-        &mut self.chunks[at >> self.chunk_shift][at & (cb - 1)..][..n]
+        // Chunk k spans [k·cb, (k+1)·cb); the current one ends at chunk_end.
+        let next = self.chunk_end >> self.chunk_shift;
+        if next == 1 + self.more.len() {
+            self.more.push(vec![0u8; cb].into_boxed_slice());
+        }
+        self.used = self.chunk_end;
+        self.chunk_end += cb;
+    }
+
+    #[inline]
+    fn arena_mut(&mut self, at: usize, n: usize) -> &mut [u8] {
+        if at + n <= self.first.len() {
+            return &mut self.first[at..at + n];
+        }
+        let o = at & (self.chunk_bytes() - 1);
+        &mut self.more[(at >> self.chunk_shift) - 1][o..o + n]
+    }
+
+    #[inline]
+    fn arena(&self, at: usize, n: usize) -> &[u8] {
+        if at + n <= self.first.len() {
+            return &self.first[at..at + n];
+        }
+        let o = at & (self.chunk_bytes() - 1);
+        &self.more[(at >> self.chunk_shift) - 1][o..o + n]
+    }
+
+    /// The bytes of one entry; `resolve` maps a source id to its buffer.
+    #[inline]
+    fn bytes<'a>(&'a self, e: &Entry, resolve: &impl Fn(u16) -> &'a [u8]) -> &'a [u8] {
+        let (off, len) = (e.off as usize, e.len as usize);
+        if e.src == NO_RELEASE {
+            self.arena(off, len)
+        } else {
+            // Entries are pushed by the owner for its own buffers: a short
+            // buffer is a bug in the owner, not peer input.
+            &resolve(e.src)[off..off + len]
+        }
     }
 
     /// Appends header bytes written by `f` into a [`PUSH_MAX`]-byte window;
     /// `f` returns how many it wrote (0 appends nothing).
+    #[inline]
     pub fn push_bytes(&mut self, release: u16, f: impl FnOnce(&mut [u8]) -> usize) {
         let at = self.reserve(PUSH_MAX);
         let n = f(self.arena_mut(at, PUSH_MAX));
@@ -249,6 +305,7 @@ impl TxQueue {
     }
 
     /// Appends a copy of `bytes` (split over chunks if it is that large).
+    #[inline]
     pub fn push_slice(&mut self, bytes: &[u8], release: u16) {
         let pieces = bytes.chunks(self.chunk_bytes());
         let last = pieces.len().saturating_sub(1);
@@ -262,6 +319,7 @@ impl TxQueue {
 
     /// Appends `len` bytes at `off` of buffer `src` (any id but `NO_RELEASE`),
     /// which the caller keeps unchanged until they are sent.
+    #[inline]
     pub fn push_data(&mut self, src: u16, off: u32, len: u32, release: u16) {
         debug_assert!(src != NO_RELEASE && len > 0);
         if len > 0 {
@@ -269,6 +327,7 @@ impl TxQueue {
         }
     }
 
+    #[inline]
     fn push_entry(&mut self, src: u16, off: u32, len: u32, release: u16) {
         self.entries.push(Entry {
             src,
@@ -284,22 +343,12 @@ impl TxQueue {
     where
         F: Fn(u16) -> &'a [u8] + 'a,
     {
-        let cb = self.chunk_bytes();
-        let shift = self.chunk_shift;
         self.entries[self.head..]
             .iter()
             .enumerate()
             .map(move |(i, e)| {
                 let skip = if i == 0 { self.head_sent } else { 0 };
-                let (off, len) = (e.off as usize, e.len as usize);
-                let bytes = if e.src == NO_RELEASE {
-                    &self.chunks[off >> shift][off & (cb - 1)..][..len]
-                } else {
-                    // Entries are pushed by the owner for its own buffers: a
-                    // short buffer is a bug in the owner, not peer input.
-                    &resolve(e.src)[off..off + len]
-                };
-                &bytes[skip..]
+                &self.bytes(e, &resolve)[skip..]
             })
     }
 
@@ -312,8 +361,12 @@ impl TxQueue {
     where
         F: Fn(u16) -> &'a [u8] + 'a,
     {
+        // A plain loop rather than `unsent()`: this runs once per send.
         out.clear();
-        for b in self.unsent(resolve).take(max) {
+        let mut skip = self.head_sent;
+        for e in self.entries[self.head..].iter().take(max) {
+            let b = &self.bytes(e, &resolve)[skip..];
+            skip = 0;
             out.push(libc::iovec {
                 iov_base: b.as_ptr() as *mut libc::c_void,
                 iov_len: b.len(),
@@ -352,6 +405,7 @@ impl TxQueue {
         self.head = 0;
         self.head_sent = 0;
         self.used = 0;
+        self.chunk_end = self.chunk_bytes();
     }
 
     /// Unsent bytes (for limits, diagnostics and tests; walks the entries).
