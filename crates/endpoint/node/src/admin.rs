@@ -155,6 +155,10 @@ impl Queue {
             async_event_config: AtomicU32::new(0),
             features: Mutex::new(Features::default()),
             errors: Mutex::new(Default::default()),
+            tenant: match &sub {
+                Some(_) => self.reg.tenants.tenant_of(&data.hostnqn),
+                None => 0,
+            },
         });
         ctrls.insert(cntlid, ctrl.clone());
         drop(ctrls);
