@@ -407,6 +407,9 @@ impl Queue {
             }
             (None, _) => Err(generic::INVALID_FIELD.dnr()),
             (Some(_), lid::DISCOVERY) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(sub), crate::qos::VIEW_LID) => {
+                crate::qos::view_log(ctx, sub, ctrl.tenant, sqe.nsid(), &mut page)
+            }
             (Some(sub), l) => self.io_log(l, sqe.nsid(), sub, ctrl, &mut page),
         };
         let e = match r {
@@ -439,6 +442,7 @@ impl Queue {
                     lid::FIRMWARE_SLOT,
                     lid::CHANGED_NS_LIST,
                     lid::COMMANDS_EFFECTS,
+                    crate::qos::VIEW_LID,
                 ];
                 log::encode_supported_logs(&lids, page);
             }

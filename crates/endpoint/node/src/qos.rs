@@ -298,8 +298,9 @@ impl QosQueue {
         now_ns: u64,
     ) -> Option<(Status, u32)> {
         let len = io.len_bytes.min(u32::MAX as u64) as u32;
-        let t = match self.sched.submit(tenant, dir_of(io.op), len, now_ns) {
-            Ok(Submitted::Dispatch(t) | Submitted::Queued(t)) => t,
+        let (t, now) = match self.sched.submit(tenant, dir_of(io.op), len, now_ns) {
+            Ok(Submitted::Dispatch(t)) => (t, true),
+            Ok(Submitted::Queued(t)) => (t, false),
             Ok(Submitted::Busy) => return Some((QOS_BUSY, self.credits(tenant))),
             Err(e) => {
                 tracing::error!(tenant, "qos submit refused: {e:?}");
@@ -317,18 +318,11 @@ impl QosQueue {
             sched: Some(t),
             submitted_ns: now_ns,
         };
-        // Dispatch what the scheduler allows now (this request, or older ones).
-        let mut mine = None;
-        while let Some(d) = self.sched.poll_dispatch(now_ns) {
-            if let Some((st, tg, credits)) = self.dispatch(d.tag, now_ns) {
-                if tg == tag {
-                    mine = Some((st, credits));
-                } else {
-                    self.reaped.push((with_credit(tg, credits), st));
-                }
-            }
+        if !now {
+            return None; // a later poll_dispatch (in `reap`) releases it
         }
-        mine
+        self.dispatch(t, now_ns)
+            .map(|(st, _, credits)| (st, credits))
     }
 
     fn credits(&self, tenant: TenantId) -> u32 {
@@ -427,4 +421,82 @@ impl BackendQueue for QosQueue {
     fn qos(&mut self) -> Option<&mut QosQueue> {
         Some(self)
     }
+}
+
+/// Vendor-specific log page (C0h–FFh) serving the virtual view, §1.f.
+pub const VIEW_LID: u8 = 0xC0;
+/// Layout version in byte 0 of the header.
+pub const VIEW_VERSION: u8 = 1;
+pub const VIEW_HEADER_BYTES: usize = 16;
+pub const VIEW_ENTRY_BYTES: usize = 64;
+
+/// Congestion state as one byte: 0 no sample yet, then the four states of
+/// algorithms.md §1.a from calm to overloaded.
+fn state_byte(s: Option<trellis_qos::CcState>) -> u8 {
+    use trellis_qos::CcState::*;
+    match s {
+        None => 0,
+        Some(UnderUtilised) => 1,
+        Some(Avoidance) => 2,
+        Some(Congested) => 3,
+        Some(Overloaded) => 4,
+    }
+}
+
+fn encode_view(nsid: u32, v: &sched::TenantView, e: &mut [u8]) {
+    let u32c = |x: u64| x.min(u32::MAX as u64) as u32;
+    e[0..4].copy_from_slice(&nsid.to_le_bytes());
+    e[4..6].copy_from_slice(&v.tenant.to_le_bytes());
+    e[6..8].copy_from_slice(&(v.weight.min(u16::MAX as u32) as u16).to_le_bytes());
+    e[8..12].copy_from_slice(&v.io_credits.to_le_bytes());
+    e[12..16].copy_from_slice(&v.queued.to_le_bytes());
+    e[16..20].copy_from_slice(&v.inflight.to_le_bytes());
+    e[20] = state_byte(v.read.state);
+    e[21] = state_byte(v.write.state);
+    e[24..28].copy_from_slice(&u32c(v.read.latency_target_us).to_le_bytes());
+    e[28..32].copy_from_slice(&u32c(v.write.latency_target_us).to_le_bytes());
+    e[32..36].copy_from_slice(&u32c(v.read.latency_ewma_us).to_le_bytes());
+    e[36..40].copy_from_slice(&u32c(v.write.latency_ewma_us).to_le_bytes());
+    e[40..44].copy_from_slice(&u32c(v.write_cost_fp10).to_le_bytes());
+    e[48..56].copy_from_slice(&v.target_rate_bytes_per_s.to_le_bytes());
+    e[56..64].copy_from_slice(&v.headroom_bytes_per_s.to_le_bytes());
+}
+
+/// The virtual-view log page of `sub` for the host of tenant `me`: one
+/// entry per (Gimbal namespace, tenant in use), from this reactor's
+/// schedulers. NSID 0 or FFFFFFFFh: every namespace; else the one named.
+/// Layout: docs/gimbal.md "Virtual view log page".
+pub fn view_log(
+    ctx: &mut crate::exec::Ctx,
+    sub: &crate::subsystem::Subsystem,
+    me: TenantId,
+    nsid: u32,
+    page: &mut Vec<u8>,
+) -> Result<(), Status> {
+    let all = nsid == 0 || nsid == 0xFFFF_FFFF;
+    if !all && sub.namespace(nsid).is_none() {
+        return Err(trellis_nvme::status::generic::INVALID_NAMESPACE.dnr());
+    }
+    let tenants = ctx.reg.tenants.in_use();
+    page.resize(VIEW_HEADER_BYTES, 0);
+    let mut n: u16 = 0;
+    for ns in sub.namespaces.iter() {
+        if ns.qos != QosMode::Gimbal || !(all || ns.nsid == nsid) {
+            continue;
+        }
+        let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
+            continue;
+        };
+        for v in tenants.iter().filter_map(|&t| qq.scheduler().view(t)) {
+            let at = page.len();
+            page.resize(at + VIEW_ENTRY_BYTES, 0);
+            encode_view(ns.nsid, &v, &mut page[at..]);
+            n = n.saturating_add(1);
+        }
+    }
+    page[0] = VIEW_VERSION;
+    page[2..4].copy_from_slice(&n.to_le_bytes());
+    page[4..6].copy_from_slice(&me.to_le_bytes());
+    page[6..8].copy_from_slice(&(VIEW_ENTRY_BYTES as u16).to_le_bytes());
+    Ok(())
 }
