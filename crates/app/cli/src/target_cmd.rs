@@ -50,6 +50,10 @@ pub struct TargetArgs {
     /// $XDG_STATE_HOME/trellis, ~/.local/state/trellis or /var/lib/trellis.
     #[arg(long)]
     state_dir: Option<std::path::PathBuf>,
+    /// Traffic control for every namespace: off or gimbal (docs/gimbal.md);
+    /// overrides each namespace's `qos`.
+    #[arg(long)]
+    qos: Option<trellis_target::qos::QosMode>,
     /// Print the effective configuration and identities, and exit.
     #[arg(long)]
     check: bool,
@@ -119,6 +123,11 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             .iter()
             .map(|&addr| ListenerConfig { addr, kind: None })
             .collect();
+    }
+    if let Some(q) = a.qos {
+        for n in cfg.subsystems.iter_mut().flat_map(|s| s.namespaces.iter_mut()) {
+            n.qos = q;
+        }
     }
     if let Some(r) = a.reactors {
         cfg.target.reactors = r;
@@ -200,6 +209,7 @@ fn ns(
         path,
         block_size,
         read_only: false,
+        qos: Default::default(),
         direct: true,
         uuid: None,
         nguid: None,

@@ -155,6 +155,10 @@ impl Queue {
             async_event_config: AtomicU32::new(0),
             features: Mutex::new(Features::default()),
             errors: Mutex::new(Default::default()),
+            tenant: match &sub {
+                Some(_) => self.reg.tenants.tenant_of(&data.hostnqn),
+                None => 0,
+            },
         });
         ctrls.insert(cntlid, ctrl.clone());
         drop(ctrls);
@@ -403,6 +407,9 @@ impl Queue {
             }
             (None, _) => Err(generic::INVALID_FIELD.dnr()),
             (Some(_), lid::DISCOVERY) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(sub), crate::qos::VIEW_LID) => {
+                crate::qos::view_log(ctx, sub, ctrl.tenant, sqe.nsid(), &mut page)
+            }
             (Some(sub), l) => self.io_log(l, sqe.nsid(), sub, ctrl, &mut page),
         };
         let e = match r {
@@ -435,6 +442,7 @@ impl Queue {
                     lid::FIRMWARE_SLOT,
                     lid::CHANGED_NS_LIST,
                     lid::COMMANDS_EFFECTS,
+                    crate::qos::VIEW_LID,
                 ];
                 log::encode_supported_logs(&lids, page);
             }

@@ -20,6 +20,12 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     #[serde(default, rename = "subsystem")]
     pub subsystems: Vec<SubsystemConfig>,
+    /// Bounds and parameters of `qos = "gimbal"` namespaces' schedulers.
+    #[serde(default)]
+    pub qos: crate::qos::QosConfig,
+    /// Host NQN → tenant name and weight; other hosts are tenants of weight 1.
+    #[serde(default, rename = "tenant")]
+    pub tenants: Vec<crate::qos::TenantConfig>,
 }
 
 /// Daemon-wide settings and limits.
@@ -245,6 +251,9 @@ pub struct NamespaceConfig {
     pub block_size: u32,
     #[serde(default)]
     pub read_only: bool,
+    /// Traffic control: "off" (default) or "gimbal" (docs/gimbal.md).
+    #[serde(default)]
+    pub qos: crate::qos::QosMode,
     /// Open files with O_DIRECT when the filesystem or device allows it.
     #[serde(default = "yes")]
     pub direct: bool,
@@ -331,6 +340,8 @@ impl Config {
                 allowed_hosts: vec![],
                 namespaces: vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 30)],
             }],
+            qos: Default::default(),
+            tenants: Vec::new(),
         };
         // Checked by a unit test; `Target::start` validates again anyway.
         debug_assert!(c.validate().is_ok(), "embedded default is valid");
@@ -341,6 +352,7 @@ impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         use anyhow::{bail, ensure};
         self.target.validate()?;
+        self.qos.validate(&self.tenants)?;
         ensure!(
             !self.listeners.is_empty(),
             "at least one [[listener]] is needed"
@@ -445,6 +457,7 @@ impl NamespaceConfig {
             path: None,
             block_size: 512,
             read_only: false,
+            qos: crate::qos::QosMode::Off,
             direct: true,
             uuid: None,
             nguid: None,

@@ -8,7 +8,7 @@
 
 use crate::cmd;
 use crate::config::ListenerKind;
-use crate::exec::{Ctx, Dir, Exec, Queue, QueueKind, Request};
+use crate::exec::{Ctx, Dir, Exec, Queue, QueueKind, Request, NO_CREDIT};
 use crate::subsystem::{Controller, Registry};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -107,6 +107,10 @@ pub struct Conn {
     direct: Option<Direct>,
     /// Scratch list of slots released by one `tx_advance` (kept to avoid allocating).
     released: Vec<u16>,
+    /// The I/O credits of the last CapsuleResp that carried them (`NO_CREDIT`:
+    /// none yet): a read whose credit is unchanged may still end with the
+    /// C2HData SUCCESS flag and no CapsuleResp.
+    last_credit: u32,
 }
 
 /// H2CData payloads at least this long are received straight into the
@@ -168,6 +172,7 @@ impl Conn {
             now_ns,
             direct: None,
             released: Vec::with_capacity(64),
+            last_credit: NO_CREDIT,
         }
     }
 
@@ -656,9 +661,16 @@ impl Conn {
         }
     }
 
-    /// A backend request of slot `s` finished.
-    pub fn backend_done(&mut self, s: u16, st: Status, now_ns: u64) {
+    /// A backend request of slot `s` finished; `credit`: the tenant's I/O
+    /// credits when the namespace is scheduled (`qos::split_tag`).
+    pub fn backend_done(&mut self, s: u16, st: Status, credit: Option<u16>, now_ns: u64) {
         self.now_ns = now_ns;
+        if let (Some(c), Some(slot)) = (credit, self.slots.get_mut(s as usize)) {
+            // Gimbal's target returns credits on successful completions only.
+            if st.is_success() {
+                slot.req.credit = c as u32;
+            }
+        }
         debug_assert!(self.backend_in_flight > 0);
         self.backend_in_flight -= 1;
         self.finish(s, st);
@@ -740,9 +752,15 @@ impl Conn {
         let d = self.digests;
         let sqflow_disabled = self.queue.q.as_ref().is_some_and(|q| q.sqflow_disabled);
         let slot = &self.slots[s as usize];
+        let credit = slot.req.credit;
         let cqe = Cqe {
             dw0: slot.req.dw0,
-            dw1: slot.req.dw1,
+            dw1: match credit {
+                NO_CREDIT => slot.req.dw1,
+                // algorithms.md §1.e, as Gimbal's target: credits in DW1[15:0],
+                // the command's CDW2[15:0] echoed in DW1[31:16].
+                c => (trellis_nvme::le32(&slot.req.sqe.0, 8) & 0xFFFF) << 16 | c,
+            },
             sqhd,
             sqid,
             cid: slot.req.sqe.cid(),
@@ -752,7 +770,9 @@ impl Conn {
             let len = slot.req.xfer_len;
             // SUCCESS saves the CapsuleResp, but only when the host disabled
             // SQ flow control and there is no result to return.
-            let success = sqflow_disabled && cqe.dw0 == 0 && cqe.dw1 == 0;
+            // A credit the host already has needs no capsule either.
+            let no_result = cqe.dw1 == 0 || (credit != NO_CREDIT && credit == self.last_credit);
+            let success = sqflow_disabled && cqe.dw0 == 0 && no_result;
             let fl = flags::LAST_PDU | if success { flags::SUCCESS } else { 0 };
             let h = DataHdr {
                 cccid: cqe.cid,
@@ -783,6 +803,9 @@ impl Conn {
             if success {
                 return;
             }
+        }
+        if credit != NO_CREDIT {
+            self.last_credit = credit;
         }
         self.tx
             .push_bytes(s, |b| pdu::encode_capsule_resp(b, &cqe, d));

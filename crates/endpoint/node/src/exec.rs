@@ -114,7 +114,12 @@ pub struct Request {
     pub zero_data: bool,
     pub dw0: u32,
     pub dw1: u32,
+    /// The tenant's I/O credits to return in CQE DW1 (`NO_CREDIT`: none).
+    pub credit: u32,
 }
+
+/// `Request::credit` of a command that returns no credit.
+pub const NO_CREDIT: u32 = u32::MAX;
 
 /// `Request::ns_uid` when the command names no namespace.
 pub const NO_NS: u32 = u32::MAX;
@@ -157,6 +162,7 @@ impl Request {
             zero_data: false,
             dw0: 0,
             dw1: 0,
+            credit: NO_CREDIT,
         }
     }
 
@@ -170,6 +176,7 @@ impl Request {
         self.zero_data = false;
         self.dw0 = 0;
         self.dw1 = 0;
+        self.credit = NO_CREDIT;
     }
 
     /// Whether the command's data goes to the host.
@@ -256,7 +263,13 @@ impl Ctx<'_> {
             self.queues.resize_with(ns.uid + 1, || None);
         }
         if self.queues[ns.uid].is_none() {
-            match ns.backend.open_queue() {
+            let q = ns.backend.open_queue().and_then(|q| match ns.qos {
+                crate::qos::QosMode::Off => Ok(q),
+                crate::qos::QosMode::Gimbal => {
+                    crate::qos::wrap(q, &self.reg.qos, &self.reg.tenants, self.now_ns)
+                }
+            });
+            match q {
                 Ok(q) => self.queues[ns.uid] = Some(q),
                 Err(e) => {
                     tracing::error!("cannot open backend queue for nsid {}: {e}", ns.nsid);

@@ -9,6 +9,7 @@
 use crate::backend::{IoReq, Op};
 use crate::exec::Request;
 use crate::exec::{Ctx, Exec, Queue};
+use crate::qos::QosMode;
 use crate::subsystem::Namespace;
 use std::sync::atomic::Ordering::Relaxed;
 use trellis_nvme::status::generic;
@@ -69,8 +70,34 @@ fn ns_of<'a>(ctx: &Ctx<'a>, req: &Request) -> &'a Namespace {
     &reg.namespaces[req.ns_uid as usize]
 }
 
+/// Submits `io` for `req` to the reactor's queue for its namespace, through
+/// its scheduler when the namespace has one.
+fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
+    if ns_of(ctx, req).qos == QosMode::Off {
+        return submit_direct(ctx, req, io);
+    }
+    let tenant = queue.q.as_ref().map_or(0, |q| q.ctrl.tenant);
+    let now = ctx.now_ns;
+    let ns = ns_of(ctx, req);
+    let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
+        return Exec::Done(generic::INTERNAL_ERROR);
+    };
+    // SAFETY: as in `submit_direct`, except in-capsule data: `write` copies
+    // it into the request's buffer for a scheduled namespace, since the
+    // scheduler may hold the request past this call.
+    match unsafe { qq.submit_for(tenant, io, req.tag, now) } {
+        Some((st, credits)) => {
+            if st.is_success() {
+                req.credit = credits.min(u16::MAX as u32) as u16 as u32;
+            }
+            Exec::Done(st)
+        }
+        None => Exec::Pending,
+    }
+}
+
 /// Submits `io` for `req` to the reactor's queue for its namespace.
-fn submit(ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
+fn submit_direct(ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
     let ns = ns_of(ctx, req);
     let Some(q) = ctx.queue(ns) else {
         return Exec::Done(generic::INTERNAL_ERROR);
@@ -86,24 +113,34 @@ fn submit(ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
     }
 }
 
-pub(crate) fn read(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+pub(crate) fn read(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     if ns_of(ctx, req).backend.reads_zero() {
         // Null backend: no submit, no memset; the data comes from the shared zero buffer.
         req.zero_data = true;
-        return Exec::Done(Status::SUCCESS);
+        if ns_of(ctx, req).qos == QosMode::Off {
+            return Exec::Done(Status::SUCCESS);
+        }
+        // Scheduled like any read of this length, but the backend has
+        // nothing to write: a data-less request, the buffer left alone.
+        let io = IoReq {
+            op: Op::Flush,
+            buf: std::ptr::null_mut(),
+            ..req.io
+        };
+        return submit(q, ctx, req, &io);
     }
     let mut io = req.io;
     debug_assert!(req.buf.capacity() as u64 >= io.len_bytes);
     io.buf = req.buf.as_mut_ptr();
-    submit(ctx, req, &io)
+    submit(q, ctx, req, &io)
 }
 
-pub(crate) fn write(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+pub(crate) fn write(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let mut io = req.io;
     let icd = ctx.icd;
     if icd.is_empty() {
         io.buf = req.buf.as_mut_ptr();
-    } else if ns_of(ctx, req).backend.synchronous() {
+    } else if ns_of(ctx, req).backend.synchronous() && ns_of(ctx, req).qos == QosMode::Off {
         // The backend reads the data inside submit; the receive buffer stays
         // put until then, so no copy.
         io.buf = icd.as_ptr() as *mut u8;
@@ -111,15 +148,15 @@ pub(crate) fn write(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
         req.buf.slice_mut(icd.len()).copy_from_slice(icd);
         io.buf = req.buf.as_mut_ptr();
     }
-    submit(ctx, req, &io)
+    submit(q, ctx, req, &io)
 }
 
-pub(crate) fn flush(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
-    submit(ctx, req, &IoReq::NONE)
+pub(crate) fn flush(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    submit(q, ctx, req, &IoReq::NONE)
 }
 
 /// Write Zeroes: the request prepared by its check has no data.
-pub(crate) fn write_zeroes(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+pub(crate) fn write_zeroes(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     if req.sqe.cdw12() & WZ_DEAC != 0 {
         // The blocks are zeroed either way (DEAC is a hint): counted and
         // logged so a test can tell the host used it (Linux sets DEAC when
@@ -135,7 +172,7 @@ pub(crate) fn write_zeroes(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> 
         );
     }
     let io = req.io;
-    submit(ctx, req, &io)
+    submit(q, ctx, req, &io)
 }
 
 /// Deallocate (AD) each range; other attributes are hints we may ignore.
@@ -171,7 +208,8 @@ pub(crate) fn dataset_management(_q: &mut Queue, ctx: &mut Ctx, req: &mut Reques
             buf: std::ptr::null_mut(),
             fua: false,
         };
-        match submit(ctx, req, &io) {
+        // Not scheduled: Discard is metadata work the handler needs done now.
+        match submit_direct(ctx, req, &io) {
             Exec::Done(st) if st.is_success() => {}
             Exec::Done(st) => return Exec::Done(st),
             // Discard is synchronous in every backend; see backend::file.

@@ -557,9 +557,10 @@ impl Reactor {
             q.reap(&mut self.done);
         }
         for &(tag, st) in &self.done {
+            let (tag, credit) = crate::qos::split_tag(tag);
             let (idx, slot) = ((tag >> 16) as usize, tag as u16);
             if let Some(e) = self.conns.get_mut(idx).and_then(|e| e.as_mut()) {
-                e.conn.backend_done(slot, st, now);
+                e.conn.backend_done(slot, st, credit, now);
             }
         }
         !self.done.is_empty()

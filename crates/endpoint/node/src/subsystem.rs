@@ -38,6 +38,8 @@ pub struct Namespace {
     pub read_only: bool,
     pub info: NamespaceInfo,
     pub stats: NsStats,
+    /// Traffic control; `Off` keeps the scheduler out of the I/O path.
+    pub qos: crate::qos::QosMode,
 }
 
 pub struct Subsystem {
@@ -122,6 +124,8 @@ pub struct Controller {
     pub async_event_config: AtomicU32,
     pub features: Mutex<Features>,
     pub errors: Mutex<ErrorLog>,
+    /// The host's QoS tenant, mapped once at Connect (`Registry::tenants`).
+    pub tenant: trellis_qos::sched::TenantId,
 }
 
 impl Controller {
@@ -162,6 +166,9 @@ pub struct Registry {
     pub node: NodeId,
     /// Large command buffers kept across commands (`large_buffer_budget`).
     pub buffer_budget: Arc<crate::buf::BufferBudget>,
+    /// Schedulers' configuration and the host NQN → tenant map (`qos`).
+    pub qos: crate::qos::QosConfig,
+    pub tenants: crate::qos::Tenants,
     pub subsystems: Vec<Arc<Subsystem>>,
     pub namespaces: Vec<Arc<Namespace>>,
     pub listeners: Vec<ListenerInfo>,
@@ -231,6 +238,8 @@ impl Registry {
             buffer_budget: Arc::new(crate::buf::BufferBudget::new(
                 cfg.target.large_buffer_budget.0,
             )),
+            qos: cfg.qos.clone(),
+            tenants: crate::qos::Tenants::new(&cfg.tenants, &cfg.qos.limits),
             subsystems,
             namespaces: all_ns,
             listeners,
@@ -322,6 +331,7 @@ fn open_namespace(
         read_only: n.read_only,
         info,
         stats: NsStats::default(),
+        qos: n.qos,
     }))
 }
 

@@ -82,6 +82,10 @@ pub trait BackendQueue {
     fn cancel_all(&mut self) -> usize {
         0
     }
+    /// The Gimbal wrapper of a `qos = "gimbal"` namespace (see `crate::qos`).
+    fn qos(&mut self) -> Option<&mut crate::qos::QosQueue> {
+        None
+    }
 }
 
 /// Status of a request that could not be handed to the kernel: a submit

@@ -1,0 +1,502 @@
+//! Gimbal in the I/O path (docs/gimbal.md "In the daemon").
+//!
+//! A namespace with `qos = "gimbal"` gets, on each reactor, a [`QosQueue`]:
+//! its backend queue wrapped with one `trellis_qos::sched` scheduler. The
+//! wrapper is itself a [`BackendQueue`], so the reactor's loop (`kick`,
+//! `reap`, `in_flight`) drives it unchanged: `reap` completes finished
+//! requests into the scheduler and dispatches what it then releases, so the
+//! poll step runs every loop. A namespace with `qos = "off"` never sees this
+//! module: its queue is the bare backend queue.
+//!
+//! Tenants are host NQNs mapped to a dense [`TenantId`] at Connect
+//! ([`Tenants`]); the I/O path carries the id, never the string.
+
+use crate::backend::{BackendQueue, IoReq, Op};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use trellis_nvme::Status;
+use trellis_qos::sched::{self, SchedConfig, SchedLimits, Scheduler, Submitted, Tag, TenantId};
+use trellis_units::IoDir;
+
+/// Per-namespace traffic control.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum QosMode {
+    /// No scheduler: the I/O path of a target without QoS.
+    #[default]
+    Off,
+    /// Gimbal (SIGCOMM'21): congestion control on the backend's latency,
+    /// write cost, DRR with virtual slots, dual token bucket, I/O credits.
+    Gimbal,
+}
+
+impl std::str::FromStr for QosMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(QosMode::Off),
+            "gimbal" => Ok(QosMode::Gimbal),
+            _ => Err(format!("unknown qos {s:?} (off or gimbal)")),
+        }
+    }
+}
+
+/// The `[qos]` table: bounds and parameters of every namespace's scheduler.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QosConfig {
+    pub limits: SchedLimits,
+    /// Commands the scheduler lets reach the backend at once.
+    pub device_qd: u32,
+    pub gimbal: trellis_qos::GimbalConfig,
+}
+
+impl Default for QosConfig {
+    fn default() -> Self {
+        let s = SchedConfig::default();
+        QosConfig {
+            limits: s.limits,
+            device_qd: s.device_qd,
+            gimbal: s.gimbal,
+        }
+    }
+}
+
+impl QosConfig {
+    pub fn sched(&self) -> SchedConfig {
+        SchedConfig {
+            policy: sched::Policy::Gimbal,
+            limits: self.limits.clone(),
+            device_qd: self.device_qd,
+            gimbal: self.gimbal.clone(),
+        }
+    }
+
+    pub fn validate(&self, tenants: &[TenantConfig]) -> anyhow::Result<()> {
+        let s = self.sched();
+        sched::build(&s, 0).map_err(|e| anyhow::anyhow!("[qos]: {e}"))?;
+        // Every configured tenant keeps its own id and one is left for the catch-all.
+        anyhow::ensure!(
+            tenants.len() < self.limits.max_tenants as usize,
+            "{} [[tenant]] tables need qos.limits.max_tenants > {}",
+            tenants.len(),
+            tenants.len()
+        );
+        let mut seen = std::collections::HashSet::new();
+        for t in tenants {
+            crate::config::check_nqn(&t.host)?;
+            anyhow::ensure!(seen.insert(&t.host), "duplicate [[tenant]] host {}", t.host);
+            anyhow::ensure!(
+                (1..=sched::MAX_TENANT_WEIGHT).contains(&t.weight),
+                "tenant {}: weight must be in 1..={}",
+                t.name,
+                sched::MAX_TENANT_WEIGHT
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A `[[tenant]]` table: a host NQN with a name and a DRR weight.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub host: String,
+    pub name: String,
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Host NQN → tenant id, shared by every namespace's schedulers. Configured
+/// tenants take ids 0.. in config order; other hosts get the next id, first
+/// come first served, up to `max_tenants − 1`; later hosts share the last id
+/// (the catch-all). Consulted only at Connect.
+pub struct Tenants {
+    configured: Vec<TenantConfig>,
+    max_tenants: TenantId,
+    map: Mutex<TenantMap>,
+}
+
+struct TenantMap {
+    ids: HashMap<String, TenantId>,
+    next: TenantId,
+    overflow_logged: bool,
+}
+
+impl Tenants {
+    pub fn new(configured: &[TenantConfig], limits: &SchedLimits) -> Tenants {
+        let ids = configured
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.host.clone(), i as TenantId))
+            .collect();
+        Tenants {
+            configured: configured.to_vec(),
+            max_tenants: limits.max_tenants.max(1),
+            map: Mutex::new(TenantMap {
+                ids,
+                next: configured.len() as TenantId,
+                overflow_logged: false,
+            }),
+        }
+    }
+
+    /// The catch-all tenant hosts share once every id is taken.
+    pub fn catch_all(&self) -> TenantId {
+        self.max_tenants - 1
+    }
+
+    /// The tenant of `hostnqn`, assigning a new id on first sight.
+    pub fn tenant_of(&self, hostnqn: &str) -> TenantId {
+        let mut m = crate::lock(&self.map);
+        if let Some(&id) = m.ids.get(hostnqn) {
+            return id;
+        }
+        if m.next < self.catch_all() {
+            let id = m.next;
+            m.next += 1;
+            // Bounded: at most max_tenants − 1 entries besides configured ones.
+            m.ids.insert(hostnqn.to_string(), id);
+            tracing::info!(host = hostnqn, tenant = id, "new qos tenant");
+            return id;
+        }
+        if !m.overflow_logged {
+            m.overflow_logged = true;
+            tracing::warn!(
+                host = hostnqn,
+                tenant = self.catch_all(),
+                "qos tenant limit (qos.limits.max_tenants) reached: further hosts share the catch-all tenant"
+            );
+        }
+        self.catch_all()
+    }
+
+    /// Configured weights, applied to each new scheduler.
+    pub fn weights(&self) -> impl Iterator<Item = (TenantId, u32)> + '_ {
+        self.configured
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i as TenantId, t.weight))
+    }
+
+    /// Every tenant id in use, in order (for the log page).
+    pub fn in_use(&self) -> Vec<TenantId> {
+        let m = crate::lock(&self.map);
+        let mut v: Vec<TenantId> = m.ids.values().copied().collect();
+        if m.overflow_logged {
+            v.push(self.catch_all());
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+/// Status of a command the scheduler refused because a bound is full
+/// (`Submitted::Busy`): Namespace Not Ready (generic 82h) with DNR clear.
+/// Hosts retry it (Linux after its requeue delay; SPDK likewise), and it
+/// needs nothing negotiated: Command Interrupted (21h) says "retry" more
+/// exactly but may only be returned to hosts that enabled ACRE in Host
+/// Behavior Support, which stock Linux does not. Not Internal Error (06h):
+/// nothing failed, and an operator should not read a full queue as a fault.
+pub const QOS_BUSY: Status = trellis_nvme::status::generic::NS_NOT_READY;
+
+/// Backend tags of scheduled requests carry this bit; bypassed ones (DSM
+/// Discard) keep the connection's tag, which never sets it (bits 0..47).
+const SCHEDULED: u64 = 1 << 63;
+/// On reaped completions: bit 47 says bits 48..63 hold the tenant's I/O
+/// credits. Connection indexes stay below 2^31 (`max_connections` is far
+/// smaller), so bit 47 is free in a connection's tag.
+pub const CREDIT_FLAG: u64 = 1 << 47;
+pub const CREDIT_SHIFT: u32 = 48;
+/// The bits of a tag that name the connection and slot.
+pub const TAG_MASK: u64 = CREDIT_FLAG - 1;
+
+/// Splits a reaped tag into the connection's tag and the I/O credits it carries.
+pub fn split_tag(tag: u64) -> (u64, Option<u16>) {
+    let credit = (tag & CREDIT_FLAG != 0).then_some((tag >> CREDIT_SHIFT) as u16);
+    (tag & TAG_MASK, credit)
+}
+
+fn with_credit(tag: u64, credits: u32) -> u64 {
+    tag | CREDIT_FLAG | (credits.min(u16::MAX as u32) as u64) << CREDIT_SHIFT
+}
+
+/// A request the scheduler holds or the backend runs: what to submit, and
+/// whom to answer. Indexed by `Tag::index()`, pre-allocated.
+#[derive(Clone, Copy)]
+struct Held {
+    io: IoReq,
+    tag: u64,
+    sched: Option<Tag>,
+    submitted_ns: u64,
+}
+
+const EMPTY: Held = Held {
+    io: IoReq::NONE,
+    tag: 0,
+    sched: None,
+    submitted_ns: 0,
+};
+
+/// One reactor's queue for one Gimbal namespace.
+pub struct QosQueue {
+    inner: Box<dyn BackendQueue>,
+    sched: Box<dyn Scheduler>,
+    held: Vec<Held>,
+    /// Completions reaped from `inner` (reused: no allocation per I/O).
+    reaped: Vec<(u64, Status)>,
+}
+
+/// Wraps `inner` with a Gimbal scheduler configured by `cfg`.
+pub fn wrap(
+    inner: Box<dyn BackendQueue>,
+    cfg: &QosConfig,
+    tenants: &Tenants,
+    now_ns: u64,
+) -> anyhow::Result<Box<dyn BackendQueue>> {
+    let mut sched = sched::build(&cfg.sched(), now_ns).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (t, w) in tenants.weights() {
+        sched
+            .set_weight(t, w)
+            .map_err(|e| anyhow::anyhow!("tenant {t} weight {w}: {e:?}"))?;
+    }
+    let n = cfg.limits.max_requests as usize;
+    Ok(Box::new(QosQueue {
+        inner,
+        sched,
+        held: vec![EMPTY; n],
+        reaped: Vec::with_capacity(n),
+    }))
+}
+
+fn dir_of(op: Op) -> IoDir {
+    match op {
+        Op::Write => IoDir::Write,
+        _ => IoDir::Read,
+    }
+}
+
+impl QosQueue {
+    /// Submits `io` for `tenant`. `Some((status, credits))` when it finished
+    /// now (a synchronous backend, or Busy); `None` when its completion will
+    /// come from `reap`.
+    ///
+    /// # Safety
+    /// As [`BackendQueue::submit`]; the buffer must also stay valid while
+    /// the scheduler holds the request (it is submitted later).
+    pub unsafe fn submit_for(
+        &mut self,
+        tenant: TenantId,
+        io: &IoReq,
+        tag: u64,
+        now_ns: u64,
+    ) -> Option<(Status, u32)> {
+        let len = io.len_bytes.min(u32::MAX as u64) as u32;
+        let (t, now) = match self.sched.submit(tenant, dir_of(io.op), len, now_ns) {
+            Ok(Submitted::Dispatch(t)) => (t, true),
+            Ok(Submitted::Queued(t)) => (t, false),
+            Ok(Submitted::Busy) => return Some((QOS_BUSY, self.credits(tenant))),
+            Err(e) => {
+                tracing::error!(tenant, "qos submit refused: {e:?}");
+                return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+            }
+        };
+        let Some(h) = self.held.get_mut(t.index()) else {
+            // Tag indexes stay below max_requests, the table's length.
+            let _ = self.sched.abort(t, now_ns);
+            return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+        };
+        *h = Held {
+            io: *io,
+            tag,
+            sched: Some(t),
+            submitted_ns: now_ns,
+        };
+        if !now {
+            return None; // a later poll_dispatch (in `reap`) releases it
+        }
+        self.dispatch(t, now_ns)
+            .map(|(st, _, credits)| (st, credits))
+    }
+
+    fn credits(&self, tenant: TenantId) -> u32 {
+        self.sched.io_credits(tenant).unwrap_or(0)
+    }
+
+    /// Sends the held request `t` to the backend; returns (status, its
+    /// connection tag, credits) when the backend finished it synchronously.
+    fn dispatch(&mut self, t: Tag, now_ns: u64) -> Option<(Status, u64, u32)> {
+        let h = self.held.get_mut(t.index())?;
+        h.submitted_ns = now_ns;
+        let (io, tag) = (h.io, h.tag);
+        // SAFETY: the buffer is the request's own (or none), valid until it
+        // completes: the caller of `submit_for` promised so.
+        let st = unsafe { self.inner.submit(&io, SCHEDULED | t.index() as u64) }?;
+        let done = crate::reactor::now_ns();
+        let credits = self.finish(t.index(), done);
+        Some((st, tag, credits))
+    }
+
+    /// Completes held request `i` into the scheduler: its device latency is
+    /// the wall-clock time from the backend submit to now.
+    fn finish(&mut self, i: usize, now_ns: u64) -> u32 {
+        let Some(h) = self.held.get_mut(i) else {
+            return 0;
+        };
+        let Some(t) = h.sched.take() else { return 0 };
+        let lat = now_ns.saturating_sub(h.submitted_ns);
+        match self.sched.complete(t, lat, now_ns) {
+            Ok(c) => c.io_credits,
+            Err(e) => {
+                tracing::error!("qos complete of a stale tag: {e:?}");
+                0
+            }
+        }
+    }
+
+    /// The scheduler, for the virtual-view log page.
+    pub fn scheduler(&self) -> &dyn Scheduler {
+        &*self.sched
+    }
+}
+
+impl BackendQueue for QosQueue {
+    /// Requests without a tenant (Dataset Management's Discards, which the
+    /// handler needs to finish synchronously) bypass the scheduler.
+    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.inner.submit(req, tag) }
+    }
+
+    fn kick(&mut self) {
+        self.inner.kick();
+    }
+
+    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+        let before = out.len();
+        out.append(&mut self.reaped);
+        let mut mine = std::mem::take(&mut self.reaped);
+        self.inner.reap(&mut mine);
+        let now = crate::reactor::now_ns();
+        for &(tag, st) in &mine {
+            if tag & SCHEDULED == 0 {
+                out.push((tag, st));
+                continue;
+            }
+            let i = (tag & !SCHEDULED) as usize;
+            let conn_tag = self.held.get(i).map_or(0, |h| h.tag);
+            let credits = self.finish(i, now);
+            out.push((with_credit(conn_tag, credits), st));
+        }
+        mine.clear();
+        self.reaped = mine;
+        // The poll step: completions and token refills release queued requests.
+        while let Some(d) = self.sched.poll_dispatch(now) {
+            if let Some((st, tg, credits)) = self.dispatch(d.tag, now) {
+                out.push((with_credit(tg, credits), st));
+            }
+        }
+        self.inner.kick();
+        out.len() - before
+    }
+
+    /// Requests the scheduler holds count as in flight: the reactor then
+    /// keeps polling (never sleeps) until they are dispatched, which is how
+    /// it honours `next_timeout` (token refills every 250 µs, finer than
+    /// epoll's millisecond timeout).
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.sched.queued() as usize + self.reaped.len()
+    }
+
+    fn cancel_all(&mut self) -> usize {
+        self.inner.cancel_all()
+    }
+
+    fn qos(&mut self) -> Option<&mut QosQueue> {
+        Some(self)
+    }
+}
+
+/// Vendor-specific log page (C0h–FFh) serving the virtual view, §1.f.
+pub const VIEW_LID: u8 = 0xC0;
+/// Layout version in byte 0 of the header.
+pub const VIEW_VERSION: u8 = 1;
+pub const VIEW_HEADER_BYTES: usize = 16;
+pub const VIEW_ENTRY_BYTES: usize = 64;
+
+/// Congestion state as one byte: 0 no sample yet, then the four states of
+/// algorithms.md §1.a from calm to overloaded.
+fn state_byte(s: Option<trellis_qos::CcState>) -> u8 {
+    use trellis_qos::CcState::*;
+    match s {
+        None => 0,
+        Some(UnderUtilised) => 1,
+        Some(Avoidance) => 2,
+        Some(Congested) => 3,
+        Some(Overloaded) => 4,
+    }
+}
+
+fn encode_view(nsid: u32, v: &sched::TenantView, e: &mut [u8]) {
+    let u32c = |x: u64| x.min(u32::MAX as u64) as u32;
+    e[0..4].copy_from_slice(&nsid.to_le_bytes());
+    e[4..6].copy_from_slice(&v.tenant.to_le_bytes());
+    e[6..8].copy_from_slice(&(v.weight.min(u16::MAX as u32) as u16).to_le_bytes());
+    e[8..12].copy_from_slice(&v.io_credits.to_le_bytes());
+    e[12..16].copy_from_slice(&v.queued.to_le_bytes());
+    e[16..20].copy_from_slice(&v.inflight.to_le_bytes());
+    e[20] = state_byte(v.read.state);
+    e[21] = state_byte(v.write.state);
+    e[24..28].copy_from_slice(&u32c(v.read.latency_target_us).to_le_bytes());
+    e[28..32].copy_from_slice(&u32c(v.write.latency_target_us).to_le_bytes());
+    e[32..36].copy_from_slice(&u32c(v.read.latency_ewma_us).to_le_bytes());
+    e[36..40].copy_from_slice(&u32c(v.write.latency_ewma_us).to_le_bytes());
+    e[40..44].copy_from_slice(&u32c(v.write_cost_fp10).to_le_bytes());
+    e[48..56].copy_from_slice(&v.target_rate_bytes_per_s.to_le_bytes());
+    e[56..64].copy_from_slice(&v.headroom_bytes_per_s.to_le_bytes());
+}
+
+/// The virtual-view log page of `sub` for the host of tenant `me`: one
+/// entry per (Gimbal namespace, tenant in use), from this reactor's
+/// schedulers. NSID 0 or FFFFFFFFh: every namespace; else the one named.
+/// Layout: docs/gimbal.md "Virtual view log page".
+pub fn view_log(
+    ctx: &mut crate::exec::Ctx,
+    sub: &crate::subsystem::Subsystem,
+    me: TenantId,
+    nsid: u32,
+    page: &mut Vec<u8>,
+) -> Result<(), Status> {
+    let all = nsid == 0 || nsid == 0xFFFF_FFFF;
+    if !all && sub.namespace(nsid).is_none() {
+        return Err(trellis_nvme::status::generic::INVALID_NAMESPACE.dnr());
+    }
+    let tenants = ctx.reg.tenants.in_use();
+    page.resize(VIEW_HEADER_BYTES, 0);
+    let mut n: u16 = 0;
+    for ns in sub.namespaces.iter() {
+        if ns.qos != QosMode::Gimbal || !(all || ns.nsid == nsid) {
+            continue;
+        }
+        let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
+            continue;
+        };
+        for v in tenants.iter().filter_map(|&t| qq.scheduler().view(t)) {
+            let at = page.len();
+            page.resize(at + VIEW_ENTRY_BYTES, 0);
+            encode_view(ns.nsid, &v, &mut page[at..]);
+            n = n.saturating_add(1);
+        }
+    }
+    page[0] = VIEW_VERSION;
+    page[2..4].copy_from_slice(&n.to_le_bytes());
+    page[4..6].copy_from_slice(&me.to_le_bytes());
+    page[6..8].copy_from_slice(&(VIEW_ENTRY_BYTES as u16).to_le_bytes());
+    Ok(())
+}
