@@ -115,3 +115,28 @@ fn cancel_completes_pending_commands_ahead_of_model_time() {
     assert_eq!(q.reap(&mut out), 8);
     assert_eq!(q.in_flight(), 0);
 }
+
+/// The cost of one model call under the drive lock, alone and with a second
+/// thread hammering the same drive (run with --ignored --nocapture; prints
+/// the figures docs/ssd-model.md quotes, asserts nothing about speed).
+#[test]
+#[ignore]
+fn measure_lock_and_model_cost() {
+    let b = EmulatedBackend::new(1 << 30, params("pm9a3-gen4", 1.0)).unwrap();
+    let n = 200_000u64;
+    let per_call = move |d: &Drive| {
+        let t0 = std::time::Instant::now();
+        for i in 0..n {
+            d.schedule(IoDir::Read, (i * 7919 % 262_144) * 4096, 4096);
+        }
+        t0.elapsed().as_nanos() as u64 / n
+    };
+    println!("alone: {} ns per read", per_call(&b.drive));
+    let d2 = b.drive.clone();
+    let other = std::thread::spawn(move || per_call(&d2));
+    let mine = per_call(&b.drive);
+    println!(
+        "two threads: {mine} / {} ns per read",
+        other.join().unwrap()
+    );
+}
