@@ -30,6 +30,20 @@ pub struct TargetArgs {
     /// Size to create --file paths with when they do not exist.
     #[arg(long)]
     file_size: Option<ByteSize>,
+    /// Add an emulated SSD namespace of this size (repeatable): data in RAM,
+    /// completions at the SSD model's time (docs/ssd-model.md).
+    #[arg(long)]
+    emulated: Vec<ByteSize>,
+    /// SSD profile of --emulated namespaces: pm9a3-gen4 (default),
+    /// nvmevirt-970pro or femu.
+    #[arg(long, requires = "emulated")]
+    profile: Option<String>,
+    /// Precondition of --emulated namespaces: clean (default) or fragmented.
+    #[arg(long, requires = "emulated")]
+    precondition: Option<String>,
+    /// Multiply every device time of --emulated namespaces (≥ 1, default 1).
+    #[arg(long, requires = "emulated")]
+    time_scale: Option<f64>,
     /// Logical block size of namespaces given by flags (512 or 4096).
     #[arg(long, default_value_t = 512)]
     block_size: u32,
@@ -91,6 +105,13 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             Some(p.clone()),
             a.block_size,
         ));
+    }
+    for s in &a.emulated {
+        let mut n = ns(BackendKind::Emulated, Some(*s), None, a.block_size);
+        n.profile = a.profile.clone();
+        n.precondition = a.precondition.clone();
+        n.time_scale = a.time_scale;
+        nss.push(n);
     }
     if !nss.is_empty() || !a.allow_host.is_empty() || a.nqn != DEFAULT_NQN {
         // Flags describe the subsystem: replace the default one (or add to the file's).
@@ -211,6 +232,9 @@ fn ns(
         read_only: false,
         qos: Default::default(),
         direct: true,
+        profile: None,
+        precondition: None,
+        time_scale: None,
         uuid: None,
         nguid: None,
         eui64: None,

@@ -234,6 +234,9 @@ pub enum BackendKind {
     Ram,
     /// A regular file or a block device, through io_uring.
     File,
+    /// Data in RAM, each command completed when the SSD timing model
+    /// (`trellis-ssd`) says a real drive would (docs/ssd-model.md).
+    Emulated,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -257,6 +260,17 @@ pub struct NamespaceConfig {
     /// Open files with O_DIRECT when the filesystem or device allows it.
     #[serde(default = "yes")]
     pub direct: bool,
+    /// Emulated backend only: the SSD model profile (`pm9a3-gen4`,
+    /// `nvmevirt-970pro`, `femu`; default pm9a3-gen4).
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Emulated backend only: `clean` (default) or `fragmented`.
+    #[serde(default)]
+    pub precondition: Option<String>,
+    /// Emulated backend only: every device time is multiplied by this
+    /// (≥ 1, default 1), so a slow CPU keeps up with the emulated drive.
+    #[serde(default)]
+    pub time_scale: Option<f64>,
     /// Namespace UUID (8-4-4-4-12 hex digits); default: derived from the
     /// node identity, subsystem NQN and NSID. Likewise `nguid` (32 hex
     /// digits) and `eui64` (16 hex digits); `-` and `:` separators allowed.
@@ -399,6 +413,8 @@ impl Config {
                         n.backend
                     ),
                 }
+                crate::backend::emulated::EmulatedParams::from_config(n)
+                    .map_err(|e| anyhow::anyhow!("namespace {id} of {}: {e}", s.nqn))?;
             }
         }
         self.validate_identities()
@@ -459,6 +475,9 @@ impl NamespaceConfig {
             read_only: false,
             qos: crate::qos::QosMode::Off,
             direct: true,
+            profile: None,
+            precondition: None,
+            time_scale: None,
             uuid: None,
             nguid: None,
             eui64: None,

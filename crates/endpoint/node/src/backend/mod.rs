@@ -1,10 +1,12 @@
-//! Storage backends behind one interface: null, ram and file/block device.
+//! Storage backends behind one interface: null, ram, file/block device and
+//! emulated SSD (RAM data, model timing).
 //!
 //! A [`Backend`] is shared by all reactors; each reactor opens its own
 //! [`BackendQueue`] so the data path takes no lock. Synchronous backends (null,
 //! ram) complete in `submit`; the file backend submits to a per-reactor
 //! io_uring and completes in `reap`, which the reactor calls every loop.
 
+pub mod emulated;
 pub mod file;
 pub mod null;
 pub mod ram;
@@ -120,5 +122,11 @@ pub fn open(cfg: &crate::config::NamespaceConfig) -> anyhow::Result<std::sync::A
             cfg.read_only,
             cfg.direct,
         )?),
+        BackendKind::Emulated => {
+            let params = emulated::EmulatedParams::from_config(cfg)
+                .map_err(anyhow::Error::msg)?
+                .context("emulated namespace without emulation parameters")?;
+            std::sync::Arc::new(emulated::EmulatedBackend::new(size()?, params)?)
+        }
     })
 }

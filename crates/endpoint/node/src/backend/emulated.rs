@@ -1,0 +1,400 @@
+//! Emulated SSD backend: data in RAM (the ram backend's mapping), each read
+//! or write completed on the wall clock when the SSD timing model
+//! (`trellis-ssd`) says a real drive would.
+//!
+//! - Clock: the reactor clock [`crate::reactor::now_ns`], read at submit
+//!   and at reap. No thread sleeps: `submit` computes the due time and parks
+//!   the command in a per-queue min-heap; `reap`, which the reactor calls
+//!   every loop (and busy-polls while anything is in flight), returns those
+//!   due.
+//! - One drive per namespace: the model's state (LUN and channel busy time,
+//!   FTL, write buffer) is shared by every reactor's queue of the namespace
+//!   behind one `Mutex`, taken once per read/write for the model call only.
+//!   Uncontended it costs tens of ns against a device time of tens of µs;
+//!   see docs/ssd-model.md.
+//! - `time_scale`: the model runs in dilated time. Its clock is wall / scale
+//!   and each delay it returns is multiplied by scale, which is exactly a
+//!   drive whose every time (NAND, firmware, transfers) is scale× longer.
+//! - Data: writes are copied into RAM at submit (the modelled drive buffers
+//!   them at once too); reads are copied out at completion, so a read
+//!   returns what the medium holds when the drive would have returned it.
+
+use super::{Backend, BackendQueue, IoReq, Op};
+use hdrhistogram::Histogram;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex, PoisonError};
+use trellis_nvme::status::generic;
+use trellis_nvme::Status;
+use trellis_ssd::{Precondition, Ssd, SsdProfile};
+use trellis_units::IoDir;
+
+/// Profile used when a namespace names none.
+pub const DEFAULT_PROFILE: &str = "pm9a3-gen4";
+/// Largest accepted `time_scale` (a 60 µs read then takes 60 ms).
+pub const MAX_TIME_SCALE: f64 = 1000.0;
+/// `fragmented`: after the sequential fill, random 4 KiB overwrites of this
+/// share (‰) of the capacity, as `trellis sim reproduce nsdi26` does.
+pub const FRAGMENTED_OVERWRITE_PERMILLE: u32 = 1000;
+/// Seed of the fragmented precondition (a fixed seed: reproducible runs).
+pub const PRECONDITION_SEED: u64 = 1;
+/// Pending completions each queue pre-allocates room for. Past it the heap
+/// grows (a rare doubling, logged once), never per I/O.
+pub const QUEUE_PREALLOC: usize = 4096;
+/// Above this lateness p99 the target CPU, not the drive, set the pace: the
+/// issue's bound for a target that is not CPU-bound (20 µs).
+pub const CPU_BOUND_LATENESS_P99_NS: u64 = 20_000;
+/// Highest lateness the histograms track (larger values are clamped).
+const LATENESS_MAX_NS: u64 = 60_000_000_000;
+
+/// The validated emulation parameters of one namespace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmulatedParams {
+    pub profile: SsdProfile,
+    pub precondition: Precondition,
+    pub time_scale: f64,
+}
+
+impl EmulatedParams {
+    /// Reads and checks the emulation fields; they are refused on other
+    /// backends, where they would silently do nothing.
+    pub fn from_config(n: &crate::config::NamespaceConfig) -> Result<Option<Self>, String> {
+        use crate::config::BackendKind;
+        if n.backend != BackendKind::Emulated {
+            for (key, set) in [
+                ("profile", n.profile.is_some()),
+                ("precondition", n.precondition.is_some()),
+                ("time_scale", n.time_scale.is_some()),
+            ] {
+                if set {
+                    return Err(format!(
+                        "{key} applies only to backend = \"emulated\": remove it or change the backend"
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let name = n.profile.as_deref().unwrap_or(DEFAULT_PROFILE);
+        let profile = SsdProfile::by_name(name).ok_or_else(|| {
+            format!("unknown profile {name:?}: use pm9a3-gen4, nvmevirt-970pro or femu")
+        })?;
+        let precondition = match n.precondition.as_deref().unwrap_or("clean") {
+            "clean" => Precondition::Clean,
+            "fragmented" => Precondition::Fragmented {
+                overwrite_permille: FRAGMENTED_OVERWRITE_PERMILLE,
+            },
+            other => {
+                return Err(format!(
+                    "unknown precondition {other:?}: use clean or fragmented"
+                ))
+            }
+        };
+        let time_scale = n.time_scale.unwrap_or(1.0);
+        if !(1.0..=MAX_TIME_SCALE).contains(&time_scale) {
+            return Err(format!(
+                "time_scale {time_scale} out of range: use a number from 1 to {MAX_TIME_SCALE}"
+            ));
+        }
+        Ok(Some(EmulatedParams {
+            profile,
+            precondition,
+            time_scale,
+        }))
+    }
+}
+
+/// Lateness of completions vs model time, over the queues closed so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Lateness {
+    pub completions: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Lateness {
+    fn of(h: &Histogram<u64>) -> Lateness {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        Lateness {
+            completions: h.len(),
+            p50_us: us(h.value_at_quantile(0.50)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            max_us: us(h.max()),
+        }
+    }
+}
+
+/// The model of one drive and its clock state.
+struct Model {
+    ssd: Ssd,
+    /// Latest model time handed to the model: reactors read the clock
+    /// before taking the lock, so a later holder may carry an earlier time,
+    /// and the model refuses time going backwards.
+    last_ns: u64,
+}
+
+/// What every queue of the namespace shares.
+struct Drive {
+    model: Mutex<Model>,
+    scale: f64,
+    name: String,
+    /// Lateness of the queues already closed (merged in their Drop).
+    lateness: Mutex<Histogram<u64>>,
+}
+
+impl Drive {
+    /// Runs one read or write through the model at the current wall time;
+    /// returns its wall-clock due time in ns.
+    fn schedule(&self, dir: IoDir, offset: u64, len: u32) -> u64 {
+        let wall = crate::reactor::now_ns();
+        let mut m = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+        let model_now = ((wall as f64 / self.scale) as u64).max(m.last_ns);
+        m.last_ns = model_now;
+        let done = m.ssd.submit(dir, offset, len, model_now);
+        drop(m);
+        wall + (done.saturating_sub(model_now) as f64 * self.scale) as u64
+    }
+
+    fn lateness(&self) -> Lateness {
+        Lateness::of(&self.lateness.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Drop for Drive {
+    /// Shutdown report: the last queue and the backend are gone.
+    fn drop(&mut self) {
+        let l = self.lateness();
+        if l.completions == 0 {
+            return;
+        }
+        tracing::info!(
+            "emulated {}: {} completions, lateness vs model time p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+            self.name,
+            l.completions,
+            l.p50_us,
+            l.p99_us,
+            l.max_us
+        );
+        if l.p99_us * 1000.0 > CPU_BOUND_LATENESS_P99_NS as f64 {
+            tracing::warn!(
+                "emulated {}: the target CPU, not the drive, was the bottleneck (lateness p99 {:.1} µs > {} µs): raise time_scale (now {})",
+                self.name,
+                l.p99_us,
+                CPU_BOUND_LATENESS_P99_NS / 1000,
+                self.scale
+            );
+        }
+    }
+}
+
+pub struct EmulatedBackend {
+    ram: super::ram::RamBackend,
+    drive: Arc<Drive>,
+}
+
+impl EmulatedBackend {
+    /// Builds the model and brings it to its precondition (a sequential
+    /// fill, plus random overwrites when fragmented), which charges no time.
+    pub fn new(size_bytes: u64, p: EmulatedParams) -> anyhow::Result<EmulatedBackend> {
+        let ram = super::ram::RamBackend::new(size_bytes)?;
+        let t0 = std::time::Instant::now();
+        let name = p.profile.name.clone();
+        let mut ssd = Ssd::new(p.profile);
+        ssd.precondition(p.precondition, PRECONDITION_SEED);
+        tracing::info!(
+            "emulated {name}: {:?} precondition in {:?}, time_scale {}",
+            p.precondition,
+            t0.elapsed(),
+            p.time_scale
+        );
+        let lateness = Histogram::new_with_bounds(1, LATENESS_MAX_NS, 3)?;
+        Ok(EmulatedBackend {
+            ram,
+            drive: Arc::new(Drive {
+                model: Mutex::new(Model { ssd, last_ns: 0 }),
+                scale: p.time_scale,
+                name,
+                lateness: Mutex::new(lateness),
+            }),
+        })
+    }
+
+    /// Lateness over the queues closed so far (all of them after shutdown).
+    pub fn lateness(&self) -> Lateness {
+        self.drive.lateness()
+    }
+}
+
+impl Backend for EmulatedBackend {
+    fn size_bytes(&self) -> u64 {
+        self.ram.size_bytes()
+    }
+    fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
+        Ok(Box::new(EmulatedQueue {
+            drive: self.drive.clone(),
+            ram: self.ram.open_queue()?,
+            size_bytes: self.ram.size_bytes(),
+            pending: BinaryHeap::with_capacity(QUEUE_PREALLOC),
+            seq: 0,
+            draining: false,
+            grew_logged: false,
+            lateness: Histogram::new_with_bounds(1, LATENESS_MAX_NS, 3)?,
+        }))
+    }
+    fn describe(&self) -> String {
+        format!(
+            "emulated {} ({} bytes, time_scale {})",
+            self.drive.name,
+            self.ram.size_bytes(),
+            self.drive.scale
+        )
+    }
+}
+
+/// A command waiting for its model completion time.
+struct Pending {
+    due_ns: u64,
+    /// Submission order: equal due times complete first in, first out.
+    seq: u64,
+    tag: u64,
+    /// A read's request, copied out at completion; None for a write.
+    read: Option<IoReq>,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, o: &Self) -> bool {
+        (self.due_ns, self.seq) == (o.due_ns, o.seq)
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.due_ns, self.seq).cmp(&(o.due_ns, o.seq))
+    }
+}
+
+struct EmulatedQueue {
+    drive: Arc<Drive>,
+    /// The ram backend's queue: does the data copies.
+    ram: Box<dyn BackendQueue>,
+    size_bytes: u64,
+    pending: BinaryHeap<Reverse<Pending>>,
+    seq: u64,
+    /// Shutdown grace expired: complete everything now, ignoring model time.
+    draining: bool,
+    grew_logged: bool,
+    lateness: Histogram<u64>,
+}
+
+impl EmulatedQueue {
+    fn push(&mut self, due_ns: u64, tag: u64, read: Option<IoReq>) {
+        if self.pending.len() == self.pending.capacity() && !self.grew_logged {
+            self.grew_logged = true;
+            tracing::warn!(
+                "emulated {}: more than {} commands in flight on one reactor; the completion heap grows",
+                self.drive.name,
+                self.pending.len()
+            );
+        }
+        self.seq += 1;
+        self.pending.push(Reverse(Pending {
+            due_ns,
+            seq: self.seq,
+            tag,
+            read,
+        }));
+    }
+}
+
+impl BackendQueue for EmulatedQueue {
+    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+        let dir = match req.op {
+            Op::Read => IoDir::Read,
+            Op::Write => IoDir::Write,
+            // Flush, Write Zeroes and Deallocate are not in the model: they
+            // complete at once on the RAM.
+            // SAFETY: this function's own contract, passed on.
+            Op::Flush | Op::WriteZeroes | Op::Discard => return self.ram.submit(req, tag),
+        };
+        // MDTS (at most 8 MiB) keeps transfers far below 4 GiB; the model
+        // takes u32 lengths and refuses zero-length I/O.
+        let Ok(len @ 1..) = u32::try_from(req.len_bytes) else {
+            return Some(generic::INVALID_FIELD.dnr());
+        };
+        if req
+            .offset_bytes
+            .checked_add(req.len_bytes)
+            .is_none_or(|e| e > self.size_bytes)
+        {
+            return Some(generic::LBA_OUT_OF_RANGE.dnr());
+        }
+        let read = if dir == IoDir::Write {
+            // SAFETY: this function's contract covers req.buf; the ram queue
+            // copies synchronously and keeps no pointer.
+            match self.ram.submit(req, tag) {
+                Some(st) if st == Status::SUCCESS => None,
+                other => return other,
+            }
+        } else {
+            Some(*req)
+        };
+        let due = self.drive.schedule(dir, req.offset_bytes, len);
+        self.push(due, tag, read);
+        None
+    }
+
+    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+        let now = crate::reactor::now_ns();
+        let mut n = 0;
+        while let Some(Reverse(p)) = self.pending.peek() {
+            if p.due_ns > now && !self.draining {
+                break;
+            }
+            let Some(Reverse(p)) = self.pending.pop() else {
+                break;
+            };
+            let st = match &p.read {
+                // SAFETY: submit's contract keeps req.buf valid and ours
+                // until this completion is reported, which is below.
+                Some(req) => unsafe { self.ram.submit(req, p.tag) }.unwrap_or(Status::SUCCESS),
+                None => Status::SUCCESS,
+            };
+            self.lateness
+                .saturating_record(now.saturating_sub(p.due_ns));
+            out.push((p.tag, st));
+            n += 1;
+        }
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// No kernel to cancel in: the pending commands complete at the next
+    /// reap, with their data, ahead of model time.
+    fn cancel_all(&mut self) -> usize {
+        self.draining = true;
+        self.pending.len()
+    }
+}
+
+impl Drop for EmulatedQueue {
+    fn drop(&mut self) {
+        let mut all = self
+            .drive
+            .lateness
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Same bounds on both sides, so adding cannot fail; ignored if it did.
+        let _ = all.add(&self.lateness);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,134 @@
+//! The emulated SSD backend through the wire: data round-trips, reads take
+//! at least the model's time (scaled), and bad parameters are refused.
+mod common;
+use common::*;
+use trellis_nvme::pdu::Digests;
+use trellis_target::config::{
+    BackendKind, Config, ListenerConfig, NamespaceConfig, SubsystemConfig,
+};
+
+/// One 16 MiB emulated namespace; `f` sets its emulation fields.
+fn config(f: impl FnOnce(&mut NamespaceConfig)) -> Config {
+    let mut cfg = Config::embedded_default();
+    cfg.listeners = vec![ListenerConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        kind: None,
+    }];
+    let mut ns = NamespaceConfig::sized(BackendKind::Emulated, 16 << 20);
+    f(&mut ns);
+    cfg.subsystems = vec![SubsystemConfig {
+        nqn: NQN.into(),
+        serial: "EMU1".into(),
+        model: "Trellis test".into(),
+        allow_any_host: Some(false),
+        allowed_hosts: vec![HOST.into()],
+        namespaces: vec![ns],
+    }];
+    cfg.target.state_dir = Some(test_state_dir());
+    cfg
+}
+
+fn start(f: impl FnOnce(&mut NamespaceConfig)) -> trellis_target::Target {
+    trellis_target::Target::start(&config(f)).unwrap()
+}
+
+/// Fastest of `n` QD1 4 KiB reads, in ns (the floor is what the model sets).
+fn min_read_ns(q: &mut Queue, n: u64) -> u64 {
+    (0..n)
+        .map(|i| {
+            let t0 = std::time::Instant::now();
+            let (c, _) = read(q, i * 64, 8);
+            assert!(c.status.is_success(), "{:?}", c.status);
+            t0.elapsed().as_nanos() as u64
+        })
+        .min()
+        .unwrap()
+}
+
+#[test]
+fn written_data_reads_back_through_the_wire() {
+    let t = start(|n| n.profile = Some("nvmevirt-970pro".into()));
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let q = &mut c.io[0];
+    for (slba, blocks) in [(0u64, 8usize), (4096, 16), (9, 3)] {
+        let data = pattern(slba, blocks, 1);
+        assert!(write(q, slba, &data).status.is_success());
+        let (cqe, back) = read(q, slba, blocks as u32);
+        assert!(cqe.status.is_success());
+        assert_eq!(back, data, "slba {slba}");
+    }
+    drop(c);
+    t.stop().unwrap();
+}
+
+#[test]
+fn qd1_reads_take_at_least_the_model_time_and_scale() {
+    // A clean pm9a3-gen4 4 KiB read: firmware + NAND page read + channel
+    // and PCIe transfer; the first two alone are a lower bound.
+    let p = trellis_ssd::SsdProfile::pm9a3();
+    let idle_ns = p.fw_read_small_ns + p.read_lsb_ns.min(p.read_msb_ns);
+    for scale in [1.0, 4.0] {
+        let t = start(|n| n.time_scale = Some(scale));
+        let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+        let got = min_read_ns(&mut c.io[0], 20);
+        let floor = (idle_ns as f64 * scale) as u64;
+        assert!(got >= floor, "time_scale {scale}: {got} ns < {floor} ns");
+        drop(c);
+        t.stop().unwrap();
+    }
+}
+
+#[test]
+fn fragmented_femu_is_accepted_and_serves_io() {
+    let t = start(|n| {
+        n.profile = Some("femu".into());
+        n.precondition = Some("fragmented".into());
+    });
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let data = pattern(100, 8, 3);
+    assert!(write(&mut c.io[0], 100, &data).status.is_success());
+    assert_eq!(read(&mut c.io[0], 100, 8).1, data);
+    drop(c);
+    t.stop().unwrap();
+}
+
+#[test]
+fn bad_emulation_values_are_refused_with_the_fix() {
+    let bad = |f: fn(&mut NamespaceConfig), want: &str| {
+        let e = config(f).validate().unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    };
+    bad(
+        |n| n.profile = Some("970evo".into()),
+        "unknown profile \"970evo\": use",
+    );
+    bad(
+        |n| n.precondition = Some("used".into()),
+        "unknown precondition \"used\": use clean or fragmented",
+    );
+    bad(
+        |n| n.time_scale = Some(0.25),
+        "time_scale 0.25 out of range",
+    );
+    bad(
+        |n| {
+            n.backend = BackendKind::Ram;
+            n.profile = Some("femu".into());
+        },
+        "profile applies only to backend = \"emulated\"",
+    );
+    // And from TOML, integers and floats for time_scale alike.
+    let toml = |v: &str| {
+        Config::from_toml(&format!(
+            "[[listener]]\naddr = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\n\
+             [[subsystem.namespace]]\nbackend = \"emulated\"\nsize = \"16MiB\"\ntime_scale = {v}\n"
+        ))
+    };
+    assert_eq!(
+        toml("4").unwrap().subsystems[0].namespaces[0].time_scale,
+        Some(4.0)
+    );
+    assert!(toml("2.5").is_ok());
+    let e = toml("0").unwrap_err().to_string();
+    assert!(e.contains("time_scale 0 out of range"), "{e}");
+}
