@@ -9,6 +9,9 @@
 //! Every encode and decode goes through `trellis-nvme`, the same crate the
 //! target uses. See `docs/host.md` for the design and API walk-through.
 
+// No unwrap/expect outside tests: a peer or a caller must never panic the host.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod ctrl;
 pub mod engine;
 pub mod error;
