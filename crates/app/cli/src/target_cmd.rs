@@ -146,7 +146,11 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             .collect();
     }
     if let Some(q) = a.qos {
-        for n in cfg.subsystems.iter_mut().flat_map(|s| s.namespaces.iter_mut()) {
+        for n in cfg
+            .subsystems
+            .iter_mut()
+            .flat_map(|s| s.namespaces.iter_mut())
+        {
             n.qos = q;
         }
     }

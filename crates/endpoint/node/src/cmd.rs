@@ -55,7 +55,8 @@ pub static FABRICS: &[Command] = &[
 /// Admin commands. Discovery controllers serve the subset Linux nvmet's
 /// discovery.c serves: Identify (controller), Get Log Page (discovery log),
 /// Set/Get Features (KATO, async event config), AER and Keep Alive.
-pub static ADMIN: &[Command] = &[
+pub static ADMIN: &[Command] = ADMIN_ROWS;
+const ADMIN_ROWS: &[Command] = &[
     admin_cmd(
         "Get Log Page",
         aop::GET_LOG_PAGE,
@@ -139,7 +140,8 @@ const fn admin_cmd(
 }
 
 /// NVM command set I/O commands.
-pub static IO: &[Command] = &[
+pub static IO: &[Command] = IO_ROWS;
+const IO_ROWS: &[Command] = &[
     io_cmd(
         "Flush",
         iop::FLUSH,
@@ -213,13 +215,20 @@ const fn io_cmd(
     }
 }
 
-/// Finds the row for `sqe` on a queue of `kind` (`None`: not yet connected).
-fn lookup(sqe: &Sqe) -> Option<&'static Command> {
-    if sqe.opcode() == aop::FABRICS {
-        return FABRICS.iter().find(|c| c.fctype == sqe.fctype());
+/// Row index by opcode (`NO_ROW`: none), built at compile time from a
+/// table, so finding a row costs one load instead of a scan per command.
+const fn index(rows: &[Command]) -> [u8; 256] {
+    let mut ix = [NO_ROW; 256];
+    let mut i = 0;
+    while i < rows.len() {
+        ix[rows[i].opcode as usize] = i as u8;
+        i += 1;
     }
-    None
+    ix
 }
+const NO_ROW: u8 = u8::MAX;
+static ADMIN_INDEX: [u8; 256] = index(ADMIN_ROWS);
+static IO_INDEX: [u8; 256] = index(IO_ROWS);
 
 /// Where this queue is, as an [`on`] bit.
 fn place(q: &Queue) -> u8 {
@@ -234,10 +243,14 @@ fn place(q: &Queue) -> u8 {
 /// The row for `sqe` on this queue, or the status to fail it with.
 pub fn find(q: &Queue, sqe: &Sqe) -> Result<&'static Command, Status> {
     let here = place(q);
-    let row = lookup(sqe).or_else(|| {
-        let table = if here == on::IO { IO } else { ADMIN };
-        table.iter().find(|c| c.opcode == sqe.opcode())
-    });
+    let op = sqe.opcode();
+    let row = if op == aop::FABRICS {
+        FABRICS.iter().find(|c| c.fctype == sqe.fctype())
+    } else if here == on::IO {
+        IO.get(IO_INDEX[op as usize] as usize)
+    } else {
+        ADMIN.get(ADMIN_INDEX[op as usize] as usize)
+    };
     match row {
         Some(c) if c.on & here != 0 => Ok(c),
         Some(c) if here != on::UNCONNECTED => Err(c.misplaced),
