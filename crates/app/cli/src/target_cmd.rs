@@ -228,19 +228,10 @@ fn ns(
     block_size: u32,
 ) -> NamespaceConfig {
     NamespaceConfig {
-        nsid: None,
-        backend,
         size,
         path,
         block_size,
-        read_only: false,
-        qos: Default::default(),
-        direct: true,
-        profile: None,
-        precondition: None,
-        time_scale: None,
-        uuid: None,
-        nguid: None,
-        eui64: None,
+        // Everything else as the library's defaults for a namespace.
+        ..NamespaceConfig::sized(backend, 0)
     }
 }

@@ -3,29 +3,13 @@
 mod common;
 use common::*;
 use trellis_nvme::pdu::Digests;
-use trellis_target::config::{
-    BackendKind, Config, ListenerConfig, NamespaceConfig, SubsystemConfig,
-};
+use trellis_target::config::{BackendKind, Config, NamespaceConfig};
 
 /// One 16 MiB emulated namespace; `f` sets its emulation fields.
 fn config(f: impl FnOnce(&mut NamespaceConfig)) -> Config {
-    let mut cfg = Config::embedded_default();
-    cfg.listeners = vec![ListenerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        kind: None,
-    }];
     let mut ns = NamespaceConfig::sized(BackendKind::Emulated, 16 << 20);
     f(&mut ns);
-    cfg.subsystems = vec![SubsystemConfig {
-        nqn: NQN.into(),
-        serial: "EMU1".into(),
-        model: "Trellis test".into(),
-        allow_any_host: Some(false),
-        allowed_hosts: vec![HOST.into()],
-        namespaces: vec![ns],
-    }];
-    cfg.target.state_dir = Some(test_state_dir());
-    cfg
+    test_config(ns)
 }
 
 fn start(f: impl FnOnce(&mut NamespaceConfig)) -> trellis_target::Target {

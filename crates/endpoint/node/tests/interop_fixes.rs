@@ -182,7 +182,7 @@ fn every_connect_refusal_is_logged_at_info_with_reason_host_subsystem_and_peer()
 
 use trellis_nvme::fabrics::DISCOVERY_NQN;
 use trellis_nvme::identify::IdCtrl;
-use trellis_nvme::log::{self, GetLogPage};
+use trellis_nvme::log;
 use trellis_nvme::sqe::admin;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Cqe, Sgl, Sqe};
@@ -191,18 +191,6 @@ fn identify(q: &mut Queue, cns: u8, nsid: u32) -> (Cqe, Vec<u8>) {
     let mut s = Sqe::new(admin::IDENTIFY, 0, nsid);
     s.set_cdw(10, cns as u32);
     q.cmd(s, &[], 4096, 0)
-}
-
-fn get_log(q: &mut Queue, lid: u8, nsid: u32, len: u64) -> (Cqe, Vec<u8>) {
-    let s = GetLogPage {
-        lid,
-        lsp: 0,
-        rae: false,
-        len_bytes: len,
-        offset_bytes: 0,
-    }
-    .to_sqe(0, nsid);
-    q.cmd(s, &[], len as usize, 0)
 }
 
 fn features(q: &mut Queue, opcode: u8, fid: u8, value: u32) -> Cqe {

@@ -5,13 +5,10 @@
 mod common;
 
 use common::*;
-use trellis_nvme::log::GetLogPage;
 use trellis_nvme::pdu::{Digests, PduType};
 use trellis_nvme::sqe::{io, Sgl};
 use trellis_nvme::{le16, le32, le64, Cqe, Sqe};
-use trellis_target::config::{
-    BackendKind, Config, ListenerConfig, NamespaceConfig, SubsystemConfig,
-};
+use trellis_target::config::{BackendKind, Config, NamespaceConfig};
 use trellis_target::qos::{QosMode, TenantConfig, VIEW_ENTRY_BYTES, VIEW_HEADER_BYTES, VIEW_LID};
 
 const NO: Digests = Digests {
@@ -21,36 +18,9 @@ const NO: Digests = Digests {
 
 /// The common test target (one 16 MiB RAM namespace for `HOST`) with `qos`.
 fn config(qos: QosMode) -> Config {
-    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-    let mut cfg = Config::embedded_default();
-    cfg.listeners = vec![ListenerConfig {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        kind: None,
-    }];
     let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
     ns.qos = qos;
-    cfg.subsystems = vec![SubsystemConfig {
-        nqn: NQN.into(),
-        serial: "TEST1".into(),
-        model: "Trellis test".into(),
-        allow_any_host: Some(false),
-        allowed_hosts: vec![HOST.into()],
-        namespaces: vec![ns],
-    }];
-    cfg.target.state_dir = Some(test_state_dir());
-    cfg
-}
-
-fn get_log(q: &mut Queue, lid: u8, nsid: u32, len: u64) -> (Cqe, Vec<u8>) {
-    let s = GetLogPage {
-        lid,
-        lsp: 0,
-        rae: false,
-        len_bytes: len,
-        offset_bytes: 0,
-    }
-    .to_sqe(0, nsid);
-    q.cmd(s, &[], len as usize, 0)
+    test_config(ns)
 }
 
 /// One parsed entry of the virtual-view page.

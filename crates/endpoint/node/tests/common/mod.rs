@@ -26,8 +26,16 @@ pub fn start_target() -> trellis_target::Target {
 }
 
 pub fn start_target_with(engine: trellis_target::config::SocketEngine) -> trellis_target::Target {
-    let mut cfg = Config::embedded_default();
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
     cfg.target.socket_engine = engine;
+    trellis_target::Target::start(&cfg).unwrap()
+}
+
+/// The test target's configuration around one namespace: an ephemeral
+/// loopback listener, subsystem `NQN` that only `HOST` may use, and the
+/// tests' own state directory.
+pub fn test_config(ns: NamespaceConfig) -> Config {
+    let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
@@ -38,10 +46,24 @@ pub fn start_target_with(engine: trellis_target::config::SocketEngine) -> trelli
         model: "Trellis test".into(),
         allow_any_host: Some(false),
         allowed_hosts: vec![HOST.into()],
-        namespaces: vec![NamespaceConfig::sized(BackendKind::Ram, 16 << 20)],
+        namespaces: vec![ns],
     }];
     cfg.target.state_dir = Some(test_state_dir());
-    trellis_target::Target::start(&cfg).unwrap()
+    cfg
+}
+
+/// Get Log Page `lid` for `nsid`, `len` bytes from offset 0.
+#[allow(dead_code)] // not every test file reads log pages
+pub fn get_log(q: &mut Queue, lid: u8, nsid: u32, len: u64) -> (trellis_nvme::Cqe, Vec<u8>) {
+    let s = trellis_nvme::log::GetLogPage {
+        lid,
+        lsp: 0,
+        rae: false,
+        len_bytes: len,
+        offset_bytes: 0,
+    }
+    .to_sqe(0, nsid);
+    q.cmd(s, &[], len as usize, 0)
 }
 
 /// Where test targets keep their node identity: one shared directory
