@@ -251,7 +251,7 @@ impl Conn {
     pub fn process(&mut self, ctx: &mut Ctx) {
         self.now_ns = ctx.now_ns;
         while self.state != State::Closing && self.tx.has_room() {
-            if !self.end_direct(ctx) {
+            if self.direct.is_some() && !self.end_direct(ctx) {
                 break;
             }
             let avail = self.rx.len();
@@ -822,7 +822,11 @@ impl Conn {
         slot.phase = Phase::Free;
         // Bounds what idle queues keep: `slot_buffer_keep`, `large_buffer_budget`.
         let keep = self.queue.reg.limits.slot_buffer_keep.0 as usize;
-        slot.req.buf.shrink_to(keep, &self.queue.reg.buffer_budget);
+        if slot.req.buf.capacity() > keep {
+            // Only large buffers are charged to the budget or freed; the
+            // common small one is simply reused.
+            slot.req.buf.shrink_to(keep, &self.queue.reg.buffer_budget);
+        }
         self.free.push(s);
     }
 

@@ -51,6 +51,9 @@ fn block_req(ns: &Namespace, sqe: &Sqe, op: Op) -> Result<IoReq, Status> {
 
 pub(crate) fn check_read(ns: &Namespace, req: &mut Request) -> Result<(), Status> {
     req.io = block_req(ns, &req.sqe, Op::Read)?;
+    // Decided here, where the namespace is at hand, so the handler of a
+    // null-backend read (the benchmark path) does not look it up again.
+    req.zero_data = ns.backend.reads_zero();
     Ok(())
 }
 
@@ -114,9 +117,8 @@ fn submit_direct(ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
 }
 
 pub(crate) fn read(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
-    if ns_of(ctx, req).backend.reads_zero() {
+    if req.zero_data {
         // Null backend: no submit, no memset; the data comes from the shared zero buffer.
-        req.zero_data = true;
         if ns_of(ctx, req).qos == QosMode::Off {
             return Exec::Done(Status::SUCCESS);
         }

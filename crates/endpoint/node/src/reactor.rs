@@ -575,6 +575,10 @@ impl Reactor {
                 continue;
             };
             let mut close_now = false;
+            // A connection's deadline can move earlier only through an event
+            // that also queued output (a completion, Connect, Set Features),
+            // so only those are re-armed: idle connections cost nothing here.
+            let rearm = e.conn.has_output();
             if let Some(u) = self.uring.as_mut() {
                 // io_uring: queue the send; the completion advances tx.
                 if e.conn.has_output() && !e.zombie && !e.send_armed {
@@ -603,7 +607,7 @@ impl Reactor {
             }
             if close_now || e.conn.wants_close() || e.zombie {
                 self.close(idx);
-            } else {
+            } else if rearm {
                 self.arm_timer(idx);
             }
         }
