@@ -28,23 +28,7 @@ fn default_config() -> Config {
 
 /// Admin Connect, enable, and `ios` I/O queues, as host `hostnqn`.
 fn controller_as(addr: SocketAddr, subnqn: &str, hostnqn: &str, ios: u16) -> Ctrl {
-    let mut admin = Queue::open(addr, NO);
-    let c = admin.fabrics_connect(0, 31, subnqn, hostnqn, CNTLID_DYNAMIC, 5000);
-    assert!(c.status.is_success(), "admin connect: {:?}", c.status);
-    let cntlid = c.dw0 as u16;
-    assert!(admin.prop_set(0x14, 0x0046_0001).status.is_success());
-    let mut io = Vec::new();
-    for qid in 1..=ios {
-        let mut q = Queue::open(addr, NO);
-        let c = q.fabrics_connect(qid, 127, subnqn, hostnqn, cntlid, 0);
-        assert!(
-            c.status.is_success(),
-            "I/O connect qid {qid}: {:?}",
-            c.status
-        );
-        io.push(q);
-    }
-    Ctrl { admin, io, cntlid }
+    common::controller_as(addr, subnqn, hostnqn, ios, NO, 5000)
 }
 
 // ---------------------------------------------------------------- 1. empty host NQN

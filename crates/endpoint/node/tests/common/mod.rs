@@ -81,8 +81,20 @@ pub struct Ctrl {
 }
 
 pub fn controller(addr: SocketAddr, subnqn: &str, ios: u16, dg: Digests, kato_ms: u32) -> Ctrl {
+    controller_as(addr, subnqn, HOST, ios, dg, kato_ms)
+}
+
+/// Admin Connect as `hostnqn`, enable, and `ios` I/O queues.
+pub fn controller_as(
+    addr: SocketAddr,
+    subnqn: &str,
+    hostnqn: &str,
+    ios: u16,
+    dg: Digests,
+    kato_ms: u32,
+) -> Ctrl {
     let mut admin = Queue::open(addr, dg);
-    let c = admin.fabrics_connect(0, 31, subnqn, HOST, CNTLID_DYNAMIC, kato_ms);
+    let c = admin.fabrics_connect(0, 31, subnqn, hostnqn, CNTLID_DYNAMIC, kato_ms);
     assert!(c.status.is_success(), "admin connect: {:?}", c.status);
     let cntlid = c.dw0 as u16;
     admin.prop_get(0, true);
@@ -91,7 +103,7 @@ pub fn controller(addr: SocketAddr, subnqn: &str, ios: u16, dg: Digests, kato_ms
     let mut io = Vec::new();
     for qid in 1..=ios {
         let mut q = Queue::open(addr, dg);
-        let c = q.fabrics_connect(qid, 127, subnqn, HOST, cntlid, 0);
+        let c = q.fabrics_connect(qid, 127, subnqn, hostnqn, cntlid, 0);
         assert!(
             c.status.is_success(),
             "I/O connect qid {qid}: {:?}",
