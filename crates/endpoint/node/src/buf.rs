@@ -59,10 +59,15 @@ impl AlignedBuf {
     }
     /// Makes room for `len` bytes, reallocating (without keeping contents)
     /// only when the buffer is too small.
+    #[inline]
     pub fn ensure(&mut self, len: usize) {
-        if len <= self.cap {
-            return;
+        if len > self.cap {
+            self.grow(len);
         }
+    }
+
+    #[cold]
+    fn grow(&mut self, len: usize) {
         self.free();
         let cap = len.next_power_of_two().max(ALIGN);
         let Ok(layout) = std::alloc::Layout::from_size_align(cap, ALIGN) else {

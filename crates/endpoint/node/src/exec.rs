@@ -258,7 +258,17 @@ pub struct Ctx<'a> {
 
 impl Ctx<'_> {
     /// The reactor's queue for namespace `ns`, opened on first use.
+    #[inline]
     pub fn queue(&mut self, ns: &Namespace) -> Option<&mut Box<dyn BackendQueue>> {
+        // The common case, a queue already open, without the opening code.
+        if matches!(self.queues.get(ns.uid), Some(Some(_))) {
+            return self.queues[ns.uid].as_mut();
+        }
+        self.open_queue(ns)
+    }
+
+    #[cold]
+    fn open_queue(&mut self, ns: &Namespace) -> Option<&mut Box<dyn BackendQueue>> {
         if self.queues.len() <= ns.uid {
             self.queues.resize_with(ns.uid + 1, || None);
         }

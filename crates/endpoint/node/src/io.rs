@@ -53,7 +53,7 @@ pub(crate) fn check_read(ns: &Namespace, req: &mut Request) -> Result<(), Status
     req.io = block_req(ns, &req.sqe, Op::Read)?;
     // Decided here, where the namespace is at hand, so the handler of a
     // null-backend read (the benchmark path) does not look it up again.
-    req.zero_data = ns.backend.reads_zero();
+    req.zero_data = ns.reads_zero;
     Ok(())
 }
 
@@ -142,7 +142,7 @@ pub(crate) fn write(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let icd = ctx.icd;
     if icd.is_empty() {
         io.buf = req.buf.as_mut_ptr();
-    } else if ns_of(ctx, req).backend.synchronous() && ns_of(ctx, req).qos == QosMode::Off {
+    } else if ns_of(ctx, req).write_in_place {
         // The backend reads the data inside submit; the receive buffer stays
         // put until then, so no copy.
         io.buf = icd.as_ptr() as *mut u8;

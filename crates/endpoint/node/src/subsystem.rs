@@ -40,6 +40,12 @@ pub struct Namespace {
     pub stats: NsStats,
     /// Traffic control; `Off` keeps the scheduler out of the I/O path.
     pub qos: crate::qos::QosMode,
+    /// The backend's `reads_zero()`, kept here so the I/O path makes no
+    /// virtual call for it.
+    pub reads_zero: bool,
+    /// Writes may hand the backend the receive buffer itself: the backend
+    /// completes inside `submit` and no scheduler holds the request.
+    pub write_in_place: bool,
 }
 
 pub struct Subsystem {
@@ -324,6 +330,8 @@ fn open_namespace(
     Ok(Arc::new(Namespace {
         nsid,
         uid,
+        reads_zero: backend.reads_zero(),
+        write_in_place: backend.synchronous() && n.qos == crate::qos::QosMode::Off,
         backend,
         block_size: bs,
         lbads: bs.trailing_zeros() as u8,
