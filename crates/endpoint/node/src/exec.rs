@@ -275,9 +275,13 @@ impl Ctx<'_> {
         if self.queues[ns.uid].is_none() {
             let q = ns.backend.open_queue().and_then(|q| match ns.qos {
                 crate::qos::QosMode::Off => Ok(q),
-                crate::qos::QosMode::Gimbal => {
-                    crate::qos::wrap(q, &self.reg.qos, &self.reg.tenants, self.now_ns)
-                }
+                crate::qos::QosMode::Gimbal => crate::qos::wrap(
+                    q,
+                    &self.reg.qos,
+                    &self.reg.tenants,
+                    self.now_ns,
+                    ns.backend.time_scale(),
+                ),
             });
             match q {
                 Ok(q) => self.queues[ns.uid] = Some(q),

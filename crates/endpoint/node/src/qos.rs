@@ -251,6 +251,37 @@ pub struct QosQueue {
     held: Vec<Held>,
     /// Completions reaped from `inner` (reused: no allocation per I/O).
     reaped: Vec<(u64, Status)>,
+    /// The device's clock: wall ÷ `Backend::time_scale` (1 except on a
+    /// time-scaled emulated SSD). The scheduler sees times and latencies on
+    /// it, so Gimbal's thresholds (µs) and rates (B/s) apply to the drive
+    /// the model emulates, exactly as they would on that drive in real time.
+    clock: DeviceClock,
+}
+
+/// Converts wall-clock ns to the device's clock.
+#[derive(Clone, Copy, Debug)]
+struct DeviceClock {
+    scale: f64,
+}
+
+impl DeviceClock {
+    fn new(scale: f64) -> DeviceClock {
+        DeviceClock {
+            scale: if scale.is_finite() && scale > 1.0 {
+                scale
+            } else {
+                1.0
+            },
+        }
+    }
+    #[inline]
+    fn ns(self, wall_ns: u64) -> u64 {
+        if self.scale == 1.0 {
+            wall_ns
+        } else {
+            (wall_ns as f64 / self.scale) as u64
+        }
+    }
 }
 
 /// Wraps `inner` with a Gimbal scheduler configured by `cfg`.
@@ -259,8 +290,11 @@ pub fn wrap(
     cfg: &QosConfig,
     tenants: &Tenants,
     now_ns: u64,
+    time_scale: f64,
 ) -> anyhow::Result<Box<dyn BackendQueue>> {
-    let mut sched = sched::build(&cfg.sched(), now_ns).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let clock = DeviceClock::new(time_scale);
+    let mut sched =
+        sched::build(&cfg.sched(), clock.ns(now_ns)).map_err(|e| anyhow::anyhow!("{e}"))?;
     for (t, w) in tenants.weights() {
         sched
             .set_weight(t, w)
@@ -272,6 +306,7 @@ pub fn wrap(
         sched,
         held: vec![EMPTY; n],
         reaped: Vec::with_capacity(n),
+        clock,
     }))
 }
 
@@ -298,7 +333,8 @@ impl QosQueue {
         now_ns: u64,
     ) -> Option<(Status, u32)> {
         let len = io.len_bytes.min(u32::MAX as u64) as u32;
-        let (t, now) = match self.sched.submit(tenant, dir_of(io.op), len, now_ns) {
+        let dev_ns = self.clock.ns(now_ns);
+        let (t, now) = match self.sched.submit(tenant, dir_of(io.op), len, dev_ns) {
             Ok(Submitted::Dispatch(t)) => (t, true),
             Ok(Submitted::Queued(t)) => (t, false),
             Ok(Submitted::Busy) => return Some((QOS_BUSY, self.credits(tenant))),
@@ -309,7 +345,7 @@ impl QosQueue {
         };
         let Some(h) = self.held.get_mut(t.index()) else {
             // Tag indexes stay below max_requests, the table's length.
-            let _ = self.sched.abort(t, now_ns);
+            let _ = self.sched.abort(t, dev_ns);
             return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
         };
         *h = Held {
@@ -350,8 +386,8 @@ impl QosQueue {
             return 0;
         };
         let Some(t) = h.sched.take() else { return 0 };
-        let lat = now_ns.saturating_sub(h.submitted_ns);
-        match self.sched.complete(t, lat, now_ns) {
+        let lat = self.clock.ns(now_ns.saturating_sub(h.submitted_ns));
+        match self.sched.complete(t, lat, self.clock.ns(now_ns)) {
             Ok(c) => c.io_credits,
             Err(e) => {
                 tracing::error!("qos complete of a stale tag: {e:?}");
@@ -397,7 +433,7 @@ impl BackendQueue for QosQueue {
         mine.clear();
         self.reaped = mine;
         // The poll step: completions and token refills release queued requests.
-        while let Some(d) = self.sched.poll_dispatch(now) {
+        while let Some(d) = self.sched.poll_dispatch(self.clock.ns(now)) {
             if let Some((st, tg, credits)) = self.dispatch(d.tag, now) {
                 out.push((with_credit(tg, credits), st));
             }

@@ -116,3 +116,29 @@ fn bad_emulation_values_are_refused_with_the_fix() {
     let e = toml("0").unwrap_err().to_string();
     assert!(e.contains("time_scale 0 out of range"), "{e}");
 }
+
+#[test]
+fn gimbal_on_a_time_scaled_drive_sees_the_drive_s_own_latency() {
+    // Gimbal runs on the device's clock (wall ÷ time_scale): on a drive 8×
+    // slower its latency EWMA is the unscaled model latency, so the 250 µs /
+    // 1500 µs thresholds keep their meaning. On the wall clock it would be 8×.
+    let p = trellis_ssd::SsdProfile::pm9a3();
+    let idle_us = (p.fw_read_small_ns + p.read_lsb_ns.min(p.read_msb_ns)) / 1000;
+    let scale = 8.0;
+    let t = start(|n| {
+        n.time_scale = Some(scale);
+        n.qos = trellis_target::qos::QosMode::Gimbal;
+    });
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let wall_us = min_read_ns(&mut c.io[0], 20) / 1000;
+    let (cqe, page) = get_log(&mut c.admin, trellis_target::qos::VIEW_LID, 1, 4096);
+    assert!(cqe.status.is_success(), "{:?}", cqe.status);
+    let e = &page[trellis_target::qos::VIEW_HEADER_BYTES..];
+    let ewma_us = trellis_nvme::le32(e, 32) as u64;
+    assert!(
+        ewma_us >= idle_us && ewma_us * 4 < wall_us,
+        "read EWMA {ewma_us} µs: want the drive's own latency (≥ {idle_us} µs), not the wall's {wall_us} µs"
+    );
+    drop(c);
+    t.stop().unwrap();
+}

@@ -229,6 +229,9 @@ impl Backend for EmulatedBackend {
     fn size_bytes(&self) -> u64 {
         self.ram.size_bytes()
     }
+    fn time_scale(&self) -> f64 {
+        self.drive.scale
+    }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(EmulatedQueue {
             drive: self.drive.clone(),

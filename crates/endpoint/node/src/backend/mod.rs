@@ -50,6 +50,13 @@ pub trait Backend: Send + Sync {
     fn synchronous(&self) -> bool {
         false
     }
+    /// How many times slower than wall time the device's own clock runs: an
+    /// emulated SSD's `time_scale`, else 1. A scheduler in front of the
+    /// device runs on the device's clock (wall ÷ scale), so its latency
+    /// thresholds and rates keep their meaning on a dilated drive.
+    fn time_scale(&self) -> f64 {
+        1.0
+    }
     /// A per-reactor submission queue.
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>>;
     /// Makes every completed write durable (shutdown path).
