@@ -9,7 +9,12 @@
 # namespace pinned to CPU $TARGET_CPU (default 0), runs the client pinned to CPU $CLIENT_CPU
 # (default 1), and writes suite.json + summary.md to bench/results/<timestamp>/ (or --out).
 # Env: CARGO_TARGET_DIR, TARGET_CPU, CLIENT_CPU, PORT (default: first free from 4420),
-# TRELLIS (use this binary instead of building), TARGET_ARGS (extra `trellis target` flags).
+# TRELLIS (use this binary instead of building), TARGET_ARGS (extra `trellis target` flags),
+# QOS_REPS (pairs of the QoS-on overhead row, default 5; 1 with --smoke).
+#
+# After the suite, the QoS-on overhead row: 4 KiB randread QD32 on one reactor against
+# `trellis target` with QoS off (A) and `--qos gimbal` (B), interleaved A B A B
+# (bench/ab.sh), written to qos-overhead/ab.json and appended to summary.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -33,11 +38,31 @@ fi
 TARGET_CPU=${TARGET_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 PORT=${PORT:-$(free_port 4420)}
-out=(--out "bench/results/$(date +%Y%m%d-%H%M%S)")
-for a in "$@"; do [ "$a" = "--out" ] && out=(); done
+outdir=bench/results/$(date +%Y%m%d-%H%M%S)
+out=(--out "$outdir")
+smoke=0 prev=
+for a in "$@"; do
+    [ "$prev" = "--out" ] && outdir=$a
+    [ "$a" = "--out" ] && out=()
+    [ "$a" = "--smoke" ] && smoke=1
+    prev=$a
+done
 
 # shellcheck disable=SC2086
-exec $BENCH_CMD suite \
+$BENCH_CMD suite \
     --target_cmd "$TRELLIS target --null 1G --listen 127.0.0.1:$PORT --reactors 1 ${TARGET_ARGS:-}" \
     --addr "127.0.0.1:$PORT" --target_cpu "$TARGET_CPU" --client_cpu "$CLIENT_CPU" \
     --baseline_port "$(free_port 4499)" "${out[@]}" "$@"
+
+# The QoS-on row: same target, same client, Gimbal on vs off (issue: QoS on keeps >= 97 %).
+reps=${QOS_REPS:-5} rt=3
+[ "$smoke" = 1 ] && reps=${QOS_REPS:-1} rt=1
+mkdir -p "$outdir"
+CLIENT="$TRELLIS" OUT="$outdir/qos-overhead" WORKLOADS="randread 4k 32" \
+    bench/ab.sh "$TRELLIS target" "$TRELLIS target --qos gimbal" "$reps" "$rt" | tee "$outdir/qos-overhead.md"
+{
+    echo
+    echo "QoS-on overhead (null backend, one reactor; A = qos off, B = --qos gimbal; $reps interleaved pairs of ${rt} s):"
+    echo
+    cat "$outdir/qos-overhead.md"
+} >>"$outdir/summary.md"
