@@ -135,9 +135,15 @@ def bench(a, jobs, work, tag):
            "--runtime", f"{a.runtime}s", "--ramp_time", "1s", "--no_progress",
            "--cpus", "0", "--json", out, "--log", "warn"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not os.path.exists(out):
+        sys.exit(f"fairness: bench {tag} failed ({r.returncode}) without results:\n{r.stdout[-2000:]}")
+    jobs = {j["name"]: j for j in json.load(open(out))["jobs"]}
     if r.returncode != 0:
-        sys.exit(f"fairness: bench {tag} failed ({r.returncode}):\n{r.stdout[-2000:]}")
-    return {j["name"]: j for j in json.load(open(out))["jobs"]}
+        # I/O errors (a command timed out behind the drive): kept in the
+        # results and in the checks, not hidden, and the run goes on.
+        errs = "; ".join(f"{n}: {j.get('first_error')}" for n, j in jobs.items() if j["errors"])
+        print(f"fairness: bench {tag}: I/O errors: {errs}", flush=True)
+    return jobs
 
 
 def run_mode(a, case, jobs, weights, mode, work):
@@ -163,9 +169,10 @@ def metrics(case, tenants, alone, both, off_alone):
             "lat_us_p50": both[name]["lat_us_p50"],
             "standalone_mb_per_s": round(bw1, 2),
             "standalone_lat_us_p999": alone[name]["lat_us_p99_9"],
-            "keep": round(bw / bw1, 4) if bw1 else None,
-            "f": round(bw / (bw1 * w / wsum), 4) if bw1 else None,
+            "keep": round(bw / bw1, 4) if bw1 else 0.0,
+            "f": round(bw / (bw1 * w / wsum), 4) if bw1 else 0.0,
             "errors": both[name]["errors"] + alone[name]["errors"],
+            "first_error": both[name].get("first_error") or alone[name].get("first_error"),
         })
     fsum = sum(r["f"] or 0 for r in rows)
     for r in rows:
@@ -173,7 +180,7 @@ def metrics(case, tenants, alone, both, off_alone):
         r["share"] = round((r["f"] or 0) / fsum, 4) if fsum else None
         r["fair_share"] = round(fair, 4)
         r["fair_share_dev"] = round(r["share"] / fair - 1, 4) if r["share"] is not None else None
-    fs = [r["f"] for r in rows if r["f"] is not None]
+    fs = [r["f"] for r in rows]
     util = sum(both[n]["mib_per_s"] / off_alone[n]["mib_per_s"]
                for n, _ in tenants if off_alone[n]["mib_per_s"])
     return rows, {"min": round(min(fs), 4), "mean": round(sum(fs) / len(fs), 4)}, round(util, 4)
@@ -205,6 +212,9 @@ def checks(case, res):
         g = {r["name"]: r for r in gim["tenants"]}["reader"]["lat_us_p999"]
         o = t["reader"]["lat_us_p999"]
         out.append(("gimbal: reader p99.9 below off", f"{g:.0f} vs {o:.0f} µs", g < o))
+    for mode in MODES:
+        bad = [f"{r['name']}: {r['first_error']}" for r in res[mode]["tenants"] if r["errors"]]
+        out.append((f"{mode}: no I/O errors", "; ".join(bad) or "none", not bad))
     return [{"rule": r, "measured": m, "pass": bool(p)} for r, m, p in out]
 
 
