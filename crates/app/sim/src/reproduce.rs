@@ -13,10 +13,37 @@ use trellis_ssd::Precondition;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
+    /// Stable identifier (`t4.randread4k.clean`, `capex20.saving`, ...).
+    pub id: String,
     pub claim: String,
-    pub paper: String,
-    pub trellis: String,
+    /// The paper's figure as a number in `unit` (None where it gives none).
+    pub paper: Option<f64>,
+    /// Ours, in the same unit.
+    pub trellis: Option<f64>,
+    /// `%` (a signed change, negative = switchless lower), `x` (a ratio),
+    /// `USD` or `us`.
+    pub unit: String,
+    /// The human table's columns.
+    pub paper_text: String,
+    pub trellis_text: String,
     pub note: String,
+}
+
+/// The first number in a paper figure as printed ("-32.3%" → -32.3,
+/// "~$105,000" → 105000, "1.6% / 0.5 ms" → 1.6, "n/a" → None).
+pub fn leading_number(text: &str) -> Option<f64> {
+    let start = text.find(|c: char| c.is_ascii_digit())?;
+    let sign = if text[..start].ends_with('-') {
+        -1.0
+    } else {
+        1.0
+    };
+    let digits: String = text[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ',')
+        .filter(|c| *c != ',')
+        .collect();
+    digits.parse::<f64>().ok().map(|v| sign * v)
 }
 
 /// Knobs that trade fidelity for run time (the full preset must fit in 15 min on 2 cores).
@@ -157,10 +184,6 @@ fn reduction(base: f64, new: f64) -> f64 {
         return 0.0;
     }
     (base - new) / base
-}
-
-fn pct(x: f64) -> String {
-    format!("{:+.1}%", -x * 100.0)
 }
 
 /// Run configurations two at a time (this machine has 2 cores); order is preserved.
@@ -359,14 +382,29 @@ fn find<'a>(runs: &'a [Results], name: &str) -> &'a Results {
 
 fn table(runs: &[Results]) -> Vec<Row> {
     let mut rows = Vec::new();
-    let mut row = |claim: &str, paper: &str, trellis: String, note: &str| {
+    // (id, claim, paper as printed, (ours as a number, its unit), note)
+    let mut row = |id: &str, claim: &str, paper: &str, ours: (f64, &str), note: &str| {
+        let (value, unit) = ours;
+        let trellis_text = match unit {
+            "%" => format!("{value:+.1}%"),
+            "x" => format!("{value:.2}x"),
+            "USD" => format!("${value:.0}"),
+            "us" => format!("{value:+.2} us"),
+            _ => format!("{value}"),
+        };
         rows.push(Row {
+            id: id.into(),
             claim: claim.into(),
-            paper: paper.into(),
-            trellis,
+            paper: leading_number(paper),
+            trellis: Some(value),
+            unit: unit.into(),
+            paper_text: paper.into(),
+            trellis_text,
             note: note.into(),
         })
     };
+    // A reduction as the table prints it: negative = switchless lower.
+    let pc = |x: f64| (-x * 100.0, "%");
     for (job, op, papers) in [
         ("randread-4k", 0, ["-32.3%", "-43.1%"]),
         ("seqwrite-128k", 1, ["-18.0%", "-20.3%"]),
@@ -379,10 +417,12 @@ fn table(runs: &[Results]) -> Vec<Row> {
             } else {
                 (&sw.write, &sl.write)
             };
+            let id = format!("t4.{}.{state}", job.replace('-', ""));
             row(
+                &id,
                 &format!("4-node 2D torus vs switched: {job} avg latency, {state}"),
                 paper,
-                pct(reduction(a.lat_avg_us, b.lat_avg_us)),
+                pc(reduction(a.lat_avg_us, b.lat_avg_us)),
                 &format!("{:.1} vs {:.1} us", a.lat_avg_us, b.lat_avg_us),
             );
         }
@@ -403,21 +443,24 @@ fn table(runs: &[Results]) -> Vec<Row> {
     }
     let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
     row(
+        "ycsb.thpt_ratio",
         "YCSB A-F throughput, switchless / switched",
         "~1.00x",
-        format!("{:.2}x", mean(&tput)),
+        (mean(&tput), "x"),
         "mean over A-F",
     );
     row(
+        "ycsb.read_avg",
         "YCSB avg read latency",
         "-28.3%",
-        pct(mean(&avg)),
+        pc(mean(&avg)),
         "mean over A-F",
     );
     row(
+        "ycsb.read_p999",
         "YCSB p99.9 read latency",
         "-25.0%",
-        pct(mean(&tail)),
+        pc(mean(&tail)),
         "mean over A-F",
     );
     for (m, paper) in [
@@ -428,9 +471,10 @@ fn table(runs: &[Results]) -> Vec<Row> {
         let sw = find(runs, &format!("rack27-tor-{m}"));
         let sl = find(runs, &format!("rack27-torus3d-{m}"));
         row(
+            &format!("r27.{m}.read_avg"),
             &format!("27 nodes 600GbE 3D torus, {m}-like: avg read latency"),
             paper,
-            pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+            pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
             &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
         );
     }
@@ -442,22 +486,25 @@ fn table(runs: &[Results]) -> Vec<Row> {
     };
     let (sw, sl) = pair("uniform-4k");
     row(
+        "r27.uniform4k.read_avg",
         "27 nodes, uniform 4 KiB: avg read latency",
         "-39.7%",
-        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
         &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
     );
     let (sw, sl) = pair("mixed-50-50");
     row(
+        "r27.mixed.read_avg",
         "27 nodes, mixed 4/32/128 KiB: avg read latency",
         "-85.4%",
-        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
         &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
     );
     row(
+        "r27.mixed.write_avg",
         "27 nodes, mixed 4/32/128 KiB: avg write latency",
         "-91.2%",
-        pct(reduction(sw.write.lat_avg_us, sl.write.lat_avg_us)),
+        pc(reduction(sw.write.lat_avg_us, sl.write.lat_avg_us)),
         &format!(
             "{:.1} vs {:.1} us",
             sw.write.lat_avg_us, sl.write.lat_avg_us
@@ -465,16 +512,17 @@ fn table(runs: &[Results]) -> Vec<Row> {
     );
     let (sw, sl) = pair("incast-4k");
     row(
+        "r27.incast4k.read_avg",
         "Incast to one drive: avg read latency",
         "~0 (drive-bound)",
-        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
         &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
     );
-    for (job, kind, drop, rec) in [
-        ("fail-4k-95-5", "torus3d", "1.6%", "0.5 ms"),
-        ("fail-4k-95-5", "dragonfly", "2.1%", "0.75 ms"),
-        ("mixed-50-50", "torus3d", "6.8%", "2 ms"),
-        ("mixed-50-50", "dragonfly", "4.5%", "1.8 ms"),
+    for (job, kind, drop, rec, short) in [
+        ("fail-4k-95-5", "torus3d", "1.6%", "0.5 ms", "4k"),
+        ("fail-4k-95-5", "dragonfly", "2.1%", "0.75 ms", "4k"),
+        ("mixed-50-50", "torus3d", "6.8%", "2 ms", "mixed"),
+        ("mixed-50-50", "dragonfly", "4.5%", "1.8 ms", "mixed"),
     ] {
         let r = find(runs, &format!("rack27-{kind}-{job}-failure"));
         let f = r.failure.clone().unwrap();
@@ -483,26 +531,32 @@ fn table(runs: &[Results]) -> Vec<Row> {
             .map(|n| format!("{:.2} ms", n as f64 / 1e6))
             .unwrap_or_else(|| "not within run".into());
         row(
-            &format!("Link failure, {kind}, {job}: throughput drop / recovery"),
+            &format!("fail.{kind}.{short}.drop"),
+            &format!("Link failure, {kind}, {job}: throughput drop (recovery in the note)"),
             &format!("{drop} / {rec}"),
-            format!("{:.1}% / {recov}", f.throughput_drop * 100.0),
-            &format!("{} I/Os resent after 1 ms timeout", f.lost_ios),
+            (f.throughput_drop * 100.0, "%"),
+            &format!(
+                "recovery {recov}; {} I/Os resent after 1 ms timeout",
+                f.lost_ios
+            ),
         );
     }
     let h1 = find(runs, "hop-cost-1").read.lat_avg_us;
     let h2 = find(runs, "hop-cost-2").read.lat_avg_us;
     row(
+        "hop.extra_adapter.read_lat",
         "Extra adapter hop, 4 KiB read (QD1)",
         "+2.9 us",
-        format!("{:+.2} us", h2 - h1),
+        (h2 - h1, "us"),
         "input 2.9 us + wire time",
     );
     let sw = find(runs, "testbed-switched-randread-4k-baseline-frag");
     let sl = find(runs, "testbed-switchless-randread-4k-baseline-frag");
     row(
+        "t4.randread4k.frag.mechanisms_off",
         "Drill-down: 4-node randread frag, all mechanisms off",
         "n/a",
-        pct(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+        pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
         &format!(
             "{:.1} vs {:.1} us (ECMP, FIFO)",
             sw.read.lat_avg_us, sl.read.lat_avg_us
@@ -510,21 +564,24 @@ fn table(runs: &[Results]) -> Vec<Row> {
     );
     let c = capex(20, &Prices::default());
     row(
+        "capex20.switched",
         "Capex, 20 storage nodes: switched",
         "~$105,000",
-        format!("${:.0}", c.switched_usd),
+        (c.switched_usd, "USD"),
         &format!("{} switches; default prices", c.switches),
     );
     row(
+        "capex20.switchless",
         "Capex, 20 storage nodes: switchless",
         "~$52,000",
-        format!("${:.0}", c.switchless_usd),
+        (c.switchless_usd, "USD"),
         "4-port adapters",
     );
     row(
+        "capex20.saving",
         "Capex saving",
         "50.5%",
-        format!("{:.1}%", c.saving * 100.0),
+        (c.saving * 100.0, "%"),
         "see docs/cost-model.md",
     );
     rows
@@ -532,10 +589,15 @@ fn table(runs: &[Results]) -> Vec<Row> {
 
 pub fn format_table(rows: &[Row]) -> String {
     let w0 = rows.iter().map(|r| r.claim.len()).max().unwrap_or(5).max(5);
-    let w1 = rows.iter().map(|r| r.paper.len()).max().unwrap_or(5).max(5);
+    let w1 = rows
+        .iter()
+        .map(|r| r.paper_text.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
     let w2 = rows
         .iter()
-        .map(|r| r.trellis.len())
+        .map(|r| r.trellis_text.len())
         .max()
         .unwrap_or(7)
         .max(7);
@@ -552,7 +614,7 @@ pub fn format_table(rows: &[Row]) -> String {
     for r in rows {
         s += &format!(
             "{:w0$} | {:w1$} | {:w2$} | {}\n",
-            r.claim, r.paper, r.trellis, r.note
+            r.claim, r.paper_text, r.trellis_text, r.note
         );
     }
     s += "paper column: second-hand figures (anchors.md §A.2, a third-party summary of the NSDI'26 PDF), not verified against the paper.\n";

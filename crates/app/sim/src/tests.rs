@@ -165,3 +165,15 @@ fn incast_is_bounded_by_the_drive() {
     assert!(r.read.mb_s < 7_100.0, "{}", r.read.mb_s);
     assert!(r.read.mb_s > 1_000.0, "{}", r.read.mb_s);
 }
+
+#[test]
+fn paper_figures_parse_to_numbers_in_their_unit() {
+    use crate::reproduce::leading_number;
+    assert_eq!(leading_number("-32.3%"), Some(-32.3));
+    assert_eq!(leading_number("~1.00x"), Some(1.0));
+    assert_eq!(leading_number("~$105,000"), Some(105_000.0));
+    assert_eq!(leading_number("1.6% / 0.5 ms"), Some(1.6));
+    assert_eq!(leading_number("+2.9 us"), Some(2.9));
+    assert_eq!(leading_number("~0 (drive-bound)"), Some(0.0));
+    assert_eq!(leading_number("n/a"), None);
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# `trellis sim reproduce nsdi26 --quick`: the whole preset runs, and
+# nsdi26.json carries a row with a numeric paper and Trellis value and a unit
+# for every id the study's comparison needs (issue: machine-readable output).
+# Figures are not judged here (the determinism test is in cargo test).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=$(mktemp -d /tmp/trellis-reproduce.XXXXXX)
+"$TRELLIS" sim reproduce nsdi26 --quick --out "$out" >"$out/run.log" 2>&1 || { cat "$out/run.log"; exit 1; }
+python3 - "$out/nsdi26.json" <<'PY'
+import json, sys
+rows = {r["id"]: r for r in json.load(open(sys.argv[1]))["rows"]}
+need = ["t4.randread4k.clean", "t4.randread4k.frag", "t4.seqwrite128k.clean", "t4.seqwrite128k.frag",
+        "ycsb.thpt_ratio", "ycsb.read_avg", "ycsb.read_p999", "capex20.saving",
+        "fail.torus3d.4k.drop", "fail.torus3d.mixed.drop"]
+for i in need:
+    r = rows[i]
+    assert isinstance(r["paper"], (int, float)) and isinstance(r["trellis"], (int, float)), r
+    assert r["unit"] in ("%", "x"), r
+print(f"nsdi26.json: {len(rows)} rows, the {len(need)} required ids numeric")
+PY
+cat "$out/table.txt"
