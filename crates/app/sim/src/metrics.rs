@@ -22,7 +22,33 @@ pub struct Metrics {
     /// Commands the SSD scheduler answered Busy (a bound was full); each is retried.
     pub sched_busy: u64,
     pub failure_at_ns: Option<u64>,
+    /// I/Os the applications have outstanding now (submitted, not finished).
+    pub in_flight: u64,
+    /// ∫ in_flight dt over [warmup, last change], in I/O·ns (Little's law).
+    in_flight_area: u128,
+    in_flight_since_ns: u64,
+    /// Σ submit times of the outstanding I/Os: their mean age at the end.
+    in_flight_submit_sum_ns: u128,
 }
+
+/// Little's law over the measured window, and the I/Os it cut off.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct LittleStats {
+    /// Time-averaged I/Os outstanding (submitted by the application, not finished).
+    pub mean_in_flight: f64,
+    /// Completions per second × their mean latency over the same window.
+    pub throughput_x_latency: f64,
+    /// |mean_in_flight − throughput_x_latency| / mean_in_flight.
+    pub error: f64,
+    /// I/Os still outstanding when the window closed (censored: no latency
+    /// recorded), and their mean age so far.
+    pub censored_ios: u64,
+    pub censored_age_us_mean: f64,
+}
+
+/// Above this relative error a run warns that its latency figures and its
+/// throughput disagree (issue: "fails by more than 5 %").
+pub const LITTLE_ERROR_WARN: f64 = 0.05;
 
 fn hist() -> Histogram<u64> {
     // 1 ns .. 100 s at 2 significant digits (≤ 1% error, algorithms.md §5).
@@ -46,6 +72,55 @@ impl Metrics {
             failed_ios: 0,
             sched_busy: 0,
             failure_at_ns: None,
+            in_flight: 0,
+            in_flight_area: 0,
+            in_flight_since_ns: 0,
+            in_flight_submit_sum_ns: 0,
+        }
+    }
+
+    /// Area under in_flight from the last change (clipped to the window) to `now`.
+    fn area_until(&self, now_ns: u64) -> u128 {
+        let from = self.in_flight_since_ns.max(self.warmup_ns);
+        self.in_flight as u128 * now_ns.saturating_sub(from) as u128
+    }
+
+    /// An application submitted an I/O at `now_ns`.
+    pub fn on_start(&mut self, now_ns: u64) {
+        self.in_flight_area += self.area_until(now_ns);
+        self.in_flight_since_ns = now_ns;
+        self.in_flight += 1;
+        self.in_flight_submit_sum_ns += now_ns as u128;
+    }
+
+    /// An I/O submitted at `submit_ns` finished (completed, or failed) at `now_ns`.
+    pub fn on_finish(&mut self, submit_ns: u64, now_ns: u64) {
+        self.in_flight_area += self.area_until(now_ns);
+        self.in_flight_since_ns = now_ns;
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.in_flight_submit_sum_ns = self
+            .in_flight_submit_sum_ns
+            .saturating_sub(submit_ns as u128);
+    }
+
+    /// Little's law (L = λW) over [warmup, end_ns], with the censored I/Os.
+    pub fn little(&self, end_ns: u64) -> LittleStats {
+        let window = end_ns.saturating_sub(self.warmup_ns).max(1) as f64;
+        let l = (self.in_flight_area + self.area_until(end_ns)) as f64 / window;
+        let ios = (self.ios[0] + self.ios[1]) as f64;
+        let lat_ns = (self.lat_sum_ns[0] + self.lat_sum_ns[1]) as f64 / ios.max(1.0);
+        let xw = ios / window * lat_ns;
+        let age_ns = if self.in_flight > 0 {
+            end_ns as f64 - self.in_flight_submit_sum_ns as f64 / self.in_flight as f64
+        } else {
+            0.0
+        };
+        LittleStats {
+            mean_in_flight: round3(l),
+            throughput_x_latency: round3(xw),
+            error: round3((l - xw).abs() / l.max(1e-9)),
+            censored_ios: self.in_flight,
+            censored_age_us_mean: round3(age_ns / 1000.0),
         }
     }
 
@@ -173,6 +248,44 @@ pub fn failure_stats(m: &Metrics, at_ns: u64, warmup_ns: u64, end_ns: u64) -> Fa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn littles_law_holds_for_a_steady_closed_loop_and_reports_the_censored() {
+        // One I/O at a time, each 10 µs, back to back from t = 0; window from
+        // 100 µs (warmup) to 1 ms: exactly one outstanding, λ = 1/10 µs, W = 10 µs.
+        let cfg = SimConfig {
+            duration_ns: 1_000_000,
+            warmup_ns: 100_000,
+            bin_ns: 100_000,
+            ..SimConfig::default()
+        };
+        let mut m = Metrics::new(&cfg, 0);
+        let mut t = 0;
+        while t < 1_000_000 {
+            m.on_start(t);
+            if t + 10_000 > 1_000_000 {
+                break; // still outstanding at the end: censored
+            }
+            m.on_complete(IoDir::Read, 4096, 10_000, 5_000, t, t + 10_000);
+            m.on_finish(t, t + 10_000);
+            t += 10_000;
+        }
+        let l = m.little(1_000_000);
+        assert!((l.mean_in_flight - 1.0).abs() < 1e-9, "{l:?}");
+        assert!(l.error < 0.02, "{l:?}");
+        assert_eq!(l.censored_ios, 0, "the last I/O ended exactly at the end");
+        // Now an I/O that never finishes from 500 µs: L grows, λW does not.
+        let mut m2 = Metrics::new(&cfg, 0);
+        m2.on_start(500_000);
+        let l2 = m2.little(1_000_000);
+        assert_eq!(l2.censored_ios, 1);
+        assert!((l2.censored_age_us_mean - 500.0).abs() < 1e-9);
+        assert!((l2.mean_in_flight - 500.0 / 900.0).abs() < 1e-3, "{l2:?}");
+        assert!(
+            l2.error > LITTLE_ERROR_WARN,
+            "a censored I/O breaks L = λW: {l2:?}"
+        );
+    }
 
     #[test]
     fn failure_stats_find_drop_and_recovery() {

@@ -334,6 +334,7 @@ impl Sim {
 
     fn new_io(&mut self, host: u32, job: u16, spec: IoSpec, now: u64) {
         let io = self.alloc_io(host, job, spec, now);
+        self.metrics.on_start(now);
         self.admit(io);
     }
 
@@ -343,6 +344,9 @@ impl Sim {
             (o.host, o.job)
         };
         let now = self.q.now;
+        // Open-loop I/Os are allocated when their arrival is scheduled; the
+        // application submits them now.
+        self.metrics.on_start(now);
         self.schedule_arrival(h, j, now);
         self.admit(io);
     }
@@ -469,6 +473,7 @@ impl Sim {
         let ssd_lat = self.ios.get(io).ssd_latency_ns;
         self.metrics
             .on_complete(spec.op, spec.size_bytes, now - submit, ssd_lat, submit, now);
+        self.metrics.on_finish(submit, now);
         self.ios.remove(io);
         let gen = self.hosts[host as usize].jobs[job as usize]
             .as_mut()
@@ -480,14 +485,15 @@ impl Sim {
     }
 
     fn finish_io_without_completion(&mut self, io: u32) {
-        let (host, job, spec) = {
+        let (host, job, spec, submit) = {
             let o = self.ios.get(io);
-            (o.host, o.job, o.spec)
+            (o.host, o.job, o.spec, o.submit_ns)
         };
         self.release_grants(io);
         self.ios.remove(io);
         // Keep closed loops alive: the application moves on to its next I/O.
         let now = self.q.now;
+        self.metrics.on_finish(submit, now);
         let gen = self.hosts[host as usize].jobs[job as usize]
             .as_mut()
             .expect("job");

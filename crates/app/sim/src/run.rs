@@ -37,6 +37,8 @@ pub struct Results {
     pub sched_busy: u64,
     pub events: u64,
     pub gc_runs: u64,
+    /// Little's law over the measured window, and the I/Os the window cut off.
+    pub little: metrics::LittleStats,
 }
 
 impl PartialEq for crate::config::Mechanisms {
@@ -88,6 +90,18 @@ pub fn run(cfg: SimConfig, progress: bool) -> Result<RunOutput> {
     bar.finish_and_clear();
     let wall = t0.elapsed().as_secs_f64();
     let results = summarise(&sim, &cfg);
+    let l = &results.little;
+    if l.error > metrics::LITTLE_ERROR_WARN {
+        eprintln!(
+            "warning: {}: Little's law off by {:.1} % (mean in flight {:.2} vs throughput × latency {:.2}); {} I/Os censored at the end, mean age {:.1} µs",
+            results.name,
+            l.error * 100.0,
+            l.mean_in_flight,
+            l.throughput_x_latency,
+            l.censored_ios,
+            l.censored_age_us_mean
+        );
+    }
     let events = sim.q.processed;
     let rss = peak_rss_bytes();
     let nodes = sim.g.n();
@@ -166,6 +180,7 @@ fn summarise(sim: &Sim, cfg: &SimConfig) -> Results {
         sched_busy: m.sched_busy,
         events: sim.q.processed,
         gc_runs: sim.ssd_stats().iter().map(|s| s.gc_runs).sum(),
+        little: m.little(cfg.duration_ns),
     }
 }
 
