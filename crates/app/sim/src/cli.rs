@@ -256,11 +256,15 @@ fn cmd_run(cfg: SimConfig, out: &Path, progress: bool) -> Result<()> {
         );
     }
     if let Some(f) = &r.failure {
+        let recovery = match (f.dipped, f.recovery_ns) {
+            (false, _) => "none needed (no measurable dip)".to_string(),
+            (true, Some(ns)) => format!("{:.2} ms", ns as f64 / 1e6),
+            (true, None) => "not within the run".to_string(),
+        };
         println!(
-            "  failure at {} ns: drop {:.1}%, recovery {:?} ns",
+            "  failure at {} ns: drop {:.1}%, recovery {recovery}",
             f.at_ns,
             f.throughput_drop * 100.0,
-            f.recovery_ns
         );
     }
     println!(

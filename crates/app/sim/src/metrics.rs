@@ -201,7 +201,12 @@ pub struct FailureStats {
     pub mb_s_after: f64,
     /// 1 − BW_after / BW_before over the rest of the run.
     pub throughput_drop: f64,
-    /// First time after the failure at which a 5-bin moving average is back at ≥ 99% of before.
+    /// Whether any 5-bin moving average after the failure fell below 99 % of before.
+    pub dipped: bool,
+    /// After a dip: the first time after the failure at which the 5-bin moving average is
+    /// back at ≥ 99 % of before. None when there was no measurable dip (then there is
+    /// nothing to recover from: reporting the window length would be a floor, not a
+    /// recovery time) or when it did not recover within the run.
     pub recovery_ns: Option<u64>,
     pub lost_ios: u64,
 }
@@ -230,7 +235,7 @@ pub fn failure_stats(m: &Metrics, at_ns: u64, warmup_ns: u64, end_ns: u64) -> Fa
         let avg = m.bins[i..i + w].iter().sum::<u64>() as f64 / (w as f64 * bin as f64 / 1e9) / 1e6;
         if avg < 0.99 * before {
             dipped = true;
-        } else if dipped || i == fb {
+        } else if dipped {
             recovery = Some(((i + w) as u64 * bin).saturating_sub(at_ns));
             break;
         }
@@ -240,6 +245,7 @@ pub fn failure_stats(m: &Metrics, at_ns: u64, warmup_ns: u64, end_ns: u64) -> Fa
         mb_s_before: round3(before),
         mb_s_after: round3(after),
         throughput_drop: round3((1.0 - after / before.max(1e-9)).max(0.0) * 1000.0) / 1000.0,
+        dipped,
         recovery_ns: recovery,
         lost_ios: m.lost_ios,
     }
@@ -307,5 +313,13 @@ mod tests {
         assert!((f.throughput_drop - 0.15).abs() < 1e-9);
         // The 5-bin average first reaches 100 MB/s for bins 13..18: recovery at 1.8 ms − 1 ms.
         assert_eq!(f.recovery_ns, Some(800_000));
+        assert!(f.dipped);
+        // No dip at all: no recovery time (not the 5-bin floor of 0.5 ms).
+        for b in m.bins.iter_mut() {
+            *b = 10_000;
+        }
+        let f = failure_stats(&m, 1_000_000, 0, 2_000_000);
+        assert!(!f.dipped);
+        assert_eq!(f.recovery_ns, None);
     }
 }

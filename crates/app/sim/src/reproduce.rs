@@ -526,10 +526,11 @@ fn table(runs: &[Results]) -> Vec<Row> {
     ] {
         let r = find(runs, &format!("rack27-{kind}-{job}-failure"));
         let f = r.failure.clone().unwrap();
-        let recov = f
-            .recovery_ns
-            .map(|n| format!("{:.2} ms", n as f64 / 1e6))
-            .unwrap_or_else(|| "not within run".into());
+        let recov = match (f.dipped, f.recovery_ns) {
+            (false, _) => "none needed (no measurable dip)".to_string(),
+            (true, Some(n)) => format!("{:.2} ms", n as f64 / 1e6),
+            (true, None) => "not within run".into(),
+        };
         row(
             &format!("fail.{kind}.{short}.drop"),
             &format!("Link failure, {kind}, {job}: throughput drop (recovery in the note)"),
