@@ -172,7 +172,11 @@ impl Sim {
                 busy_until: 0,
                 tx_pending: false,
                 tx_bytes: 0,
-                resv: PortReservation::new(p.bits_per_s / 8, cfg.reserve.burst_bytes),
+                resv: PortReservation::new(
+                    p.bits_per_s / 8,
+                    cfg.reserve.burst_bytes,
+                    cfg.reserve.max_reserved_permille,
+                ),
             })
             .collect();
         // Storage nodes are numbered first, so a storage node's id is its target index.

@@ -32,6 +32,17 @@ pub struct ReserveConfig {
     pub write_base_ns: u64,
     /// Burst allowance of a port's policer, bytes.
     pub burst_bytes: u64,
+    /// Admission control: the share of a port's capacity that reservations may
+    /// hold in total, permille [R: 900]. Conformant responses are served with
+    /// strict priority; with grants up to the whole port they could take all of
+    /// it and starve best-effort responses (those that did not conform). Capping
+    /// the total keeps at least 10 % of every port for best effort.
+    #[serde(default = "default_max_reserved_permille")]
+    pub max_reserved_permille: u32,
+}
+
+fn default_max_reserved_permille() -> u32 {
+    900
 }
 
 impl Default for ReserveConfig {
@@ -42,6 +53,7 @@ impl Default for ReserveConfig {
             read_bytes_per_s: 3_000_000_000,
             write_base_ns: 30_000,
             burst_bytes: 65_536,
+            max_reserved_permille: default_max_reserved_permille(),
         }
     }
 }
@@ -73,9 +85,12 @@ pub struct PortReservation {
 }
 
 impl PortReservation {
-    pub fn new(capacity_bytes_per_s: u64, burst_bytes: u64) -> Self {
+    /// A port of `capacity_bytes_per_s` whose reservations may hold at most
+    /// `max_reserved_permille` ‰ of it (clamped to 1000).
+    pub fn new(capacity_bytes_per_s: u64, burst_bytes: u64, max_reserved_permille: u32) -> Self {
+        let share = max_reserved_permille.min(1000) as u128;
         PortReservation {
-            capacity_bytes_per_s,
+            capacity_bytes_per_s: (capacity_bytes_per_s as u128 * share / 1000) as u64,
             reserved_bytes_per_s: 0,
             tokens: burst_bytes,
             burst: burst_bytes,
@@ -84,7 +99,8 @@ impl PortReservation {
         }
     }
 
-    /// Reserve `r` B/s; returns what was granted (capped so Σ ≤ port capacity).
+    /// Reserve `r` B/s; returns what was granted (capped so Σ ≤ the admitted
+    /// share of the port's capacity).
     pub fn reserve(&mut self, r: u64) -> u64 {
         let room = self.capacity_bytes_per_s - self.reserved_bytes_per_s;
         let g = r.min(room);
@@ -149,7 +165,7 @@ mod tests {
         let r = cfg.reservation_bytes_per_s(IoDir::Read, 131_072);
         assert_eq!(r, 419_584_000);
         // Ten in flight on a 100 Gb/s (12.5 GB/s) port reserve 4,195.84 MB/s = 33.6 Gb/s.
-        let mut port = PortReservation::new(12_500_000_000, 65_536);
+        let mut port = PortReservation::new(12_500_000_000, 65_536, 1000);
         for _ in 0..10 {
             assert_eq!(port.reserve(r), r);
         }
@@ -162,15 +178,44 @@ mod tests {
 
     #[test]
     fn reservations_never_exceed_port_capacity() {
-        let mut port = PortReservation::new(1_000, 0);
+        let mut port = PortReservation::new(1_000, 0, 1000);
         assert_eq!(port.reserve(700), 700);
         assert_eq!(port.reserve(700), 300);
         assert_eq!(port.reserve(1), 0);
     }
 
     #[test]
+    fn admission_control_keeps_a_share_of_the_port_for_best_effort() {
+        // Reservations ask for twice a 10 GB/s port; at 900 ‰ the policer lets
+        // conformant bytes take at most 90 % (plus one burst) over a second, so
+        // strict priority for them still leaves ≥ 10 % to best effort.
+        let cap = 10_000_000_000u64;
+        let cfg = ReserveConfig::default();
+        let mut port = PortReservation::new(cap, cfg.burst_bytes, cfg.max_reserved_permille);
+        let granted: u64 = (0..20).map(|_| port.reserve(cap / 10)).sum();
+        assert_eq!(granted, cap * 9 / 10);
+        let pkt = 4_144; // a 4 KiB read response
+        let (mut t, mut conform_bytes) = (0u64, 0u64);
+        while t < 1_000_000_000 {
+            // Offer far more than the port: one packet every 100 ns (41 GB/s).
+            if port.conform(pkt, t) {
+                conform_bytes += pkt;
+            }
+            t += 100;
+        }
+        assert!(
+            conform_bytes <= cap * 9 / 10 + cfg.burst_bytes,
+            "{conform_bytes} B conformed in 1 s"
+        );
+        assert!(
+            conform_bytes >= cap * 9 / 10 - pkt,
+            "the reserved rate is honoured"
+        );
+    }
+
+    #[test]
     fn policer_admits_at_reserved_rate() {
-        let mut port = PortReservation::new(10_000_000_000, 9_000);
+        let mut port = PortReservation::new(10_000_000_000, 9_000, 1000);
         port.reserve(1_000_000_000); // 1 B/ns
         assert!(port.conform(9_000, 0), "burst");
         assert!(!port.conform(4_000, 3_999));
