@@ -366,14 +366,30 @@ impl Reactor {
     fn serve(&mut self) -> Result<u64, String> {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; EPOLL_EVENTS];
         let mut shutdown_deadline: Option<u64> = None;
+        // Busy time: loops that did work, measured from one loop's start to
+        // the next (no extra clock read). Logged at exit, so a run can tell a
+        // saturated reactor from one that only ran late in bursts.
+        let (started_ns, mut prev_ns, mut prev_work, mut busy_ns) =
+            (now_ns(), now_ns(), false, 0u64);
         loop {
             let now = now_ns();
+            if prev_work {
+                busy_ns += now.saturating_sub(prev_ns);
+            }
+            prev_ns = now;
             if shutdown_deadline.is_none() && self.shared.shutdown.load(Ordering::Relaxed) {
                 shutdown_deadline =
                     Some(now + self.shared.reg.limits.shutdown_grace_ms * NS_PER_MS);
             }
             if let Some(d) = shutdown_deadline {
                 if self.drained() || now > d {
+                    let wall_ns = now.saturating_sub(started_ns).max(1);
+                    tracing::info!(
+                        reactor = self.id,
+                        "busy {:.1} % of {:.1} s (loops that did work)",
+                        busy_ns as f64 * 100.0 / wall_ns as f64,
+                        wall_ns as f64 / 1e9
+                    );
                     return Ok(d);
                 }
             }
@@ -390,6 +406,7 @@ impl Reactor {
             if work {
                 self.last_work_ns = now;
             }
+            prev_work = work;
         }
     }
 

@@ -177,7 +177,7 @@ impl Drop for Drive {
         );
         if l.p99_us * 1000.0 > CPU_BOUND_LATENESS_P99_NS as f64 {
             tracing::warn!(
-                "emulated {}: the target CPU, not the drive, was the bottleneck (lateness p99 {:.1} µs > {} µs): raise time_scale (now {})",
+                "emulated {}: completions ran late (lateness p99 {:.1} µs > {} µs): the target's reactor was busy when they fell due, so the target CPU, not the drive, set those times (see the reactor's busy % line); raise time_scale (now {}) or lower the load",
                 self.name,
                 l.p99_us,
                 CPU_BOUND_LATENESS_P99_NS / 1000,
