@@ -286,7 +286,10 @@ fn cmd_cost(nodes: u32, max_nodes: u32, prices: Option<PathBuf>, out: &Path) -> 
     };
     let c = capex(nodes, &pr);
     println!("capex for {nodes} storage nodes");
-    println!("  switched   ${:>10.0}", c.switched_usd);
+    println!(
+        "  switched   ${:>10.0}  ({})",
+        c.switched_usd, c.switch_plan
+    );
     for (what, n, p) in &c.switched_items {
         println!("      {n:>5} x {what:<32} ${p:>8.0}");
     }

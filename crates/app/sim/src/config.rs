@@ -97,6 +97,11 @@ pub struct TopologyConfig {
     pub node_gbps: u64,
     /// Switched: ports per storage node (teamed, per-flow hashing). Ignored for switchless.
     pub uplinks: u32,
+    /// Switched (`tor`): ports per switch. Storage and host ports beyond one
+    /// switch are connected by the rule the cost model prices
+    /// (`cost::SwitchPlan`): parallel planes, or a leaf-spine (default 32, the
+    /// 32-port switches of the paper's bill and of docs/cost-model.md).
+    pub switch_ports: u32,
     pub leaves: u32,
     pub spines: u32,
     pub leaf_uplinks: u32,
@@ -122,6 +127,7 @@ impl Default for TopologyConfig {
             dims: Vec::new(),
             node_gbps: 400,
             uplinks: 4,
+            switch_ports: 32,
             leaves: 2,
             spines: 1,
             leaf_uplinks: 4,

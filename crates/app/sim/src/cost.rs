@@ -48,28 +48,93 @@ pub struct Capex {
     pub nodes: u32,
     pub switched_usd: f64,
     pub switches: u32,
+    /// The switching rule's name (`SwitchPlan::describe`).
+    pub switch_plan: String,
     pub switched_items: Vec<(String, u32, f64)>,
     pub switchless_usd: f64,
     pub switchless_items: Vec<(String, u32, f64)>,
     pub saving: f64,
 }
 
-/// Switched: every NIC port goes to a switch. Up to one switch's ports: a single ToR.
-/// Beyond: leaf-spine with half of each leaf's ports down, half up (non-blocking).
-pub fn switch_count(node_ports: u32, p: u32) -> (u32, u32, u32) {
-    if node_ports <= p {
-        return (1, 0, 0);
+/// How the switched design connects its endpoint ports: the ONE rule the cost model
+/// prices and the simulator builds (`TopologyKind::Tor`), named in both outputs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum SwitchPlan {
+    /// Every port fits one switch: a single ToR.
+    SingleTor,
+    /// `switches` = ⌈ports / switch_ports⌉ parallel switches (planes) with no
+    /// inter-switch links; each node spreads its ports over the planes (port i on
+    /// plane i mod planes) and each host sits on one plane, so every host reaches
+    /// every node through its plane. This is how the NSDI'26 paper prices its
+    /// switched design: 20 nodes × 4 ports = 80 ports → ⌈80/32⌉ = 3 switches
+    /// (anchors.md §A.2). It needs at least as many ports per node as planes.
+    Planes { switches: u32 },
+    /// More planes than a node has ports: a non-blocking leaf-spine, each leaf
+    /// half down, half up, spines = ⌈uplinks / switch_ports⌉.
+    LeafSpine {
+        leaves: u32,
+        spines: u32,
+        uplinks: u32,
+    },
+}
+
+impl SwitchPlan {
+    /// The rule: a single ToR if the ports fit, else planes when each node has a
+    /// port for every plane, else a non-blocking leaf-spine.
+    pub fn for_ports(total_ports: u32, ports_per_node: u32, switch_ports: u32) -> SwitchPlan {
+        let p = switch_ports.max(2);
+        if total_ports <= p {
+            return SwitchPlan::SingleTor;
+        }
+        let planes = total_ports.div_ceil(p);
+        if planes <= ports_per_node {
+            return SwitchPlan::Planes { switches: planes };
+        }
+        let down = p / 2;
+        let leaves = total_ports.div_ceil(down);
+        let uplinks = leaves * (p - down);
+        SwitchPlan::LeafSpine {
+            leaves,
+            spines: uplinks.div_ceil(p),
+            uplinks,
+        }
     }
-    let down = p / 2;
-    let leaves = node_ports.div_ceil(down);
-    let uplinks = leaves * (p - down);
-    let spines = uplinks.div_ceil(p);
-    (leaves + spines, leaves, uplinks)
+
+    pub fn switches(&self) -> u32 {
+        match *self {
+            SwitchPlan::SingleTor => 1,
+            SwitchPlan::Planes { switches } => switches,
+            SwitchPlan::LeafSpine { leaves, spines, .. } => leaves + spines,
+        }
+    }
+
+    /// Switch-to-switch links (each needs two optics and a fibre).
+    pub fn inter_switch_links(&self) -> u32 {
+        match *self {
+            SwitchPlan::LeafSpine { uplinks, .. } => uplinks,
+            _ => 0,
+        }
+    }
+
+    /// The rule's name for outputs.
+    pub fn describe(&self, switch_ports: u32) -> String {
+        match *self {
+            SwitchPlan::SingleTor => format!("one {switch_ports}-port ToR"),
+            SwitchPlan::Planes { switches } => format!(
+                "{switches} parallel {switch_ports}-port switches (planes, no inter-switch links)"
+            ),
+            SwitchPlan::LeafSpine { leaves, spines, .. } => format!(
+                "non-blocking leaf-spine: {leaves} leaves + {spines} spines of {switch_ports} ports"
+            ),
+        }
+    }
 }
 
 pub fn capex(nodes: u32, pr: &Prices) -> Capex {
-    let node_ports = nodes * pr.nics_per_node * pr.nic_ports;
-    let (switches, _leaves, isl) = switch_count(node_ports, pr.switch_ports);
+    let per_node = pr.nics_per_node * pr.nic_ports;
+    let node_ports = nodes * per_node;
+    let plan = SwitchPlan::for_ports(node_ports, per_node, pr.switch_ports);
+    let (switches, isl) = (plan.switches(), plan.inter_switch_links());
     let sw_items = vec![
         ("NIC".to_string(), nodes * pr.nics_per_node, pr.nic_usd),
         ("switch".to_string(), switches, pr.switch_usd),
@@ -97,6 +162,7 @@ pub fn capex(nodes: u32, pr: &Prices) -> Capex {
         nodes,
         switched_usd: a,
         switches,
+        switch_plan: plan.describe(pr.switch_ports),
         switched_items: sw_items,
         switchless_usd: b,
         switchless_items: sl_items,
@@ -109,10 +175,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn switch_count_single_tor_then_leaf_spine() {
-        assert_eq!(switch_count(32, 32), (1, 0, 0));
-        // 80 ports: 5 leaves of 16 down + 16 up = 80 uplinks → 3 spines: 8 switches.
-        assert_eq!(switch_count(80, 32), (8, 5, 80));
+    fn one_rule_single_tor_then_planes_then_leaf_spine() {
+        assert_eq!(SwitchPlan::for_ports(32, 4, 32), SwitchPlan::SingleTor);
+        // The paper's 20 nodes × 4 ports: ⌈80/32⌉ = 3 planes, no inter-switch links.
+        let p = SwitchPlan::for_ports(80, 4, 32);
+        assert_eq!(p, SwitchPlan::Planes { switches: 3 });
+        assert_eq!((p.switches(), p.inter_switch_links()), (3, 0));
+        // 64 nodes × 4 ports need 8 planes but a node has 4 ports: leaf-spine,
+        // 16 leaves of 16 down + 16 up = 256 uplinks → 8 spines.
+        let p = SwitchPlan::for_ports(256, 4, 32);
+        assert_eq!(
+            p,
+            SwitchPlan::LeafSpine {
+                leaves: 16,
+                spines: 8,
+                uplinks: 256
+            }
+        );
+        assert_eq!(p.switches(), 24);
     }
 
     #[test]

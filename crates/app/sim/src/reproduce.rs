@@ -569,7 +569,7 @@ fn table(runs: &[Results]) -> Vec<Row> {
         "Capex, 20 storage nodes: switched",
         "~$105,000",
         (c.switched_usd, "USD"),
-        &format!("{} switches; default prices", c.switches),
+        &format!("{}; default prices", c.switch_plan),
     );
     row(
         "capex20.switchless",

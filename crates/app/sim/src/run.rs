@@ -14,6 +14,9 @@ pub struct Results {
     pub name: String,
     pub seed: u64,
     pub topology: String,
+    /// What the topology is made of; for `tor`, the switching rule the cost
+    /// model prices (`cost::SwitchPlan`).
+    pub fabric: String,
     pub storage_nodes: u32,
     pub ssds: usize,
     pub mechanisms: crate::config::Mechanisms,
@@ -159,6 +162,12 @@ fn summarise(sim: &Sim, cfg: &SimConfig) -> Results {
         name: cfg.name.clone(),
         seed: cfg.seed,
         topology: format!("{:?}", cfg.topology.kind).to_lowercase(),
+        fabric: match cfg.topology.kind {
+            crate::config::TopologyKind::Tor => {
+                crate::topo::switch_plan(&cfg.topology).describe(cfg.topology.switch_ports)
+            }
+            k => format!("{k:?}").to_lowercase(),
+        },
         storage_nodes: cfg.topology.storage_nodes,
         ssds: sim.n_ssds(),
         mechanisms: cfg.mechanisms.clone(),

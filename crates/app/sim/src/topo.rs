@@ -1,6 +1,7 @@
 //! Topology construction: nodes, directed ports (one per link end), shortest-path tables.
 
 use crate::config::{TopologyConfig, TopologyKind};
+use crate::cost::SwitchPlan;
 use anyhow::{bail, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +204,77 @@ pub fn balanced_dims(n: u32, k: usize) -> Vec<u32> {
     best
 }
 
+/// The plan `tor` builds for `cfg`: the cost model's rule over every storage
+/// and host port (`cost::SwitchPlan::for_ports`).
+pub fn switch_plan(cfg: &TopologyConfig) -> SwitchPlan {
+    let up = cfg.uplinks.max(1);
+    SwitchPlan::for_ports(cfg.storage_nodes * up + cfg.hosts, up, cfg.switch_ports)
+}
+
+/// `tor`: one switch while the ports fit, else what the cost model prices.
+fn build_switched(g: &mut Graph, cfg: &TopologyConfig) {
+    match switch_plan(cfg) {
+        SwitchPlan::SingleTor => planes(g, cfg, 1),
+        SwitchPlan::Planes { switches } => planes(g, cfg, switches),
+        SwitchPlan::LeafSpine { leaves, spines, .. } => {
+            // Non-blocking: each leaf's half of uplinks spread evenly over the spines.
+            let half = cfg.switch_ports.max(2) / 2;
+            leaf_spine(g, cfg, leaves, spines, half.div_ceil(spines).max(1));
+        }
+    }
+}
+
+/// `n` parallel switches without inter-switch links: storage port u on plane
+/// u mod n, host h on plane h mod n.
+fn planes(g: &mut Graph, cfg: &TopologyConfig, n: u32) {
+    let up = cfg.uplinks.max(1);
+    let per = cfg.node_gbps / up as u64;
+    let sws: Vec<u32> = (0..n.max(1))
+        .map(|_| g.add_node(NodeKind::Switch))
+        .collect();
+    for node in 0..cfg.storage_nodes {
+        for u in 0..up {
+            g.link(node, sws[u as usize % sws.len()], per, cfg.prop_ns);
+        }
+    }
+    for h in 0..cfg.hosts {
+        let host = g.add_node(NodeKind::Host);
+        g.link(
+            host,
+            sws[h as usize % sws.len()],
+            cfg.host_gbps,
+            cfg.prop_ns,
+        );
+    }
+}
+
+/// Leaf-spine: storage node n (all its ports) and host h on leaf n / h mod
+/// leaves; `leaf_uplinks` links from every leaf to every spine.
+fn leaf_spine(g: &mut Graph, cfg: &TopologyConfig, leaves: u32, spines: u32, leaf_uplinks: u32) {
+    let p = cfg.prop_ns;
+    let up = cfg.uplinks.max(1);
+    let per = cfg.node_gbps / up as u64;
+    let leaves: Vec<u32> = (0..leaves).map(|_| g.add_node(NodeKind::Switch)).collect();
+    let spines: Vec<u32> = (0..spines).map(|_| g.add_node(NodeKind::Switch)).collect();
+    for n in 0..cfg.storage_nodes {
+        let leaf = leaves[(n as usize) % leaves.len()];
+        for _ in 0..up {
+            g.link(n, leaf, per, p);
+        }
+    }
+    for &l in &leaves {
+        for &sp in &spines {
+            for _ in 0..leaf_uplinks {
+                g.link(l, sp, per, p);
+            }
+        }
+    }
+    for i in 0..cfg.hosts {
+        let h = g.add_node(NodeKind::Host);
+        g.link(h, leaves[i as usize % leaves.len()], cfg.host_gbps, p);
+    }
+}
+
 pub fn build(cfg: &TopologyConfig) -> Result<Graph> {
     let s = cfg.storage_nodes;
     if s == 0 {
@@ -214,44 +286,10 @@ pub fn build(cfg: &TopologyConfig) -> Result<Graph> {
     }
     let p = cfg.prop_ns;
     match cfg.kind {
-        TopologyKind::Tor => {
-            let sw = g.add_node(NodeKind::Switch);
-            let per = cfg.node_gbps / cfg.uplinks.max(1) as u64;
-            for n in 0..s {
-                for _ in 0..cfg.uplinks.max(1) {
-                    g.link(n, sw, per, p);
-                }
-            }
-            for _ in 0..cfg.hosts {
-                let h = g.add_node(NodeKind::Host);
-                g.link(h, sw, cfg.host_gbps, p);
-            }
-        }
+        TopologyKind::Tor => build_switched(&mut g, cfg),
         TopologyKind::LeafSpine => {
-            let leaves: Vec<u32> = (0..cfg.leaves.max(1))
-                .map(|_| g.add_node(NodeKind::Switch))
-                .collect();
-            let spines: Vec<u32> = (0..cfg.spines.max(1))
-                .map(|_| g.add_node(NodeKind::Switch))
-                .collect();
-            let per = cfg.node_gbps / cfg.uplinks.max(1) as u64;
-            for n in 0..s {
-                let leaf = leaves[(n as usize) % leaves.len()];
-                for _ in 0..cfg.uplinks.max(1) {
-                    g.link(n, leaf, per, p);
-                }
-            }
-            for &l in &leaves {
-                for &sp in &spines {
-                    for _ in 0..cfg.leaf_uplinks.max(1) {
-                        g.link(l, sp, cfg.node_gbps / cfg.uplinks.max(1) as u64, p);
-                    }
-                }
-            }
-            for i in 0..cfg.hosts {
-                let h = g.add_node(NodeKind::Host);
-                g.link(h, leaves[i as usize % leaves.len()], cfg.host_gbps, p);
-            }
+            let up = cfg.leaf_uplinks.max(1);
+            leaf_spine(&mut g, cfg, cfg.leaves.max(1), cfg.spines.max(1), up);
         }
         TopologyKind::Ring => {
             if s < 3 {
