@@ -40,7 +40,18 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Target(a) => target_cmd::run(a),
         Cmd::Bench(a) => trellis_bench::cli::run(a),
-        Cmd::Sim(a) => trellis_sim::cli::run(a),
+        Cmd::Sim(a) => {
+            // The simulator only prints reports and writes files: like other
+            // Unix report tools, `trellis sim ... | head` ends quietly when
+            // the reader goes away instead of panicking in println!. (Not for
+            // target or bench: their sockets must see EPIPE as an error.)
+            // SAFETY: called before any other thread of this command exists;
+            // SIG_DFL is a valid disposition for SIGPIPE.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            }
+            trellis_sim::cli::run(a)
+        }
     };
     if let Err(e) = r {
         eprintln!("trellis: {e:#}");
