@@ -31,11 +31,11 @@ const SUBPAGES_MAX: usize = 16;
 
 #[derive(Clone, Debug)]
 pub(crate) struct GcState {
-    victim: u32,
+    pub(crate) victim: u32,
     /// Per LUN: next flash page of the victim's block to scan; `fppb` = erase next;
     /// `fppb + 1` = erased.
-    cursor: Vec<u32>,
-    luns_erased: u32,
+    pub(crate) cursor: Vec<u32>,
+    pub(crate) luns_erased: u32,
     /// Round-robin start, so a bounded call does not always favour LUN 0.
     next_lun: u32,
     /// Background steps start no earlier than this (when the current victim was picked).
@@ -65,8 +65,9 @@ enum Step {
     Done,
     /// The LUN (or the LUN the GC program would use) is busy at `now`.
     Busy,
-    /// A relocation or erase was scheduled; `reclaimed` invalid pages were passed over.
-    Ran { reclaimed: u32 },
+    /// A relocation or erase was scheduled; `reclaimed` invalid pages were passed over
+    /// and its NAND work (the GC program included) ends at `end_ns`.
+    Ran { reclaimed: u32, end_ns: u64 },
 }
 
 impl Ssd {
@@ -116,39 +117,35 @@ impl Ssd {
 
     /// At the hard floor (`gc_hi`), a host write of `pages` pages first runs steps until
     /// they have passed over as many invalid pages as it will consume, so the free space
-    /// does not shrink further. Steps queue on their LUNs from `now` like host operations.
-    pub(crate) fn gc_foreground(&mut self, pages: u32, now: u64) {
+    /// does not shrink further. Steps queue on their LUNs from `now` like host operations
+    /// and the write is admitted when they end (returned): the host is throttled to the
+    /// rate GC frees space, instead of queueing GC work without bound ahead of it.
+    pub(crate) fn gc_foreground(&mut self, pages: u32, now: u64) -> u64 {
+        let mut end = now;
         if self.p.static_map || self.free_lines() > self.gc_hi_lines {
-            return;
+            return end;
         }
         let mut need = pages as u64;
         let mut steps = 0;
-        let mut idle_luns = 0;
         while need > 0 && steps < GC_FOREGROUND_STEPS_PER_WRITE_MAX {
             if self.gc.victim == NO_LINE && !self.gc_pick_victim(true) {
                 break;
             }
-            let lun = self.gc.next_lun;
-            self.gc.next_lun = (lun + 1) % self.luns;
-            match self.gc_step(lun, now, None) {
-                Step::Ran { reclaimed } => {
-                    need = need.saturating_sub(reclaimed as u64);
-                    steps += 1;
-                    idle_luns = 0;
-                }
-                // Only `Done` happens without a gate; a finished LUN waits for the others.
-                Step::Done | Step::Busy => {
-                    idle_luns += 1;
-                    if idle_luns > self.luns {
-                        break;
-                    }
-                }
-            }
+            let Some(lun) = self.gc_least_busy_lun() else {
+                break;
+            };
+            let Step::Ran { reclaimed, end_ns } = self.gc_step(lun, now, None) else {
+                break;
+            };
+            need = need.saturating_sub(reclaimed as u64);
+            end = end.max(end_ns);
+            steps += 1;
         }
         if steps > 0 {
             self.stats.gc_foreground_steps += steps as u64;
             self.stats.gc_foreground_stalls += 1;
         }
+        end
     }
 
     /// The host needs a line and only the GC reserve is left: finish victims now
@@ -163,14 +160,25 @@ impl Ssd {
                 }
                 victims += 1;
             }
-            for lun in 0..self.luns {
-                while let Step::Ran { .. } = self.gc_step(lun, t, None) {
-                    steps += 1;
-                }
+            let Some(lun) = self.gc_least_busy_lun() else {
+                break;
+            };
+            if let Step::Ran { .. } = self.gc_step(lun, t, None) {
+                steps += 1;
             }
         }
         self.stats.gc_foreground_steps += steps;
         self.stats.gc_foreground_stalls += (steps > 0) as u64;
+    }
+
+    /// The LUN with victim work left that frees up first. Foreground steps go there so
+    /// that a relocation's read rarely finishes after the LUN its program goes to has
+    /// gone idle (the busy-until model cannot fill such a gap with other work).
+    fn gc_least_busy_lun(&self) -> Option<u32> {
+        let fppb = self.flash_pages_per_block;
+        (0..self.luns)
+            .filter(|&l| self.gc.cursor[l as usize] <= fppb)
+            .min_by_key(|&l| self.lun_avail_ns[l as usize])
     }
 
     /// Greedy victim: the full line with the fewest valid pages. Background GC skips
@@ -229,8 +237,8 @@ impl Ssd {
             self.gc.cursor[l] += 1;
         }
         if valid == 0 {
-            self.gc_erase_block(lun, start);
-            return Step::Ran { reclaimed };
+            let end_ns = self.gc_erase_block(lun, start);
+            return Step::Ran { reclaimed, end_ns };
         }
         if let (Some(now), Some(m)) = (gate, self.gc_program_lun(valid)) {
             if self.lun_avail_ns[m as usize] > now {
@@ -239,9 +247,10 @@ impl Ssd {
         }
         let fpage = self.gc.cursor[l];
         self.gc.cursor[l] += 1;
-        self.gc_relocate(lun, fpage, valid, start);
+        let end_ns = self.gc_relocate(lun, fpage, valid, start);
         Step::Ran {
             reclaimed: reclaimed + self.subpages - valid,
+            end_ns,
         }
     }
 
@@ -267,30 +276,36 @@ impl Ssd {
 
     /// Read `valid` pages of the victim's flash page (tR + channel transfer on `lun`) and
     /// write them to the GC write pointer; its program is charged when a page fills.
-    fn gc_relocate(&mut self, lun: u32, fpage: u32, valid: u32, start: u64) {
+    /// Returns when the pages are durable.
+    fn gc_relocate(&mut self, lun: u32, fpage: u32, valid: u32, start: u64) -> u64 {
         let l = lun as usize;
         let s = start.max(self.lun_avail_ns[l]);
         let e = s + self.t_read_ns(valid, fpage);
         self.lun_avail_ns[l] = e;
         let ch = lun / self.p.luns_per_channel;
         let x = self.channel_xfer(ch, e, valid as u64 * self.p.page_bytes as u64);
+        let mut done = x;
         for i in 0..valid as usize {
             let lpn = self.gc.scratch[i];
-            self.write_page(Stream::Gc, lpn, x);
+            done = done.max(self.write_page(Stream::Gc, lpn, x));
         }
         self.stats.gc_pages_moved += valid as u64;
+        done
     }
 
-    fn gc_erase_block(&mut self, lun: u32, start: u64) {
+    /// Erase the victim's block on `lun`; returns when the erase ends.
+    fn gc_erase_block(&mut self, lun: u32, start: u64) -> u64 {
         let l = lun as usize;
         let s = start.max(self.lun_avail_ns[l]);
-        self.lun_avail_ns[l] = s + self.p.erase_ns;
+        let end = s + self.p.erase_ns;
+        self.lun_avail_ns[l] = end;
         self.stats.erases += 1;
         self.gc.cursor[l] = self.flash_pages_per_block + 1;
         self.gc.luns_erased += 1;
         if self.gc.luns_erased == self.luns {
             self.gc_free_victim();
         }
+        end
     }
 
     fn gc_free_victim(&mut self) {

@@ -226,6 +226,7 @@ impl Ssd {
             return;
         }
         self.fill_sequential();
+        self.reset_timing();
         let Precondition::Fragmented { overwrite_permille } = state else {
             return;
         };
@@ -267,6 +268,23 @@ impl Ssd {
         for lpn in 0..self.logical_pages {
             self.write_page(Stream::Host, lpn, 0);
         }
+    }
+
+    /// Forget the fill's NAND time: the drive is idle when the run (or the timed
+    /// overwrites) begin.
+    fn reset_timing(&mut self) {
+        self.lun_avail_ns.iter_mut().for_each(|t| *t = 0);
+        if self.p.channel_mb_s > 0 {
+            self.channels = (0..self.p.channels)
+                .map(|_| Ledger::new(self.p.channel_mb_s))
+                .collect();
+        }
+        self.pcie = (self.p.pcie_mb_s > 0).then(|| Ledger::new(self.p.pcie_mb_s));
+        self.now_ns = 0;
+        self.prev_now_ns = 0;
+        self.wbuf_used_bytes = 0;
+        self.wbuf_pending.clear();
+        self.stats = SsdStats::default();
     }
 
     /// Submit one I/O at `now_ns`; returns its completion time in ns.
@@ -385,7 +403,8 @@ impl Ssd {
 
     fn write(&mut self, first: u32, n_pages: u32, size_bytes: u32, now_ns: Nanos) -> u64 {
         self.stats.writes += 1;
-        self.gc_foreground(n_pages, now_ns);
+        // At the floor the write first waits for the GC it triggers.
+        let now_ns = self.gc_foreground(n_pages, now_ns);
         if self.p.write_buffer_bytes == 0 {
             let mut done = now_ns;
             for i in 0..n_pages {
