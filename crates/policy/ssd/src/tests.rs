@@ -308,3 +308,156 @@ fn mixed_load_read_latency_is_far_below_whole_line_stall() {
         "max read {max_read} ns vs whole-line stall {old_stall_ns} ns ({s:?})"
     );
 }
+
+/// Replays `precondition`'s fragmenting overwrites through the public `submit`: the same
+/// random stream at the same queue depth. Returns the model time the run then starts.
+fn replay_overwrites(ssd: &mut Ssd, overwrite_permille: u32, seed: u64) -> u64 {
+    let n = ssd.logical_pages as u64 * overwrite_permille as u64 / 1000;
+    let mut rng = SplitMix64::seed_from_u64(seed ^ 0x9E37_79B9_7F4A_7C15);
+    let mut done = [0u64; PRECONDITION_QD];
+    let mut t = 0;
+    for i in 0..n {
+        let lpn = rng.next_u64() % ssd.logical_pages as u64;
+        let slot = (i % PRECONDITION_QD as u64) as usize;
+        t = t.max(done[slot]);
+        done[slot] = ssd.submit(IoDir::Write, lpn * 4096, 4096, t);
+    }
+    t.max(done[(n % PRECONDITION_QD as u64) as usize])
+}
+
+/// A mixed stream of 4 KiB reads and writes (3:1) over `lpns`, one every 40 µs from
+/// `t0`; returns the latencies.
+fn mixed_run(ssd: &mut Ssd, seed: u64, n: u64, lpns: std::ops::Range<u64>, t0: u64) -> Vec<u64> {
+    let mut rng = SplitMix64::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let r = rng.next_u64();
+            let t = t0 + i * 40_000;
+            let lpn = lpns.start + (r >> 8) % (lpns.end - lpns.start);
+            let dir = if r % 4 == 0 { IoDir::Write } else { IoDir::Read };
+            ssd.submit(dir, lpn * 4096, 4096, t) - t
+        })
+        .collect()
+}
+
+/// Clean and fragmented are one FTL: a fragmented drive is exactly a clean drive given
+/// the fragmenting writes. Run the same mixed stream on both afterwards (the fragmented
+/// one from its first submit, the clean one from when its writes ended): every latency,
+/// the GC work and the free lines agree.
+#[test]
+fn fragmented_drive_is_a_clean_drive_after_the_same_writes() {
+    let p = pm9a3_small();
+    let mut frag = Ssd::new(p.clone());
+    frag.precondition(
+        Precondition::Fragmented {
+            overwrite_permille: 600,
+        },
+        4,
+    );
+    let mut clean = Ssd::new(p);
+    clean.precondition(Precondition::Clean, 4);
+    let t_end = replay_overwrites(&mut clean, 600, 4);
+    assert!(clean.stats().gc_runs > 0, "the writes must have needed GC");
+    let before = clean.stats();
+    let all = 0..frag.logical_pages as u64;
+    let a = mixed_run(&mut frag, 8, 20_000, all.clone(), 0);
+    let b = mixed_run(&mut clean, 8, 20_000, all, t_end);
+    if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+        panic!("latency {i} differs: {} vs {}", a[i], b[i]);
+    }
+    let (sa, sb) = (frag.stats(), clean.stats());
+    assert_eq!(sa.gc_pages_moved, sb.gc_pages_moved - before.gc_pages_moved);
+    assert_eq!(sa.gc_background_steps, sb.gc_background_steps - before.gc_background_steps);
+    assert_eq!(sa.erases, sb.erases - before.erases);
+    assert!(sa.gc_pages_moved > 0);
+    assert_eq!(frag.free_lines(), clean.free_lines());
+}
+
+/// The static map (no tables, for simulations too large for them) is a clean FTL drive
+/// whose GC has not started: writes and reads of data not rewritten in the window take
+/// exactly the FTL's time. (A rewritten page is read from its home LUN rather than from
+/// where the write pointer put it; both are uniform over LUNs.)
+#[test]
+fn static_map_matches_a_clean_ftl_drive_until_gc() {
+    let p = pm9a3_small();
+    let run = |static_map| {
+        let mut ssd = Ssd::new(SsdProfile {
+            static_map,
+            ..p.clone()
+        });
+        ssd.precondition(Precondition::Clean, 1);
+        let half = ssd.logical_pages as u64 / 2;
+        // Writes to the first half, reads of the second: no read of rewritten data.
+        let mut rng = SplitMix64::seed_from_u64(6);
+        let mut lat = Vec::new();
+        for i in 1..=20_000u64 {
+            let r = rng.next_u64();
+            let t = i * 10_000;
+            let (dir, lpn) = if r % 4 == 0 {
+                (IoDir::Write, (r >> 8) % half)
+            } else {
+                (IoDir::Read, half + (r >> 8) % half)
+            };
+            lat.push(ssd.submit(dir, lpn * 4096, 4096, t) - t);
+        }
+        (lat, ssd.stats())
+    };
+    let (ftl, s) = run(false);
+    assert_eq!(s.gc_runs, 0, "the window must end before the FTL's first GC");
+    assert!(s.writes > 4_000);
+    let (stat, _) = run(true);
+    assert_eq!(ftl, stat);
+}
+
+/// Same profile, precondition, seed and stream: same completions, same state.
+#[test]
+fn gc_is_deterministic() {
+    let run = || {
+        let mut ssd = Ssd::new(pm9a3_small());
+        ssd.precondition(FRAGMENTED, 2);
+        let all = 0..ssd.logical_pages as u64;
+        let lat = mixed_run(&mut ssd, 11, 30_000, all, 5_000);
+        (lat, ssd.stats(), ssd.free_lines(), ssd.map.clone())
+    };
+    let (a, b) = (run(), run());
+    assert!(a.1.gc_pages_moved > 0);
+    assert_eq!(a.0, b.0);
+    assert_eq!(a.1, b.1);
+    assert_eq!(a.2, b.2);
+    assert!(a.3 == b.3, "mappings differ");
+}
+
+/// Long random mixes of sizes, directions and bursts on every profile: the FTL's
+/// invariants hold throughout and the drive never runs out of lines.
+#[test]
+fn invariants_hold_after_long_random_mixes() {
+    let profiles = [
+        SsdProfile::femu().with_blocks(16),
+        pm9a3_small(),
+        SsdProfile::nvmevirt_970pro().with_blocks(16),
+    ];
+    for p in profiles {
+        let mut ssd = Ssd::new(p.clone());
+        ssd.precondition(FRAGMENTED, 3);
+        ssd.check_invariants();
+        let mut rng = SplitMix64::seed_from_u64(12);
+        let mut t = 0;
+        for i in 0..30_000u64 {
+            let r = rng.next_u64();
+            // Bursts: a quarter of the I/Os arrive together with the previous one.
+            t += if r % 4 == 0 { 0 } else { (r >> 40) % 60_000 };
+            let size = [4096, 4096, 16384, 131072][(r >> 2) as usize % 4];
+            let dir = if (r >> 4) % 2 == 0 { IoDir::Write } else { IoDir::Read };
+            let off = (r >> 8) % ssd.logical_bytes();
+            let done = ssd.submit(dir, off, size, t);
+            assert!(done >= t);
+            assert!(ssd.free_lines() >= 1, "{}: no free line", p.name);
+            if i % 5_000 == 0 {
+                ssd.check_invariants();
+            }
+        }
+        ssd.check_invariants();
+        let s = ssd.stats();
+        assert!(s.gc_pages_moved > 0 && s.erases > 0, "{}: {s:?}", p.name);
+    }
+}
