@@ -251,7 +251,12 @@ impl Ssd {
             let lpn = rng.next_u64() % self.logical_pages as u64;
             let slot = (i % PRECONDITION_QD as u64) as usize;
             t = t.max(done[slot]);
-            done[slot] = self.submit(IoDir::Write, lpn * self.p.page_bytes as u64, self.p.page_bytes, t);
+            done[slot] = self.submit(
+                IoDir::Write,
+                lpn * self.p.page_bytes as u64,
+                self.p.page_bytes,
+                t,
+            );
         }
         t.max(done[(n % PRECONDITION_QD as u64) as usize])
     }
@@ -392,7 +397,7 @@ impl Ssd {
     /// tR for `pages` 4 KiB pages of flash page `fpage` (LSB/MSB alternate by index).
     fn t_read_ns(&self, pages: u32, fpage: u32) -> u64 {
         let full = pages == self.subpages && self.subpages > 1;
-        let lsb = fpage % 2 == 0;
+        let lsb = fpage.is_multiple_of(2);
         match (full, lsb) {
             (false, true) => self.p.read_lsb_ns,
             (false, false) => self.p.read_msb_ns,
@@ -603,12 +608,22 @@ impl Ssd {
             assert!(l.vpc + l.ipc <= self.pages_per_line, "line {i} over-full");
             let free = self.free_lines.contains(&(i as u32));
             assert_eq!(free, l.state == LineState::Free, "line {i} free list");
-            assert!(l.state != LineState::Free || l.vpc + l.ipc == 0, "free line {i} used");
+            assert!(
+                l.state != LineState::Free || l.vpc + l.ipc == 0,
+                "free line {i} used"
+            );
         }
         for (k, &w) in self.wp_line.iter().enumerate() {
-            assert!(w == gc::NO_LINE || self.lines[w as usize].state == LineState::Open, "wp {k}");
+            assert!(
+                w == gc::NO_LINE || self.lines[w as usize].state == LineState::Open,
+                "wp {k}"
+            );
         }
-        let victims = self.lines.iter().filter(|l| l.state == LineState::Victim).count();
+        let victims = self
+            .lines
+            .iter()
+            .filter(|l| l.state == LineState::Victim)
+            .count();
         assert!(victims <= 1, "{victims} victims");
     }
 }

@@ -234,7 +234,10 @@ fn read_only_run_on_fragmented_drive_meets_gc() {
     // other reads (open loop at 20 µs over 32 LUNs keeps LUNs < 10 % busy with reads).
     let slow_ns = idle_read_max_ns(&p) + p.program_ns;
     let (mut frag, t0) = fragmented_after_backlog(&p);
-    assert!(frag.free_lines() <= frag.gc_lo_lines, "precondition left no GC debt");
+    assert!(
+        frag.free_lines() <= frag.gc_lo_lines,
+        "precondition left no GC debt"
+    );
     let lat = read_run(&mut frag, 3, 2_000, 20_000, t0);
     let s = frag.stats();
     assert_eq!(s.writes, 0);
@@ -287,7 +290,11 @@ fn mixed_load_read_latency_is_far_below_whole_line_stall() {
     for i in 1..=40_000u64 {
         let t = t0 + i * 25_000;
         let lpn = rand_lpn(&mut rng, &ssd);
-        let dir = if i % 4 == 0 { IoDir::Write } else { IoDir::Read };
+        let dir = if i % 4 == 0 {
+            IoDir::Write
+        } else {
+            IoDir::Read
+        };
         let done = ssd.submit(dir, lpn * 4096, 4096, t);
         if dir == IoDir::Read {
             max_read = max_read.max(done - t);
@@ -300,9 +307,8 @@ fn mixed_load_read_latency_is_far_below_whole_line_stall() {
     let ppl = (p.channels * p.luns_per_channel * p.pages_per_block) as u64;
     let valid_per_block = s.gc_pages_moved * p.pages_per_block as u64 / (s.gc_runs * ppl);
     let sub = (p.flash_page_bytes / p.page_bytes) as u64;
-    let old_stall_ns = valid_per_block * p.read_lsb_ns
-        + valid_per_block / sub * p.program_ns
-        + p.erase_ns;
+    let old_stall_ns =
+        valid_per_block * p.read_lsb_ns + valid_per_block / sub * p.program_ns + p.erase_ns;
     assert!(
         max_read * 4 < old_stall_ns,
         "max read {max_read} ns vs whole-line stall {old_stall_ns} ns ({s:?})"
@@ -334,7 +340,11 @@ fn mixed_run(ssd: &mut Ssd, seed: u64, n: u64, lpns: std::ops::Range<u64>, t0: u
             let r = rng.next_u64();
             let t = t0 + i * 40_000;
             let lpn = lpns.start + (r >> 8) % (lpns.end - lpns.start);
-            let dir = if r % 4 == 0 { IoDir::Write } else { IoDir::Read };
+            let dir = if r % 4 == 0 {
+                IoDir::Write
+            } else {
+                IoDir::Read
+            };
             ssd.submit(dir, lpn * 4096, 4096, t) - t
         })
         .collect()
@@ -367,7 +377,10 @@ fn fragmented_drive_is_a_clean_drive_after_the_same_writes() {
     }
     let (sa, sb) = (frag.stats(), clean.stats());
     assert_eq!(sa.gc_pages_moved, sb.gc_pages_moved - before.gc_pages_moved);
-    assert_eq!(sa.gc_background_steps, sb.gc_background_steps - before.gc_background_steps);
+    assert_eq!(
+        sa.gc_background_steps,
+        sb.gc_background_steps - before.gc_background_steps
+    );
     assert_eq!(sa.erases, sb.erases - before.erases);
     assert!(sa.gc_pages_moved > 0);
     assert_eq!(frag.free_lines(), clean.free_lines());
@@ -403,7 +416,10 @@ fn static_map_matches_a_clean_ftl_drive_until_gc() {
         (lat, ssd.stats())
     };
     let (ftl, s) = run(false);
-    assert_eq!(s.gc_runs, 0, "the window must end before the FTL's first GC");
+    assert_eq!(
+        s.gc_runs, 0,
+        "the window must end before the FTL's first GC"
+    );
     assert!(s.writes > 4_000);
     let (stat, _) = run(true);
     assert_eq!(ftl, stat);
@@ -447,7 +463,11 @@ fn invariants_hold_after_long_random_mixes() {
             // Bursts: a quarter of the I/Os arrive together with the previous one.
             t += if r % 4 == 0 { 0 } else { (r >> 40) % 60_000 };
             let size = [4096, 4096, 16384, 131072][(r >> 2) as usize % 4];
-            let dir = if (r >> 4) % 2 == 0 { IoDir::Write } else { IoDir::Read };
+            let dir = if (r >> 4) % 2 == 0 {
+                IoDir::Write
+            } else {
+                IoDir::Read
+            };
             let off = (r >> 8) % ssd.logical_bytes();
             let done = ssd.submit(dir, off, size, t);
             assert!(done >= t);
