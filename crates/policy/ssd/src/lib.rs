@@ -96,7 +96,7 @@ pub struct Ssd {
     prev_now_ns: Nanos,
     /// Model clock = `epoch_int_ns + (caller clock − epoch_ext_ns)`. Identity unless
     /// preconditioning ran on the model clock: then the caller's first submit is the
-    /// moment preconditioning ended, so its GC debt and LUN backlog carry over.
+    /// moment preconditioning ended, so its GC debt carries over.
     epoch_int_ns: Nanos,
     epoch_ext_ns: Nanos,
     epoch_pending: bool,
@@ -219,8 +219,10 @@ impl Ssd {
     /// `Fragmented` is that fill, then `overwrite_permille`/1000 × capacity random 4 KiB
     /// writes issued through `submit` at queue depth `PRECONDITION_QD` on the model
     /// clock, so GC runs exactly as it would in a run. The caller's first `submit`
-    /// after it is the moment the overwrites ended: the LUN backlog and the GC debt
-    /// (free lines below the background threshold, a victim half relocated) carry over.
+    /// after it is the moment the overwrites are all on flash (the last program done,
+    /// as when the measured job follows the preconditioning job): the GC debt (free
+    /// lines at or below the background threshold, a victim half relocated) carries
+    /// over, and background GC has used the drain's idle LUN time as it would.
     pub fn precondition(&mut self, state: Precondition, seed: u64) {
         if matches!(state, Precondition::Empty) {
             return;
@@ -234,10 +236,15 @@ impl Ssd {
             return;
         }
         let n = self.logical_pages as u64 * overwrite_permille as u64 / 1000;
-        let end_ns = self.overwrite_random(n, seed);
+        let end_ns = self.overwrite_random(n, seed).max(self.flash_idle_ns());
         self.stats = SsdStats::default();
         self.epoch_int_ns = end_ns;
         self.epoch_pending = true;
+    }
+
+    /// When every LUN has finished the work queued so far.
+    fn flash_idle_ns(&self) -> Nanos {
+        self.lun_avail_ns.iter().copied().max().unwrap_or(0)
     }
 
     /// `n` random 4 KiB writes from t = 0, closed loop at `PRECONDITION_QD`: the next

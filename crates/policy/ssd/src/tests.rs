@@ -203,8 +203,8 @@ fn idle_read_max_ns(p: &SsdProfile) -> u64 {
 }
 
 /// Precondition fragmented and make the first submit (the end of preconditioning, model
-/// time `epoch_int_ns`); returns when the host programs still in the write buffer then
-/// have drained, so that later waits are GC's, not the preconditioning writes'.
+/// time `epoch_int_ns`); returns when the LUNs are past what was queued then (at most
+/// one GC operation each), so that later waits come from GC in the run.
 fn fragmented_after_backlog(p: &SsdProfile) -> (Ssd, u64) {
     let mut ssd = Ssd::new(p.clone());
     ssd.precondition(FRAGMENTED, 1);
@@ -316,7 +316,8 @@ fn mixed_load_read_latency_is_far_below_whole_line_stall() {
 }
 
 /// Replays `precondition`'s fragmenting overwrites through the public `submit`: the same
-/// random stream at the same queue depth. Returns the model time the run then starts.
+/// random stream at the same queue depth. Returns the model time the run then starts
+/// (the overwrites all on flash).
 fn replay_overwrites(ssd: &mut Ssd, overwrite_permille: u32, seed: u64) -> u64 {
     let n = ssd.logical_pages as u64 * overwrite_permille as u64 / 1000;
     let mut rng = SplitMix64::seed_from_u64(seed ^ 0x9E37_79B9_7F4A_7C15);
@@ -329,6 +330,7 @@ fn replay_overwrites(ssd: &mut Ssd, overwrite_permille: u32, seed: u64) -> u64 {
         done[slot] = ssd.submit(IoDir::Write, lpn * 4096, 4096, t);
     }
     t.max(done[(n % PRECONDITION_QD as u64) as usize])
+        .max(ssd.flash_idle_ns())
 }
 
 /// A mixed stream of 4 KiB reads and writes (3:1) over `lpns`, one every 40 µs from
