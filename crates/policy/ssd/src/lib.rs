@@ -7,9 +7,12 @@
 //! Model (algorithms.md §4): per-LUN busy time as in FEMU's
 //! `ssd_advance_status`, optional channel and PCIe transfer plus firmware
 //! overheads and a shared write buffer with early completion as in NVMeVirt,
-//! a page-mapped FTL with line-granular greedy GC. Read/write and GC
-//! interference arise only from LUN and channel busy time.
+//! a page-mapped FTL with greedy GC that relocates one flash page per LUN at a
+//! time in idle LUN time (background) or ahead of host writes at the hard floor
+//! (foreground). Read/write and GC interference arise only from LUN and channel
+//! busy time.
 
+mod gc;
 mod ledger;
 mod profile;
 use ledger::Ledger;
@@ -17,6 +20,10 @@ pub use profile::{Precondition, SsdProfile};
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::SplitMix64;
 use trellis_units::{IoDir, Nanos};
+
+/// [R] Queue depth of the fragmenting overwrites (fio preconditioning scripts commonly
+/// run random writes at iodepth 32); deep enough to keep every LUN of the profiles busy.
+const PRECONDITION_QD: usize = 32;
 
 const FREE: u32 = u32::MAX;
 const INVALID: u32 = u32::MAX - 1;
@@ -27,6 +34,16 @@ enum LineState {
     Free,
     Open,
     Full,
+    /// Being collected.
+    Victim,
+}
+
+/// Which write pointer a page goes to: host data and GC relocations fill separate
+/// open lines (NVMeVirt `conv_ftl`: `USER_IO` and `GC_IO` write pointers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stream {
+    Host = 0,
+    Gc = 1,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,10 +60,18 @@ pub struct SsdStats {
     pub writes: u64,
     pub pages_read: u64,
     pub pages_written: u64,
+    /// Victim lines chosen (each is collected incrementally, then freed).
     pub gc_runs: u64,
     pub gc_pages_moved: u64,
+    /// Block erases (one per LUN per victim line).
     pub erases: u64,
     pub write_buffer_stalls: u64,
+    /// GC steps (one flash page relocated or one block erased) run in idle LUN time.
+    pub gc_background_steps: u64,
+    /// GC steps run ahead of host writes because free lines reached the hard floor.
+    pub gc_foreground_steps: u64,
+    /// Host writes that had to run foreground GC first.
+    pub gc_foreground_stalls: u64,
 }
 
 /// One simulated or emulated SSD.
@@ -57,6 +82,7 @@ pub struct Ssd {
     luns: u32,
     subpages: u32,
     pages_per_line: u32,
+    flash_pages_per_block: u32,
     logical_pages: u32,
     gc_lo_lines: u32,
     gc_hi_lines: u32,
@@ -64,15 +90,25 @@ pub struct Ssd {
     lun_avail_ns: Vec<u64>,
     channels: Vec<Ledger>,
     pcie: Option<Ledger>,
-    /// Latest submit time seen (ledgers forget slots before it).
+    /// Latest submit time seen, model clock (ledgers forget slots before it).
     now_ns: Nanos,
+    /// The submit before the latest one (background GC starts no earlier).
+    prev_now_ns: Nanos,
+    /// Model clock = `epoch_int_ns + (caller clock − epoch_ext_ns)`. Identity unless
+    /// preconditioning ran on the model clock: then the caller's first submit is the
+    /// moment preconditioning ended, so its GC debt carries over.
+    epoch_int_ns: Nanos,
+    epoch_ext_ns: Nanos,
+    epoch_pending: bool,
     // FTL state.
     map: Vec<u32>,
     rmap: Vec<u32>,
     lines: Vec<Line>,
     free_lines: std::collections::VecDeque<u32>,
-    wp_line: u32,
-    wp_index: u32,
+    /// Open line and next page index per `Stream`; `gc::NO_LINE` when not open.
+    wp_line: [u32; 2],
+    wp_index: [u32; 2],
+    gc: gc::GcState,
     // Write buffer: (release time, bytes) for flash pages still being programmed.
     wbuf_used_bytes: u64,
     /// Buffered writes by NAND completion time (earliest first): (done, bytes).
@@ -86,6 +122,7 @@ impl Ssd {
         let luns = profile.channels * profile.luns_per_channel;
         let subpages = profile.flash_page_bytes / profile.page_bytes;
         let pages_per_line = luns * profile.pages_per_block;
+        let flash_pages_per_block = profile.pages_per_block / subpages;
         let lines_total = profile.blocks_per_lun;
         let physical = pages_per_line as u64 * lines_total as u64;
         assert!(
@@ -110,6 +147,7 @@ impl Ssd {
             luns,
             subpages,
             pages_per_line,
+            flash_pages_per_block,
             logical_pages,
             gc_hi_lines,
             gc_lo_lines,
@@ -123,6 +161,10 @@ impl Ssd {
             },
             pcie: (profile.pcie_mb_s > 0).then(|| Ledger::new(profile.pcie_mb_s)),
             now_ns: 0,
+            prev_now_ns: 0,
+            epoch_int_ns: 0,
+            epoch_ext_ns: 0,
+            epoch_pending: false,
             map: if profile.static_map {
                 Vec::new()
             } else {
@@ -142,14 +184,15 @@ impl Ssd {
                 lines_total as usize
             ],
             free_lines: (0..lines_total).collect(),
-            wp_line: 0,
-            wp_index: 0,
+            wp_line: [gc::NO_LINE; 2],
+            wp_index: [0; 2],
+            gc: gc::GcState::new(luns, subpages),
             wbuf_used_bytes: 0,
             wbuf_pending: std::collections::BinaryHeap::with_capacity(wbuf_slots),
             stats: SsdStats::default(),
             p: profile,
         };
-        ssd.open_next_line();
+        ssd.open_next_line(Stream::Host);
         ssd
     }
 
@@ -170,37 +213,77 @@ impl Ssd {
         self.free_lines.len() as u32
     }
 
-    /// Bring the device to a known state without charging time: a sequential
-    /// fill (clean) or a fill plus random overwrites (fragmented), as fio-based
-    /// preconditioning does before Gimbal's and the NSDI paper's clean/fragmented runs.
+    /// Bring the device to a known state, as fio-based preconditioning does before
+    /// Gimbal's and the NSDI paper's clean/fragmented runs. `Clean` is a sequential
+    /// fill of the logical space (no time charged: it leaves nothing for GC to do).
+    /// `Fragmented` is that fill, then `overwrite_permille`/1000 × capacity random 4 KiB
+    /// writes issued through `submit` at queue depth `PRECONDITION_QD` on the model
+    /// clock, so GC runs exactly as it would in a run. The caller's first `submit`
+    /// after it is the moment the overwrites are all on flash (the last program done,
+    /// as when the measured job follows the preconditioning job): the GC debt (free
+    /// lines at or below the background threshold, a victim half relocated) carries
+    /// over, and background GC has used the drain's idle LUN time as it would.
     pub fn precondition(&mut self, state: Precondition, seed: u64) {
+        if matches!(state, Precondition::Empty) {
+            return;
+        }
+        self.fill_sequential();
+        self.reset_timing();
+        let Precondition::Fragmented { overwrite_permille } = state else {
+            return;
+        };
         if self.p.static_map {
             return;
         }
-        match state {
-            Precondition::Empty => {}
-            Precondition::Clean => self.fill_sequential(),
-            Precondition::Fragmented { overwrite_permille } => {
-                self.fill_sequential();
-                let n = self.logical_pages as u64 * overwrite_permille as u64 / 1000;
-                let mut rng = SplitMix64::seed_from_u64(seed ^ 0x9E37_79B9_7F4A_7C15);
-                for _ in 0..n {
-                    let lpn = (rng.next_u64() % self.logical_pages as u64) as u32;
-                    self.write_page(lpn, 0);
-                    self.gc_if_needed(0);
-                }
-            }
-        }
-        self.reset_timing();
+        let n = self.logical_pages as u64 * overwrite_permille as u64 / 1000;
+        let end_ns = self.overwrite_random(n, seed).max(self.flash_idle_ns());
+        self.stats = SsdStats::default();
+        self.epoch_int_ns = end_ns;
+        self.epoch_pending = true;
     }
 
+    /// When every LUN has finished the work queued so far.
+    fn flash_idle_ns(&self) -> Nanos {
+        self.lun_avail_ns.iter().copied().max().unwrap_or(0)
+    }
+
+    /// `n` random 4 KiB writes from t = 0, closed loop at `PRECONDITION_QD`: the next
+    /// write is issued when the oldest of the last QD completes. Returns the time the
+    /// next write would have been issued.
+    fn overwrite_random(&mut self, n: u64, seed: u64) -> Nanos {
+        let mut rng = SplitMix64::seed_from_u64(seed ^ 0x9E37_79B9_7F4A_7C15);
+        let mut done = [0u64; PRECONDITION_QD];
+        let mut t = 0;
+        for i in 0..n {
+            let lpn = rng.next_u64() % self.logical_pages as u64;
+            let slot = (i % PRECONDITION_QD as u64) as usize;
+            t = t.max(done[slot]);
+            done[slot] = self.submit(
+                IoDir::Write,
+                lpn * self.p.page_bytes as u64,
+                self.p.page_bytes,
+                t,
+            );
+        }
+        t.max(done[(n % PRECONDITION_QD as u64) as usize])
+    }
+
+    /// Sequential fill of an empty drive: every line ends 100 % valid, so GC has
+    /// nothing to collect and the fill's timing would not matter.
     fn fill_sequential(&mut self) {
+        if self.p.static_map {
+            // The static map reads from the same striped addresses a filled FTL maps to;
+            // start its write pointer where the FTL's would be after the fill.
+            self.wp_index[Stream::Host as usize] = self.logical_pages % self.pages_per_line;
+            return;
+        }
         for lpn in 0..self.logical_pages {
-            self.write_page(lpn, 0);
-            self.gc_if_needed(0);
+            self.write_page(Stream::Host, lpn, 0);
         }
     }
 
+    /// Forget the fill's NAND time: the drive is idle when the run (or the timed
+    /// overwrites) begin.
     fn reset_timing(&mut self) {
         self.lun_avail_ns.iter_mut().for_each(|t| *t = 0);
         if self.p.channel_mb_s > 0 {
@@ -210,6 +293,7 @@ impl Ssd {
         }
         self.pcie = (self.p.pcie_mb_s > 0).then(|| Ledger::new(self.p.pcie_mb_s));
         self.now_ns = 0;
+        self.prev_now_ns = 0;
         self.wbuf_used_bytes = 0;
         self.wbuf_pending.clear();
         self.stats = SsdStats::default();
@@ -225,15 +309,28 @@ impl Ssd {
         now_ns: Nanos,
     ) -> Nanos {
         assert!(size_bytes > 0, "zero-length I/O");
-        assert!(now_ns >= self.now_ns, "SSD time went backwards");
-        self.now_ns = now_ns;
+        if self.epoch_pending {
+            self.epoch_pending = false;
+            self.epoch_ext_ns = now_ns;
+        }
+        let now = self.epoch_int_ns + now_ns.saturating_sub(self.epoch_ext_ns);
+        assert!(
+            now >= self.now_ns && now_ns >= self.epoch_ext_ns,
+            "SSD time went backwards"
+        );
+        if now > self.now_ns {
+            self.prev_now_ns = self.now_ns;
+        }
+        self.now_ns = now;
+        self.gc_background(now);
         let pb = self.p.page_bytes as u64;
         let first = (offset_bytes / pb) % self.logical_pages as u64;
         let n_pages = (offset_bytes % pb + size_bytes as u64).div_ceil(pb) as u32;
-        match dir {
-            IoDir::Read => self.read(first as u32, n_pages, size_bytes, now_ns),
-            IoDir::Write => self.write(first as u32, n_pages, size_bytes, now_ns),
-        }
+        let done = match dir {
+            IoDir::Read => self.read(first as u32, n_pages, size_bytes, now),
+            IoDir::Write => self.write(first as u32, n_pages, size_bytes, now),
+        };
+        self.epoch_ext_ns + (done - self.epoch_int_ns)
     }
 
     fn read(&mut self, first: u32, n_pages: u32, size_bytes: u32, now_ns: Nanos) -> u64 {
@@ -294,14 +391,7 @@ impl Ssd {
     fn read_flash(&mut self, ppa: u32, pages: u32, t0: u64) -> u64 {
         self.stats.pages_read += pages as u64;
         let (ch, lun, fpage) = self.locate(ppa);
-        let full = pages == self.subpages && self.subpages > 1;
-        let lsb = fpage % 2 == 0;
-        let t_r = match (full, lsb) {
-            (false, true) => self.p.read_lsb_ns,
-            (false, false) => self.p.read_msb_ns,
-            (true, true) => self.p.read_full_lsb_ns,
-            (true, false) => self.p.read_full_msb_ns,
-        };
+        let t_r = self.t_read_ns(pages, fpage);
         let l = lun as usize;
         let s = t0.max(self.lun_avail_ns[l]);
         let e = s + t_r;
@@ -311,13 +401,26 @@ impl Ssd {
         self.pcie_xfer(e, bytes)
     }
 
+    /// tR for `pages` 4 KiB pages of flash page `fpage` (LSB/MSB alternate by index).
+    fn t_read_ns(&self, pages: u32, fpage: u32) -> u64 {
+        let full = pages == self.subpages && self.subpages > 1;
+        let lsb = fpage.is_multiple_of(2);
+        match (full, lsb) {
+            (false, true) => self.p.read_lsb_ns,
+            (false, false) => self.p.read_msb_ns,
+            (true, true) => self.p.read_full_lsb_ns,
+            (true, false) => self.p.read_full_msb_ns,
+        }
+    }
+
     fn write(&mut self, first: u32, n_pages: u32, size_bytes: u32, now_ns: Nanos) -> u64 {
         self.stats.writes += 1;
-        self.gc_if_needed(now_ns);
+        // At the floor the write first waits for the GC it triggers.
+        let now_ns = self.gc_foreground(n_pages, now_ns);
         if self.p.write_buffer_bytes == 0 {
             let mut done = now_ns;
             for i in 0..n_pages {
-                let e = self.write_page((first + i) % self.logical_pages, now_ns);
+                let e = self.write_page(Stream::Host, (first + i) % self.logical_pages, now_ns);
                 done = done.max(e);
             }
             return done;
@@ -329,7 +432,7 @@ impl Ssd {
         let t1 = self.pcie_xfer(t1, size_bytes as u64);
         let mut done = t1;
         for i in 0..n_pages {
-            let e = self.write_page((first + i) % self.logical_pages, t1);
+            let e = self.write_page(Stream::Host, (first + i) % self.logical_pages, t1);
             done = done.max(e);
         }
         self.wbuf_used_bytes += size_bytes as u64;
@@ -374,33 +477,36 @@ impl Ssd {
         }
     }
 
-    /// Map `lpn` to the write pointer and charge the program; returns when the page is durable.
-    fn write_page(&mut self, lpn: u32, t: u64) -> u64 {
+    /// Map `lpn` to the stream's write pointer and charge the program; returns when
+    /// the page is durable.
+    fn write_page(&mut self, stream: Stream, lpn: u32, t: u64) -> u64 {
         self.stats.pages_written += 1;
+        let k = stream as usize;
         if self.p.static_map {
             // Log-structured placement without tables: writes fill flash pages in write-pointer
             // order (full-page programs, striped over channels), reads use the static home.
-            let _ = lpn;
-            let ppa = self.wp_index;
-            self.wp_index = (self.wp_index + 1) % self.pages_per_line;
+            let ppa = self.wp_index[k];
+            self.wp_index[k] = (ppa + 1) % self.pages_per_line;
             return if ppa % self.subpages == self.subpages - 1 {
                 self.program(ppa, t)
             } else {
                 t
             };
         }
+        if self.wp_line[k] == gc::NO_LINE {
+            self.open_next_line(stream);
+        }
         self.invalidate(lpn);
-        let ppa = self.wp_line * self.pages_per_line + self.wp_index;
+        let ppa = self.wp_line[k] * self.pages_per_line + self.wp_index[k];
         self.map[lpn as usize] = ppa;
         self.rmap[ppa as usize] = lpn;
-        self.lines[self.wp_line as usize].vpc += 1;
-        let sub = ppa % self.subpages;
-        let done = if sub == self.subpages - 1 {
+        self.lines[self.wp_line[k] as usize].vpc += 1;
+        let done = if ppa % self.subpages == self.subpages - 1 {
             self.program(ppa, t)
         } else {
             t
         };
-        self.advance_wp();
+        self.advance_wp(stream, t);
         done
     }
 
@@ -428,23 +534,38 @@ impl Ssd {
         self.map[lpn as usize] = UNMAPPED;
     }
 
-    fn advance_wp(&mut self) {
-        self.wp_index += 1;
-        if self.wp_index < self.pages_per_line {
+    /// Move the stream's write pointer; a full line closes. The host opens its next
+    /// line at once and never takes the last `gc::GC_RESERVE_LINES` free lines (they are
+    /// the GC's, as NVMeVirt keeps two lines for "host write, gc"); the GC opens its next
+    /// line lazily, at its next relocation.
+    fn advance_wp(&mut self, stream: Stream, t: u64) {
+        let k = stream as usize;
+        self.wp_index[k] += 1;
+        if self.wp_index[k] < self.pages_per_line {
             return;
         }
-        self.lines[self.wp_line as usize].state = LineState::Full;
-        self.open_next_line();
+        self.lines[self.wp_line[k] as usize].state = LineState::Full;
+        self.wp_line[k] = gc::NO_LINE;
+        self.wp_index[k] = 0;
+        if stream == Stream::Host {
+            if self.free_lines() <= gc::GC_RESERVE_LINES {
+                self.gc_emergency(t);
+            }
+            self.open_next_line(stream);
+        }
     }
 
-    fn open_next_line(&mut self) {
+    /// Geometry guarantees a free line here: spare space is at least `gc_lo` + 2 lines,
+    /// the host leaves the reserve to GC, and GC needs at most one new line per victim
+    /// (a victim with an invalid page holds less than a line of valid data).
+    fn open_next_line(&mut self, stream: Stream) {
         let next = self
             .free_lines
             .pop_front()
-            .expect("SSD out of free lines: GC thresholds too low");
+            .expect("SSD out of free lines: GC reserve exhausted");
         self.lines[next as usize].state = LineState::Open;
-        self.wp_line = next;
-        self.wp_index = 0;
+        self.wp_line[stream as usize] = next;
+        self.wp_index[stream as usize] = 0;
     }
 
     /// ppa -> (channel, global LUN index, flash page within block).
@@ -460,6 +581,9 @@ impl Ssd {
     fn channel_xfer(&mut self, ch: u32, t: u64, bytes: u64) -> u64 {
         let now = self.now_ns;
         match self.channels.get_mut(ch as usize) {
+            // Background GC fills idle time before `now`; the ledger has forgotten those
+            // slots, so such transfers are charged the uncontended time ([R]).
+            Some(_) if t < now => t + xfer_ns(bytes, self.p.channel_mb_s),
             Some(l) => l.reserve(now, t, bytes),
             None => t,
         }
@@ -471,86 +595,6 @@ impl Ssd {
             Some(l) => l.reserve(now, t, bytes),
             None => t,
         }
-    }
-
-    /// FEMU: forced GC while free lines ≤ gc_hi; one background pass when ≤ gc_lo.
-    fn gc_if_needed(&mut self, now_ns: Nanos) {
-        if self.p.static_map {
-            return;
-        }
-        while self.free_lines() <= self.gc_hi_lines {
-            let before = self.free_lines();
-            // Stop when a pass gains nothing: relocation ate the line it freed.
-            if !self.do_gc(true, now_ns) || self.free_lines() <= before {
-                break;
-            }
-        }
-        if self.free_lines() <= self.gc_lo_lines {
-            self.do_gc(false, now_ns);
-        }
-    }
-
-    /// Greedy GC of one victim line. Returns false when nothing could be reclaimed.
-    fn do_gc(&mut self, force: bool, now_ns: Nanos) -> bool {
-        let Some(victim) = self.pick_victim() else {
-            return false;
-        };
-        let line = self.lines[victim as usize];
-        if line.ipc == 0 {
-            return false;
-        }
-        // Background GC skips lines that would free little (FEMU: ipc < pages_per_line / 8).
-        if !force && line.ipc < self.pages_per_line / 8 {
-            return false;
-        }
-        self.stats.gc_runs += 1;
-        let base = victim * self.pages_per_line;
-        for i in 0..self.pages_per_line {
-            let lpn = self.rmap[(base + i) as usize];
-            if lpn == FREE || lpn == INVALID {
-                continue;
-            }
-            let (_, lun, _) = self.locate(base + i);
-            let s = now_ns.max(self.lun_avail_ns[lun as usize]);
-            self.lun_avail_ns[lun as usize] = s + self.p.read_lsb_ns;
-            self.stats.gc_pages_moved += 1;
-            self.write_page(lpn, now_ns);
-        }
-        self.erase_line(victim, now_ns);
-        true
-    }
-
-    fn pick_victim(&self) -> Option<u32> {
-        let mut best: Option<u32> = None;
-        for (i, l) in self.lines.iter().enumerate() {
-            if l.state != LineState::Full {
-                continue;
-            }
-            if best.is_none_or(|b| l.vpc < self.lines[b as usize].vpc) {
-                best = Some(i as u32);
-            }
-        }
-        best
-    }
-
-    fn erase_line(&mut self, victim: u32, now_ns: Nanos) {
-        let base = victim * self.pages_per_line;
-        for i in 0..self.pages_per_line {
-            self.rmap[(base + i) as usize] = FREE;
-        }
-        for lun in 0..self.luns as usize {
-            let s = now_ns.max(self.lun_avail_ns[lun]);
-            self.lun_avail_ns[lun] = s + self.p.erase_ns;
-        }
-        self.stats.erases += self.luns as u64;
-        let l = &mut self.lines[victim as usize];
-        debug_assert_eq!(l.vpc, 0, "erasing a line with valid pages");
-        *l = Line {
-            vpc: 0,
-            ipc: 0,
-            state: LineState::Free,
-        };
-        self.free_lines.push_back(victim);
     }
 
     /// Check FTL invariants (used by tests; O(capacity)).
@@ -567,6 +611,27 @@ impl Ssd {
         }
         let vpc: u64 = self.lines.iter().map(|l| l.vpc as u64).sum();
         assert_eq!(valid, vpc, "valid page count mismatch");
+        for (i, l) in self.lines.iter().enumerate() {
+            assert!(l.vpc + l.ipc <= self.pages_per_line, "line {i} over-full");
+            let free = self.free_lines.contains(&(i as u32));
+            assert_eq!(free, l.state == LineState::Free, "line {i} free list");
+            assert!(
+                l.state != LineState::Free || l.vpc + l.ipc == 0,
+                "free line {i} used"
+            );
+        }
+        for (k, &w) in self.wp_line.iter().enumerate() {
+            assert!(
+                w == gc::NO_LINE || self.lines[w as usize].state == LineState::Open,
+                "wp {k}"
+            );
+        }
+        let victims = self
+            .lines
+            .iter()
+            .filter(|l| l.state == LineState::Victim)
+            .count();
+        assert!(victims <= 1, "{victims} victims");
     }
 }
 

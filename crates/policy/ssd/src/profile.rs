@@ -10,7 +10,8 @@ pub enum Precondition {
     Empty,
     /// Whole logical space written sequentially once.
     Clean,
-    /// Sequential fill, then `overwrite_permille`/1000 × capacity random 4 KiB overwrites.
+    /// Sequential fill, then `overwrite_permille`/1000 × capacity random 4 KiB overwrites,
+    /// issued on the model clock; their GC debt and backlog carry into the run.
     Fragmented { overwrite_permille: u32 },
 }
 
@@ -53,8 +54,10 @@ pub struct SsdProfile {
     pub gc_lo_free_permille: u32,
     /// Forced (foreground) GC when free lines ≤ this share of lines (at least 2 lines).
     pub gc_hi_free_permille: u32,
-    /// [R] Static mapping: LPN → fixed striped page, no FTL tables, no GC. Exact for
-    /// clean devices and reads; used for very large simulations where per-SSD tables
+    /// [R] Static mapping: LPN → fixed striped page, no FTL tables, no GC. The same
+    /// timing as a clean FTL drive whose GC has not started (test
+    /// `static_map_matches_a_clean_ftl_drive_until_gc`), except that rewritten pages are
+    /// read from their home LUN; used for very large simulations where per-SSD tables
     /// would not fit in memory.
     #[serde(default)]
     pub static_map: bool,
