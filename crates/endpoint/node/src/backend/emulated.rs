@@ -194,7 +194,10 @@ pub struct EmulatedBackend {
 
 impl EmulatedBackend {
     /// Builds the model and brings it to its precondition (a sequential
-    /// fill, plus random overwrites when fragmented), which charges no time.
+    /// fill; when fragmented, random overwrites on the model clock whose GC
+    /// debt carries into the run: docs/ssd-model.md). The run starts at the
+    /// model moment those writes are on flash; computing them takes a few
+    /// seconds of startup for a fragmented pm9a3-gen4.
     pub fn new(size_bytes: u64, p: EmulatedParams) -> anyhow::Result<EmulatedBackend> {
         let ram = super::ram::RamBackend::new(size_bytes)?;
         let t0 = std::time::Instant::now();
