@@ -56,6 +56,36 @@ pub enum SimCmd {
         #[arg(long)]
         quick: bool,
     },
+    /// Open-loop load sweep: each preset at each offered load (a multiple of every client's
+    /// link rate), past the knee; sweep.json, latency and throughput plots, and a table.
+    Sweep {
+        /// Presets to compare at equal offered load.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "testbed-switched,testbed-switchless"
+        )]
+        presets: Vec<String>,
+        /// Offered loads, as multiples of each client's link rate.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "0.1,0.2,0.4,0.6,0.8,0.9,1.0,1.1,1.2"
+        )]
+        loads: Vec<f64>,
+        /// Simulated time of every point (default: the preset's).
+        #[arg(long)]
+        duration_ms: Option<u64>,
+        #[arg(long, default_value = "sim-out/sweep")]
+        out: PathBuf,
+        /// Do not run: write one config per point under OUT/points and print the
+        /// `trellis sim run` command of each (for GNU parallel or a Slurm array).
+        #[arg(long, conflicts_with = "merge")]
+        emit_jobs: bool,
+        /// Do not run: collect OUT/runs/*/results.json of emitted points.
+        #[arg(long)]
+        merge: bool,
+    },
     /// Engine benchmark: events/s per core and memory per node; writes JSON.
     Bench {
         #[arg(long, default_value = "sim-out/bench.json")]
@@ -191,7 +221,63 @@ pub fn run(args: SimArgs) -> Result<()> {
             big_nodes,
             big_ms,
         } => cmd_bench(&out, rack_ms, big_nodes, big_ms),
+        SimCmd::Sweep {
+            presets,
+            loads,
+            duration_ms,
+            out,
+            emit_jobs,
+            merge,
+        } => cmd_sweep(&presets, &loads, duration_ms, &out, emit_jobs, merge),
     }
+}
+
+fn cmd_sweep(
+    presets: &[String],
+    loads: &[f64],
+    duration_ms: Option<u64>,
+    out: &Path,
+    emit_jobs: bool,
+    merge: bool,
+) -> Result<()> {
+    use crate::sweep;
+    let mut rows = Vec::new();
+    if merge {
+        let runs = out.join("runs");
+        let dirs =
+            std::fs::read_dir(&runs).with_context(|| format!("reading {}", runs.display()))?;
+        for d in dirs {
+            let f = d?.path().join("results.json");
+            let text =
+                std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)?;
+            rows.push(sweep::row_from_json(&v)?);
+        }
+    } else {
+        let pts = sweep::points(presets, loads, preset, duration_ms)?;
+        if emit_jobs {
+            let dir = out.join("points");
+            std::fs::create_dir_all(&dir)?;
+            for (i, p) in pts.iter().enumerate() {
+                let f = dir.join(format!("{i:04}.toml"));
+                std::fs::write(&f, toml::to_string_pretty(&p.cfg)?)?;
+                println!(
+                    "trellis sim run --no-progress --config {} --out {}",
+                    f.display(),
+                    out.join("runs").join(format!("{i:04}")).display()
+                );
+            }
+            eprintln!("then: trellis sim sweep --merge --out {}", out.display());
+            return Ok(());
+        }
+        let cfgs: Vec<SimConfig> = pts.into_iter().map(|p| p.cfg).collect();
+        for r in reproduce::run_all(cfgs, true)? {
+            rows.push(sweep::row(&r)?);
+        }
+    }
+    print!("{}", sweep::write_outputs(out, &mut rows)?);
+    println!("outputs in {}", out.display());
+    Ok(())
 }
 
 fn cmd_run(cfg: SimConfig, out: &Path, progress: bool) -> Result<()> {

@@ -10,6 +10,7 @@ pub mod model;
 pub mod reproduce;
 pub mod run;
 pub mod svg;
+pub mod sweep;
 pub mod topo;
 pub mod trace;
 pub mod workload;

@@ -177,3 +177,22 @@ fn paper_figures_parse_to_numbers_in_their_unit() {
     assert_eq!(leading_number("~0 (drive-bound)"), Some(0.0));
     assert_eq!(leading_number("n/a"), None);
 }
+
+#[test]
+fn sweep_points_are_open_loop_at_the_offered_load_and_merge_back() {
+    use crate::sweep;
+    let presets = vec!["testbed-switched".to_string()];
+    let pts = sweep::points(&presets, &[0.5], crate::cli::preset, Some(2)).unwrap();
+    let job = &pts[0].cfg.workload.jobs[0];
+    assert_eq!(job.qd, 0, "open loop");
+    // 0.5 × 100 Gb/s per client with 4 KiB reads: 1.526 M IOPS per client.
+    assert_eq!(job.iops, (0.5 * 100e9 / 8.0 / 4096.0) as u64);
+    let r = crate::run::run(pts[0].cfg.clone(), false).unwrap().results;
+    let row = sweep::row(&r).unwrap();
+    assert_eq!((row.preset.as_str(), row.load), ("testbed-switched", 0.5));
+    let again = sweep::row_from_json(&serde_json::to_value(&r).unwrap()).unwrap();
+    assert_eq!(again.achieved_mb_s, row.achieved_mb_s);
+    // Offered 4 clients × 6.25 GB/s = 25 GB/s, below the knee: delivered within 5 %.
+    assert!((row.achieved_mb_s - 25_000.0).abs() < 1_250.0, "{row:?}");
+    assert!(sweep::points(&presets, &[0.0], crate::cli::preset, None).is_err());
+}
