@@ -8,8 +8,10 @@ together, and record per-tenant bandwidth and p99.9. Metrics (docs/bench.md
 "Fairness"):
 
 - standalone_mb_per_s: the tenant alone, same mode and device state.
-- f: weighted f-Util, BW_i / (BW_i^alone * w_i / sum w) (algorithms.md §1.g
-  without the weights; ideal 1 when each tenant alone can use the drive).
+- f: weighted f-Util, BW_i / (BW_i^alone * w_i / sum w) (our reading of the
+  Gimbal paper's f-Util, BW_i / (BW_i^alone / N), whose exact definition we
+  could not verify; docs/gimbal.md §1.g, docs/sources.md; ideal 1 when each
+  tenant alone can use the drive).
 - share: f_i / sum_j f_j, the tenant's share of drive time (a tenant that
   keeps x % of its standalone bandwidth used x % of the drive's time); its
   fair value is w_i / sum w, and `fair_share_dev` is share / fair - 1.
@@ -31,7 +33,8 @@ NQN = "nqn.2026-11.io.trellis:fairness"
 HOST_PREFIX = "nqn.2026-11.io.trellis:tenant:"
 CASES = ["intensity", "size", "pattern_rand", "pattern_seq"]
 MODES = ["off", "gimbal"]
-# The Gimbal appendix D figures (seed 004; algorithms.md §1.g), vanilla SPDK.
+# The Gimbal paper's appendix D figures, vanilla SPDK ([Gimbal] in docs/sources.md;
+# docs/gimbal.md §1.g).
 PAPER = {
     "intensity": "2.0x bandwidth for the stream with 2x the iodepth (4 KiB random read)",
     "size": "4 KiB vs 64 KiB random read: 91 vs 1,473 MB/s (16.2x)",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Interference and fairness on an emulated SSD, QoS off vs Gimbal: the
-# Gimbal appendix D cases (seed 004), then fairness restored. For each case
+# Gimbal paper's appendix D cases (docs/sources.md), then fairness restored. For each case
 # of bench/jobs/fairness/*.toml and each mode (off, gimbal) it runs the
 # tenants together, and each tenant alone (its standalone bandwidth, in the
 # same mode and device state), each tenant a `trellis bench` job with its own

@@ -110,7 +110,8 @@ pub struct TopologyConfig {
     pub host_gbps: u64,
     pub prop_ns: u64,
     /// Extra latency of one more adapter hop for a whole I/O (2.9 µs measured for a 4 KiB
-    /// read, seed 000 / anchors A.2); half is charged to each direction. Wire time is extra.
+    /// read: [NSDI'26], second-hand, unverified; docs/sources.md); half is charged to each
+    /// direction. Wire time is extra.
     pub adapter_hop_ns: u64,
     pub switch_hop_ns: u64,
     pub queue_bytes: u64,
@@ -195,7 +196,7 @@ pub struct Mechanisms {
     pub isr: bool,
     /// Eager bandwidth reservation for responses; off = FIFO for responses.
     pub reservation: bool,
-    /// Storage-driven scheduling (NSDI'26, §3.3): SSD credits (headroom) in completions,
+    /// Storage-driven scheduling (NSDI'26, docs/isr.md §3.3): SSD credits (headroom) in completions,
     /// host limiter, rank queues. Not Gimbal's per-tenant I/O credits (see `gimbal`).
     pub credits: bool,
     /// Gimbal at each SSD; off = FIFO to the device.

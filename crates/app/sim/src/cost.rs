@@ -67,7 +67,8 @@ pub enum SwitchPlan {
     /// plane i mod planes) and each host sits on one plane, so every host reaches
     /// every node through its plane. This is how the NSDI'26 paper prices its
     /// switched design: 20 nodes × 4 ports = 80 ports → ⌈80/32⌉ = 3 switches
-    /// (anchors.md §A.2). It needs at least as many ports per node as planes.
+    /// ([NSDI'26], second-hand, unverified; docs/sources.md). It needs at least as many
+    /// ports per node as planes.
     Planes { switches: u32 },
     /// More planes than a node has ports: a non-blocking leaf-spine, each leaf
     /// half down, half up, spines = ⌈uplinks / switch_ports⌉.

@@ -1,4 +1,6 @@
-//! Measurements and the JSON result schema (algorithms.md §5).
+//! Measurements and the JSON result schema: throughput, IOPS, latency percentiles from
+//! an HDR histogram (≤ 1% error), time bins, failure drop and recovery (docs/sim.md,
+//! "Outputs").
 
 use crate::config::SimConfig;
 use hdrhistogram::Histogram;
@@ -51,7 +53,7 @@ pub struct LittleStats {
 pub const LITTLE_ERROR_WARN: f64 = 0.05;
 
 fn hist() -> Histogram<u64> {
-    // 1 ns .. 100 s at 2 significant digits (≤ 1% error, algorithms.md §5).
+    // 1 ns .. 100 s at 2 significant digits (≤ 1% relative error, [R]).
     Histogram::new_with_bounds(1, 100_000_000_000, 2).expect("histogram bounds")
 }
 

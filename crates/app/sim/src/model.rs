@@ -655,8 +655,8 @@ impl Sim {
             NodeKind::Switch => self.cfg.topology.switch_hop_ns,
             NodeKind::Host => 0,
             NodeKind::Storage => {
-                // The seed's 2.9 µs is per extra hop of a whole I/O (command and response),
-                // so each direction pays half.
+                // The paper's 2.9 µs ([NSDI'26], second-hand) is per extra hop of a whole
+                // I/O (command and response), so each direction pays half.
                 if self.ios.get(io).target_node == node {
                     0
                 } else {

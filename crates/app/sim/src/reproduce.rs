@@ -1,6 +1,6 @@
 //! `trellis sim reproduce nsdi26`: the paper's scenarios as real configurations, run
 //! switched vs switchless, printed as claim | paper | Trellis. Paper numbers are
-//! second-hand (anchors.md §A.2, a third-party summary of the PDF): quoted as such.
+//! second-hand (a third-party summary of the paper, unverified; docs/sources.md): quoted as such.
 
 use crate::config::*;
 use crate::cost::{capex, Prices};
@@ -90,7 +90,8 @@ fn fio(name: &str, read_pct: u32, sizes: Vec<(u32, u32)>, pattern: Pattern, qd: 
     }
 }
 
-/// The 4-node testbed (seed 000): 4 storage nodes with 4 PM9A3-like SSDs, 4×100GbE each;
+/// The 4-node testbed of the paper's slides ([NSDI'26], docs/sources.md): 4 storage
+/// nodes with 4 PM9A3-like SSDs, 4×100GbE each;
 /// switched = one ToR with the 4 ports teamed, switchless = 2×2 torus (4 disjoint paths);
 /// one client per storage node on a 100GbE link. All mechanisms on in both (the paper
 /// co-designs both fabrics: Tofino for ISR/PIFO in the switched one).
@@ -618,7 +619,7 @@ pub fn format_table(rows: &[Row]) -> String {
             r.claim, r.paper_text, r.trellis_text, r.note
         );
     }
-    s += "paper column: second-hand figures (anchors.md §A.2, a third-party summary of the NSDI'26 PDF), not verified against the paper.\n";
+    s += "paper column: second-hand figures from a third-party summary of the NSDI'26 paper (docs/sources.md), not verified against the paper.\n";
     s
 }
 

@@ -757,7 +757,7 @@ impl Conn {
             dw0: slot.req.dw0,
             dw1: match credit {
                 NO_CREDIT => slot.req.dw1,
-                // algorithms.md §1.e, as Gimbal's target: credits in DW1[15:0],
+                // As Gimbal's target ([G], docs/gimbal.md §1.e): credits in DW1[15:0],
                 // the command's CDW2[15:0] echoed in DW1[31:16].
                 c => (trellis_nvme::le32(&slot.req.sqe.0, 8) & 0xFFFF) << 16 | c,
             },

@@ -467,7 +467,7 @@ pub const VIEW_HEADER_BYTES: usize = 16;
 pub const VIEW_ENTRY_BYTES: usize = 64;
 
 /// Congestion state as one byte: 0 no sample yet, then the four states of
-/// algorithms.md §1.a from calm to overloaded.
+/// docs/gimbal.md §1.a from calm to overloaded.
 fn state_byte(s: Option<trellis_qos::CcState>) -> u8 {
     use trellis_qos::CcState::*;
     match s {

@@ -121,7 +121,7 @@ fn gimbal_credits_in_dw1_change_under_load_and_match_the_log_page() {
     }];
     let t = trellis_target::Target::start(&cfg).unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
-    // Before any I/O: a fresh tenant's 8 slots × 32 (algorithms.md §1.e).
+    // Before any I/O: a fresh tenant's 8 slots × 32 (docs/gimbal.md §1.e).
     let r = read(&mut c.io[0], 0, 8).0;
     let first = r.dw1 & 0xFFFF;
     // 64 KiB reads: two per 128 KiB virtual slot, so the credit falls.

@@ -1,4 +1,5 @@
-//! SAN traffic control co-designed with NVMe-oF (NSDI'26, algorithms.md §3).
+//! SAN traffic control co-designed with NVMe-oF ([NSDI'26]; rules, sources and the
+//! §3.1–§3.4 labels used below: docs/isr.md, docs/sources.md).
 //!
 //! Three sans-IO mechanisms, each usable by a fabric node (adapter or switch)
 //! that passes in the current time:

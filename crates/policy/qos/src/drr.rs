@@ -218,7 +218,7 @@ impl Drr {
         t.io_processing += 1;
         if s.length >= slot_bytes {
             if limit - t.vqsize <= 0 {
-                // Out of slots: defer until one retires [A B.2].
+                // Out of slots: defer until one retires ([Gimbal] §3, second-hand; §1.c).
                 t.place = Where::Deferred;
                 t.deficit = 0;
                 t.cur_slot = None;

@@ -6,8 +6,10 @@
 //! latency with `complete`. The Gimbal pieces are public so that their worked examples
 //! can be tested one by one: congestion control ([`CongestionControl`]), write cost
 //! ([`WriteCost`]), DRR with virtual slots ([`Drr`]), the dual token bucket
-//! ([`DualTokenBucket`]). Rules and constants follow algorithms.md §1 (tags [G],
-//! [S:004], [R]).
+//! ([`DualTokenBucket`]). Rules, constants and worked examples are in docs/gimbal.md,
+//! whose section labels (§1.a–§1.g, Ex 1.x-n) the comments below use; §3.3 is
+//! docs/isr.md. Tags (docs/sources.md): [G] = Gimbal's public traffic-manager code,
+//! [Gimbal] = the paper, [R] = our choice.
 //!
 //! Two units are called "credit" in Trellis; this crate deals only in the first:
 //! - **I/O credits** (`io_credits`, unit: I/Os): Gimbal's per-tenant allowance of
@@ -41,7 +43,7 @@ pub enum QosError {
     ZeroLength,
 }
 
-/// Gimbal's parameters for one SSD. Every default is the value of algorithms.md §1.
+/// Gimbal's parameters for one SSD. Every default is the value of docs/gimbal.md §1.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GimbalConfig {
@@ -57,14 +59,14 @@ pub struct GimbalConfig {
     pub rate_max_bytes_per_s: u64,
     /// cpl_rate is resampled every 16 MiB completed [G] (§1.a step 8).
     pub cpl_sample_bytes: u64,
-    /// DRR quantum Q, 128 KiB "the maximum I/O size" [S:004], [G] (§1.c).
+    /// DRR quantum Q, 128 KiB "the maximum I/O size" [Gimbal] appendix, [G] (§1.c).
     pub quantum_bytes: u64,
     /// Virtual slot capacity, 128 KiB of weighted length [G] (§1.c).
     pub slot_bytes: u64,
     /// Slots per SSD for one active tenant, 8 [G] `DRR_NUM_VQE − 1` (§1.c); at most
     /// [`MAX_SLOTS_PER_SSD`].
     pub slots_per_ssd: u32,
-    /// Capacity of each token bucket, 256 KiB [S:004], [G] (§1.d line 2).
+    /// Capacity of each token bucket, 256 KiB [Gimbal] Algorithm 4, [G] (§1.d).
     pub bucket_bytes: u64,
     /// Initial write cost in FP10, 9.0 = 9216 (pessimistic) [G] (§1.b).
     pub write_cost_init_fp10: u64,
@@ -130,7 +132,7 @@ impl GimbalConfig {
     }
 }
 
-/// Client side of Algorithm 3: admit while `io_credits_total > inflight_ios` [S:004].
+/// Client side of Algorithm 3: admit while `io_credits_total > inflight_ios` [Gimbal].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IoCreditWindow {
     /// Latest I/O credits granted by the target (Algorithm 3's `credit_tot`), in I/Os.

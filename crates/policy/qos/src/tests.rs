@@ -1,4 +1,4 @@
-//! Hand-computed cases from algorithms.md §1.
+//! Hand-computed cases: the worked examples of docs/gimbal.md (§1.a–§1.e, Ex 1.x-n).
 
 use super::*;
 use crate::cc::{update_dir, DirCc};

@@ -4,7 +4,7 @@
 //! completion time; the caller schedules it. No threads, no clock, no
 //! allocation per I/O (all tables are sized at construction).
 //!
-//! Model (algorithms.md §4): per-LUN busy time as in FEMU's
+//! Model (docs/ssd-model.md; sources in docs/sources.md): per-LUN busy time as in FEMU's
 //! `ssd_advance_status`, optional channel and PCIe transfer plus firmware
 //! overheads and a shared write buffer with early completion as in NVMeVirt,
 //! a page-mapped FTL with greedy GC that relocates one flash page per LUN at a

@@ -1,4 +1,5 @@
-//! SSD profiles. Sources are in docs/ssd-model.md; tags as in algorithms.md §4.1.
+//! SSD profiles (docs/ssd-model.md §4.1). Sources: [F] = FEMU, [V] = NVMeVirt, [R] = our
+//! choice, [D] = derived (docs/sources.md).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! Hand-computed cases from algorithms.md §4.2.
+//! Hand-computed cases: the worked examples Ex 4-n of docs/ssd-model.md (§4.2, Tests).
 
 use super::*;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};

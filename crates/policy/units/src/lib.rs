@@ -9,7 +9,7 @@
 //! - **Time** is [`Nanos`]: a `u64` count of nanoseconds, passed in by the caller
 //!   (virtual time in the simulator, a monotonic clock in the daemon). Names end in
 //!   `_ns`. Gimbal's latency ticks are µs inside `trellis-qos` (so that the worked
-//!   examples of algorithms.md §1.a reproduce bit-exactly); its API still takes ns.
+//!   examples of docs/gimbal.md §1.a reproduce bit-exactly); its API still takes ns.
 //! - **Direction** is [`IoDir`].
 
 use serde::{Deserialize, Serialize};
@@ -21,7 +21,7 @@ pub type Nanos = u64;
 
 /// Direction of an I/O as the policy code sees it. Only NVMe WRITE is a write;
 /// Flush, Write Zeroes, Dataset Management and the rest are scheduled, charged and
-/// modelled as reads (algorithms.md §1.a step 1, [G]).
+/// modelled as reads ([G] = Gimbal's traffic manager, docs/gimbal.md §1.a step 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IoDir {

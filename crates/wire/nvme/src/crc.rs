@@ -1,7 +1,8 @@
 //! CRC-32C (Castagnoli) as NVMe/TCP uses it for header and data digests.
 //!
-//! The `crc32c` crate picks the SSE4.2/PCLMUL path at run time, which the
-//! fast-data-path notes measured at ~135 ns per 4 KiB on these VMs.
+//! The `crc32c` crate picks the SSE4.2/PCLMUL path at run time. The project
+//! measured a 3-lane hardware CRC-32C at ~135 ns per 4 KiB on its 2-vCPU VM
+//! (one lane: ~400 ns) [M].
 
 /// Digest of one contiguous buffer, in the form stored on the wire (LE u32).
 #[inline]

@@ -7,8 +7,8 @@
 //! on this crate, which keeps the two ends byte-compatible by construction.
 //!
 //! Layout references are the NVMe Base 2.0, NVMe-oF 1.1 and NVMe/TCP transport
-//! specifications; `shared/reference/nvme-tcp-facts.md` maps the fields the
-//! Linux and SPDK peers actually check.
+//! specifications; which fields the Linux and SPDK peers actually check was read
+//! in their source ([Linux nvme], [SPDK] in docs/sources.md; docs/target.md).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod crc;

@@ -1,4 +1,4 @@
-//! Gimbal for one namespace (algorithms.md §1): DRR with virtual slots (level 1), a
+//! Gimbal for one namespace (docs/gimbal.md): DRR with virtual slots (level 1), a
 //! dual token bucket paced by delay-based congestion control (level 2), write-cost
 //! estimation, and per-tenant I/O credits.
 
@@ -20,7 +20,8 @@ pub struct GimbalScheduler {
     drr: Drr,
     bucket: DualTokenBucket,
     /// The dequeued request that did not conform: nothing passes it, so I/Os leave in
-    /// DRR order ("Gimbal does not reorder I/Os when dequeued", [S:004], §1.d step 3).
+    /// DRR order ("Gimbal does not reorder I/Os when dequeued", Gimbal paper appendix,
+    /// docs/gimbal.md §1.d).
     blocked: Option<(Tag, SlotTag)>,
     inflight: u32,
 }

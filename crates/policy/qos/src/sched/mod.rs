@@ -22,7 +22,7 @@
 //!
 //! The policy sits behind the [`Scheduler`] trait (the shape of quinn's
 //! `congestion::Controller`), with two implementations: [`FifoScheduler`] (no QoS)
-//! and [`GimbalScheduler`] (algorithms.md §1).
+//! and [`GimbalScheduler`] (docs/gimbal.md).
 
 mod fifo;
 mod gimbal;
@@ -43,13 +43,14 @@ pub type TenantId = u16;
 /// since its first Gimbal port; Gimbal itself has one tenant per NVMe-oF qpair (§1).
 pub const DEFAULT_MAX_TENANTS: u16 = 64;
 /// Default of [`SchedLimits::max_queued_per_tenant`] [R]: 8 I/O queues of the Linux
-/// host's default 128 entries (nvme-tcp-facts §3.1: sqsize = min(queue_size − 1, …)),
+/// host's default 128 entries (Linux's Connect asks for sqsize = min(queue_size − 1,
+/// CAP.MQES, MAXCMD − 1), queue_size 128 by default: [Linux nvme], docs/sources.md),
 /// so a stock host's tenant never sees Busy.
 pub const DEFAULT_MAX_QUEUED_PER_TENANT: u32 = 1024;
 /// Default of [`SchedLimits::max_requests`] [R]: queued plus in flight per namespace.
 pub const DEFAULT_MAX_REQUESTS: u32 = 4096;
 /// Default device queue depth of the FIFO policy [R]: the simulator's FIFO depth
-/// before the core was shared (enough for the PM9A3-like model to saturate, §4.1).
+/// before the core was shared (enough for the PM9A3-like model to saturate, docs/ssd-model.md §4.1).
 pub const DEFAULT_DEVICE_QD: u32 = 256;
 /// Largest tenant weight [R]: keeps `weight × quantum` far from i64 overflow and any
 /// one tenant's share of virtual slots meaningful.
@@ -105,7 +106,7 @@ pub enum Policy {
     #[serde(alias = "off")]
     Fifo,
     /// Gimbal: DRR with virtual slots, delay-based congestion control, write cost,
-    /// dual token bucket, I/O credits (algorithms.md §1).
+    /// dual token bucket, I/O credits (docs/gimbal.md).
     Gimbal,
 }
 

@@ -1,5 +1,5 @@
 //! The scheduler core through its public API, with expectations computed by hand
-//! from algorithms.md §1 (examples cited per test).
+//! from the rules and worked examples of docs/gimbal.md §1 (examples cited per test).
 
 use super::*;
 use std::alloc::{GlobalAlloc, Layout, System};
