@@ -17,6 +17,8 @@ for i in need:
     r = rows[i]
     assert isinstance(r["paper"], (int, float)) and isinstance(r["trellis"], (int, float)), r
     assert r["unit"] in ("%", "x"), r
-print(f"nsdi26.json: {len(rows)} rows, the {len(need)} required ids numeric")
+sens = [i for i in rows if i.startswith("sens.")]
+assert len(sens) >= 7 and all(isinstance(rows[i]["trellis"], (int, float)) for i in sens), sens
+print(f"nsdi26.json: {len(rows)} rows, the {len(need)} required ids numeric, {len(sens)} sensitivity rows")
 PY
 cat "$out/table.txt"

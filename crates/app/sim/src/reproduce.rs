@@ -361,6 +361,8 @@ pub fn nsdi26(scale: Scale, out_dir: &Path, progress: bool) -> Result<Report> {
         c.mechanisms = Mechanisms::all_off();
         cfgs.push(c);
     }
+    // 8. Beyond the paper: one parameter at a time on the clean 4-node testbed.
+    cfgs.extend(sensitivity_configs(sm));
     if progress {
         eprintln!(
             "running {} simulations ({} ms / {} ms simulated each)",
@@ -373,6 +375,76 @@ pub fn nsdi26(scale: Scale, out_dir: &Path, progress: bool) -> Result<Report> {
     let rows = table(&runs);
     write_outputs(out_dir, &rows, &runs)?;
     Ok(Report { rows, runs })
+}
+
+/// One knob of the sensitivity section: (id suffix, claim, how it changes a testbed config).
+type Knob = (&'static str, &'static str, fn(&mut SimConfig));
+
+/// The sensitivity and "where switchless loses" points [R]: the clean 4-node testbed,
+/// 4 KiB randread QD32, switched vs switchless, with one parameter changed.
+fn knobs() -> Vec<Knob> {
+    vec![
+        (
+            "hop_ns.1450",
+            "adapter hop 1.45 us (half the measured 2.9)",
+            |c| c.topology.adapter_hop_ns = 1_450,
+        ),
+        ("hop_ns.5800", "slow adapters: hop 5.8 us (2x)", |c| {
+            c.topology.adapter_hop_ns = 5_800
+        }),
+        ("hop_ns.11600", "slow adapters: hop 11.6 us (4x)", |c| {
+            c.topology.adapter_hop_ns = 11_600
+        }),
+        ("client_gbps.25", "client link 25G", |c| {
+            c.topology.host_gbps = 25
+        }),
+        ("client_gbps.400", "client link 400G", |c| {
+            c.topology.host_gbps = 400
+        }),
+        ("ssd.fast4x", "SSDs 4x faster in every device time", |c| {
+            let mut p = trellis_ssd::SsdProfile::pm9a3();
+            for t in [
+                &mut p.read_lsb_ns,
+                &mut p.read_msb_ns,
+                &mut p.read_full_lsb_ns,
+                &mut p.read_full_msb_ns,
+                &mut p.program_ns,
+                &mut p.erase_ns,
+                &mut p.fw_read_small_ns,
+                &mut p.fw_read_large_ns,
+                &mut p.fw_write_ns,
+                &mut p.fw_write_per_4k_ns,
+            ] {
+                *t /= 4;
+            }
+            p.channel_mb_s *= 4;
+            p.pcie_mb_s *= 4;
+            c.ssd.custom = Some(p);
+        }),
+        (
+            "ring",
+            "switchless as a 4-node ring (2 links per node)",
+            |c| {
+                if c.topology.kind == TopologyKind::Torus2d {
+                    c.topology.kind = TopologyKind::Ring;
+                }
+            },
+        ),
+    ]
+}
+
+fn sensitivity_configs(ms: u64) -> Vec<SimConfig> {
+    let mut out = Vec::new();
+    for (id, _, f) in knobs() {
+        for sw in [true, false] {
+            let job = fio("randread-4k", 100, vec![(4096, 1)], Pattern::Random, 32);
+            let mut c = testbed(sw, Precondition::Clean, job, ms);
+            f(&mut c);
+            c.name = format!("{}-sens-{id}", c.name);
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn find<'a>(runs: &'a [Results], name: &str) -> &'a Results {
@@ -564,6 +636,17 @@ fn table(runs: &[Results]) -> Vec<Row> {
             sw.read.lat_avg_us, sl.read.lat_avg_us
         ),
     );
+    for (id, what, _) in knobs() {
+        let sw = find(runs, &format!("testbed-switched-randread-4k-sens-{id}"));
+        let sl = find(runs, &format!("testbed-switchless-randread-4k-sens-{id}"));
+        row(
+            &format!("sens.{id}"),
+            &format!("Sensitivity, 4-node randread clean: {what}"),
+            "n/a",
+            pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
+            &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
+        );
+    }
     let c = capex(20, &Prices::default());
     row(
         "capex20.switched",
