@@ -66,7 +66,8 @@ pub enum SimCmd {
             default_value = "testbed-switched,testbed-switchless"
         )]
         presets: Vec<String>,
-        /// Offered loads, as multiples of each client's link rate.
+        /// Offered loads, as multiples of one client port's link rate (the same absolute
+        /// rate for every preset, whatever its client attachment).
         #[arg(
             long,
             value_delimiter = ',',

@@ -107,7 +107,13 @@ pub struct TopologyConfig {
     pub leaf_uplinks: u32,
     pub group_size: u32,
     pub hosts: u32,
+    /// Link rate of each client port.
     pub host_gbps: u64,
+    /// Ports per client (default 1). Switched: each port to a switch (a team on one ToR,
+    /// spread over planes); switchless: port k of client i to storage node (i + k) mod
+    /// nodes, so a client reaches k nodes over disjoint first hops. The client picks a
+    /// port per I/O as any node does (ISR, or per-flow ECMP).
+    pub host_ports: u32,
     pub prop_ns: u64,
     /// Extra latency of one more adapter hop for a whole I/O (2.9 µs measured for a 4 KiB
     /// read: [NSDI'26], second-hand, unverified; docs/sources.md); half is charged to each
@@ -135,6 +141,7 @@ impl Default for TopologyConfig {
             group_size: 4,
             hosts: 4,
             host_gbps: 100,
+            host_ports: 1,
             prop_ns: 100,
             adapter_hop_ns: 2_900,
             switch_hop_ns: 800,

@@ -183,7 +183,9 @@ impl Sim {
         let n_targets = g.storage.len();
         let isr = (0..g.n())
             .map(|u| {
-                let multi = g.node_ports[u].len() > 1 && g.kinds[u] != NodeKind::Host;
+                // Multi-port clients choose their port per I/O like any node (ISR at the
+                // end host); single-port ones have nothing to choose.
+                let multi = g.node_ports[u].len() > 1;
                 (cfg.mechanisms.isr && multi)
                     .then(|| IsrTable::new(cfg.isr.clone(), n_targets, g.node_ports[u].len()))
             })
@@ -429,14 +431,22 @@ impl Sim {
         let fwd = reserve::request_bytes(op, size);
         let n = fwd.div_ceil(self.payload_max);
         let hnode = self.hosts[host as usize].node;
-        let hport = self.hosts[host as usize].port;
+        let mut hport = self.hosts[host as usize].port;
+        if self.g.node_ports[hnode as usize].len() > 1 {
+            // A client with several ports picks one per I/O (ISR or per-flow ECMP).
+            let target = self.ios.get(io).target_node;
+            if let Some(p) = self.route(hnode, target, io) {
+                hport = p;
+            }
+        }
+        let out_port = self.local_of(hnode, hport);
         {
             let o = self.ios.get_mut(io);
             o.fwd_expected = n as u16;
             o.hdr.push(HopRec {
                 node: hnode,
                 in_port: NO_PORT,
-                out_port: 0,
+                out_port,
                 ..Default::default()
             });
         }
@@ -814,6 +824,10 @@ impl Sim {
         };
         if node == host_node {
             self.pkts.remove(p);
+            if pk.marker && n_hops > 0 && self.isr[node as usize].is_some() {
+                // ISR at the end host: the completion's telemetry updates the client's table.
+                self.isr_learn(pk.io, 0, target);
+            }
             let o = self.ios.get_mut(pk.io);
             o.rev_arrived += 1;
             if o.rev_arrived == o.rev_expected {

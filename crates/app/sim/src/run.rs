@@ -162,12 +162,18 @@ fn summarise(sim: &Sim, cfg: &SimConfig) -> Results {
         name: cfg.name.clone(),
         seed: cfg.seed,
         topology: format!("{:?}", cfg.topology.kind).to_lowercase(),
-        fabric: match cfg.topology.kind {
-            crate::config::TopologyKind::Tor => {
-                crate::topo::switch_plan(&cfg.topology).describe(cfg.topology.switch_ports)
-            }
-            k => format!("{k:?}").to_lowercase(),
-        },
+        fabric: format!(
+            "{}; clients: {} x {} port(s) of {}G",
+            match cfg.topology.kind {
+                crate::config::TopologyKind::Tor => {
+                    crate::topo::switch_plan(&cfg.topology).describe(cfg.topology.switch_ports)
+                }
+                k => format!("{k:?}").to_lowercase(),
+            },
+            cfg.topology.hosts,
+            cfg.topology.host_ports.max(1),
+            cfg.topology.host_gbps
+        ),
         storage_nodes: cfg.topology.storage_nodes,
         ssds: sim.n_ssds(),
         mechanisms: cfg.mechanisms.clone(),

@@ -19,7 +19,8 @@ pub const MAX_POINTS: usize = 1000;
 /// Separates preset and load in a point's run name (parsed back by `--merge`).
 const NAME_SEP: &str = "@load=";
 
-/// One point: `preset` at `load` × each client's link rate, open loop.
+/// One point: `preset` at `load` × the rate of one client port (`host_gbps`), open
+/// loop; the same absolute offered rate whatever the client's attachment.
 pub struct Point {
     pub preset: String,
     pub load: f64,

@@ -192,7 +192,48 @@ fn sweep_points_are_open_loop_at_the_offered_load_and_merge_back() {
     assert_eq!((row.preset.as_str(), row.load), ("testbed-switched", 0.5));
     let again = sweep::row_from_json(&serde_json::to_value(&r).unwrap()).unwrap();
     assert_eq!(again.achieved_mb_s, row.achieved_mb_s);
-    // Offered 4 clients × 6.25 GB/s = 25 GB/s, below the knee: delivered within 5 %.
-    assert!((row.achieved_mb_s - 25_000.0).abs() < 1_250.0, "{row:?}");
+    // Offered: the testbed's one client at 0.5 × 100G = 6.25 GB/s, below the knee:
+    // delivered within 5 %.
+    assert!((row.achieved_mb_s - 6_250.0).abs() < 312.5, "{row:?}");
     assert!(sweep::points(&presets, &[0.0], crate::cli::preset, None).is_err());
+}
+
+#[test]
+fn with_equal_client_attachment_the_testbed_gap_closes() {
+    // Where the network binds (SSDs 4x faster than pm9a3), the paper's attachment -- one
+    // 100G client port to the ToR vs four disjoint 100G paths into the torus -- gives the
+    // switchless design a large latency advantage. Give the switched client 4 x 100G too
+    // (a team on the ToR, per-flow hashing) and the gap must shrink to a few per cent:
+    // the advantage comes from path diversity, not from an artefact of the model.
+    use crate::reproduce::{fast_ssds, testbed_attached, TESTBED_NODES};
+    use trellis_ssd::Precondition;
+    let job = || JobConfig {
+        name: "randread-4k".into(),
+        qd: 32,
+        ..JobConfig::default()
+    };
+    let lat = |switched: bool, ports: u32| {
+        let mut c = testbed_attached(switched, ports, Precondition::Clean, job(), 4);
+        fast_ssds(&mut c);
+        run(c, false).unwrap().results.read.lat_avg_us
+    };
+    let switchless = lat(false, TESTBED_NODES);
+    let paper_switched = lat(true, 1);
+    let equal_switched = lat(true, TESTBED_NODES);
+    let gap = |sw: f64| (sw - switchless) / sw;
+    assert!(
+        gap(paper_switched) > 0.30,
+        "paper attachment: {paper_switched} vs {switchless} us"
+    );
+    // What remains is the switch itself: one hop each way plus the response's extra
+    // store-and-forward serialisation (4 KiB + headers at 100G), ~2 us on an ~18 us I/O.
+    let t = TopologyConfig::default();
+    let ser_ns = (4096 + 48 + t.frame_overhead_bytes as u64) * 8 * 1_000_000_000 / 100_000_000_000;
+    let switch_us = (2 * t.switch_hop_ns + ser_ns) as f64 / 1000.0;
+    let residual = equal_switched - switchless;
+    assert!(
+        residual.abs() <= 1.25 * switch_us,
+        "equal attachment: {equal_switched} vs {switchless} us, more than the switch's {switch_us} us"
+    );
+    assert!(gap(equal_switched) < gap(paper_switched) / 4.0);
 }

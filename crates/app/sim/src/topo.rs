@@ -208,7 +208,8 @@ pub fn balanced_dims(n: u32, k: usize) -> Vec<u32> {
 /// and host port (`cost::SwitchPlan::for_ports`).
 pub fn switch_plan(cfg: &TopologyConfig) -> SwitchPlan {
     let up = cfg.uplinks.max(1);
-    SwitchPlan::for_ports(cfg.storage_nodes * up + cfg.hosts, up, cfg.switch_ports)
+    let host_ports = cfg.hosts * cfg.host_ports.max(1);
+    SwitchPlan::for_ports(cfg.storage_nodes * up + host_ports, up, cfg.switch_ports)
 }
 
 /// `tor`: one switch while the ports fit, else what the cost model prices.
@@ -239,12 +240,10 @@ fn planes(g: &mut Graph, cfg: &TopologyConfig, n: u32) {
     }
     for h in 0..cfg.hosts {
         let host = g.add_node(NodeKind::Host);
-        g.link(
-            host,
-            sws[h as usize % sws.len()],
-            cfg.host_gbps,
-            cfg.prop_ns,
-        );
+        for k in 0..cfg.host_ports.max(1) {
+            let sw = sws[(h + k) as usize % sws.len()];
+            g.link(host, sw, cfg.host_gbps, cfg.prop_ns);
+        }
     }
 }
 
@@ -271,7 +270,9 @@ fn leaf_spine(g: &mut Graph, cfg: &TopologyConfig, leaves: u32, spines: u32, lea
     }
     for i in 0..cfg.hosts {
         let h = g.add_node(NodeKind::Host);
-        g.link(h, leaves[i as usize % leaves.len()], cfg.host_gbps, p);
+        for _ in 0..cfg.host_ports.max(1) {
+            g.link(h, leaves[i as usize % leaves.len()], cfg.host_gbps, p);
+        }
     }
 }
 
@@ -362,7 +363,9 @@ fn attach_hosts(g: &mut Graph, cfg: &TopologyConfig) {
     let s = cfg.storage_nodes;
     for i in 0..cfg.hosts {
         let h = g.add_node(NodeKind::Host);
-        g.link(h, i % s, cfg.host_gbps, cfg.prop_ns);
+        for k in 0..cfg.host_ports.max(1) {
+            g.link(h, (i + k) % s, cfg.host_gbps, cfg.prop_ns);
+        }
     }
 }
 
