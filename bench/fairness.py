@@ -12,7 +12,7 @@ together, and record per-tenant bandwidth and p99.9. Metrics (docs/bench.md
   Gimbal paper's f-Util, BW_i / (BW_i^alone / N), whose exact definition we
   could not verify; docs/gimbal.md §1.g, docs/sources.md; ideal 1 when each
   tenant alone can use the drive).
-- share: f_i / sum_j f_j, the tenant's share of drive time (a tenant that
+- share: keep_i / sum_j keep_j (keep = BW / BW^alone), the tenant's share of drive time (a tenant that
   keeps x % of its standalone bandwidth used x % of the drive's time); its
   fair value is w_i / sum w, and `fair_share_dev` is share / fair - 1.
 - utilisation: sum_i BW_i / BW_i^alone(off), drive time used by the run,
@@ -177,10 +177,12 @@ def metrics(case, tenants, alone, both, off_alone):
             "errors": both[name]["errors"] + alone[name]["errors"],
             "first_error": both[name].get("first_error") or alone[name].get("first_error"),
         })
-    fsum = sum(r["f"] or 0 for r in rows)
+    # Drive-time share: each tenant's fraction of its standalone bandwidth, normalised
+    # (f already divides by the weight, so it would make every fair share 1/N).
+    ksum = sum(r["keep"] or 0 for r in rows)
     for r in rows:
         fair = r["weight"] / wsum
-        r["share"] = round((r["f"] or 0) / fsum, 4) if fsum else None
+        r["share"] = round((r["keep"] or 0) / ksum, 4) if ksum else None
         r["fair_share"] = round(fair, 4)
         r["fair_share_dev"] = round(r["share"] / fair - 1, 4) if r["share"] is not None else None
     fs = [r["f"] for r in rows]
