@@ -10,11 +10,13 @@
 # (default 1), and writes suite.json + summary.md to bench/results/<timestamp>/ (or --out).
 # Env: CARGO_TARGET_DIR, TARGET_CPU, CLIENT_CPU, PORT (default: first free from 4420),
 # TRELLIS (use this binary instead of building), TARGET_ARGS (extra `trellis target` flags),
-# QOS_REPS (pairs of the QoS-on overhead row, default 5; 1 with --smoke).
+# QOS_REPS (pairs of the A/B rows, default 5; 1 with --smoke), PREVIOUS (a previous
+# build's trellis binary: adds the "against the previous build" rows).
 #
 # After the suite, the QoS-on overhead row: 4 KiB randread QD32 on one reactor against
-# `trellis target` with QoS off (A) and `--qos gimbal` (B), interleaved A B A B
-# (bench/ab.sh), written to qos-overhead/ab.json and appended to summary.md.
+# `trellis target` with QoS off (A) and `--qos gimbal` (B), interleaved A B B A
+# (bench/ab.sh), written to qos-overhead/ab.json and appended to summary.md. With
+# PREVIOUS set, the same build against that one, side by side (bench/ab-simul.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -55,6 +57,9 @@ $BENCH_CMD suite \
     --baseline_port "$(free_port 4499)" "${out[@]}" "$@"
 
 # The QoS-on row: same target, same client, Gimbal on vs off (issue: QoS on keeps >= 97 %).
+# Sequential, counterbalanced pairs (bench/ab.sh), not side by side: Gimbal measures
+# device latency on the reactor's clock, so two reactors sharing one core would feed
+# it each other's time slices as latency and change what is being measured.
 reps=${QOS_REPS:-5} rt=3
 [ "$smoke" = 1 ] && reps=${QOS_REPS:-1} rt=1
 mkdir -p "$outdir"
@@ -66,3 +71,17 @@ CLIENT="$TRELLIS" OUT="$outdir/qos-overhead" WORKLOADS="randread 4k 32" \
     echo
     cat "$outdir/qos-overhead.md"
 } >>"$outdir/summary.md"
+
+# Against a previous build (PREVIOUS=/path/to/old/trellis): the same simultaneous
+# A/B on the suite's 4 KiB and 128 KiB workloads; B/A < 1 is a regression.
+if [ -n "${PREVIOUS:-}" ]; then
+    [ -x "$PREVIOUS" ] || { echo "PREVIOUS is not an executable trellis binary: $PREVIOUS" >&2; exit 2; }
+    CLIENT="$TRELLIS" OUT="$outdir/vs-previous" \
+        bench/ab-simul.sh "$PREVIOUS target" "$TRELLIS target" "$reps" "$rt" | tee "$outdir/vs-previous.md"
+    {
+        echo
+        echo "Against the previous build (A = $PREVIOUS, B = this one; $reps simultaneous pairs of ${rt} s):"
+        echo
+        cat "$outdir/vs-previous.md"
+    } >>"$outdir/summary.md"
+fi
