@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::job::{resolve_jobs, JobOpts};
 use crate::report::human_table;
@@ -26,12 +26,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Keep Alive Timeout in ms (0 = no keep-alive).
-    #[arg(long = "kato_ms", alias = "kato-ms", default_value_t = 10_000)]
+    #[arg(long = "kato-ms", alias = "kato_ms", default_value_t = 10_000)]
     pub kato_ms: u32,
     /// Per-command timeout in ms; a command outstanding longer fails its queue.
     #[arg(
-        long = "cmd_timeout_ms",
-        alias = "cmd-timeout-ms",
+        long = "cmd-timeout-ms",
+        alias = "cmd_timeout_ms",
         default_value_t = 10_000
     )]
     pub cmd_timeout_ms: u64,
@@ -39,7 +39,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
     /// Never show the live progress line (it is shown only on a terminal anyway).
-    #[arg(long = "no_progress", alias = "no-progress")]
+    #[arg(long = "no-progress", alias = "no_progress")]
     pub no_progress: bool,
 }
 
@@ -65,7 +65,7 @@ pub enum BenchCmd {
         write: bool,
         #[arg(long, default_value = "5")]
         runtime: String,
-        #[arg(long = "ramp_time", alias = "ramp-time", default_value = "1")]
+        #[arg(long = "ramp-time", alias = "ramp_time", default_value = "1")]
         ramp_time: String,
         #[arg(long)]
         json: Option<PathBuf>,
@@ -114,6 +114,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 fn run_bench(args: BenchArgs) -> Result<()> {
     let jobs = resolve_jobs(args.jobs.as_deref(), &args.opts)?;
+    // Checked before the run: a typo must not cost the results of a long one.
+    if let Some(p) = &args.json {
+        check_output_path(p)?;
+    }
     let mut opts = RunOpts {
         kato_ms: args.kato_ms,
         command_timeout: Duration::from_millis(args.cmd_timeout_ms),
@@ -123,10 +127,15 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     if args.no_progress {
         opts.progress = false;
     }
+    on_signals_stop(&opts.interrupted)?;
     let report = run_jobs(&jobs, &opts)?;
     print!("{}", human_table(&report));
     if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing the results to {}", p.display()))?;
+    }
+    if report.interrupted {
+        bail!("interrupted: the results above are partial (\"partial\": true in the JSON)");
     }
     let errors: u64 = report.jobs.iter().map(|j| j.errors).sum();
     let verify: u64 = report.jobs.iter().map(|j| j.verify_failures).sum();
@@ -138,7 +147,10 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             .next()
             .map(|f| f.to_string())
             .unwrap_or_default();
-        bail!("data integrity failure: {verify} block(s) failed verification; first: {first}");
+        bail!(
+            "data integrity failure: {verify} block(s) failed verification; first: {first}{}",
+            null_hint(&report)
+        );
     }
     if errors > 0 {
         bail!("{errors} I/O error(s)");
@@ -147,6 +159,49 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         bail!("a job completed no I/O");
     }
     Ok(())
+}
+
+/// Fails, naming the path, if the results could not be written there: the
+/// directory must exist and the file be creatable. Leaves nothing behind.
+fn check_output_path(p: &std::path::Path) -> Result<()> {
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .with_context(|| {
+            format!(
+                "cannot write results to {}: give --json a path in an existing, writable directory",
+                p.display()
+            )
+        })?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+/// SIGINT and SIGTERM stop the run, which then prints and writes what it
+/// has; a second signal ends the process at once (exit 1), as usual.
+fn on_signals_stop(flag: &std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    for sig in [SIGINT, SIGTERM] {
+        // Order matters: the conditional exit sees the flag set by the first signal.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone())?;
+        signal_hook::flag::register(sig, flag.clone())?;
+    }
+    Ok(())
+}
+
+/// Blocks that read back without any verify header were never stored: the
+/// likeliest cause is a null namespace, which discards writes.
+fn null_hint(r: &crate::report::RunReport) -> &'static str {
+    let samples = || r.jobs.iter().flat_map(|j| &j.verify_failure_samples);
+    if samples().next().is_some() && samples().all(|f| f.found_generation.is_none()) {
+        " (the blocks read back hold no data the bench wrote: a null namespace discards writes, so --verify needs a ram, file or emulated namespace)"
+    } else {
+        ""
+    }
 }
 
 /// How this process was invoked up to the bench command, so the suite can

@@ -34,10 +34,10 @@ pub struct JobOpts {
     #[arg(long)]
     pub runtime: Option<String>,
     /// Warm-up before measuring (I/O runs, nothing is recorded).
-    #[arg(long = "ramp_time", alias = "ramp-time")]
+    #[arg(long = "ramp-time", alias = "ramp_time")]
     pub ramp_time: Option<String>,
     /// IOPS cap for the whole job (0 = unlimited).
-    #[arg(long = "rate_iops", alias = "rate-iops")]
+    #[arg(long = "rate-iops", alias = "rate_iops")]
     pub rate_iops: Option<u64>,
     /// Bytes/s cap for the whole job, e.g. 100m (0 = unlimited).
     #[arg(long)]
@@ -243,26 +243,32 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         other => bail!("unknown rw {other:?} (read, write, randread, randwrite, randrw, rw)"),
     };
     if read_pct > 100 {
-        bail!("rwmixread must be 0..=100");
+        bail!("--rwmixread {read_pct} is not a percentage: use 0 to 100");
     }
     let sizes = match (&o.bssplit, &o.bs) {
         (Some(s), _) => parse_bssplit(s)?,
-        (None, Some(b)) => vec![(parse_size(b)? as u32, 100)],
+        (None, Some(b)) => vec![(parse_bs(b)?, 100)],
         (None, None) => vec![(4096, 100)],
     };
     for (b, _) in &sizes {
         if *b == 0 || *b as u64 > MAX_BS || b % 512 != 0 {
-            bail!("block size {b} must be a multiple of 512 up to {MAX_BS}");
+            bail!("block size {b} must be a multiple of 512 up to {MAX_BS} (4m): use e.g. --bs 4k");
         }
     }
     let iodepth = o.iodepth.unwrap_or(1);
     let numjobs = o.numjobs.unwrap_or(1);
     let queues = o.queues.unwrap_or(1);
-    if !(1..=MAX_IODEPTH).contains(&iodepth) || !(1..=MAX_NUMJOBS).contains(&numjobs) {
-        bail!("iodepth must be 1..={MAX_IODEPTH}, numjobs 1..={MAX_NUMJOBS}");
+    for (flag, v, max) in [
+        ("iodepth", iodepth, MAX_IODEPTH),
+        ("numjobs", numjobs, MAX_NUMJOBS),
+        ("queues", queues, MAX_QUEUES),
+    ] {
+        if !(1..=max).contains(&v) {
+            bail!("--{flag} {v} is out of range: use 1 to {max}");
+        }
     }
-    if !(1..=MAX_QUEUES).contains(&queues) || queues > iodepth {
-        bail!("queues must be 1..={MAX_QUEUES} and at most iodepth");
+    if queues > iodepth {
+        bail!("--queues {queues} is more than --iodepth {iodepth}: every queue needs at least one I/O in flight; use --queues {iodepth} or less");
     }
     let verify = match o.verify.as_deref() {
         None | Some("0") | Some("false") | Some("none") | Some("off") => false,
@@ -348,6 +354,12 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("bad size {s:?} (use e.g. 512, 4k, 128K, 1m)"))
 }
 
+/// A block size: a size that fits u32 (larger ones are refused by the
+/// range check after, instead of wrapping to a small one here).
+fn parse_bs(s: &str) -> Result<u32> {
+    Ok(u32::try_from(parse_size(s)?).unwrap_or(u32::MAX))
+}
+
 pub fn fmt_size(b: u64) -> String {
     if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{}m", b >> 20)
@@ -385,7 +397,11 @@ fn parse_bssplit(s: &str) -> Result<Vec<(u32, u32)>> {
         let (b, w) = part
             .split_once('/')
             .with_context(|| format!("bssplit entry {part:?} is not SIZE/PERCENT"))?;
-        v.push((parse_size(b)? as u32, w.trim().parse::<u32>()?));
+        let w = w
+            .trim()
+            .parse::<u32>()
+            .with_context(|| format!("bssplit entry {part:?}: {w:?} is not a percentage"))?;
+        v.push((parse_bs(b)?, w));
     }
     let total: u32 = v.iter().map(|x| x.1).sum();
     if total != 100 {
@@ -487,5 +503,33 @@ iodepth = 8
             digest: Some("hdr".into()),
             ..Default::default()
         }));
+    }
+
+    #[test]
+    fn out_of_range_values_are_named_with_the_fix() {
+        let err = |o: JobOpts| resolve(o, 0).unwrap_err().to_string();
+        let e = err(JobOpts {
+            iodepth: Some(5000),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("--iodepth 5000") && e.contains("use 1 to 4096"),
+            "{e}"
+        );
+        let e = err(JobOpts {
+            iodepth: Some(2),
+            queues: Some(4),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("--queues 4") && e.contains("--queues 2 or less"),
+            "{e}"
+        );
+        // 4 GiB + 512 used to wrap to a 512-byte block size.
+        let e = err(JobOpts {
+            bs: Some("4294967808".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("up to 4194304"), "{e}");
     }
 }
