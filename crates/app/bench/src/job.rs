@@ -15,25 +15,26 @@ pub struct JobOpts {
     /// Job name (in a job file: the job's own name).
     #[arg(long)]
     pub name: Option<String>,
-    /// read, write, randread, randwrite, randrw (or rw/readwrite: sequential mix).
+    /// read, write, randread (default), randwrite, randrw (or rw/readwrite: sequential mix).
     #[arg(long)]
     pub rw: Option<String>,
-    /// Block size per I/O, e.g. 4k, 128k.
+    /// Block size per I/O, a multiple of 512 up to 4m, e.g. 4k (default), 128k.
     #[arg(long)]
     pub bs: Option<String>,
     /// Size mix instead of --bs, fio style: 4k/70:64k/30 (percentages).
     #[arg(long)]
     pub bssplit: Option<String>,
-    /// Outstanding I/Os per worker (spread over its --queues).
+    /// Outstanding I/Os per worker, 1 to 4096 (default 1), spread over its --queues;
+    /// more per queue than the target grants is refused.
     #[arg(long)]
     pub iodepth: Option<u32>,
-    /// Worker threads (reactors) for this job.
+    /// Worker threads (reactors) for this job, 1 to 256 (default 1).
     #[arg(long)]
     pub numjobs: Option<u32>,
-    /// Measured duration after the ramp: 10, 10s, 500ms, 1m.
+    /// Measured duration after the ramp: 10, 10s, 500ms, 1m (default 10 s).
     #[arg(long)]
     pub runtime: Option<String>,
-    /// Warm-up before measuring (I/O runs, nothing is recorded).
+    /// Warm-up before measuring (I/O runs, nothing is recorded; default 0).
     #[arg(long = "ramp-time", alias = "ramp_time")]
     pub ramp_time: Option<String>,
     /// IOPS cap for the whole job (0 = unlimited).
@@ -42,41 +43,41 @@ pub struct JobOpts {
     /// Bytes/s cap for the whole job, e.g. 100m (0 = unlimited).
     #[arg(long)]
     pub rate: Option<String>,
-    /// Percentage of reads in randrw/rw.
+    /// Percentage of reads in randrw/rw, 0 to 100 (default 50).
     #[arg(long)]
     pub rwmixread: Option<u32>,
-    /// Start of the I/O range in bytes (e.g. 1g).
+    /// Start of the I/O range in bytes (e.g. 1g; default 0).
     #[arg(long)]
     pub offset: Option<String>,
-    /// Length of the I/O range in bytes (default: namespace end).
+    /// Length of the I/O range in bytes (default: to the namespace end; past it is refused).
     #[arg(long)]
     pub size: Option<String>,
     /// Per-block verification (crc32c); `--verify` alone turns it on, `--verify=0` off.
     #[arg(long, num_args = 0..=1, default_missing_value = "crc32c")]
     #[serde(deserialize_with = "bool_or_string")]
     pub verify: Option<String>,
-    /// Target address HOST:PORT.
+    /// Target address HOST:PORT, a host name or an IP (default 127.0.0.1:4420).
     #[arg(long)]
     pub addr: Option<String>,
-    /// Subsystem NQN.
+    /// Subsystem NQN (default nqn.2026-11.io.trellis:default).
     #[arg(long)]
     pub nqn: Option<String>,
     /// Host NQN (default: derived from --tenant).
     #[arg(long)]
     pub hostnqn: Option<String>,
-    /// Tenant name (the host NQN identifies it on the wire).
+    /// Tenant name (default "default"; the host NQN identifies it on the wire).
     #[arg(long)]
     pub tenant: Option<String>,
-    /// latency or throughput.
+    /// latency or throughput (default).
     #[arg(long)]
     pub class: Option<String>,
-    /// I/O queue pairs per worker.
+    /// I/O queue pairs per worker, 1 to 64 (default 1), at most --iodepth.
     #[arg(long)]
     pub queues: Option<u32>,
-    /// Digests: none, header, data, header,data.
+    /// Digests: none (default), header, data, header,data.
     #[arg(long)]
     pub digest: Option<String>,
-    /// Namespace ID.
+    /// Namespace ID (default 1).
     #[arg(long)]
     pub nsid: Option<u32>,
     /// Random seed (runs with the same seed issue the same offsets).

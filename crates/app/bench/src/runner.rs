@@ -138,8 +138,11 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
             connect_timeout: opts.connect_timeout,
             ..Default::default()
         };
-        let mut c = Controller::connect(&k.0, &k.1, &cfg)
-            .with_context(|| format!("connecting to {} at {} as {}", k.1, k.0, k.2))?;
+        let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {
+            let hint = connect_hint(&e, &k.0, &k.2);
+            anyhow::Error::new(e)
+                .context(format!("connecting to {} at {} as {}{hint}", k.1, k.0, k.2))
+        })?;
         let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
         if (granted as u32) < nq {
             bail!("controller granted {granted} I/O queues, jobs need {nq}");
@@ -147,6 +150,33 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
         out.insert(k, c);
     }
     Ok(out)
+}
+
+/// What a refused Connect most likely means, as the fix to try: the status
+/// alone ("Connect Invalid Parameters") does not say.
+fn connect_hint(e: &trellis_host::Error, addr: &str, hostnqn: &str) -> String {
+    use trellis_nvme::status::specific;
+    let trellis_host::Error::Nvme(s) = e else {
+        return String::new();
+    };
+    let code = (s.sct(), s.sc());
+    if code
+        == (
+            specific::CONNECT_INVALID_PARAMS.sct(),
+            specific::CONNECT_INVALID_PARAMS.sc(),
+        )
+    {
+        format!(" (the target at {addr} serves no such subsystem on this port: check --nqn against the target's log or `nvme discover`; a discovery-only port such as 8009 serves none)")
+    } else if code
+        == (
+            specific::CONNECT_INVALID_HOST.sct(),
+            specific::CONNECT_INVALID_HOST.sc(),
+        )
+    {
+        format!(" (the subsystem does not allow host {hostnqn}: add it to the target's allowed_hosts / --allow-host, or use --hostnqn)")
+    } else {
+        String::new()
+    }
 }
 
 /// Refuses, before any I/O, a block size the controller would fail on every

@@ -174,8 +174,38 @@ fn target_logs_a_clean_shutdown_and_why_it_refused_a_connect() {
         &t,
         &["--runtime", "200ms", "--nqn", "nqn.2026-11.io.x:nosuch"],
     );
-    assert_refused(&o, &["nqn.2026-11.io.x:nosuch"]);
+    assert_refused(
+        &o,
+        &[
+            "nqn.2026-11.io.x:nosuch",
+            "no such subsystem",
+            "check --nqn",
+        ],
+    );
     if let Err(log) = t.wait_log("connect refused: no such subsystem") {
         panic!("no refusal line:\n{log}");
+    }
+}
+
+#[test]
+fn a_host_not_on_the_allow_list_is_told_how_to_fix_it() {
+    let t = LiveTarget::start(&["--null", "64M", "--allow-host", "nqn.2026-11.io.x:only"]);
+    let o = bench(&t, &["--runtime", "200ms"]);
+    assert_refused(&o, &["does not allow host", "--allow-host"]);
+    if let Err(log) = t.wait_log("connect refused: host not allowed") {
+        panic!("no refusal line:\n{log}");
+    }
+}
+
+#[test]
+fn bench_help_lists_values_and_defaults() {
+    let help = stdout(&trellis(&["bench", "--help"]));
+    for want in [
+        "randread (default)",
+        "4k (default)",
+        "default 1",
+        "default 127.0.0.1:4420",
+    ] {
+        assert!(help.contains(want), "{want:?} missing:\n{help}");
     }
 }
