@@ -202,3 +202,35 @@ fn sim_run_help_describes_every_option() {
         assert!(described, "{flag} has no description:\n{help}");
     }
 }
+
+#[test]
+fn sim_config_leaves_out_fields_the_jobs_model_ignores() {
+    let o = trellis(&["sim", "config", "rack27-tor"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("model = \"systor\""), "{text}");
+    assert!(
+        !text.contains("read_pct ="),
+        "systor sets its own mix:\n{text}"
+    );
+    // The printed scenario still runs as a config file.
+    let d = tmp();
+    let f = d.path().join("rack.toml");
+    std::fs::write(
+        &f,
+        text.replace("duration_ns = 20000000", "duration_ns = 200000"),
+    )
+    .unwrap();
+    let o = sim(&[
+        "run",
+        "--config",
+        f.to_str().unwrap(),
+        "--no-progress",
+        "--duration-ms",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // fio jobs keep theirs.
+    let o = trellis(&["sim", "config", "testbed-switched"]);
+    assert!(stdout(&o).contains("read_pct ="), "{}", stdout(&o));
+}

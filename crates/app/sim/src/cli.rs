@@ -208,6 +208,39 @@ pub fn torus_big(nodes: u32, ms: u64) -> SimConfig {
     }
 }
 
+/// Job fields only `kind = "fio"` jobs read: the synthetic, trace and YCSB
+/// generators take their mix from their model, trace or workload.
+const FIO_ONLY_FIELDS: &[&str] = &["read_pct", "sizes"];
+
+/// A scenario as TOML, without the fields its jobs ignore (a user editing
+/// `read_pct` of a `systor` job would see no effect), with a note saying so.
+pub fn config_toml(cfg: &SimConfig) -> Result<String> {
+    let mut v = toml::Value::try_from(cfg)?;
+    let mut dropped = false;
+    let jobs = v
+        .get_mut("workload")
+        .and_then(|w| w.get_mut("jobs"))
+        .and_then(|j| j.as_array_mut());
+    for job in jobs.into_iter().flatten() {
+        let fio = job
+            .get("job")
+            .and_then(|k| k.get("kind"))
+            .and_then(|k| k.as_str())
+            == Some("fio");
+        if let (false, Some(t)) = (fio, job.as_table_mut()) {
+            for f in FIO_ONLY_FIELDS {
+                dropped |= t.remove(*f).is_some();
+            }
+        }
+    }
+    let mut out = String::new();
+    if dropped {
+        out.push_str("# read_pct and sizes are left out of jobs that are not kind = \"fio\":\n# their model, trace or YCSB workload sets the mix.\n");
+    }
+    out.push_str(&toml::to_string_pretty(&v)?);
+    Ok(out)
+}
+
 fn load_config(path: &Path) -> Result<SimConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -245,7 +278,7 @@ pub fn run(args: SimArgs) -> Result<()> {
             cmd_run(cfg, &out, !no_progress)
         }
         SimCmd::Config { preset: p } => {
-            print!("{}", toml::to_string_pretty(&preset(&p)?)?);
+            print!("{}", config_toml(&preset(&p)?)?);
             Ok(())
         }
         SimCmd::Cost {
