@@ -234,3 +234,37 @@ fn sim_config_leaves_out_fields_the_jobs_model_ignores() {
     let o = trellis(&["sim", "config", "testbed-switched"]);
     assert!(stdout(&o).contains("read_pct ="), "{}", stdout(&o));
 }
+
+/// Every `--flag` a help text mentions is a flag of that command (the
+/// suite's help named --target-pid while the flag was --target_pid).
+#[test]
+fn help_texts_only_name_flags_that_exist() {
+    for cmd in [
+        &["target"][..],
+        &["bench"],
+        &["bench", "suite"],
+        &["sim", "run"],
+        &["sim", "cost"],
+        &["sim", "sweep"],
+    ] {
+        let mut args = cmd.to_vec();
+        args.push("--help");
+        let help = stdout(&trellis(&args));
+        let declared: Vec<&str> = help
+            .lines()
+            .map(str::trim_start)
+            .filter(|l| l.starts_with('-'))
+            .flat_map(|l| l.split([' ', ',', '=']).filter(|w| w.starts_with("--")))
+            .collect();
+        let mentioned = help
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .filter(|w| w.starts_with("--") && w.len() > 2);
+        for m in mentioned {
+            assert!(
+                declared.contains(&m),
+                "`trellis {}` help mentions {m}, which is not one of its flags {declared:?}",
+                cmd.join(" ")
+            );
+        }
+    }
+}
