@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use trellis_target::config::{
-    BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig, DEFAULT_NQN,
+    resolve_host_port, BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig, DEFAULT_NQN,
 };
 
 #[derive(Args, Debug)]
@@ -102,23 +102,6 @@ pub fn run(a: TargetArgs) -> anyhow::Result<()> {
     trellis_target::server::run(&cfg)
 }
 
-/// HOST:PORT to one socket address: an IP literal as is, a host name to its
-/// first IPv4 address (else its first address), as `bench --addr` resolves.
-fn resolve_listen(s: &str) -> anyhow::Result<std::net::SocketAddr> {
-    use std::net::ToSocketAddrs;
-    let fix = "use HOST:PORT, e.g. 127.0.0.1:4420, [::1]:4420 or localhost:4420";
-    let addrs: Vec<_> = s
-        .to_socket_addrs()
-        .map_err(|e| anyhow::anyhow!("--listen {s:?}: {e}: {fix}"))?
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or(addrs.first())
-        .copied()
-        .ok_or_else(|| anyhow::anyhow!("--listen {s:?}: the name has no address: {fix}"))
-}
-
 fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     let mut cfg = match path {
         Some(p) => {
@@ -186,7 +169,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             .iter()
             .map(|s| {
                 Ok(ListenerConfig {
-                    addr: resolve_listen(s)?,
+                    addr: resolve_host_port(s).map_err(|e| anyhow::anyhow!("--listen: {e}"))?,
                     kind: None,
                 })
             })

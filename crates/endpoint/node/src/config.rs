@@ -183,9 +183,34 @@ pub enum ListenerKind {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
+    /// HOST:PORT: an IP address, or a host name resolved when the
+    /// configuration is read (as `--listen` and `bench --addr`).
+    #[serde(deserialize_with = "host_port")]
     pub addr: SocketAddr,
     /// Default: discovery-only on port 8009, both elsewhere.
     pub kind: Option<ListenerKind>,
+}
+
+fn host_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    resolve_host_port(&s).map_err(serde::de::Error::custom)
+}
+
+/// HOST:PORT to one socket address: an IP literal as is, a host name to its
+/// first IPv4 address (else its first address), as `bench --addr` resolves.
+pub fn resolve_host_port(s: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let fix = "use HOST:PORT, e.g. 127.0.0.1:4420, [::1]:4420 or localhost:4420";
+    let addrs: Vec<_> = s
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("address {s:?}: {e}: {fix}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("address {s:?}: the name has no address: {fix}"))
 }
 
 impl ListenerConfig {
@@ -707,6 +732,11 @@ mod tests {
         .unwrap();
         assert_eq!(c.target.reactors, 2);
         assert_eq!(c.listeners[1].kind(), ListenerKind::Discovery);
+        let named = Config::from_toml("[[listener]]\naddr = \"localhost:4420\"\n").unwrap();
+        assert!(
+            named.listeners[0].addr.ip().is_loopback(),
+            "host names resolve"
+        );
         assert_eq!(c.listeners[0].kind(), ListenerKind::Both);
         let s = &c.subsystems[0];
         assert!(
@@ -723,6 +753,8 @@ mod tests {
             "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"bogus\"\n",
         );
         assert!(bad.unwrap_err().to_string().contains("bad NQN"));
+        let bad = Config::from_toml("[[listener]]\naddr = \"4420\"\n");
+        assert!(bad.unwrap_err().to_string().contains("HOST:PORT"));
         let bad = Config::from_toml(
             "[target]\nmax_io_size = \"3k\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n",
         );
