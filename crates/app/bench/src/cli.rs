@@ -49,25 +49,32 @@ pub enum BenchCmd {
     Suite(SuiteArgs),
     /// Raw TCP baseline server (busy-polling echo-style responder).
     BaselineServer {
+        /// Address to listen on, HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:4499")]
         listen: String,
     },
     /// Raw TCP baseline client.
     BaselineClient {
+        /// Baseline server address, HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:4499")]
         addr: String,
+        /// Payload per request, e.g. 4k, 128k.
         #[arg(long, default_value = "4k")]
         bs: String,
+        /// Requests in flight.
         #[arg(long, default_value_t = 1)]
         iodepth: u32,
         /// Send the payload (write-like) instead of receiving it.
         #[arg(long)]
         write: bool,
+        /// Measured duration: 5, 5s, 500ms, 1m.
         #[arg(long, default_value = "5")]
         runtime: String,
+        /// Warm-up before measuring.
         #[arg(long = "ramp-time", alias = "ramp_time", default_value = "1")]
         ramp_time: String,
-        #[arg(long)]
+        /// Write the result as JSON to FILE (the path is checked first).
+        #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
 }
@@ -85,6 +92,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ramp_time,
             json,
         }) => {
+            if let Some(p) = &json {
+                check_output_path(p)?;
+            }
             let r = crate::baseline::run_client(&crate::baseline::ClientOpts {
                 addr,
                 bs: crate::job::parse_size(&bs)? as u32,
@@ -104,7 +114,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 r.lat.lat_us_p99
             );
             if let Some(p) = json {
-                std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+                std::fs::write(&p, serde_json::to_string_pretty(&r)?)
+                    .with_context(|| format!("writing the result to {}", p.display()))?;
             }
             Ok(())
         }

@@ -32,12 +32,16 @@ pub struct SuiteArgs {
     /// PID of an already running target (with --target-cmd "").
     #[arg(long = "target-pid", alias = "target_pid")]
     pub target_pid: Option<u32>,
+    /// Target address HOST:PORT.
     #[arg(long, default_value = crate::job::DEFAULT_ADDR)]
     pub addr: String,
+    /// Subsystem NQN.
     #[arg(long, default_value = crate::job::DEFAULT_NQN)]
     pub nqn: String,
+    /// CPU the target (and the baseline server) is pinned to.
     #[arg(long = "target-cpu", alias = "target_cpu", default_value_t = 0)]
     pub target_cpu: usize,
+    /// CPU the bench client is pinned to.
     #[arg(long = "client-cpu", alias = "client_cpu", default_value_t = 1)]
     pub client_cpu: usize,
     /// Measured seconds per workload.

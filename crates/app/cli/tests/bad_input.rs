@@ -176,30 +176,55 @@ fn sim_config_errors_name_the_file() {
     assert_refused(&o, &["zero.toml", "duration_ns 0"]);
 }
 
+/// Option lines of a `--help` text, each with whether it has a description
+/// (on its line, or on the indented lines below it in clap's long format).
+fn described_options(help: &str) -> Vec<(String, bool)> {
+    let lines: Vec<&str> = help.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let t = line.trim_start();
+        if !t.starts_with('-') || t.starts_with("-h, --help") || t.starts_with("-V, --version") {
+            continue;
+        }
+        let mut parts = t.split("  ").map(str::trim).filter(|p| !p.is_empty());
+        let flag = parts.next().unwrap_or_default().to_string();
+        let inline = parts.any(|p| !p.starts_with('['));
+        let below = lines.get(i + 1).is_some_and(|n| {
+            let n_indent = n.len() - n.trim_start().len();
+            let indent = line.len() - t.len();
+            n_indent > indent + 2 && !n.trim().is_empty() && !n.trim_start().starts_with('[')
+        });
+        out.push((flag, inline || below));
+    }
+    out
+}
+
 #[test]
-fn sim_run_help_describes_every_option() {
-    let o = trellis(&["sim", "run", "--help"]);
-    let help = stdout(&o);
-    for flag in [
-        "--config",
-        "--preset",
-        "--out",
-        "--seed",
-        "--duration-ms",
-        "--no-progress",
+fn every_option_of_every_command_has_a_description() {
+    for cmd in [
+        &["target"][..],
+        &["bench"],
+        &["bench", "suite"],
+        &["bench", "baseline-server"],
+        &["bench", "baseline-client"],
+        &["sim", "run"],
+        &["sim", "cost"],
+        &["sim", "reproduce"],
+        &["sim", "sweep"],
+        &["sim", "bench"],
     ] {
-        let line = help
-            .lines()
-            .find(|l| l.trim_start().starts_with(flag))
-            .unwrap_or_else(|| panic!("{flag} missing:\n{help}"));
-        // clap puts the description after the flag and its value name.
-        let described = line.split("  ").filter(|p| !p.trim().is_empty()).count() > 1
-            || help
-                .lines()
-                .skip_while(|l| *l != line)
-                .nth(1)
-                .is_some_and(|next| next.starts_with("          ") && !next.trim().is_empty());
-        assert!(described, "{flag} has no description:\n{help}");
+        let mut args = cmd.to_vec();
+        args.push("--help");
+        let help = stdout(&trellis(&args));
+        let opts = described_options(&help);
+        assert!(!opts.is_empty(), "no options found:\n{help}");
+        for (flag, described) in opts {
+            assert!(
+                described,
+                "`trellis {}`: {flag} has no description:\n{help}",
+                cmd.join(" ")
+            );
+        }
     }
 }
 
@@ -254,9 +279,18 @@ fn help_texts_only_name_flags_that_exist() {
             .lines()
             .map(str::trim_start)
             .filter(|l| l.starts_with('-'))
+            // The flag part ends where the description starts (two spaces).
+            .filter_map(|l| l.split("  ").next())
             .flat_map(|l| l.split([' ', ',', '=']).filter(|w| w.starts_with("--")))
             .collect();
-        let mentioned = help
+        // Descriptions, without the defaults clap appends (a default may
+        // be a command line of another program, e.g. the suite's target).
+        let prose: String = help
+            .lines()
+            .map(|l| l.split(" [default:").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mentioned = prose
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
             .filter(|w| w.starts_with("--") && w.len() > 2);
         for m in mentioned {

@@ -100,7 +100,7 @@ fn hyphenated_and_fio_underscore_spellings_both_work() {
 }
 
 fn spawn_bench(t: &LiveTarget, json: &std::path::Path, runtime: &str) -> std::process::Child {
-    Command::new(BIN)
+    Command::new(bin())
         .args([
             "bench",
             "--no-progress",

@@ -21,7 +21,7 @@ fn assert_clean(o: &std::process::Output, args: &[String]) {
 
 fn run(args: Vec<String>) {
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = trellis(&a);
+    let o = trellis_within(&a, std::time::Duration::from_secs(60));
     if std::env::var_os("PROPS_VERBOSE").is_some() {
         eprintln!(
             "{args:?} -> {:?}: {}",

@@ -62,7 +62,9 @@ pub enum SimCmd {
     },
     /// Reproduce a paper's scenarios and print claim | paper | Trellis (only `nsdi26`).
     Reproduce {
+        /// The paper: nsdi26 (the only one so far).
         which: String,
+        /// Directory for the per-scenario results and plots.
         #[arg(long, default_value = "sim-out/nsdi26")]
         out: PathBuf,
         /// Shorter simulated times (for CI smoke runs); numbers are noisier.
@@ -90,6 +92,7 @@ pub enum SimCmd {
         /// Simulated time of every point (default: the preset's).
         #[arg(long)]
         duration_ms: Option<u64>,
+        /// Directory for sweep.json, the plots and (with --emit-jobs) the points.
         #[arg(long, default_value = "sim-out/sweep")]
         out: PathBuf,
         /// Do not run: write one config per point under OUT/points and print the
@@ -102,6 +105,7 @@ pub enum SimCmd {
     },
     /// Engine benchmark: events/s per core and memory per node; writes JSON.
     Bench {
+        /// Where to write the JSON results.
         #[arg(long, default_value = "sim-out/bench.json")]
         out: PathBuf,
         /// Simulated time of the 27-node 3D torus 600GbE preset.
@@ -110,6 +114,7 @@ pub enum SimCmd {
         /// Storage nodes of the large torus (memory check).
         #[arg(long, default_value_t = 1000)]
         big_nodes: u32,
+        /// Simulated time of the large torus, in ms.
         #[arg(long, default_value_t = 2)]
         big_ms: u64,
     },

@@ -8,14 +8,62 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_trellis");
+/// The binary under test: this build's, or `TRELLIS_TEST_BIN` (to check
+/// that a test fails on another build, e.g. the one before a fix).
+pub fn bin() -> std::path::PathBuf {
+    std::env::var_os("TRELLIS_TEST_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_trellis").into())
+}
 
 pub fn trellis(args: &[&str]) -> Output {
-    Command::new(BIN)
+    Command::new(bin())
         .args(args)
         .env("TRELLIS_LOG", "warn")
         .output()
         .expect("run the trellis binary")
+}
+
+/// `trellis ARGS`, killed and reported as a failure if it runs longer
+/// than `limit` (a hang is a bug too: old `sim cost --max-nodes 900000000`
+/// looped for hours).
+pub fn trellis_within(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(bin())
+        .args(args)
+        .env("TRELLIS_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the trellis binary");
+    // Read both pipes while waiting, so a chatty child never blocks on them.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("trellis {args:?} ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -57,7 +105,7 @@ impl LiveTarget {
     /// is ready; the port it got is read from its log.
     pub fn start(args: &[&str]) -> LiveTarget {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .arg("target")
             .args(args)
             .args(["--listen", "127.0.0.1:0", "--state-dir"])
