@@ -404,7 +404,8 @@ fn parse_bssplit(s: &str) -> Result<Vec<(u32, u32)>> {
             .with_context(|| format!("bssplit entry {part:?}: {w:?} is not a percentage"))?;
         v.push((parse_bs(b)?, w));
     }
-    let total: u32 = v.iter().map(|x| x.1).sum();
+    // u64: weights near u32::MAX must not overflow the sum.
+    let total: u64 = v.iter().map(|x| x.1 as u64).sum();
     if total != 100 {
         bail!("bssplit percentages add up to {total}, not 100");
     }
@@ -532,5 +533,11 @@ iodepth = 8
             ..Default::default()
         });
         assert!(e.contains("up to 4194304"), "{e}");
+        // Weights whose sum overflows u32 panicked (debug) or wrapped to 100.
+        let e = err(JobOpts {
+            bssplit: Some("4k/4294967295:8k/101".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("add up to 4294967396, not 100"), "{e}");
     }
 }

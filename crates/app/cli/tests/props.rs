@@ -171,6 +171,16 @@ fn bench_flags() -> impl Strategy<Value = Vec<String>> {
         flag("--digest", word(vec!["none", "header,data"])),
         flag("--nsid", word(vec!["1", "1", "2"])),
         flag("--verify", word(vec!["crc32c", "0"])),
+        flag(
+            "--cmd-timeout-ms",
+            word(vec!["10000", "0", "18446744073709551615"]),
+        ),
+        flag("--kato-ms", word(vec!["10000", "0", "4294967295"])),
+        flag(
+            "--rate-iops",
+            word(vec!["0", "1000", "18446744073709551615"]),
+        ),
+        flag("--rate", size()),
     ])
 }
 
