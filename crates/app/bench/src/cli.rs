@@ -286,4 +286,71 @@ mod tests {
         let t = Top::try_parse_from(["t", "suite", "--smoke", "--target_cmd", ""]).unwrap();
         assert!(matches!(t.args.cmd, Some(BenchCmd::Suite(ref s)) if s.smoke));
     }
+
+    /// Hyphens are the canonical spelling (as in `target` and `sim`); the
+    /// underscore spellings that bench/*.sh, bench/fairness.py and
+    /// tests/bench-nvmet.sh use must keep working, with the same meaning.
+    #[test]
+    fn hyphenated_flags_and_their_underscore_aliases_mean_the_same() {
+        let pairs = [
+            ("--ramp-time", "--ramp_time", "1s"),
+            ("--rate-iops", "--rate_iops", "5"),
+            ("--kato-ms", "--kato_ms", "7"),
+            ("--cmd-timeout-ms", "--cmd_timeout_ms", "9"),
+        ];
+        for (hy, us, v) in pairs {
+            let a = Top::try_parse_from(["t", hy, v]).unwrap();
+            let b = Top::try_parse_from(["t", us, v]).unwrap();
+            assert_eq!(
+                format!("{:?}", a.args),
+                format!("{:?}", b.args),
+                "{hy} vs {us}"
+            );
+        }
+        let a = Top::try_parse_from(["t", "--no-progress"]).unwrap();
+        let b = Top::try_parse_from(["t", "--no_progress"]).unwrap();
+        assert!(a.args.no_progress && b.args.no_progress);
+        let suite = |flags: &[&str]| {
+            let mut v = vec!["t", "suite"];
+            v.extend_from_slice(flags);
+            match Top::try_parse_from(v).unwrap().args.cmd {
+                Some(BenchCmd::Suite(s)) => format!("{s:?}"),
+                other => panic!("not the suite: {other:?}"),
+            }
+        };
+        let hy = [
+            "--target-cmd",
+            "x",
+            "--target-pid",
+            "3",
+            "--target-cpu",
+            "1",
+        ];
+        let us = [
+            "--target_cmd",
+            "x",
+            "--target_pid",
+            "3",
+            "--target_cpu",
+            "1",
+        ];
+        assert_eq!(suite(&hy), suite(&us));
+        let hy = [
+            "--client-cpu",
+            "2",
+            "--ramp-time",
+            "3",
+            "--baseline-port",
+            "5",
+        ];
+        let us = [
+            "--client_cpu",
+            "2",
+            "--ramp_time",
+            "3",
+            "--baseline_port",
+            "5",
+        ];
+        assert_eq!(suite(&hy), suite(&us));
+    }
 }

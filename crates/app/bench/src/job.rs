@@ -36,9 +36,11 @@ pub struct JobOpts {
     pub runtime: Option<String>,
     /// Warm-up before measuring (I/O runs, nothing is recorded; default 0).
     #[arg(long = "ramp-time", alias = "ramp_time")]
+    #[serde(alias = "ramp-time")]
     pub ramp_time: Option<String>,
     /// IOPS cap for the whole job (0 = unlimited).
     #[arg(long = "rate-iops", alias = "rate_iops")]
+    #[serde(alias = "rate-iops")]
     pub rate_iops: Option<u64>,
     /// Bytes/s cap for the whole job, e.g. 100m (0 = unlimited).
     #[arg(long)]
@@ -466,6 +468,10 @@ iodepth = 8
             runtime: Some("2".into()),
             ..Default::default()
         };
+        // Job file keys are the flag names, in either spelling.
+        let hy: JobFile = toml::from_str("[global]\nramp-time = \"1\"\nrate-iops = 5\n").unwrap();
+        assert_eq!(hy.global.ramp_time.as_deref(), Some("1"));
+        assert_eq!(hy.global.rate_iops, Some(5));
         let j = resolve_jobs(Some(&p), &flags).unwrap();
         assert_eq!(j.len(), 2);
         assert_eq!(j[0].name, "lat");
