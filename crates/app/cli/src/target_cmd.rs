@@ -89,8 +89,9 @@ fn parse_block_size(s: &str) -> Result<u32, String> {
 
 pub fn run(a: TargetArgs) -> anyhow::Result<()> {
     let cfg = build(a.config.as_deref(), &a)?;
+    // The same checks, and messages, as --check before anything is opened.
+    cfg.preflight()?;
     if a.check {
-        cfg.preflight()?;
         print!("{}", cfg.to_toml()?);
         // Identities are derived, not configured: comments keep the output
         // a valid config file.

@@ -59,6 +59,30 @@ fn check_finds_a_file_namespace_that_cannot_be_created() {
     assert_refused(&o, &["/nonexistent/x", "--file-size"]);
 }
 
+/// Starting refuses what --check refuses, with the same message.
+#[test]
+fn starting_refuses_a_file_namespace_that_cannot_be_created() {
+    let d = tmp();
+    let o = trellis_within(
+        &[
+            "target",
+            "--file",
+            "/nonexistent/x",
+            "--file-size",
+            "1M",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            d.path().to_str().unwrap(),
+        ],
+        std::time::Duration::from_secs(30),
+    );
+    assert_refused(
+        &o,
+        &["/nonexistent/x", "directory /nonexistent does not exist"],
+    );
+}
+
 #[test]
 fn file_size_without_file_is_refused() {
     let o = check(&["--file-size", "1G"]);
