@@ -145,7 +145,10 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
         })?;
         let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
         if (granted as u32) < nq {
-            bail!("controller granted {granted} I/O queues, jobs need {nq}");
+            bail!(
+                "the controller at {} granted {granted} I/O queues, the jobs need {nq} (--numjobs × --queues of every job on it): use fewer, or raise the target's max_io_queues",
+                k.0
+            );
         }
         out.insert(k, c);
     }

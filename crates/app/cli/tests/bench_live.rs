@@ -59,6 +59,9 @@ fn size_past_the_namespace_and_oversized_iodepth_are_refused() {
     assert_refused(&o, &["--size 1073741824", "use --size 67108864 or less"]);
     let o = bench(&t, &["--iodepth", "1000", "--runtime", "1"]);
     assert_refused(&o, &["--iodepth 1000", "or less"]);
+    // The target grants 16 I/O queues by default.
+    let o = bench(&t, &["--numjobs", "9", "--queues", "2", "--iodepth", "2"]);
+    assert_refused(&o, &["granted 16 I/O queues", "need 18", "max_io_queues"]);
 }
 
 #[test]
