@@ -148,6 +148,14 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     if report.interrupted {
         bail!("interrupted: the results above are partial (\"partial\": true in the JSON)");
     }
+    if let Some(j) = report.jobs.iter().find(|j| j.partial) {
+        bail!(
+            "job {} stopped after {:.2} s: {}; the results above cover the I/O done until then (\"partial\": true in the JSON)",
+            j.name,
+            j.runtime_s,
+            j.first_error.as_deref().unwrap_or("a queue failed")
+        );
+    }
     let errors: u64 = report.jobs.iter().map(|j| j.errors).sum();
     let verify: u64 = report.jobs.iter().map(|j| j.verify_failures).sum();
     if verify > 0 {

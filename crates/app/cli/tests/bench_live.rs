@@ -152,7 +152,10 @@ fn losing_the_target_gives_sane_partial_figures_and_fails() {
     std::thread::sleep(Duration::from_millis(1500));
     t.child.kill().unwrap();
     let o = child.wait_with_output().unwrap();
-    assert_refused(&o, &["error"]);
+    assert_refused(
+        &o,
+        &["job job0 stopped after", "transport error", "partial"],
+    );
     let j = json_of(&p);
     let job = &j["jobs"][0];
     let (ios, secs) = (
