@@ -343,6 +343,9 @@ impl QosQueue {
                 return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
             }
         };
+        if now {
+            return self.dispatch_now(t, io, tag, now_ns);
+        }
         let Some(h) = self.held.get_mut(t.index()) else {
             // Tag indexes stay below max_requests, the table's length.
             let _ = self.sched.abort(t, dev_ns);
@@ -354,15 +357,33 @@ impl QosQueue {
             sched: Some(t),
             submitted_ns: now_ns,
         };
-        if !now {
-            return None; // a later poll_dispatch (in `reap`) releases it
-        }
-        self.dispatch(t, now_ns)
-            .map(|(st, _, credits)| (st, credits))
+        None // a later poll_dispatch (in `reap`) releases it
     }
 
     fn credits(&self, tenant: TenantId) -> u32 {
         self.sched.io_credits(tenant).unwrap_or(0)
+    }
+
+    /// Sends `io`, which the scheduler released at once, to the backend. Only
+    /// an asynchronous submit needs a held row (for `reap` to find); the
+    /// request itself is not copied.
+    fn dispatch_now(&mut self, t: Tag, io: &IoReq, tag: u64, now_ns: u64) -> Option<(Status, u32)> {
+        if t.index() >= self.held.len() {
+            let _ = self.sched.abort(t, self.clock.ns(now_ns));
+            return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+        }
+        // SAFETY: the buffer is the request's own (or none), valid until it
+        // completes: the caller of `submit_for` promised so.
+        match unsafe { self.inner.submit(io, SCHEDULED | t.index() as u64) } {
+            Some(st) => Some((st, self.finish_sync(t, now_ns))),
+            None => {
+                let h = &mut self.held[t.index()];
+                h.tag = tag;
+                h.sched = Some(t);
+                h.submitted_ns = now_ns;
+                None
+            }
+        }
     }
 
     /// Sends the held request `t` to the backend; returns (status, its
@@ -374,9 +395,23 @@ impl QosQueue {
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
         let st = unsafe { self.inner.submit(&io, SCHEDULED | t.index() as u64) }?;
-        let done = crate::reactor::now_ns();
-        let credits = self.finish(t.index(), done);
+        let credits = self.finish(t.index(), now_ns);
         Some((st, tag, credits))
+    }
+
+    /// Completes a request the backend finished inside `submit` (null, ram):
+    /// it is charged zero device time. Its only time is the reactor's own
+    /// CPU time, and reading the clock here would also count any preemption
+    /// of the reactor mid-batch as a device stall, which Gimbal would take
+    /// for congestion.
+    fn finish_sync(&mut self, t: Tag, now_ns: u64) -> u32 {
+        match self.sched.complete(t, 0, self.clock.ns(now_ns)) {
+            Ok(c) => c.io_credits,
+            Err(e) => {
+                tracing::error!("qos complete of a stale tag: {e:?}");
+                0
+            }
+        }
     }
 
     /// Completes held request `i` into the scheduler: its device latency is
@@ -419,6 +454,11 @@ impl BackendQueue for QosQueue {
         out.append(&mut self.reaped);
         let mut mine = std::mem::take(&mut self.reaped);
         self.inner.reap(&mut mine);
+        if mine.is_empty() && self.sched.queued() == 0 {
+            // Nothing finished and nothing waits: no clock read, no poll.
+            self.reaped = mine;
+            return out.len() - before;
+        }
         let now = crate::reactor::now_ns();
         for &(tag, st) in &mine {
             if tag & SCHEDULED == 0 {
