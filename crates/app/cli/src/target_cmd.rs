@@ -68,6 +68,10 @@ pub struct TargetArgs {
     /// overrides each namespace's `qos`.
     #[arg(long)]
     qos: Option<trellis_target::qos::QosMode>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464);
+    /// overrides `[metrics] listen`.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// Print the effective configuration and identities, and exit.
     #[arg(long)]
     check: bool,
@@ -156,6 +160,9 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     }
     if let Some(r) = a.reactors {
         cfg.target.reactors = r;
+    }
+    if let Some(m) = a.metrics {
+        cfg.metrics.listen = Some(m);
     }
     if let Some(e) = a.engine {
         cfg.target.socket_engine = e;

@@ -26,6 +26,18 @@ pub struct Config {
     /// Host NQN → tenant name and weight; other hosts are tenants of weight 1.
     #[serde(default, rename = "tenant")]
     pub tenants: Vec<crate::qos::TenantConfig>,
+    /// Prometheus `/metrics` endpoint (off unless `listen` is set).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: where to serve Prometheus text-format metrics over HTTP.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of the HTTP listener serving `GET /metrics` (for example
+    /// "127.0.0.1:9464"; port 0 picks a free one). None: no endpoint.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// Daemon-wide settings and limits.
@@ -356,6 +368,7 @@ impl Config {
             }],
             qos: Default::default(),
             tenants: Vec::new(),
+            metrics: MetricsConfig::default(),
         };
         // Checked by a unit test; `Target::start` validates again anyway.
         debug_assert!(c.validate().is_ok(), "embedded default is valid");
