@@ -9,10 +9,11 @@
 
 use crate::subsystem::Registry;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry as Prom;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -41,6 +42,35 @@ pub struct Sources {
 struct NsLabels {
     subsystem: String,
     nsid: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    subsystem: String,
+    nsid: u32,
+    op: &'static str,
+}
+
+/// A histogram read from counters kept elsewhere (prometheus-client's own
+/// type only observes one value at a time). Set once per scrape.
+#[derive(Clone, Debug, Default)]
+struct BucketCounts(Arc<std::sync::Mutex<Hist>>);
+
+/// (sum in seconds, count, per-bucket (upper bound in seconds, count)).
+type Hist = (f64, u64, Vec<(f64, u64)>);
+
+impl TypedMetric for BucketCounts {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for BucketCounts {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let g = crate::lock(&self.0);
+        encoder.encode_histogram::<NoLabelSet>(g.0, g.1, &g.2, None)
+    }
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -129,6 +159,12 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
         "namespace_media_errors",
         "Commands failed by the backend",
     );
+    let lat = Family::<OpLabels, BucketCounts>::default();
+    prom.register(
+        "namespace_latency_seconds",
+        "Command latency on the target, capsule taken to completion (log2 µs buckets)",
+        lat.clone(),
+    );
     let size = Family::<NsLabels, Gauge>::default();
     prom.register("namespace_size_bytes", "Namespace capacity", size.clone());
     for sub in &reg.subsystems {
@@ -145,11 +181,45 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
             errors
                 .get_or_create(&l)
                 .inc_by(s.media_errors.load(Relaxed));
+            for (k, op) in ["read", "write"].into_iter().enumerate() {
+                let ol = OpLabels {
+                    subsystem: sub.nqn.clone(),
+                    nsid: ns.nsid,
+                    op,
+                };
+                *crate::lock(&lat.get_or_create(&ol).0) = histogram(&s.latency[k]);
+            }
             let bytes = ns.size_blocks.saturating_mul(ns.block_size as u64);
             size.get_or_create(&l)
                 .set(bytes.min(i64::MAX as u64) as i64);
         }
     }
+}
+
+/// (sum, count, per-bucket counts) of one latency histogram, in seconds.
+/// Bucket i holds latencies below 2^i µs; the sum takes each bucket's
+/// geometric midpoint (the counters keep no exact sum), so it is an
+/// estimate within a factor of √2.
+fn histogram(b: &[AtomicU64; crate::exec::LAT_BUCKETS]) -> Hist {
+    let mut out = Vec::with_capacity(b.len());
+    let (mut sum, mut count) = (0.0, 0u64);
+    for (i, c) in b.iter().enumerate() {
+        let n = c.load(Relaxed);
+        let le = if i + 1 == b.len() {
+            f64::INFINITY
+        } else {
+            (1u64 << i) as f64 * 1e-6
+        };
+        let mid = if i == 0 {
+            0.5e-6
+        } else {
+            (1u64 << i) as f64 * 1e-6 / std::f64::consts::SQRT_2
+        };
+        sum += mid * n as f64;
+        count += n;
+        out.push((le, n));
+    }
+    (sum, count, out)
 }
 
 /// Connections, reactor busy time, uptime, memory.
@@ -192,4 +262,50 @@ fn resident_bytes() -> Option<u64> {
     // SAFETY: sysconf takes no pointers and has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::{lat_bucket, LAT_BUCKETS};
+
+    #[test]
+    fn a_latency_lands_in_the_first_bucket_whose_bound_exceeds_it() {
+        let b: [AtomicU64; LAT_BUCKETS] = Default::default();
+        for ns in [
+            0,
+            999,
+            1_000,
+            1_999,
+            2_000,
+            3_999,
+            4_000,
+            123_456,
+            5_000_000_000,
+            u64::MAX,
+        ] {
+            b[lat_bucket(ns)].fetch_add(1, Relaxed);
+            let i = lat_bucket(ns);
+            let (_, _, h) = histogram(&b);
+            let le_s = h[i].0;
+            assert!(
+                (ns as f64) * 1e-9 < le_s,
+                "{ns} ns in bucket {i} (le {le_s} s)"
+            );
+            if i > 0 && i + 1 < LAT_BUCKETS {
+                assert!(
+                    (ns as f64) * 1e-9 >= h[i - 1].0,
+                    "{ns} ns belongs lower than {i}"
+                );
+            }
+        }
+        let (sum, count, h) = histogram(&b);
+        assert_eq!(count, 10);
+        assert_eq!(h.iter().map(|x| x.1).sum::<u64>(), 10);
+        assert!(h.last().is_some_and(|x| x.0.is_infinite()));
+        assert!(
+            sum > 5.0,
+            "the 5 s and the longest latencies dominate the sum: {sum}"
+        );
+    }
 }

@@ -25,6 +25,9 @@ pub struct NsStats {
     pub media_errors: AtomicU64,
     /// Write Zeroes commands with the Deallocate bit (DEAC) set.
     pub write_zeroes_deac: AtomicU64,
+    /// Command latency on the target (capsule taken to completion), [read,
+    /// write], in the buckets of [`crate::exec::lat_bucket`].
+    pub latency: [[AtomicU64; crate::exec::LAT_BUCKETS]; 2],
 }
 
 pub struct Namespace {

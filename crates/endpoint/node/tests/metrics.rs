@@ -37,6 +37,26 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, want: &[(&str, &str)]) 
     })
 }
 
+/// The buckets of histogram `name` whose labels include every one of `want`.
+fn histogram(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    want: &[(&str, &str)],
+) -> Vec<prometheus_parse::HistogramCount> {
+    scrape
+        .samples
+        .iter()
+        .find_map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(h)
+                if s.metric == name && want.iter().all(|(k, v)| s.labels.get(k) == Some(*v)) =>
+            {
+                Some(h.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
 fn parse(body: &str) -> prometheus_parse::Scrape {
     let lines = body.lines().map(|l| Ok(l.to_string()));
     prometheus_parse::Scrape::parse(lines).expect("the scrape parses as Prometheus text")
@@ -83,6 +103,23 @@ fn a_scrape_parses_and_its_counters_match_the_io_done() {
     ];
     for (name, v) in want {
         assert_eq!(sample(&scrape, name, &ns), Some(v), "{name}");
+    }
+    // Every command lands in the latency histogram of its op: the +Inf
+    // bucket (cumulative) counts them all, and all took under 10 s.
+    for (op, n) in [("read", reads), ("write", writes)] {
+        let labels = [("subsystem", NQN), ("nsid", "1"), ("op", op)];
+        let h = histogram(&scrape, "trellis_namespace_latency_seconds", &labels);
+        let all = h
+            .iter()
+            .find(|b| b.less_than.is_infinite())
+            .map(|b| b.count);
+        assert_eq!(all, Some(n as f64), "{op}: {h:?}");
+        let under_10s = h
+            .iter()
+            .filter(|b| b.less_than <= 10.0)
+            .map(|b| b.count)
+            .fold(0.0, f64::max);
+        assert_eq!(under_10s, n as f64, "{op}: {h:?}");
     }
     // The admin and I/O queues of this test's controller.
     assert_eq!(sample(&scrape, "trellis_connections", &[]), Some(2.0));
