@@ -263,6 +263,7 @@ def main():
     p.add_argument("--runtime", type=float, required=True)
     p.add_argument("--quick", type=int, default=0)
     p.add_argument("--weight", action="append", default=[])
+    p.add_argument("--case", action="append", default=[], choices=CASES)
     a = p.parse_args()
     weights = {}
     for w in a.weight:
@@ -274,7 +275,7 @@ def main():
     doc = {"profile": PROFILE, "time_scale": a.time_scale, "runtime_s": a.runtime,
            "quick": bool(a.quick), "cases": {}}
     with tempfile.TemporaryDirectory(prefix="trellis-fairness.") as work:
-        for case in CASES:
+        for case in a.case or CASES:
             jobs = tomllib.load(open(os.path.join(here, "jobs", "fairness", f"{case}.toml"), "rb"))["job"]
             res = {"paper": PAPER[case]}
             runs = {m: run_mode(a, case, jobs, weights, m, work) for m in MODES}

@@ -7,7 +7,7 @@
 # host NQN. Writes fairness.json and fairness.md. See docs/bench.md
 # "Fairness" for the metrics and the acceptance rules.
 #
-#   bench/fairness.sh [--quick] [--out DIR] [--time-scale N] [--runtime S] [--weight NAME=W]...
+#   bench/fairness.sh [--quick] [--out DIR] [--time-scale N] [--runtime S] [--weight NAME=W]... [--case C]...
 #
 # --quick: 3 s runs (default 8 s), for CI. --time-scale: the emulated drive's
 # slow-down (default 32: the drive, not the 2-core VM's CPU, is the
@@ -15,7 +15,7 @@
 # (default 1). env: TRELLIS (binary, default target/release/trellis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0 out=bench/results/fairness scale=32 runtime="" weights=()
+quick=0 out=bench/results/fairness scale=32 runtime="" weights=() cases=()
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) quick=1 ;;
@@ -23,6 +23,7 @@ while [ $# -gt 0 ]; do
     --time-scale) scale=${2:?--time-scale needs a number}; shift ;;
     --runtime) runtime=${2:?--runtime needs seconds}; shift ;;
     --weight) weights+=("${2:?--weight needs NAME=W}"); shift ;;
+    --case) cases+=("${2:?--case needs intensity, size, pattern_rand or pattern_seq}"); shift ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "fairness.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -36,4 +37,4 @@ mkdir -p "$out"
 . tests/bench-lib.sh
 port=$(free_port 15440)
 exec python3 bench/fairness.py --bin "$bin" --out "$out" --port "$port" \
-  --time-scale "$scale" --runtime "$runtime" --quick "$quick" ${weights[@]/#/--weight=}
+  --time-scale "$scale" --runtime "$runtime" --quick "$quick" ${weights[@]/#/--weight=} ${cases[@]/#/--case=}

@@ -70,6 +70,10 @@ pub struct TargetArgs {
     /// (docs/gimbal.md); overrides each namespace's `qos`.
     #[arg(long)]
     qos: Option<trellis_target::qos::QosMode>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (e.g.
+    /// 127.0.0.1:9464 or localhost:9464); overrides `[metrics] listen`.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics: Option<String>,
     /// Check everything starting would (files included, without creating
     /// them), print the effective configuration as TOML (a valid --config
     /// file) and the identities, and exit.
@@ -187,6 +191,10 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     }
     if let Some(r) = a.reactors {
         cfg.target.reactors = r;
+    }
+    if let Some(m) = &a.metrics {
+        let addr = resolve_host_port(m).map_err(|e| anyhow::anyhow!("--metrics: {e}"))?;
+        cfg.metrics.listen = Some(addr);
     }
     if let Some(e) = a.engine {
         cfg.target.socket_engine = e;

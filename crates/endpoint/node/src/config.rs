@@ -11,7 +11,9 @@ pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
 /// Upper bound of `target.max_io_size`.
 pub const MAX_IO_SIZE_LIMIT: u64 = 8 << 20;
 
-#[derive(Clone, Debug, Deserialize)]
+// Serialize: `to_toml` (what `--check` prints). A new field needs a
+// Serialize type here, so --check can never silently leave one out.
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -21,11 +23,28 @@ pub struct Config {
     #[serde(default, rename = "subsystem")]
     pub subsystems: Vec<SubsystemConfig>,
     /// Bounds and parameters of `qos = "gimbal"` namespaces' schedulers.
-    #[serde(default)]
+    #[serde(default, serialize_with = "qos_table")]
     pub qos: crate::qos::QosConfig,
     /// Host NQN → tenant name and weight; other hosts are tenants of weight 1.
-    #[serde(default, rename = "tenant")]
+    #[serde(
+        default,
+        rename = "tenant",
+        serialize_with = "tenant_tables",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub tenants: Vec<crate::qos::TenantConfig>,
+    /// Prometheus `/metrics` endpoint (off unless `listen` is set).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: where to serve Prometheus text-format metrics over HTTP.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of the HTTP listener serving `GET /metrics` (for example
+    /// "127.0.0.1:9464"; port 0 picks a free one). None: no endpoint.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// Daemon-wide settings and limits.
@@ -307,6 +326,41 @@ pub struct NamespaceConfig {
     pub eui64: Option<String>,
 }
 
+/// The `[qos]` table, written from the qos module's fields (its types are
+/// read-only there), in the layout `Deserialize` reads.
+fn qos_table<S: serde::Serializer>(q: &crate::qos::QosConfig, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Qos<'a> {
+        limits: &'a trellis_qos::sched::SchedLimits,
+        device_qd: u32,
+        gimbal: &'a trellis_qos::GimbalConfig,
+    }
+    Qos {
+        limits: &q.limits,
+        device_qd: q.device_qd,
+        gimbal: &q.gimbal,
+    }
+    .serialize(s)
+}
+
+/// The `[[tenant]]` tables, as [`qos_table`].
+fn tenant_tables<S: serde::Serializer>(
+    t: &[crate::qos::TenantConfig],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Tenant<'a> {
+        host: &'a str,
+        name: &'a str,
+        weight: u32,
+    }
+    s.collect_seq(t.iter().map(|t| Tenant {
+        host: &t.host,
+        name: &t.name,
+        weight: t.weight,
+    }))
+}
+
 fn qos_mode_name<S: serde::Serializer>(m: &crate::qos::QosMode, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(match m {
         crate::qos::QosMode::Off => "off",
@@ -402,6 +456,7 @@ impl Config {
             }],
             qos: Default::default(),
             tenants: Vec::new(),
+            metrics: MetricsConfig::default(),
         };
         // Checked by a unit test; `Target::start` validates again anyway.
         debug_assert!(c.validate().is_ok(), "embedded default is valid");
@@ -411,48 +466,7 @@ impl Config {
     /// The configuration as TOML that [`Config::from_toml`] reads back to
     /// the same values (what `trellis target --check` prints).
     pub fn to_toml(&self) -> anyhow::Result<String> {
-        #[derive(Serialize)]
-        struct Qos<'a> {
-            limits: &'a trellis_qos::sched::SchedLimits,
-            device_qd: u32,
-            gimbal: &'a trellis_qos::GimbalConfig,
-        }
-        #[derive(Serialize)]
-        struct Tenant<'a> {
-            host: &'a str,
-            name: &'a str,
-            weight: u32,
-        }
-        // Mirrors of the qos module's tables, so the file keeps one layout.
-        #[derive(Serialize)]
-        struct View<'a> {
-            target: &'a TargetConfig,
-            listener: &'a [ListenerConfig],
-            subsystem: &'a [SubsystemConfig],
-            qos: Qos<'a>,
-            #[serde(skip_serializing_if = "Vec::is_empty")]
-            tenant: Vec<Tenant<'a>>,
-        }
-        let v = View {
-            target: &self.target,
-            listener: &self.listeners,
-            subsystem: &self.subsystems,
-            qos: Qos {
-                limits: &self.qos.limits,
-                device_qd: self.qos.device_qd,
-                gimbal: &self.qos.gimbal,
-            },
-            tenant: self
-                .tenants
-                .iter()
-                .map(|t| Tenant {
-                    host: &t.host,
-                    name: &t.name,
-                    weight: t.weight,
-                })
-                .collect(),
-        };
-        Ok(toml::to_string_pretty(&v)?)
+        Ok(toml::to_string_pretty(self)?)
     }
 
     /// What starting would find wrong beyond [`Config::validate`], checked
@@ -802,11 +816,19 @@ mod tests {
         let mut c = one_ns("backend = \"null\"\nsize = \"3MiB\"\nqos = \"gimbal\"").unwrap();
         c.target.reactors = 3;
         c.target.state_dir = Some("/tmp/x".into());
+        c.metrics.listen = Some(([127, 0, 0, 1], 9464).into());
+        c.tenants.push(crate::qos::TenantConfig {
+            host: "nqn.2026-11.io.x:h".into(),
+            name: "alice".into(),
+            weight: 2,
+        });
         let text = c.to_toml().unwrap();
         assert!(text.contains("size = \"3MiB\""), "{text}");
         let back = Config::from_toml(&text).unwrap();
         assert_eq!(back.to_toml().unwrap(), text);
         assert_eq!(back.target.reactors, 3);
+        assert_eq!(back.metrics.listen, c.metrics.listen);
+        assert_eq!(back.tenants[0].weight, 2);
         assert_eq!(
             back.subsystems[0].namespaces[0].qos,
             crate::qos::QosMode::Gimbal

@@ -394,7 +394,7 @@ impl Conn {
         }
         let s = self.alloc_slot()?;
         let slot = &mut self.slots[s as usize];
-        slot.req.reset(sqe);
+        slot.req.reset(sqe, self.now_ns);
         slot.req.tag = (self.idx as u64) << 16 | s as u64;
         slot.phase = Phase::Executing;
         slot.recv_len = 0;
@@ -686,7 +686,7 @@ impl Conn {
         slot.status = st;
         slot.phase = Phase::Done;
         if st.is_success() {
-            if self.queue.count(&slot.req) && self.stats_since_ns == u64::MAX {
+            if self.queue.count(&slot.req, self.now_ns) && self.stats_since_ns == u64::MAX {
                 self.stats_since_ns = self.now_ns;
             }
         } else {

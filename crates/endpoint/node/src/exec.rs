@@ -116,6 +116,8 @@ pub struct Request {
     pub dw1: u32,
     /// The tenant's I/O credits to return in CQE DW1 (`NO_CREDIT`: none).
     pub credit: u32,
+    /// When its capsule was taken (the reactor loop's clock), for latency.
+    pub arrived_ns: u64,
 }
 
 /// `Request::credit` of a command that returns no credit.
@@ -163,12 +165,14 @@ impl Request {
             dw0: 0,
             dw1: 0,
             credit: NO_CREDIT,
+            arrived_ns: 0,
         }
     }
 
     /// Resets per-command state for a new command in the same slot.
-    pub fn reset(&mut self, sqe: Sqe) {
+    pub fn reset(&mut self, sqe: Sqe, now_ns: u64) {
         self.sqe = sqe;
+        self.arrived_ns = now_ns;
         self.cmd = &UNKNOWN;
         self.xfer_len = 0;
         self.ns_uid = NO_NS;
@@ -311,6 +315,19 @@ pub struct Queue {
     /// Per-namespace (uid, [rd bytes, wr bytes, rd cmds, wr cmds]) not yet
     /// added to the shared counters.
     stats: Vec<(u32, [u64; 4])>,
+    /// Per-namespace latency histograms not yet added (same order as `stats`).
+    lat: Vec<[[u32; LAT_BUCKETS]; 2]>,
+}
+
+/// Latency histogram buckets: bucket i counts commands that took less than
+/// 2^i µs (the last one everything longer), from 1 µs to 2^25 µs ≈ 34 s.
+pub const LAT_BUCKETS: usize = 26;
+
+/// The bucket of a latency in ns: ⌈log2(µs)⌉, one instruction plus a clamp.
+#[inline]
+pub fn lat_bucket(ns: u64) -> usize {
+    let us = ns / 1000;
+    ((u64::BITS - us.leading_zeros()) as usize).min(LAT_BUCKETS - 1)
 }
 
 impl Queue {
@@ -330,6 +347,7 @@ impl Queue {
             q: None,
             aers: Vec::new(),
             stats: Vec::new(),
+            lat: Vec::new(),
         }
     }
 
@@ -346,7 +364,7 @@ impl Queue {
 
     /// Counts a successful Read or Write in the batched statistics; false
     /// when the command is not one that counts.
-    pub(crate) fn count(&mut self, req: &Request) -> bool {
+    pub(crate) fn count(&mut self, req: &Request, now_ns: u64) -> bool {
         let rw = matches!(
             req.sqe.opcode(),
             trellis_nvme::sqe::io::READ | trellis_nvme::sqe::io::WRITE
@@ -360,6 +378,7 @@ impl Queue {
             Some(i) => i,
             None => {
                 self.stats.push((uid, [0; 4]));
+                self.lat.push([[0; LAT_BUCKETS]; 2]);
                 self.stats.len() - 1
             }
         };
@@ -367,17 +386,26 @@ impl Queue {
         let k = w as usize;
         e[k] += len;
         e[2 + k] += 1;
+        let b = lat_bucket(now_ns.saturating_sub(req.arrived_ns));
+        self.lat[i][k][b] += 1;
         true
     }
 
     /// Adds batched statistics to the shared namespace counters.
     pub fn flush_stats(&mut self) {
-        for (uid, v) in self.stats.drain(..) {
+        for ((uid, v), lat) in self.stats.drain(..).zip(self.lat.drain(..)) {
             let st = &self.reg.namespaces[uid as usize].stats;
             st.read_bytes.fetch_add(v[0], Relaxed);
             st.write_bytes.fetch_add(v[1], Relaxed);
             st.read_cmds.fetch_add(v[2], Relaxed);
             st.write_cmds.fetch_add(v[3], Relaxed);
+            for (shared, local) in st.latency.iter().zip(lat.iter()) {
+                for (a, &n) in shared.iter().zip(local.iter()) {
+                    if n > 0 {
+                        a.fetch_add(n as u64, Relaxed);
+                    }
+                }
+            }
         }
     }
 }

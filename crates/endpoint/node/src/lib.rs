@@ -23,6 +23,7 @@ pub mod fault;
 pub mod fuzzing;
 pub mod identity;
 pub mod io;
+pub mod metrics;
 pub mod qos;
 pub mod reactor;
 pub mod ring;

@@ -251,6 +251,8 @@ pub struct QosQueue {
     held: Vec<Held>,
     /// Completions reaped from `inner` (reused: no allocation per I/O).
     reaped: Vec<(u64, Status)>,
+    /// When each of those fell due on the device (`reap_timed`), wall ns.
+    due_ns: Vec<u64>,
     /// The device's clock: wall ÷ `Backend::time_scale` (1 except on a
     /// time-scaled emulated SSD). The scheduler sees times and latencies on
     /// it, so Gimbal's thresholds (µs) and rates (B/s) apply to the drive
@@ -306,6 +308,7 @@ pub fn wrap(
         sched,
         held: vec![EMPTY; n],
         reaped: Vec::with_capacity(n),
+        due_ns: Vec::with_capacity(n),
         clock,
     }))
 }
@@ -343,6 +346,9 @@ impl QosQueue {
                 return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
             }
         };
+        if now {
+            return self.dispatch_now(t, io, tag, now_ns);
+        }
         let Some(h) = self.held.get_mut(t.index()) else {
             // Tag indexes stay below max_requests, the table's length.
             let _ = self.sched.abort(t, dev_ns);
@@ -354,15 +360,33 @@ impl QosQueue {
             sched: Some(t),
             submitted_ns: now_ns,
         };
-        if !now {
-            return None; // a later poll_dispatch (in `reap`) releases it
-        }
-        self.dispatch(t, now_ns)
-            .map(|(st, _, credits)| (st, credits))
+        None // a later poll_dispatch (in `reap`) releases it
     }
 
     fn credits(&self, tenant: TenantId) -> u32 {
         self.sched.io_credits(tenant).unwrap_or(0)
+    }
+
+    /// Sends `io`, which the scheduler released at once, to the backend. Only
+    /// an asynchronous submit needs a held row (for `reap` to find); the
+    /// request itself is not copied.
+    fn dispatch_now(&mut self, t: Tag, io: &IoReq, tag: u64, now_ns: u64) -> Option<(Status, u32)> {
+        if t.index() >= self.held.len() {
+            let _ = self.sched.abort(t, self.clock.ns(now_ns));
+            return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+        }
+        // SAFETY: the buffer is the request's own (or none), valid until it
+        // completes: the caller of `submit_for` promised so.
+        match unsafe { self.inner.submit(io, SCHEDULED | t.index() as u64) } {
+            Some(st) => Some((st, self.finish_sync(t, now_ns))),
+            None => {
+                let h = &mut self.held[t.index()];
+                h.tag = tag;
+                h.sched = Some(t);
+                h.submitted_ns = now_ns;
+                None
+            }
+        }
     }
 
     /// Sends the held request `t` to the backend; returns (status, its
@@ -374,19 +398,34 @@ impl QosQueue {
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
         let st = unsafe { self.inner.submit(&io, SCHEDULED | t.index() as u64) }?;
-        let done = crate::reactor::now_ns();
-        let credits = self.finish(t.index(), done);
+        let credits = self.finish(t.index(), now_ns, now_ns);
         Some((st, tag, credits))
     }
 
+    /// Completes a request the backend finished inside `submit` (null, ram):
+    /// it is charged zero device time. Its only time is the reactor's own
+    /// CPU time, and reading the clock here would also count any preemption
+    /// of the reactor mid-batch as a device stall, which Gimbal would take
+    /// for congestion.
+    fn finish_sync(&mut self, t: Tag, now_ns: u64) -> u32 {
+        match self.sched.complete(t, 0, self.clock.ns(now_ns)) {
+            Ok(c) => c.io_credits,
+            Err(e) => {
+                tracing::error!("qos complete of a stale tag: {e:?}");
+                0
+            }
+        }
+    }
+
     /// Completes held request `i` into the scheduler: its device latency is
-    /// the wall-clock time from the backend submit to now.
-    fn finish(&mut self, i: usize, now_ns: u64) -> u32 {
+    /// the wall-clock time from the backend submit to `done_ns`, when the
+    /// device finished it (see `reap_timed`); `now_ns` is the scheduler's clock.
+    fn finish(&mut self, i: usize, done_ns: u64, now_ns: u64) -> u32 {
         let Some(h) = self.held.get_mut(i) else {
             return 0;
         };
         let Some(t) = h.sched.take() else { return 0 };
-        let lat = self.clock.ns(now_ns.saturating_sub(h.submitted_ns));
+        let lat = self.clock.ns(done_ns.saturating_sub(h.submitted_ns));
         match self.sched.complete(t, lat, self.clock.ns(now_ns)) {
             Ok(c) => c.io_credits,
             Err(e) => {
@@ -418,20 +457,30 @@ impl BackendQueue for QosQueue {
         let before = out.len();
         out.append(&mut self.reaped);
         let mut mine = std::mem::take(&mut self.reaped);
-        self.inner.reap(&mut mine);
+        let mut due = std::mem::take(&mut self.due_ns);
+        self.inner.reap_timed(&mut mine, &mut due);
+        if mine.is_empty() && self.sched.queued() == 0 {
+            // Nothing finished and nothing waits: no clock read, no poll.
+            (self.reaped, self.due_ns) = (mine, due);
+            return out.len() - before;
+        }
         let now = crate::reactor::now_ns();
-        for &(tag, st) in &mine {
+        for (k, &(tag, st)) in mine.iter().enumerate() {
             if tag & SCHEDULED == 0 {
                 out.push((tag, st));
                 continue;
             }
             let i = (tag & !SCHEDULED) as usize;
             let conn_tag = self.held.get(i).map_or(0, |h| h.tag);
-            let credits = self.finish(i, now);
+            // The device's completion time where the backend knows it
+            // (emulated SSD), else now.
+            let done_ns = due.get(k).copied().unwrap_or(now).min(now);
+            let credits = self.finish(i, done_ns, now);
             out.push((with_credit(conn_tag, credits), st));
         }
         mine.clear();
-        self.reaped = mine;
+        due.clear();
+        (self.reaped, self.due_ns) = (mine, due);
         // The poll step: completions and token refills release queued requests.
         while let Some(d) = self.sched.poll_dispatch(self.clock.ns(now)) {
             if let Some((st, tg, credits)) = self.dispatch(d.tag, now) {
@@ -535,4 +584,68 @@ pub fn view_log(
     page[4..6].copy_from_slice(&me.to_le_bytes());
     page[6..8].copy_from_slice(&(VIEW_ENTRY_BYTES as u16).to_le_bytes());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::IoReq;
+
+    /// An asynchronous device that finishes every request `device_ns` after
+    /// its submit, however late it is reaped.
+    struct SlowPoller {
+        device_ns: u64,
+        pending: Vec<(u64, u64)>,
+    }
+
+    impl BackendQueue for SlowPoller {
+        unsafe fn submit(&mut self, _req: &IoReq, tag: u64) -> Option<Status> {
+            let due = crate::reactor::now_ns() + self.device_ns;
+            self.pending.push((tag, due));
+            None
+        }
+        fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+            let n = self.pending.len();
+            out.extend(self.pending.drain(..).map(|(t, _)| (t, Status::SUCCESS)));
+            n
+        }
+        fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+            due_ns.extend(self.pending.iter().map(|&(_, d)| d));
+            self.reap(out)
+        }
+        fn in_flight(&self) -> usize {
+            self.pending.len()
+        }
+    }
+
+    #[test]
+    fn gimbal_sees_the_device_s_completion_time_not_a_late_reap() {
+        // 100 µs on the device, reaped 20 ms later: with the reap time, the
+        // read EWMA (α = 1/2, from 0) would be 10 ms; with the device's, 50 µs.
+        let cfg = QosConfig::default();
+        let tenants = Tenants::new(&[], &cfg.limits);
+        let inner = Box::new(SlowPoller {
+            device_ns: 100_000,
+            pending: Vec::new(),
+        });
+        let mut q = wrap(inner, &cfg, &tenants, crate::reactor::now_ns(), 1.0).unwrap();
+        let io = IoReq {
+            op: Op::Read,
+            offset_bytes: 0,
+            len_bytes: 4096,
+            buf: std::ptr::null_mut(),
+            fua: false,
+        };
+        let qq = q.qos().unwrap();
+        // SAFETY: no buffer: the fake device never touches it.
+        let r = unsafe { qq.submit_for(0, &io, 42, crate::reactor::now_ns()) };
+        assert!(r.is_none(), "an asynchronous device completes later");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut out = Vec::new();
+        assert_eq!(q.reap(&mut out), 1);
+        assert_eq!(split_tag(out[0].0).0, 42);
+        let v = q.qos().unwrap().scheduler().view(0).unwrap();
+        let ewma = v.read.latency_ewma_us;
+        assert!((40..1_000).contains(&ewma), "read EWMA {ewma} µs");
+    }
 }

@@ -98,6 +98,8 @@ impl Drop for ReactorHandle {
 const WAKE_TOKEN: u64 = u64::MAX;
 /// Most iovecs per sendmsg (IOV_MAX is 1024; 256 already covers ~80 reads).
 const MAX_IOV: usize = 256;
+/// How often a reactor publishes its busy time for `/metrics`.
+const PUBLISH_NS: u64 = NS_PER_MS;
 /// Events taken per epoll_wait; more simply wait for the next loop.
 const EPOLL_EVENTS: usize = 256;
 /// Initial room of the scratch buffer handlers build responses in (the
@@ -371,12 +373,19 @@ impl Reactor {
         // saturated reactor from one that only ran late in bursts.
         let (started_ns, mut prev_ns, mut prev_work, mut busy_ns) =
             (now_ns(), now_ns(), false, 0u64);
+        let mut next_publish_ns = 0;
         loop {
             let now = now_ns();
             if prev_work {
                 busy_ns += now.saturating_sub(prev_ns);
             }
             prev_ns = now;
+            if now >= next_publish_ns {
+                next_publish_ns = now + PUBLISH_NS;
+                if let Some(c) = self.shared.reg.reactor_busy_ns.get(self.id) {
+                    c.0.store(busy_ns, Ordering::Relaxed);
+                }
+            }
             if shutdown_deadline.is_none() && self.shared.shutdown.load(Ordering::Relaxed) {
                 shutdown_deadline =
                     Some(now + self.shared.reg.limits.shutdown_grace_ms * NS_PER_MS);

@@ -20,6 +20,9 @@ pub struct Target {
     acceptor: Option<std::thread::JoinHandle<()>>,
     reactors: Arc<Vec<ReactorHandle>>,
     pub local_addrs: Vec<SocketAddr>,
+    /// Where `/metrics` is served, when `[metrics] listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
+    metrics: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Target {
@@ -43,6 +46,18 @@ impl Target {
         let shutdown = Arc::new(AtomicBool::new(false));
         let failures = Arc::new(Mutex::new(Vec::new()));
         let connections = Arc::new(AtomicUsize::new(0));
+        // Bound before any thread starts, so a taken port fails the start cleanly.
+        let (metrics_addr, metrics) = match cfg.metrics.listen {
+            Some(addr) => {
+                let src = crate::metrics::Sources {
+                    reg: reg.clone(),
+                    connections: connections.clone(),
+                };
+                let (a, t) = crate::metrics::spawn(addr, src, shutdown.clone())?;
+                (Some(a), Some(t))
+            }
+            None => (None, None),
+        };
         let mut reactors = Vec::new();
         for i in 0..cfg.target.reactors {
             let cpu = cfg.target.cpus.get(i).copied();
@@ -52,7 +67,14 @@ impl Target {
                 connections: connections.clone(),
                 failures: failures.clone(),
             };
-            reactors.push(reactor::spawn(i, cpu, shared)?);
+            match reactor::spawn(i, cpu, shared) {
+                Ok(r) => reactors.push(r),
+                Err(e) => {
+                    // Stops the threads already started (reactors, metrics).
+                    shutdown.store(true, Ordering::SeqCst);
+                    return Err(e.into());
+                }
+            }
         }
         let reactors = Arc::new(reactors);
         let acceptor = {
@@ -65,7 +87,14 @@ impl Target {
             };
             std::thread::Builder::new()
                 .name("acceptor".into())
-                .spawn(move || accept_thread(listeners, &reactors, &shared))?
+                .spawn(move || accept_thread(listeners, &reactors, &shared))
+        };
+        let acceptor = match acceptor {
+            Ok(a) => a,
+            Err(e) => {
+                shutdown.store(true, Ordering::SeqCst);
+                return Err(e.into());
+            }
         };
         Ok(Target {
             reg,
@@ -74,6 +103,8 @@ impl Target {
             acceptor: Some(acceptor),
             reactors,
             local_addrs,
+            metrics_addr,
+            metrics,
         })
     }
 
@@ -96,6 +127,11 @@ impl Target {
         if let Some(a) = self.acceptor.take() {
             if a.join().is_err() {
                 self.note_failure("the acceptor thread panicked".into());
+            }
+        }
+        if let Some(m) = self.metrics.take() {
+            if m.join().is_err() {
+                self.note_failure("the metrics thread panicked".into());
             }
         }
         for r in self.reactors.iter() {

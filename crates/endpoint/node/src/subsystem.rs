@@ -25,6 +25,9 @@ pub struct NsStats {
     pub media_errors: AtomicU64,
     /// Write Zeroes commands with the Deallocate bit (DEAC) set.
     pub write_zeroes_deac: AtomicU64,
+    /// Command latency on the target (capsule taken to completion), [read,
+    /// write], in the buckets of [`crate::exec::lat_bucket`].
+    pub latency: [[AtomicU64; crate::exec::LAT_BUCKETS]; 2],
 }
 
 pub struct Namespace {
@@ -184,6 +187,10 @@ pub struct Registry {
     pub discovery_genctr: AtomicU64,
     pub started: std::time::Instant,
     pub unsafe_shutdowns: AtomicU64,
+    /// Per reactor: wall time spent in loops that did work, ns (published
+    /// about once a millisecond, for `/metrics`). Padded so that reactors on
+    /// different cores never write one cache line.
+    pub reactor_busy_ns: Vec<crate::metrics::PaddedCounter>,
 }
 
 impl Registry {
@@ -254,6 +261,9 @@ impl Registry {
             discovery_genctr: AtomicU64::new(1),
             started: std::time::Instant::now(),
             unsafe_shutdowns: AtomicU64::new(0),
+            reactor_busy_ns: (0..cfg.target.reactors)
+                .map(|_| Default::default())
+                .collect(),
         })
     }
 

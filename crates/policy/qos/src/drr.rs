@@ -205,6 +205,42 @@ impl Drr {
         }
     }
 
+    /// `enqueue` followed by `dequeue` for a request that arrives when
+    /// nothing is queued and its tenant is idle (the common case below
+    /// saturation): the same state changes, without the trip through the
+    /// request list. None, with nothing changed, when those conditions do not
+    /// hold; the caller then enqueues.
+    pub fn serve_alone(&mut self, tenant: u16, req: Request, wc_fp10: u64) -> Option<SlotTag> {
+        if self.pool.live() != 0 || req.size_bytes == 0 || self.queue_cap == 0 {
+            return None;
+        }
+        let t = self.tenants.get_mut(tenant as usize)?;
+        if t.place != Where::Idle || t.backlog != 0 {
+            return None;
+        }
+        // Nothing queued means no tenant is active (an active one has a request).
+        debug_assert!(self.active.is_empty());
+        // enqueue: activation, and a quantum for a tenant with nothing in flight.
+        let first = t.io_processing == 0;
+        t.backlog = req.size_bytes as u64;
+        t.place = Where::Active;
+        self.active.push_back(tenant);
+        if first {
+            self.count(tenant, true);
+        }
+        let quantum = self.quantum * self.tenants[tenant as usize].weight as i64;
+        let t = &mut self.tenants[tenant as usize];
+        if first {
+            t.deficit += quantum;
+        }
+        // dequeue: the only active tenant is visited until its deficit covers the head.
+        let w = WriteCost::weighted(req.dir, req.size_bytes, wc_fp10) as i64;
+        while t.deficit < w {
+            t.deficit += quantum;
+        }
+        Some(self.serve(tenant, req, w).2)
+    }
+
     fn serve(&mut self, tid: u16, req: Request, w: i64) -> (u16, Request, SlotTag) {
         let limit = self.slot_limit(self.tenants[tid as usize].weight);
         let slot_bytes = self.slot_bytes;

@@ -7,8 +7,8 @@ pub struct DualTokenBucket {
     pub write_tokens: u64,
     max_tokens: u64,
     last_ns: u64,
-    /// Sub-byte remainder of rate × Δt (units: B·ns/s), so frequent refills lose nothing.
-    carry: u128,
+    /// Sub-byte remainder of rate × Δt (units: B·ns/s, < 10⁹), so frequent refills lose nothing.
+    carry: u64,
 }
 
 const NS_PER_S: u128 = 1_000_000_000;
@@ -29,28 +29,50 @@ impl DualTokenBucket {
         if now_ns <= self.last_ns {
             return;
         }
-        let num = rate_bytes_per_s as u128 * (now_ns - self.last_ns) as u128 + self.carry;
-        self.carry = num % NS_PER_S;
+        let dt = now_ns - self.last_ns;
+        // u64 unless rate × Δt overflows it (Δt of seconds at GB/s): the
+        // u128 division is a library call, and this runs once per dispatch.
+        let avail = match rate_bytes_per_s
+            .checked_mul(dt)
+            .and_then(|x| x.checked_add(self.carry))
+        {
+            Some(num) => {
+                self.carry = num % NS_PER_S as u64;
+                num / NS_PER_S as u64
+            }
+            None => {
+                let num = rate_bytes_per_s as u128 * dt as u128 + self.carry as u128;
+                self.carry = (num % NS_PER_S) as u64;
+                (num / NS_PER_S) as u64
+            }
+        };
         self.last_ns = now_ns;
-        self.add((num / NS_PER_S) as u64, wc_fp10);
+        self.add(avail, wc_fp10);
     }
 
     /// Lines 4-11 of Algorithm 4: split by write cost, overflow moves to the other bucket.
     pub fn add(&mut self, avail: u64, wc_fp10: u64) {
-        let avail = avail as u128;
-        let wc = wc_fp10 as u128;
-        let to_read = (avail * wc / (wc + 1024)) as u64;
-        self.read_tokens += to_read;
+        let to_read = match avail.checked_mul(wc_fp10) {
+            Some(p) => p / (wc_fp10 + 1024),
+            None => (avail as u128 * wc_fp10 as u128 / (wc_fp10 as u128 + 1024)) as u64,
+        };
+        self.read_tokens = self.read_tokens.saturating_add(to_read);
         // [R] The write share is the remainder, so truncation never loses a byte
         // (Algorithm 4 truncates both shares; identical on the worked examples).
-        self.write_tokens += avail as u64 - to_read;
+        self.write_tokens = self.write_tokens.saturating_add(avail - to_read);
         let max = self.max_tokens;
         if self.read_tokens > max {
-            self.write_tokens = (self.write_tokens + self.read_tokens - max).min(max);
+            self.write_tokens = self
+                .write_tokens
+                .saturating_add(self.read_tokens - max)
+                .min(max);
             self.read_tokens = max;
         }
         if self.write_tokens > max {
-            self.read_tokens = (self.read_tokens + self.write_tokens - max).min(max);
+            self.read_tokens = self
+                .read_tokens
+                .saturating_add(self.write_tokens - max)
+                .min(max);
             self.write_tokens = max;
         }
     }

@@ -167,7 +167,16 @@ impl CommonHeader {
     #[inline]
     pub fn to_bytes(&self) -> [u8; CH_LEN] {
         let p = self.plen.to_le_bytes();
-        [self.pdu_type, self.flags, self.hlen, self.pdo, p[0], p[1], p[2], p[3]]
+        [
+            self.pdu_type,
+            self.flags,
+            self.hlen,
+            self.pdo,
+            p[0],
+            p[1],
+            p[2],
+            p[3],
+        ]
     }
 }
 

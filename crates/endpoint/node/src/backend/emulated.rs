@@ -355,6 +355,29 @@ impl BackendQueue for EmulatedQueue {
     }
 
     fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+        self.reap_due(out, None)
+    }
+
+    fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+        self.reap_due(out, Some(due_ns))
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// No kernel to cancel in: the pending commands complete at the next
+    /// reap, with their data, ahead of model time.
+    fn cancel_all(&mut self) -> usize {
+        self.draining = true;
+        self.pending.len()
+    }
+}
+
+impl EmulatedQueue {
+    /// Completes what fell due by now; with `due`, also reports when each
+    /// fell due in model time (the drive's own completion time, scaled).
+    fn reap_due(&mut self, out: &mut Vec<(u64, Status)>, mut due: Option<&mut Vec<u64>>) -> usize {
         let now = crate::reactor::now_ns();
         let mut n = 0;
         while let Some(Reverse(p)) = self.pending.peek() {
@@ -373,20 +396,13 @@ impl BackendQueue for EmulatedQueue {
             self.lateness
                 .saturating_record(now.saturating_sub(p.due_ns));
             out.push((p.tag, st));
+            if let Some(d) = due.as_deref_mut() {
+                // Drained early at shutdown: it completes now, not later.
+                d.push(p.due_ns.min(now));
+            }
             n += 1;
         }
         n
-    }
-
-    fn in_flight(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// No kernel to cancel in: the pending commands complete at the next
-    /// reap, with their data, ahead of model time.
-    fn cancel_all(&mut self) -> usize {
-        self.draining = true;
-        self.pending.len()
     }
 }
 

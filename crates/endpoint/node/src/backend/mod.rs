@@ -81,6 +81,19 @@ pub trait BackendQueue {
         let _ = out;
         0
     }
+    /// As [`reap`](Self::reap), and for each completion also the time it
+    /// fell due on the device, in wall-clock ns, appended to `due_ns`. A
+    /// device that only reports completions when asked says "now"; the
+    /// emulated SSD knows the model's time, so the scheduler's latency
+    /// signal does not include how late the reactor polled.
+    fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+        let n = self.reap(out);
+        if n > 0 {
+            let now = crate::reactor::now_ns();
+            due_ns.extend(std::iter::repeat_n(now, n));
+        }
+        n
+    }
     fn in_flight(&self) -> usize {
         0
     }

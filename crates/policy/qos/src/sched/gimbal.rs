@@ -24,6 +24,9 @@ pub struct GimbalScheduler {
     /// docs/gimbal.md §1.d).
     blocked: Option<(Tag, SlotTag)>,
     inflight: u32,
+    /// `submit` skips DRR's queue when nothing waits ([`Drr::serve_alone`]);
+    /// off only in the test that checks both paths decide alike.
+    fast_path: bool,
 }
 
 /// Length charged to DRR and the buckets: a zero-length command (Flush) costs one
@@ -44,9 +47,17 @@ impl GimbalScheduler {
             bucket: DualTokenBucket::new(g.bucket_bytes, now_ns),
             blocked: None,
             inflight: 0,
+            fast_path: true,
             cfg: g.clone(),
             limits: l.clone(),
         })
+    }
+
+    /// The same scheduler with `submit` always going through DRR's queue.
+    #[cfg(test)]
+    pub(crate) fn without_fast_path(mut self) -> Self {
+        self.fast_path = false;
+        self
     }
 
     /// Congestion-control state, for tests and traces.
@@ -70,6 +81,28 @@ impl GimbalScheduler {
         }
         let (_, req, slot) = self.drr.dequeue(self.wc.fp10())?;
         Some((Tag::from_u64(req.tag), slot))
+    }
+
+    /// Dispatches the DRR-chosen request `tag` if the buckets hold its
+    /// tokens; otherwise it becomes the blocked request that nothing passes.
+    fn admit(&mut self, tag: Tag, slot: SlotTag) -> Option<Dispatch> {
+        let e = self
+            .table
+            .get_mut(tag, State::Queued)
+            .expect("DRR returned a request the table does not hold");
+        if !self.bucket.try_take(e.dir, charged_bytes(e.len_bytes)) {
+            self.blocked = Some((tag, slot));
+            return None;
+        }
+        e.state = State::InFlight;
+        e.vslot = slot.0;
+        self.inflight += 1;
+        Some(Dispatch {
+            tag,
+            tenant: e.tenant,
+            dir: e.dir,
+            len_bytes: e.len_bytes,
+        })
     }
 
     /// Release a dispatched request's slot and row; the tenant's credits after it.
@@ -112,6 +145,18 @@ impl Scheduler for GimbalScheduler {
             dir,
             size_bytes: charged_bytes(len_bytes),
         };
+        if self.fast_path && self.queued() == 0 {
+            // Nothing waits, so DRR would hand this request straight back:
+            // the same decisions as the path below, without its queue.
+            if let Some(slot) = self.drr.serve_alone(tenant, req, self.wc.fp10()) {
+                self.bucket
+                    .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
+                return Ok(match self.admit(tag, slot) {
+                    Some(_) => Submitted::Dispatch(tag),
+                    None => Submitted::Queued(tag),
+                });
+            }
+        }
         match self.drr.enqueue(tenant, req) {
             Ok(()) => {}
             Err(QosError::QueueFull) => {
@@ -139,23 +184,7 @@ impl Scheduler for GimbalScheduler {
         self.bucket
             .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
         let (tag, slot) = self.next_candidate()?;
-        let e = self
-            .table
-            .get_mut(tag, State::Queued)
-            .expect("DRR returned a request the table does not hold");
-        if !self.bucket.try_take(e.dir, charged_bytes(e.len_bytes)) {
-            self.blocked = Some((tag, slot));
-            return None;
-        }
-        e.state = State::InFlight;
-        e.vslot = slot.0;
-        self.inflight += 1;
-        Some(Dispatch {
-            tag,
-            tenant: e.tenant,
-            dir: e.dir,
-            len_bytes: e.len_bytes,
-        })
+        self.admit(tag, slot)
     }
 
     /// §1.a rate update (OVERLOADED empties the buckets), §1.b write-cost sample,

@@ -474,3 +474,81 @@ fn submit_dispatch_complete_never_allocate() {
         assert_eq!(after - before, 0, "{policy:?} allocated on the hot path");
     }
 }
+
+/// xorshift64*: a fixed, dependency-free stream for the randomized test below.
+fn next_rand(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// Gimbal's submit fast path (nothing queued: skip DRR's list) must decide
+/// exactly as the queued path: same answers to every call, same tags, same
+/// tenant views, across random traffic from weighted tenants that saturates,
+/// drains, defers on virtual slots and blocks on tokens.
+#[test]
+fn gimbal_fast_path_decides_like_the_queued_path() {
+    const LENS: [u32; 6] = [512, 4 * KIB, 16 * KIB, 128 * KIB, 256 * KIB, 1024 * KIB];
+    let c = cfg(Policy::Gimbal);
+    for seed in 1..=40u64 {
+        let mut fast = gimbal::GimbalScheduler::new(&c, 0).unwrap();
+        let mut slow = gimbal::GimbalScheduler::new(&c, 0)
+            .unwrap()
+            .without_fast_path();
+        for (t, w) in [(0, 1), (1, 2), (2, 1), (3, 3)] {
+            fast.set_weight(t, w).unwrap();
+            slow.set_weight(t, w).unwrap();
+        }
+        let (mut rng, mut now) = (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1, 0u64);
+        let mut inflight: Vec<Tag> = Vec::new();
+        let mut fast_dispatches = 0;
+        for _ in 0..3_000 {
+            now += next_rand(&mut rng) % 40_000;
+            let r = next_rand(&mut rng);
+            if !r.is_multiple_of(3) || inflight.is_empty() {
+                let (tenant, len) = ((r >> 8) as u16 % 4, LENS[(r >> 16) as usize % LENS.len()]);
+                let dir = if (r >> 24).is_multiple_of(3) {
+                    IoDir::Write
+                } else {
+                    IoDir::Read
+                };
+                let (a, b) = (
+                    fast.submit(tenant, dir, len, now),
+                    slow.submit(tenant, dir, len, now),
+                );
+                assert_eq!(a, b, "seed {seed}: submit differs");
+                if let Ok(Submitted::Dispatch(t)) = a {
+                    inflight.push(t);
+                    fast_dispatches += 1;
+                }
+            } else {
+                let t = inflight.swap_remove((r >> 8) as usize % inflight.len());
+                let lat = 10_000 + (r >> 20) % 3_000_000;
+                assert_eq!(
+                    fast.complete(t, lat, now),
+                    slow.complete(t, lat, now),
+                    "seed {seed}"
+                );
+            }
+            loop {
+                let (a, b) = (fast.poll_dispatch(now), slow.poll_dispatch(now));
+                assert_eq!(a, b, "seed {seed}: poll_dispatch differs");
+                let Some(d) = a else { break };
+                inflight.push(d.tag);
+            }
+            assert_eq!(
+                (fast.queued(), fast.inflight()),
+                (slow.queued(), slow.inflight())
+            );
+            assert_eq!(fast.tokens_bytes(), slow.tokens_bytes(), "seed {seed}");
+            for t in 0..4 {
+                assert_eq!(fast.view(t), slow.view(t), "seed {seed}: tenant {t}");
+            }
+        }
+        assert!(
+            fast_dispatches > 0,
+            "seed {seed}: no direct dispatch exercised"
+        );
+    }
+}

@@ -116,6 +116,29 @@ fn cancel_completes_pending_commands_ahead_of_model_time() {
     assert_eq!(q.in_flight(), 0);
 }
 
+#[test]
+fn a_late_reap_reports_when_the_model_completed_the_read() {
+    // femu: a clean 4 KiB read is one 40 µs NAND read. Reaped 30 ms late (a
+    // preempted reactor), the due time still says 40 µs × scale after the
+    // submit: that, not the reap time, is the device latency Gimbal must see.
+    let read_ns = SsdProfile::femu().read_lsb_ns;
+    let b = EmulatedBackend::new(1 << 20, params("femu", 2.0)).unwrap();
+    let mut q = b.open_queue().unwrap();
+    let mut buf = vec![0u8; 4096];
+    let t0 = crate::reactor::now_ns();
+    // SAFETY: buf outlives the request, which is reaped below.
+    assert!(unsafe { q.submit(&req(Op::Read, 0, &mut buf), 3) }.is_none());
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let (mut out, mut due) = (Vec::new(), Vec::new());
+    assert_eq!(q.reap_timed(&mut out, &mut due), 1);
+    let reaped = crate::reactor::now_ns();
+    assert_eq!((out[0].0, due.len()), (3, 1));
+    let lat = due[0] - t0;
+    assert!(lat >= 2 * read_ns, "{lat} ns < the scaled model time");
+    assert!(lat < 10_000_000, "{lat} ns: the reap time leaked in");
+    assert!(reaped - due[0] > 20_000_000, "the reap was not late");
+}
+
 /// The cost of one model call under the drive lock, alone and with a second
 /// thread hammering the same drive (run with --ignored --nocapture; prints
 /// the figures docs/ssd-model.md quotes, asserts nothing about speed).

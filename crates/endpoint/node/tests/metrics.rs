@@ -1,0 +1,174 @@
+//! `/metrics`: a scrape parses as Prometheus text, its counters match the I/O
+//! a test did, and the endpoint's failures are clear.
+mod common;
+use common::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+use trellis_nvme::pdu::Digests;
+use trellis_target::config::{BackendKind, NamespaceConfig};
+
+/// One HTTP/1.0 GET; (status code, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let code = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// The value of sample `name` whose labels include every (key, value) of `want`.
+fn sample(scrape: &prometheus_parse::Scrape, name: &str, want: &[(&str, &str)]) -> Option<f64> {
+    scrape.samples.iter().find_map(|s| {
+        let ok = s.metric == name && want.iter().all(|(k, v)| s.labels.get(k) == Some(*v));
+        match (ok, &s.value) {
+            (true, prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v)) => {
+                Some(*v)
+            }
+            (true, prometheus_parse::Value::Untyped(v)) => Some(*v),
+            _ => None,
+        }
+    })
+}
+
+/// The buckets of histogram `name` whose labels include every one of `want`.
+fn histogram(
+    scrape: &prometheus_parse::Scrape,
+    name: &str,
+    want: &[(&str, &str)],
+) -> Vec<prometheus_parse::HistogramCount> {
+    scrape
+        .samples
+        .iter()
+        .find_map(|s| match &s.value {
+            prometheus_parse::Value::Histogram(h)
+                if s.metric == name && want.iter().all(|(k, v)| s.labels.get(k) == Some(*v)) =>
+            {
+                Some(h.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+fn parse(body: &str) -> prometheus_parse::Scrape {
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    prometheus_parse::Scrape::parse(lines).expect("the scrape parses as Prometheus text")
+}
+
+#[test]
+fn a_scrape_parses_and_its_counters_match_the_io_done() {
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let m = t.metrics_addr.expect("metrics address");
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let q = &mut c.io[0];
+    let (writes, reads, blocks) = (7u64, 5u64, 8usize);
+    for i in 0..writes {
+        assert!(write(q, i * 64, &pattern(i * 64, blocks, 1))
+            .status
+            .is_success());
+    }
+    for i in 0..reads {
+        assert!(read(q, i * 64, blocks as u32).0.status.is_success());
+    }
+    // Reactors add their counts in batches, at most ~1 ms late: poll briefly.
+    let ns = [("subsystem", NQN), ("nsid", "1")];
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let scrape = loop {
+        let (code, body) = get(m, "/metrics");
+        assert_eq!(code, 200, "{body}");
+        let s = parse(&body);
+        let r = sample(&s, "trellis_namespace_read_commands_total", &ns);
+        if r == Some(reads as f64) || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let bytes = (blocks * 512) as f64;
+    let want = [
+        ("trellis_namespace_read_commands_total", reads as f64),
+        ("trellis_namespace_write_commands_total", writes as f64),
+        ("trellis_namespace_read_bytes_total", reads as f64 * bytes),
+        ("trellis_namespace_write_bytes_total", writes as f64 * bytes),
+        ("trellis_namespace_media_errors_total", 0.0),
+        ("trellis_namespace_size_bytes", (16 << 20) as f64),
+    ];
+    for (name, v) in want {
+        assert_eq!(sample(&scrape, name, &ns), Some(v), "{name}");
+    }
+    // Every command lands in the latency histogram of its op: the +Inf
+    // bucket (cumulative) counts them all, and all took under 10 s.
+    for (op, n) in [("read", reads), ("write", writes)] {
+        let labels = [("subsystem", NQN), ("nsid", "1"), ("op", op)];
+        let h = histogram(&scrape, "trellis_namespace_latency_seconds", &labels);
+        let all = h
+            .iter()
+            .find(|b| b.less_than.is_infinite())
+            .map(|b| b.count);
+        assert_eq!(all, Some(n as f64), "{op}: {h:?}");
+        let under_10s = h
+            .iter()
+            .filter(|b| b.less_than <= 10.0)
+            .map(|b| b.count)
+            .fold(0.0, f64::max);
+        assert_eq!(under_10s, n as f64, "{op}: {h:?}");
+    }
+    // The admin and I/O queues of this test's controller.
+    assert_eq!(sample(&scrape, "trellis_connections", &[]), Some(2.0));
+    let busy = sample(
+        &scrape,
+        "trellis_reactor_busy_seconds_total",
+        &[("reactor", "0")],
+    );
+    assert!(busy.is_some_and(|b| b > 0.0), "reactor busy time {busy:?}");
+    let rss = sample(&scrape, "trellis_process_resident_memory_bytes", &[]);
+    assert!(rss.is_some_and(|r| r > 1e6), "rss {rss:?}");
+    drop(c);
+    t.stop().unwrap();
+}
+
+#[test]
+fn the_endpoint_serves_only_get_metrics_and_is_off_unless_configured() {
+    let t = start_target();
+    assert_eq!(t.metrics_addr, None, "no [metrics] listen: no endpoint");
+    t.stop().unwrap();
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let m = t.metrics_addr.unwrap();
+    assert_eq!(get(m, "/").0, 404);
+    assert_eq!(get(m, "/metrics?x=1").0, 200);
+    let mut s = TcpStream::connect(m).unwrap();
+    write!(s, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.0 405") || resp.starts_with("HTTP/1.1 405"),
+        "{resp}"
+    );
+    t.stop().unwrap();
+}
+
+#[test]
+fn a_taken_metrics_port_fails_the_start_and_names_the_address() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap();
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.metrics.listen = Some(addr);
+    let err = trellis_target::Target::start(&cfg)
+        .err()
+        .expect("start must fail");
+    assert!(
+        err.to_string()
+            .contains(&format!("cannot serve metrics on {addr}")),
+        "{err}"
+    );
+}
