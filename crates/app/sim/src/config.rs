@@ -278,8 +278,22 @@ pub enum JobKind {
         format: String,
         time_scale: f64,
     },
-    /// YCSB A–F over an LSM-style block-I/O generator.
-    Ycsb { workload: char, record_bytes: u32 },
+    /// YCSB A–F over an LSM-style block-I/O generator; each KV op also needs
+    /// `cpu_ns_per_op` of client CPU on one of `cores` cores (0 = one per thread).
+    Ycsb {
+        workload: char,
+        record_bytes: u32,
+        #[serde(default)]
+        cores: u32,
+        #[serde(default = "ycsb_cpu_ns_per_op")]
+        cpu_ns_per_op: u64,
+    },
+}
+
+/// RocksDB `Get` served from the block cache, one thread: 202,243 ops/s, i.e. 4.94 µs of
+/// CPU per op (facebook/rocksdb PR #5473, db_bench readrandom; docs/sim.md).
+pub fn ycsb_cpu_ns_per_op() -> u64 {
+    4_940
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -33,6 +33,8 @@ const EV_ADMIT: u8 = 4;
 const EV_SCHED_WAKE: u8 = 5;
 const EV_FAIL: u8 = 6;
 const EV_RETRY: u8 = 7;
+/// A closed-loop I/O whose issue waits for client CPU (YCSB op work).
+const EV_ISSUE: u8 = 8;
 
 /// Egress classes: 0 = reserved responses and write completions, 1..=8 = rank 0..7.
 const NQ: usize = 9;
@@ -259,7 +261,7 @@ impl Sim {
                             .as_mut()
                             .unwrap()
                             .first(ctx, &mut self.rng);
-                        self.new_io(h as u32, j as u16, spec, 0);
+                        self.issue_when_ready(h as u32, j as u16, spec, 0);
                     }
                 } else {
                     self.schedule_arrival(h as u32, j as u16, 0);
@@ -303,6 +305,10 @@ impl Sim {
                 }
                 EV_FAIL => self.on_fail(e.a as usize),
                 EV_RETRY => self.on_retry(e.a),
+                EV_ISSUE => {
+                    self.metrics.on_start(e.t);
+                    self.admit(e.a)
+                }
                 k => unreachable!("event kind {k}"),
             }
         }
@@ -342,6 +348,19 @@ impl Sim {
         let io = self.alloc_io(host, job, spec, now);
         self.metrics.on_start(now);
         self.admit(io);
+    }
+
+    /// Closed loop: issue now, or at the time the generator's client CPU lets it.
+    fn issue_when_ready(&mut self, host: u32, job: u16, spec: IoSpec, now: u64) {
+        let ready = self.hosts[host as usize].jobs[job as usize]
+            .as_ref()
+            .map_or(0, |g| g.ready_ns(&spec));
+        if ready <= now {
+            self.new_io(host, job, spec, now);
+        } else {
+            let io = self.alloc_io(host, job, spec, ready);
+            self.q.push(ready, EV_ISSUE, io);
+        }
     }
 
     fn on_host_arrival(&mut self, io: u32) {
@@ -494,7 +513,7 @@ impl Sim {
             .expect("job");
         let follow = gen.on_complete(&spec, now, &mut self.rng);
         for s in follow.into_iter().flatten() {
-            self.new_io(host, job, s, now);
+            self.issue_when_ready(host, job, s, now);
         }
     }
 
@@ -514,7 +533,7 @@ impl Sim {
         let follow = gen.on_complete(&spec, now, &mut self.rng);
         if let Some(s) = follow[0] {
             if self.ssds[s.ssd as usize].alive {
-                self.new_io(host, job, s, now);
+                self.issue_when_ready(host, job, s, now);
             }
         }
     }

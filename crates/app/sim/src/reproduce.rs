@@ -305,6 +305,8 @@ pub fn nsdi26(scale: Scale, out_dir: &Path, progress: bool) -> Result<Report> {
                 job: JobKind::Ycsb {
                     workload: w,
                     record_bytes: 1024,
+                    cores: 0,
+                    cpu_ns_per_op: crate::config::ycsb_cpu_ns_per_op(),
                 },
                 qd: 16,
                 ..JobConfig::default()

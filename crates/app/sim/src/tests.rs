@@ -237,3 +237,33 @@ fn with_equal_client_attachment_the_testbed_gap_closes() {
     );
     assert!(gap(equal_switched) < gap(paper_switched) / 4.0);
 }
+
+/// YCSB-C on a lightly loaded fabric: 8 threads on 1 client core with 50 µs of CPU per op
+/// cannot exceed 1 / 50 µs = 20 kops/s per host, whatever the I/O latency; with one core
+/// per thread the same run is I/O-latency bound and goes well above that.
+#[test]
+fn ycsb_throughput_is_bounded_by_client_cores_not_threads_over_latency() {
+    let kops = |cores: u32| {
+        let mut c = small(TopologyKind::Torus2d, 4);
+        c.duration_ns = 6_000_000;
+        c.workload.jobs = vec![JobConfig {
+            job: JobKind::Ycsb {
+                workload: 'C',
+                record_bytes: 1024,
+                cores,
+                cpu_ns_per_op: 50_000,
+            },
+            qd: 8,
+            ..JobConfig::default()
+        }];
+        let r = run(c, false).unwrap().results;
+        r.ycsb.expect("YCSB stats").kops_s / 4.0
+    };
+    let one_core = kops(1);
+    assert!(
+        (17.0..=20.5).contains(&one_core),
+        "one core at 50 µs/op is CPU-bound near 20 kops/s per host: {one_core}"
+    );
+    let per_thread = kops(0);
+    assert!(per_thread > 2.0 * one_core, "{per_thread} vs {one_core}");
+}
