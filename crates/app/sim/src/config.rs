@@ -335,8 +335,26 @@ impl Default for JobConfig {
 #[serde(deny_unknown_fields)]
 pub struct FailureConfig {
     pub at_ns: u64,
-    /// "link" (between storage nodes `a` and `b`, or the first link of node `a` if b is absent) or "node".
+    /// "link" (between storage nodes `a` and `b`, or the busiest storage-to-storage link of
+    /// node `a` at `at_ns` if b is absent) or "node".
     pub what: String,
     pub a: u32,
     pub b: Option<u32>,
+    /// Until then the link is dead but still routed to (BFD-style detection, docs/sim.md).
+    #[serde(default = "failure_detect_ns")]
+    pub detect_ns: u64,
+    /// After detection, until global routes are recomputed (SPF delay, docs/sim.md).
+    #[serde(default = "failure_converge_ns")]
+    pub converge_ns: u64,
+}
+
+/// BFD detection time = multiplier × interval (RFC 5880 §6.8.4), at the fastest hardware
+/// setting of 3 ms × 3 (docs/sim.md).
+pub fn failure_detect_ns() -> u64 {
+    9_000_000
+}
+
+/// The shortest configurable SPF delay after a detected change, 50 ms (docs/sim.md).
+pub fn failure_converge_ns() -> u64 {
+    50_000_000
 }

@@ -35,6 +35,10 @@ const EV_FAIL: u8 = 6;
 const EV_RETRY: u8 = 7;
 /// A closed-loop I/O whose issue waits for client CPU (YCSB op work).
 const EV_ISSUE: u8 = 8;
+/// The nodes next to a failed link notice it (local repair).
+const EV_FAIL_DETECT: u8 = 9;
+/// Global routes are recomputed after a detected failure.
+const EV_FAIL_CONVERGE: u8 = 10;
 
 /// Egress classes: 0 = reserved responses and write completions, 1..=8 = rank 0..7.
 const NQ: usize = 9;
@@ -146,6 +150,11 @@ pub struct Sim {
     ssds: Vec<SsdSlot>,
     hosts: Vec<Host>,
     isr: Vec<Option<IsrTable>>,
+    /// Per port: the link is physically down. Routing learns it only at detection
+    /// (`g.port_up`), so until then packets routed onto it are lost (a blackhole).
+    link_dead: Vec<bool>,
+    /// Per configured failure: the ports it took down.
+    failed_ports: Vec<Vec<u32>>,
     /// Storage node → its index among storage nodes (ISR tables are per target node).
     pub metrics: Metrics,
     payload_max: u32,
@@ -156,6 +165,8 @@ pub struct Sim {
     pub path_checks: u64,
     pub path_mismatches: u64,
     cand: [u32; 64],
+    /// Switched fabric (ToR or leaf-spine): parallel links are LAGs hashed per flow.
+    switched: bool,
 }
 
 impl Sim {
@@ -222,6 +233,7 @@ impl Sim {
         let _ = rng.next_u64();
         let payload_max = cfg.topology.mtu_bytes - cfg.topology.frame_overhead_bytes;
         let metrics = Metrics::new(&cfg, g.ports.len());
+        let (n_ports, n_failures) = (g.ports.len(), cfg.failures.len());
         Ok(Sim {
             payload_max,
             retry_ns: 1_000_000,
@@ -237,8 +249,14 @@ impl Sim {
             ssds,
             hosts,
             isr,
+            link_dead: vec![false; n_ports],
+            failed_ports: vec![Vec::new(); n_failures],
             metrics,
             cand: [0; 64],
+            switched: matches!(
+                cfg.topology.kind,
+                TopologyKind::Tor | TopologyKind::LeafSpine
+            ),
             cfg,
         })
     }
@@ -304,6 +322,8 @@ impl Sim {
                     self.pump(e.a)
                 }
                 EV_FAIL => self.on_fail(e.a as usize),
+                EV_FAIL_DETECT => self.on_fail_detected(e.a as usize),
+                EV_FAIL_CONVERGE => self.g.compute_routes(),
                 EV_RETRY => self.on_retry(e.a),
                 EV_ISSUE => {
                     self.metrics.on_start(e.t);
@@ -578,7 +598,10 @@ impl Sim {
         let now = self.q.now;
         // ISR tables are kept per target storage node; routes toward hosts use ECMP.
         let to_storage = (dest as usize) < self.g.storage.len();
-        if let (true, Some(t)) = (to_storage, &self.isr[node as usize]) {
+        // A team of parallel links to one switch is a LAG (NIC teaming, IEEE 802.1AX):
+        // it hashes each flow onto one member, so no I/O of a flow picks its own link.
+        let lag = self.switched && self.same_peer(&cand[..k]);
+        if let (true, false, Some(t)) = (to_storage, lag, &self.isr[node as usize]) {
             let mut locals = [0u8; 64];
             for (i, &p) in cand[..k].iter().enumerate() {
                 locals[i] = self.local_of(node, p);
@@ -600,9 +623,15 @@ impl Sim {
         Some(cand[(h % k as u64) as usize])
     }
 
+    /// Do all these ports lead to the same node (parallel links, a team)?
+    fn same_peer(&self, ports: &[u32]) -> bool {
+        let first = self.g.peer_node(ports[0]);
+        ports[1..].iter().all(|&p| self.g.peer_node(p) == first)
+    }
+
     fn enqueue(&mut self, p: u32, port: u32) {
         let now = self.q.now;
-        if !self.g.port_up[port as usize] {
+        if self.link_dead[port as usize] {
             self.drop_packet(p);
             return;
         }
@@ -744,7 +773,7 @@ impl Sim {
             self.pkts.remove(p);
             return;
         }
-        if !self.g.port_up[pk.via as usize] {
+        if self.link_dead[pk.via as usize] {
             // The link failed while the packet was on the wire.
             self.drop_packet(p);
             return;
@@ -921,6 +950,11 @@ impl Sim {
         let io = self.pkts.get(p).io;
         let gen = self.pkts.get(p).gen;
         self.pkts.remove(p);
+        self.lose_io(io, gen);
+    }
+
+    /// A packet of generation `gen` of `io` was lost (or could not be routed).
+    fn lose_io(&mut self, io: u32, gen: u16) {
         let o = self.ios.get_mut(io);
         if o.gen != gen || o.lost {
             return;
@@ -950,6 +984,8 @@ impl Sim {
         self.send_command(io);
     }
 
+    /// The link (or node) dies now; the nodes next to it notice only after the
+    /// detection delay, and the other nodes after convergence on top of that.
     fn on_fail(&mut self, i: usize) {
         let f = self.cfg.failures[i].clone();
         let mut down = Vec::new();
@@ -965,15 +1001,15 @@ impl Sim {
                 let a = self.g.storage[f.a as usize];
                 let port = match f.b {
                     Some(b) => self.g.port_between(a, self.g.storage[b as usize]),
-                    None => self.g.node_ports[a as usize].first().copied(),
+                    None => self.busiest_fabric_port(a),
                 };
                 down.extend(port);
             }
         }
         for &p in &down {
             let peer = self.g.ports[p as usize].peer;
-            self.g.fail_port(p);
             for port in [p, peer] {
+                self.link_dead[port as usize] = true;
                 let pq = &mut self.ports[port as usize];
                 pq.bytes = 0;
                 let queued: Vec<u32> = pq.q.iter_mut().flat_map(|q| q.drain(..)).collect();
@@ -982,8 +1018,30 @@ impl Sim {
                 }
             }
         }
-        self.g.compute_routes();
+        self.failed_ports[i] = down;
+        self.q.push(f.at_ns + f.detect_ns, EV_FAIL_DETECT, i as u32);
         self.metrics.failure_at_ns = Some(f.at_ns);
+    }
+
+    /// Detection: the two ends stop offering the port as a next hop (local repair: ISR
+    /// and ECMP choose among the remaining productive ports); global tables follow later.
+    fn on_fail_detected(&mut self, i: usize) {
+        for p in std::mem::take(&mut self.failed_ports[i]) {
+            self.g.fail_port(p);
+        }
+        let f = &self.cfg.failures[i];
+        let t = f.at_ns + f.detect_ns + f.converge_ns;
+        self.q.push(t, EV_FAIL_CONVERGE, i as u32);
+    }
+
+    /// The storage-to-storage port of `node` that has sent the most bytes so far (lowest
+    /// index on ties): failing it hits the traffic a real failure would, not an idle link.
+    fn busiest_fabric_port(&self, node: u32) -> Option<u32> {
+        self.g.node_ports[node as usize]
+            .iter()
+            .copied()
+            .filter(|&p| self.g.kinds[self.g.peer_node(p) as usize] == NodeKind::Storage)
+            .max_by_key(|&p| (self.ports[p as usize].tx_bytes, std::cmp::Reverse(p)))
     }
 
     // ---------------------------------------------------------------- targets
@@ -1109,7 +1167,8 @@ impl Sim {
             let payload = left.min(self.payload_max);
             left -= payload;
             let Some(out) = out else {
-                self.metrics.lost_ios += 1;
+                // No route back (a failure not yet converged): the host times out.
+                self.lose_io(io, gen);
                 return;
             };
             let p = self.pkts.insert(Packet {

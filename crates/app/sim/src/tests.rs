@@ -138,6 +138,8 @@ fn link_failure_reroutes_and_reports_recovery() {
         what: "link".into(),
         a: 0,
         b: Some(1),
+        detect_ns: failure_detect_ns(),
+        converge_ns: failure_converge_ns(),
     }];
     let r = run(cfg, false).unwrap().results;
     let f = r.failure.expect("failure stats");
@@ -266,4 +268,54 @@ fn ycsb_throughput_is_bounded_by_client_cores_not_threads_over_latency() {
     );
     let per_thread = kops(0);
     assert!(per_thread > 2.0 * one_core, "{per_thread} vs {one_core}");
+}
+
+/// Until the failure is detected the dead link is still routed to, so every I/O whose
+/// path crosses it is lost; a longer detection delay loses more, and after detection
+/// (local repair) and convergence traffic flows around it again.
+#[test]
+fn undetected_link_failure_blackholes_until_detection() {
+    let lost = |detect_ns: u64| {
+        let mut cfg = small(TopologyKind::Torus2d, 9);
+        cfg.duration_ns = 6_000_000;
+        cfg.failures = vec![FailureConfig {
+            at_ns: 1_000_000,
+            what: "link".into(),
+            a: 0,
+            b: None,
+            detect_ns,
+            converge_ns: 500_000,
+        }];
+        let r = run(cfg, false).unwrap().results;
+        let f = r.failure.expect("failure stats");
+        assert!(f.mb_s_after > 0.0, "traffic continues after the failure");
+        r.lost_ios
+    };
+    let (fast, slow) = (lost(0), lost(2_000_000));
+    assert!(fast < slow, "a 2 ms blackhole must lose more I/Os: {fast} vs {slow}");
+    assert!(slow >= 10, "the busiest link carried traffic: {slow}");
+}
+
+/// A client's 4-port team to a ToR is a LAG: all I/Os of one flow (client, SSD) leave by
+/// one member, even with ISR on, while flows to many SSDs spread over the members.
+#[test]
+fn a_lag_hashes_per_flow_not_per_io() {
+    let busy_ports = |targets: Targets| {
+        let mut c = small(TopologyKind::Tor, 4);
+        c.topology.hosts = 1;
+        c.topology.host_ports = 4;
+        c.workload.jobs[0].targets = targets;
+        c.workload.jobs[0].qd = 32;
+        let mut sim = Sim::new(c).unwrap();
+        sim.start();
+        sim.run_until(2_000_000, |_| {});
+        let tx = sim.port_tx_bytes();
+        let host = sim.g.hosts[0] as usize;
+        sim.g.node_ports[host]
+            .iter()
+            .filter(|&&p| tx[p as usize] > 0)
+            .count()
+    };
+    assert_eq!(busy_ports(Targets::One(3)), 1, "one flow, one member");
+    assert!(busy_ports(Targets::All) >= 3, "8 flows spread over the team");
 }
