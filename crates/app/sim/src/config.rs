@@ -120,7 +120,12 @@ pub struct TopologyConfig {
     /// direction. Wire time is extra.
     pub adapter_hop_ns: u64,
     pub switch_hop_ns: u64,
+    /// Private drop-tail buffer of each adapter and host egress port.
     pub queue_bytes: u64,
+    /// Each switch's shared buffer (Tomahawk-class, 16 MB) and its dynamic-threshold
+    /// alpha as log2 (3: alpha = 8, SONiC's lossy default); docs/sim.md.
+    pub switch_buffer_bytes: u64,
+    pub switch_dt_alpha_log2: i8,
     pub mtu_bytes: u32,
     /// Ethernet + IP + TCP framing per packet.
     pub frame_overhead_bytes: u32,
@@ -146,6 +151,8 @@ impl Default for TopologyConfig {
             adapter_hop_ns: 2_900,
             switch_hop_ns: 800,
             queue_bytes: 4 << 20,
+            switch_buffer_bytes: 16 << 20,
+            switch_dt_alpha_log2: 3,
             mtu_bytes: 9000,
             frame_overhead_bytes: 78,
         }

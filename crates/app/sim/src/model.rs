@@ -19,6 +19,7 @@ use rustc_hash::FxBuildHasher;
 use std::collections::{HashMap, VecDeque};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
+use trellis_fabric::shared_buffer::SharedBuffer;
 use trellis_fabric::ssd_credit::{self, HostRateLimiter};
 use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
 use trellis_ssd::Ssd;
@@ -101,7 +102,11 @@ struct PortQ {
     tx_pending: bool,
     tx_bytes: u64,
     resv: PortReservation,
+    /// The switch buffer pool this egress queue draws on (NO_POOL: a private buffer).
+    pool: u32,
 }
+
+const NO_POOL: u32 = u32::MAX;
 
 struct SsdSlot {
     ssd: Ssd,
@@ -153,6 +158,8 @@ pub struct Sim {
     /// Per port: the link is physically down. Routing learns it only at detection
     /// (`g.port_up`), so until then packets routed onto it are lost (a blackhole).
     link_dead: Vec<bool>,
+    /// Switch buffer pools (dynamic thresholds), indexed by `PortQ::pool`.
+    pools: Vec<SharedBuffer>,
     /// Per configured failure: the ports it took down.
     failed_ports: Vec<Vec<u32>>,
     /// Storage node → its index among storage nodes (ISR tables are per target node).
@@ -176,10 +183,23 @@ impl Sim {
         let mut rng = Rng::new(cfg.seed);
         let ssds = build_ssds(&cfg, &g)?;
         let ssd_bytes = ssds[0].ssd.logical_bytes();
+        // One shared buffer per switch; adapters and hosts keep private port buffers.
+        let mut pool_of_node = vec![NO_POOL; g.n()];
+        let mut pools = Vec::new();
+        for (n, k) in g.kinds.iter().enumerate() {
+            if *k == NodeKind::Switch {
+                pool_of_node[n] = pools.len() as u32;
+                pools.push(SharedBuffer::new(
+                    cfg.topology.switch_buffer_bytes,
+                    cfg.topology.switch_dt_alpha_log2,
+                ));
+            }
+        }
         let ports = g
             .ports
             .iter()
             .map(|p| PortQ {
+                pool: pool_of_node[p.node as usize],
                 q: Default::default(),
                 bytes: 0,
                 busy_until: 0,
@@ -250,6 +270,7 @@ impl Sim {
             hosts,
             isr,
             link_dead: vec![false; n_ports],
+            pools,
             failed_ports: vec![Vec::new(); n_failures],
             metrics,
             cand: [0; 64],
@@ -638,7 +659,11 @@ impl Sim {
         let bytes = self.pkts.get(p).wire_bytes as u64;
         let class = self.classify(p, port);
         let pq = &mut self.ports[port as usize];
-        if pq.bytes + bytes > self.cfg.topology.queue_bytes {
+        let fits = match pq.pool {
+            NO_POOL => pq.bytes + bytes <= self.cfg.topology.queue_bytes,
+            i => self.pools[i as usize].admits(pq.bytes, bytes),
+        };
+        if !fits {
             self.metrics.drops += 1;
             self.drop_packet(p);
             return;
@@ -656,6 +681,9 @@ impl Sim {
         }
         pq.q[class as usize].push_back(p);
         pq.bytes += bytes;
+        if pq.pool != NO_POOL {
+            self.pools[pq.pool as usize].add(bytes);
+        }
         if !pq.tx_pending {
             pq.tx_pending = true;
             let t = pq.busy_until.max(now);
@@ -757,6 +785,9 @@ impl Sim {
         };
         let bytes = self.pkts.get(p).wire_bytes as u64;
         pq.bytes -= bytes;
+        if pq.pool != NO_POOL {
+            self.pools[pq.pool as usize].remove(bytes);
+        }
         self.start_tx(p, port);
         let pq = &mut self.ports[port as usize];
         if pq.bytes > 0 {
@@ -1011,6 +1042,9 @@ impl Sim {
             for port in [p, peer] {
                 self.link_dead[port as usize] = true;
                 let pq = &mut self.ports[port as usize];
+                if pq.pool != NO_POOL {
+                    self.pools[pq.pool as usize].remove(pq.bytes);
+                }
                 pq.bytes = 0;
                 let queued: Vec<u32> = pq.q.iter_mut().flat_map(|q| q.drain(..)).collect();
                 for pk in queued {

@@ -319,3 +319,24 @@ fn a_lag_hashes_per_flow_not_per_io() {
     assert_eq!(busy_ports(Targets::One(3)), 1, "one flow, one member");
     assert!(busy_ports(Targets::All) >= 3, "8 flows spread over the team");
 }
+
+/// Switch egress queues draw on the switch's shared buffer, not on the private per-port
+/// buffer of adapters: an incast of 8 MiB of read responses onto one 10G client port fits
+/// in a 16 MiB pool (alpha = 8 lets one queue take ~8/9 of it) although it is 8x the
+/// private port limit, and overflows a 512 KiB pool.
+#[test]
+fn tor_queues_use_the_shared_buffer_with_dynamic_thresholds() {
+    let drops = |pool_bytes: u64| {
+        let mut c = small(TopologyKind::Tor, 4);
+        c.topology.hosts = 1;
+        c.topology.host_gbps = 10;
+        c.topology.queue_bytes = 1 << 20;
+        c.topology.switch_buffer_bytes = pool_bytes;
+        c.workload.jobs[0].read_pct = 100;
+        c.workload.jobs[0].sizes = vec![(65536, 1)];
+        c.workload.jobs[0].qd = 128;
+        run(c, false).unwrap().results.drops
+    };
+    assert_eq!(drops(16 << 20), 0, "8 MiB in flight fits the shared 16 MiB");
+    assert!(drops(512 << 10) > 0, "and overflows a 512 KiB pool");
+}
