@@ -120,6 +120,9 @@ pub struct TopologyConfig {
     /// direction. Wire time is extra.
     pub adapter_hop_ns: u64,
     pub switch_hop_ns: u64,
+    /// Largest write whose data ride in the command capsule; larger writes take an R2T
+    /// round trip (16 KiB: Linux nvmet-tcp's default inline data size; docs/sim.md).
+    pub inline_data_bytes: u32,
     /// Private drop-tail buffer of each adapter and host egress port.
     pub queue_bytes: u64,
     /// Each switch's shared buffer (Tomahawk-class, 16 MB) and its dynamic-threshold
@@ -150,6 +153,7 @@ impl Default for TopologyConfig {
             prop_ns: 100,
             adapter_hop_ns: 2_900,
             switch_hop_ns: 800,
+            inline_data_bytes: 16 << 10,
             queue_bytes: 4 << 20,
             switch_buffer_bytes: 16 << 20,
             switch_dt_alpha_log2: 3,

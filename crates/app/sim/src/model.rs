@@ -44,6 +44,8 @@ const EV_FAIL_CONVERGE: u8 = 10;
 /// Egress classes: 0 = reserved responses and write completions, 1..=8 = rank 0..7.
 const NQ: usize = 9;
 const NO_PORT: u8 = u8::MAX;
+/// NVMe/TCP R2T PDU (header only, no digest).
+const R2T_BYTES: u32 = 24;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PktKind {
@@ -93,6 +95,22 @@ struct Io {
     grants: [(u32, u64); 8],
     n_grants: u8,
     lost: bool,
+    /// Write data transfer (NVMe/TCP): in-capsule, or R2T round trip (state below).
+    r2t: R2t,
+}
+
+/// A write larger than the in-capsule limit sends its command alone, waits for the
+/// controller's R2T, then sends the data as H2CData ([NVMe/TCP]; docs/sim.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum R2t {
+    /// Reads, and writes whose data ride in the command capsule.
+    None,
+    /// The command is on its way; the target answers it with an R2T.
+    Command,
+    /// The R2T is on its way back to the host.
+    Await,
+    /// The H2CData is on its way; once it has arrived the write goes to the SSD.
+    Data,
 }
 
 struct PortQ {
@@ -382,6 +400,7 @@ impl Sim {
             grants: [(0, 0); 8],
             n_grants: 0,
             lost: false,
+            r2t: R2t::None,
         })
     }
 
@@ -488,7 +507,13 @@ impl Sim {
             let o = self.ios.get(io);
             (o.host, o.spec.op, o.spec.size_bytes, o.gen)
         };
-        let fwd = reserve::request_bytes(op, size);
+        let r2t = op == IoDir::Write && size > self.cfg.topology.inline_data_bytes;
+        self.ios.get_mut(io).r2t = if r2t { R2t::Command } else { R2t::None };
+        let fwd = if r2t {
+            reserve::request_bytes(IoDir::Read, 0) // the command capsule alone
+        } else {
+            reserve::request_bytes(op, size)
+        };
         let n = fwd.div_ceil(self.payload_max);
         let hnode = self.hosts[host as usize].node;
         let mut hport = self.hosts[host as usize].port;
@@ -520,6 +545,44 @@ impl Sim {
                 gen,
                 kind: PktKind::Fwd,
                 marker: i == 0,
+                wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
+                hop: 1,
+                to: self.g.peer_node(hport),
+                via: hport,
+                enq_ns: 0,
+                class: 1 + rank,
+            });
+            self.enqueue(p, hport);
+        }
+    }
+
+    /// The R2T arrived: send the H2CData along the command's recorded path (an R2T and
+    /// its data belong to one command and take one path).
+    fn send_write_data(&mut self, io: u32) {
+        let (host, size, gen, rank) = {
+            let o = self.ios.get(io);
+            (o.host, o.spec.size_bytes, o.gen, o.rank)
+        };
+        let hnode = self.hosts[host as usize].node;
+        let first = self.ios.get(io).hdr.hops[0].out_port;
+        let hport = self.g.node_ports[hnode as usize][first as usize];
+        let bytes = reserve::request_bytes(IoDir::Write, size) - reserve::request_bytes(IoDir::Read, 0);
+        let n = bytes.div_ceil(self.payload_max);
+        {
+            let o = self.ios.get_mut(io);
+            o.r2t = R2t::Data;
+            o.fwd_expected = n as u16;
+            o.fwd_arrived = 0;
+        }
+        let mut left = bytes;
+        for _ in 0..n {
+            let payload = left.min(self.payload_max);
+            left -= payload;
+            let p = self.pkts.insert(Packet {
+                io,
+                gen,
+                kind: PktKind::Fwd,
+                marker: false,
                 wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
                 hop: 1,
                 to: self.g.peer_node(hport),
@@ -828,7 +891,12 @@ impl Sim {
                 if pk.marker {
                     self.reserve_at(pk.io, in_port);
                 }
-                self.ssd_enqueue(pk.io);
+                if self.ios.get(pk.io).r2t == R2t::Command {
+                    self.ios.get_mut(pk.io).r2t = R2t::Await;
+                    self.send_rev(pk.io, R2T_BYTES);
+                } else {
+                    self.ssd_enqueue(pk.io);
+                }
             } else if pk.marker {
                 self.reserve_at(pk.io, in_port);
             }
@@ -903,6 +971,10 @@ impl Sim {
         };
         if node == host_node {
             self.pkts.remove(p);
+            if self.ios.get(pk.io).r2t == R2t::Await {
+                self.send_write_data(pk.io);
+                return;
+            }
             if pk.marker && n_hops > 0 && self.isr[node as usize].is_some() {
                 // ISR at the end host: the completion's telemetry updates the client's table.
                 self.isr_learn(pk.io, 0, target);
@@ -1006,6 +1078,7 @@ impl Sim {
         o.fwd_arrived = 0;
         o.rev_arrived = 0;
         o.target_in_port = u32::MAX;
+        o.r2t = R2t::None;
         let ssd = o.spec.ssd as usize;
         if !self.ssds[ssd].alive {
             self.metrics.failed_ios += 1;
@@ -1174,20 +1247,26 @@ impl Sim {
     }
 
     fn send_response(&mut self, io: u32) {
-        let (op, size, gen, in_port, n_hops, rank) = {
+        let o = self.ios.get(io);
+        let mut total = reserve::response_bytes(o.spec.op, o.spec.size_bytes);
+        if o.r2t != R2t::None {
+            total -= R2T_BYTES; // the R2T already went back on its own
+        }
+        self.send_rev(io, total);
+    }
+
+    /// Send `total` bytes target -> host: the completion (its last packet carries the
+    /// marker), or an R2T, which travels the same way.
+    fn send_rev(&mut self, io: u32, total: u32) {
+        let (gen, in_port, n_hops, rank) = {
             let o = self.ios.get(io);
-            (
-                o.spec.op,
-                o.spec.size_bytes,
-                o.gen,
-                o.target_in_port,
-                o.hdr.n_hops,
-                o.rank,
-            )
+            (o.gen, o.target_in_port, o.hdr.n_hops, o.rank)
         };
-        let total = reserve::response_bytes(op, size);
+        let is_r2t = self.ios.get(io).r2t == R2t::Await;
         let n = total.div_ceil(self.payload_max);
-        self.ios.get_mut(io).rev_expected = n as u16;
+        if !is_r2t {
+            self.ios.get_mut(io).rev_expected = n as u16;
+        }
         let symmetric = self.cfg.mechanisms.isr;
         let target = self.ios.get(io).target_node;
         let host_node = self.hosts[self.ios.get(io).host as usize].node;
@@ -1209,7 +1288,7 @@ impl Sim {
                 io,
                 gen,
                 kind: PktKind::Rev,
-                marker: i + 1 == n,
+                marker: i + 1 == n && !is_r2t,
                 wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
                 hop: if symmetric && out == in_port {
                     n_hops - 1
