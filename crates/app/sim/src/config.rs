@@ -123,6 +123,9 @@ pub struct TopologyConfig {
     /// Largest write whose data ride in the command capsule; larger writes take an R2T
     /// round trip (16 KiB: Linux nvmet-tcp's default inline data size; docs/sim.md).
     pub inline_data_bytes: u32,
+    /// Floor of the NVMe/TCP connections' retransmission timeout (Linux TCP_RTO_MIN,
+    /// 200 ms; docs/sim.md). A lost packet's I/O is resent after the connection's RTO.
+    pub tcp_rto_min_ns: u64,
     /// Private drop-tail buffer of each adapter and host egress port.
     pub queue_bytes: u64,
     /// Each switch's shared buffer (Tomahawk-class, 16 MB) and its dynamic-threshold
@@ -154,6 +157,7 @@ impl Default for TopologyConfig {
             adapter_hop_ns: 2_900,
             switch_hop_ns: 800,
             inline_data_bytes: 16 << 10,
+            tcp_rto_min_ns: 200_000_000,
             queue_bytes: 4 << 20,
             switch_buffer_bytes: 16 << 20,
             switch_dt_alpha_log2: 3,

@@ -19,6 +19,7 @@ use rustc_hash::FxBuildHasher;
 use std::collections::{HashMap, VecDeque};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
+use trellis_fabric::rto::RtoEstimator;
 use trellis_fabric::shared_buffer::SharedBuffer;
 use trellis_fabric::ssd_credit::{self, HostRateLimiter};
 use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
@@ -160,7 +161,12 @@ struct Host {
     /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
     /// Never iterated, so the hasher cannot change any result.
     limiters: HashMap<u32, Limited, FxBuildHasher>,
+    /// Per storage node: the retransmission timeout of this host's NVMe/TCP connection.
+    rto: Vec<RtoEstimator>,
 }
+
+/// Linux TCP_RTO_MAX: the backed-off RTO never exceeds 120 s.
+const RTO_MAX_NS: u64 = 120_000_000_000;
 
 pub struct Sim {
     pub cfg: SimConfig,
@@ -266,6 +272,7 @@ impl Sim {
                 port: g.node_ports[node as usize][0],
                 jobs,
                 limiters: HashMap::default(),
+                rto: vec![RtoEstimator::default(); n_targets],
             });
         }
         let _ = rng.next_u64();
@@ -608,6 +615,11 @@ impl Sim {
             }
         }
         let ssd_lat = self.ios.get(io).ssd_latency_ns;
+        // RTT sample of the connection: the I/O's time outside the device (it includes
+        // the target's queueing, so the RTO errs long; with a 200 ms floor it hardly matters).
+        let target = self.ios.get(io).target_node as usize;
+        let rtt_ns = (now - submit).saturating_sub(ssd_lat);
+        self.hosts[host as usize].rto[target].on_rtt_sample(rtt_ns);
         self.metrics
             .on_complete(spec.op, spec.size_bytes, now - submit, ssd_lat, submit, now);
         self.metrics.on_finish(submit, now);
@@ -1062,10 +1074,13 @@ impl Sim {
         if o.gen != gen || o.lost {
             return;
         }
-        // The host notices by timeout and resends the command.
+        // The host's TCP notices by its retransmission timeout and the I/O is sent again.
         o.lost = true;
+        let (host, target) = (o.host as usize, o.target_node as usize);
         self.metrics.lost_ios += 1;
-        let t = self.q.now + self.retry_ns;
+        let conn = &mut self.hosts[host].rto[target];
+        let t = self.q.now + conn.rto_ns(self.cfg.topology.tcp_rto_min_ns, RTO_MAX_NS);
+        conn.on_timeout();
         self.q.push(t, EV_RETRY, io);
     }
 

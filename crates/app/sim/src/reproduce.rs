@@ -658,7 +658,7 @@ fn table(runs: &[Results]) -> Vec<Row> {
             &format!("{drop} / {rec}"),
             (f.throughput_drop * 100.0, "%"),
             &format!(
-                "recovery {recov}; {} I/Os resent after 1 ms timeout; detection {} ms, convergence {} ms",
+                "recovery {recov}; {} I/Os lost (resent after the TCP RTO); detection {} ms, convergence {} ms",
                 f.lost_ios,
                 failure_detect_ns() / 1_000_000,
                 failure_converge_ns() / 1_000_000

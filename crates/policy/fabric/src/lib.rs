@@ -8,6 +8,8 @@
 //! - [`reserve`]: eager bandwidth reservation for the predicted response.
 //! - [`shared_buffer`]: a switch's shared packet buffer with dynamic thresholds (not an
 //!   NSDI'26 mechanism: the switched baseline's ToR, docs/sim.md).
+//! - [`rto`]: the TCP retransmission timeout of one NVMe/TCP connection (transport, not an
+//!   NSDI'26 mechanism; docs/sim.md).
 //! - [`ssd_credit`]: storage-driven scheduling: the SSD credit (bandwidth headroom, MiB/s),
 //!   host rate limit, packet rank. Not Gimbal's per-tenant I/O credits (`trellis-qos`).
 //!
@@ -15,5 +17,6 @@
 
 pub mod isr;
 pub mod reserve;
+pub mod rto;
 pub mod shared_buffer;
 pub mod ssd_credit;
