@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::job::{resolve_jobs, JobOpts};
 use crate::report::human_table;
@@ -26,12 +26,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Keep Alive Timeout in ms (0 = no keep-alive).
-    #[arg(long = "kato_ms", alias = "kato-ms", default_value_t = 10_000)]
+    #[arg(long = "kato-ms", alias = "kato_ms", default_value_t = 10_000)]
     pub kato_ms: u32,
     /// Per-command timeout in ms; a command outstanding longer fails its queue.
     #[arg(
-        long = "cmd_timeout_ms",
-        alias = "cmd-timeout-ms",
+        long = "cmd-timeout-ms",
+        alias = "cmd_timeout_ms",
         default_value_t = 10_000
     )]
     pub cmd_timeout_ms: u64,
@@ -39,7 +39,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
     /// Never show the live progress line (it is shown only on a terminal anyway).
-    #[arg(long = "no_progress", alias = "no-progress")]
+    #[arg(long = "no-progress", alias = "no_progress")]
     pub no_progress: bool,
 }
 
@@ -49,25 +49,32 @@ pub enum BenchCmd {
     Suite(SuiteArgs),
     /// Raw TCP baseline server (busy-polling echo-style responder).
     BaselineServer {
+        /// Address to listen on, HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:4499")]
         listen: String,
     },
     /// Raw TCP baseline client.
     BaselineClient {
+        /// Baseline server address, HOST:PORT.
         #[arg(long, default_value = "127.0.0.1:4499")]
         addr: String,
+        /// Payload per request, e.g. 4k, 128k.
         #[arg(long, default_value = "4k")]
         bs: String,
+        /// Requests in flight.
         #[arg(long, default_value_t = 1)]
         iodepth: u32,
         /// Send the payload (write-like) instead of receiving it.
         #[arg(long)]
         write: bool,
+        /// Measured duration: 5, 5s, 500ms, 1m.
         #[arg(long, default_value = "5")]
         runtime: String,
-        #[arg(long = "ramp_time", alias = "ramp-time", default_value = "1")]
+        /// Warm-up before measuring.
+        #[arg(long = "ramp-time", alias = "ramp_time", default_value = "1")]
         ramp_time: String,
-        #[arg(long)]
+        /// Write the result as JSON to FILE (the path is checked first).
+        #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
 }
@@ -85,6 +92,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ramp_time,
             json,
         }) => {
+            if let Some(p) = &json {
+                check_output_path(p)?;
+            }
             let r = crate::baseline::run_client(&crate::baseline::ClientOpts {
                 addr,
                 bs: crate::job::parse_size(&bs)? as u32,
@@ -104,7 +114,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 r.lat.lat_us_p99
             );
             if let Some(p) = json {
-                std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+                std::fs::write(&p, serde_json::to_string_pretty(&r)?)
+                    .with_context(|| format!("writing the result to {}", p.display()))?;
             }
             Ok(())
         }
@@ -114,6 +125,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
 fn run_bench(args: BenchArgs) -> Result<()> {
     let jobs = resolve_jobs(args.jobs.as_deref(), &args.opts)?;
+    // Checked before the run: a typo must not cost the results of a long one.
+    if let Some(p) = &args.json {
+        check_output_path(p)?;
+    }
     let mut opts = RunOpts {
         kato_ms: args.kato_ms,
         command_timeout: Duration::from_millis(args.cmd_timeout_ms),
@@ -123,10 +138,23 @@ fn run_bench(args: BenchArgs) -> Result<()> {
     if args.no_progress {
         opts.progress = false;
     }
+    on_signals_stop(&opts.interrupted)?;
     let report = run_jobs(&jobs, &opts)?;
     print!("{}", human_table(&report));
     if let Some(p) = &args.json {
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing the results to {}", p.display()))?;
+    }
+    if report.interrupted {
+        bail!("interrupted: the results above are partial (\"partial\": true in the JSON)");
+    }
+    if let Some(j) = report.jobs.iter().find(|j| j.partial) {
+        bail!(
+            "job {} stopped after {:.2} s: {}; the results above cover the I/O done until then (\"partial\": true in the JSON)",
+            j.name,
+            j.runtime_s,
+            j.first_error.as_deref().unwrap_or("a queue failed")
+        );
     }
     let errors: u64 = report.jobs.iter().map(|j| j.errors).sum();
     let verify: u64 = report.jobs.iter().map(|j| j.verify_failures).sum();
@@ -138,7 +166,10 @@ fn run_bench(args: BenchArgs) -> Result<()> {
             .next()
             .map(|f| f.to_string())
             .unwrap_or_default();
-        bail!("data integrity failure: {verify} block(s) failed verification; first: {first}");
+        bail!(
+            "data integrity failure: {verify} block(s) failed verification; first: {first}{}",
+            null_hint(&report)
+        );
     }
     if errors > 0 {
         bail!("{errors} I/O error(s)");
@@ -147,6 +178,49 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         bail!("a job completed no I/O");
     }
     Ok(())
+}
+
+/// Fails, naming the path, if the results could not be written there: the
+/// directory must exist and the file be creatable. Leaves nothing behind.
+fn check_output_path(p: &std::path::Path) -> Result<()> {
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .with_context(|| {
+            format!(
+                "cannot write results to {}: give --json a path in an existing, writable directory",
+                p.display()
+            )
+        })?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+/// SIGINT and SIGTERM stop the run, which then prints and writes what it
+/// has; a second signal ends the process at once (exit 1), as usual.
+fn on_signals_stop(flag: &std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    for sig in [SIGINT, SIGTERM] {
+        // Order matters: the conditional exit sees the flag set by the first signal.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone())?;
+        signal_hook::flag::register(sig, flag.clone())?;
+    }
+    Ok(())
+}
+
+/// Blocks that read back without any verify header were never stored: the
+/// likeliest cause is a null namespace, which discards writes.
+fn null_hint(r: &crate::report::RunReport) -> &'static str {
+    let samples = || r.jobs.iter().flat_map(|j| &j.verify_failure_samples);
+    if samples().next().is_some() && samples().all(|f| f.found_generation.is_none()) {
+        " (the blocks read back hold no data the bench wrote: a null namespace discards writes, so --verify needs a ram, file or emulated namespace)"
+    } else {
+        ""
+    }
 }
 
 /// How this process was invoked up to the bench command, so the suite can
@@ -219,5 +293,72 @@ mod tests {
         assert_eq!(o.ramp_time.as_deref(), Some("1"));
         let t = Top::try_parse_from(["t", "suite", "--smoke", "--target_cmd", ""]).unwrap();
         assert!(matches!(t.args.cmd, Some(BenchCmd::Suite(ref s)) if s.smoke));
+    }
+
+    /// Hyphens are the canonical spelling (as in `target` and `sim`); the
+    /// underscore spellings that bench/*.sh, bench/fairness.py and
+    /// tests/bench-nvmet.sh use must keep working, with the same meaning.
+    #[test]
+    fn hyphenated_flags_and_their_underscore_aliases_mean_the_same() {
+        let pairs = [
+            ("--ramp-time", "--ramp_time", "1s"),
+            ("--rate-iops", "--rate_iops", "5"),
+            ("--kato-ms", "--kato_ms", "7"),
+            ("--cmd-timeout-ms", "--cmd_timeout_ms", "9"),
+        ];
+        for (hy, us, v) in pairs {
+            let a = Top::try_parse_from(["t", hy, v]).unwrap();
+            let b = Top::try_parse_from(["t", us, v]).unwrap();
+            assert_eq!(
+                format!("{:?}", a.args),
+                format!("{:?}", b.args),
+                "{hy} vs {us}"
+            );
+        }
+        let a = Top::try_parse_from(["t", "--no-progress"]).unwrap();
+        let b = Top::try_parse_from(["t", "--no_progress"]).unwrap();
+        assert!(a.args.no_progress && b.args.no_progress);
+        let suite = |flags: &[&str]| {
+            let mut v = vec!["t", "suite"];
+            v.extend_from_slice(flags);
+            match Top::try_parse_from(v).unwrap().args.cmd {
+                Some(BenchCmd::Suite(s)) => format!("{s:?}"),
+                other => panic!("not the suite: {other:?}"),
+            }
+        };
+        let hy = [
+            "--target-cmd",
+            "x",
+            "--target-pid",
+            "3",
+            "--target-cpu",
+            "1",
+        ];
+        let us = [
+            "--target_cmd",
+            "x",
+            "--target_pid",
+            "3",
+            "--target_cpu",
+            "1",
+        ];
+        assert_eq!(suite(&hy), suite(&us));
+        let hy = [
+            "--client-cpu",
+            "2",
+            "--ramp-time",
+            "3",
+            "--baseline-port",
+            "5",
+        ];
+        let us = [
+            "--client_cpu",
+            "2",
+            "--ramp_time",
+            "3",
+            "--baseline_port",
+            "5",
+        ];
+        assert_eq!(suite(&hy), suite(&us));
     }
 }

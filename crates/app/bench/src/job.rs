@@ -15,68 +15,71 @@ pub struct JobOpts {
     /// Job name (in a job file: the job's own name).
     #[arg(long)]
     pub name: Option<String>,
-    /// read, write, randread, randwrite, randrw (or rw/readwrite: sequential mix).
+    /// read, write, randread (default), randwrite, randrw (or rw/readwrite: sequential mix).
     #[arg(long)]
     pub rw: Option<String>,
-    /// Block size per I/O, e.g. 4k, 128k.
+    /// Block size per I/O, a multiple of 512 up to 4m, e.g. 4k (default), 128k.
     #[arg(long)]
     pub bs: Option<String>,
     /// Size mix instead of --bs, fio style: 4k/70:64k/30 (percentages).
     #[arg(long)]
     pub bssplit: Option<String>,
-    /// Outstanding I/Os per worker (spread over its --queues).
+    /// Outstanding I/Os per worker, 1 to 4096 (default 1), spread over its --queues;
+    /// more per queue than the target grants is refused.
     #[arg(long)]
     pub iodepth: Option<u32>,
-    /// Worker threads (reactors) for this job.
+    /// Worker threads (reactors) for this job, 1 to 256 (default 1).
     #[arg(long)]
     pub numjobs: Option<u32>,
-    /// Measured duration after the ramp: 10, 10s, 500ms, 1m.
+    /// Measured duration after the ramp: 10, 10s, 500ms, 1m (default 10 s).
     #[arg(long)]
     pub runtime: Option<String>,
-    /// Warm-up before measuring (I/O runs, nothing is recorded).
-    #[arg(long = "ramp_time", alias = "ramp-time")]
+    /// Warm-up before measuring (I/O runs, nothing is recorded; default 0).
+    #[arg(long = "ramp-time", alias = "ramp_time")]
+    #[serde(alias = "ramp-time")]
     pub ramp_time: Option<String>,
     /// IOPS cap for the whole job (0 = unlimited).
-    #[arg(long = "rate_iops", alias = "rate-iops")]
+    #[arg(long = "rate-iops", alias = "rate_iops")]
+    #[serde(alias = "rate-iops")]
     pub rate_iops: Option<u64>,
     /// Bytes/s cap for the whole job, e.g. 100m (0 = unlimited).
     #[arg(long)]
     pub rate: Option<String>,
-    /// Percentage of reads in randrw/rw.
+    /// Percentage of reads in randrw/rw, 0 to 100 (default 50).
     #[arg(long)]
     pub rwmixread: Option<u32>,
-    /// Start of the I/O range in bytes (e.g. 1g).
+    /// Start of the I/O range in bytes (e.g. 1g; default 0).
     #[arg(long)]
     pub offset: Option<String>,
-    /// Length of the I/O range in bytes (default: namespace end).
+    /// Length of the I/O range in bytes (default: to the namespace end; past it is refused).
     #[arg(long)]
     pub size: Option<String>,
     /// Per-block verification (crc32c); `--verify` alone turns it on, `--verify=0` off.
     #[arg(long, num_args = 0..=1, default_missing_value = "crc32c")]
     #[serde(deserialize_with = "bool_or_string")]
     pub verify: Option<String>,
-    /// Target address HOST:PORT.
+    /// Target address HOST:PORT, a host name or an IP (default 127.0.0.1:4420).
     #[arg(long)]
     pub addr: Option<String>,
-    /// Subsystem NQN.
+    /// Subsystem NQN (default nqn.2026-11.io.trellis:default).
     #[arg(long)]
     pub nqn: Option<String>,
     /// Host NQN (default: derived from --tenant).
     #[arg(long)]
     pub hostnqn: Option<String>,
-    /// Tenant name (the host NQN identifies it on the wire).
+    /// Tenant name (default "default"; the host NQN identifies it on the wire).
     #[arg(long)]
     pub tenant: Option<String>,
-    /// latency or throughput.
+    /// latency or throughput (default).
     #[arg(long)]
     pub class: Option<String>,
-    /// I/O queue pairs per worker.
+    /// I/O queue pairs per worker, 1 to 64 (default 1), at most --iodepth.
     #[arg(long)]
     pub queues: Option<u32>,
-    /// Digests: none, header, data, header,data.
+    /// Digests: none (default), header, data, header,data.
     #[arg(long)]
     pub digest: Option<String>,
-    /// Namespace ID.
+    /// Namespace ID (default 1).
     #[arg(long)]
     pub nsid: Option<u32>,
     /// Random seed (runs with the same seed issue the same offsets).
@@ -243,26 +246,32 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         other => bail!("unknown rw {other:?} (read, write, randread, randwrite, randrw, rw)"),
     };
     if read_pct > 100 {
-        bail!("rwmixread must be 0..=100");
+        bail!("--rwmixread {read_pct} is not a percentage: use 0 to 100");
     }
     let sizes = match (&o.bssplit, &o.bs) {
         (Some(s), _) => parse_bssplit(s)?,
-        (None, Some(b)) => vec![(parse_size(b)? as u32, 100)],
+        (None, Some(b)) => vec![(parse_bs(b)?, 100)],
         (None, None) => vec![(4096, 100)],
     };
     for (b, _) in &sizes {
         if *b == 0 || *b as u64 > MAX_BS || b % 512 != 0 {
-            bail!("block size {b} must be a multiple of 512 up to {MAX_BS}");
+            bail!("block size {b} must be a multiple of 512 up to {MAX_BS} (4m): use e.g. --bs 4k");
         }
     }
     let iodepth = o.iodepth.unwrap_or(1);
     let numjobs = o.numjobs.unwrap_or(1);
     let queues = o.queues.unwrap_or(1);
-    if !(1..=MAX_IODEPTH).contains(&iodepth) || !(1..=MAX_NUMJOBS).contains(&numjobs) {
-        bail!("iodepth must be 1..={MAX_IODEPTH}, numjobs 1..={MAX_NUMJOBS}");
+    for (flag, v, max) in [
+        ("iodepth", iodepth, MAX_IODEPTH),
+        ("numjobs", numjobs, MAX_NUMJOBS),
+        ("queues", queues, MAX_QUEUES),
+    ] {
+        if !(1..=max).contains(&v) {
+            bail!("--{flag} {v} is out of range: use 1 to {max}");
+        }
     }
-    if !(1..=MAX_QUEUES).contains(&queues) || queues > iodepth {
-        bail!("queues must be 1..={MAX_QUEUES} and at most iodepth");
+    if queues > iodepth {
+        bail!("--queues {queues} is more than --iodepth {iodepth}: every queue needs at least one I/O in flight; use --queues {iodepth} or less");
     }
     let verify = match o.verify.as_deref() {
         None | Some("0") | Some("false") | Some("none") | Some("off") => false,
@@ -348,6 +357,12 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("bad size {s:?} (use e.g. 512, 4k, 128K, 1m)"))
 }
 
+/// A block size: a size that fits u32 (larger ones are refused by the
+/// range check after, instead of wrapping to a small one here).
+fn parse_bs(s: &str) -> Result<u32> {
+    Ok(u32::try_from(parse_size(s)?).unwrap_or(u32::MAX))
+}
+
 pub fn fmt_size(b: u64) -> String {
     if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{}m", b >> 20)
@@ -385,9 +400,14 @@ fn parse_bssplit(s: &str) -> Result<Vec<(u32, u32)>> {
         let (b, w) = part
             .split_once('/')
             .with_context(|| format!("bssplit entry {part:?} is not SIZE/PERCENT"))?;
-        v.push((parse_size(b)? as u32, w.trim().parse::<u32>()?));
+        let w = w
+            .trim()
+            .parse::<u32>()
+            .with_context(|| format!("bssplit entry {part:?}: {w:?} is not a percentage"))?;
+        v.push((parse_bs(b)?, w));
     }
-    let total: u32 = v.iter().map(|x| x.1).sum();
+    // u64: weights near u32::MAX must not overflow the sum.
+    let total: u64 = v.iter().map(|x| x.1 as u64).sum();
     if total != 100 {
         bail!("bssplit percentages add up to {total}, not 100");
     }
@@ -448,6 +468,10 @@ iodepth = 8
             runtime: Some("2".into()),
             ..Default::default()
         };
+        // Job file keys are the flag names, in either spelling.
+        let hy: JobFile = toml::from_str("[global]\nramp-time = \"1\"\nrate-iops = 5\n").unwrap();
+        assert_eq!(hy.global.ramp_time.as_deref(), Some("1"));
+        assert_eq!(hy.global.rate_iops, Some(5));
         let j = resolve_jobs(Some(&p), &flags).unwrap();
         assert_eq!(j.len(), 2);
         assert_eq!(j[0].name, "lat");
@@ -487,5 +511,39 @@ iodepth = 8
             digest: Some("hdr".into()),
             ..Default::default()
         }));
+    }
+
+    #[test]
+    fn out_of_range_values_are_named_with_the_fix() {
+        let err = |o: JobOpts| resolve(o, 0).unwrap_err().to_string();
+        let e = err(JobOpts {
+            iodepth: Some(5000),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("--iodepth 5000") && e.contains("use 1 to 4096"),
+            "{e}"
+        );
+        let e = err(JobOpts {
+            iodepth: Some(2),
+            queues: Some(4),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("--queues 4") && e.contains("--queues 2 or less"),
+            "{e}"
+        );
+        // 4 GiB + 512 used to wrap to a 512-byte block size.
+        let e = err(JobOpts {
+            bs: Some("4294967808".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("up to 4194304"), "{e}");
+        // Weights whose sum overflows u32 panicked (debug) or wrapped to 100.
+        let e = err(JobOpts {
+            bssplit: Some("4k/4294967295:8k/101".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("add up to 4294967396, not 100"), "{e}");
     }
 }

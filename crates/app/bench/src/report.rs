@@ -58,6 +58,9 @@ pub struct JobReport {
     pub queues: u32,
     pub digest: String,
     pub verify: bool,
+    /// A queue failed (e.g. the target went away): the figures cover the
+    /// I/O done up to then, over the time measured up to then.
+    pub partial: bool,
     pub runtime_s: f64,
     pub ios: u64,
     pub iops: f64,
@@ -89,6 +92,21 @@ pub struct RunReport {
     /// CPU time of the bench process over the whole run (setup included).
     pub bench_cpu: CpuTime,
     pub ok: bool,
+    /// The run did not finish as asked (interrupted by SIGINT/SIGTERM, or a
+    /// job lost its target): the results are what was measured until then.
+    pub partial: bool,
+    /// Stopped by SIGINT or SIGTERM.
+    pub interrupted: bool,
+}
+
+/// `x` per second over `secs`; 0 when nothing was measured (a run stopped
+/// during its ramp), never a division by a near-zero time.
+fn per_s(x: f64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        x / secs
+    } else {
+        0.0
+    }
 }
 
 fn dir_stats(h: &Histogram<u64>, bytes: u64, secs: f64) -> DirStats {
@@ -96,8 +114,8 @@ fn dir_stats(h: &Histogram<u64>, bytes: u64, secs: f64) -> DirStats {
     DirStats {
         ios,
         bytes,
-        iops: ios as f64 / secs,
-        mib_per_s: bytes as f64 / secs / (1 << 20) as f64,
+        iops: per_s(ios as f64, secs),
+        mib_per_s: per_s(bytes as f64, secs) / (1 << 20) as f64,
         lat: Latency::from_hist(h),
     }
 }
@@ -107,6 +125,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
     let mut acc = empty_result();
     let mut measured = 0f64;
     for r in results {
+        acc.fatal |= r.fatal;
         acc.read_hist
             .add(&r.read_hist)
             .expect("same histogram bounds");
@@ -130,7 +149,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         acc.polls += r.polls;
         acc.idle_polls += r.idle_polls;
     }
-    let secs = measured.max(1e-9);
+    let secs = measured;
     let mut all = acc.read_hist.clone();
     all.add(&acc.write_hist).expect("same bounds");
     let bytes = acc.read_bytes + acc.write_bytes;
@@ -146,10 +165,11 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         queues: job.queues,
         digest: job.digest_label().into(),
         verify: job.verify,
+        partial: acc.fatal,
         runtime_s: measured,
         ios: all.len(),
-        iops: all.len() as f64 / secs,
-        mib_per_s: bytes as f64 / secs / (1 << 20) as f64,
+        iops: per_s(all.len() as f64, secs),
+        mib_per_s: per_s(bytes as f64, secs) / (1 << 20) as f64,
         lat: Latency::from_hist(&all),
         read: dir_stats(&acc.read_hist, acc.read_bytes, secs),
         write: dir_stats(&acc.write_hist, acc.write_bytes, secs),
@@ -229,6 +249,15 @@ pub fn human_table(r: &RunReport) -> String {
         ));
     }
     s.push_str("latency columns in microseconds (completion latency seen by the application)\n");
+    if r.interrupted {
+        s.push_str("PARTIAL: interrupted; figures cover the I/O done until then\n");
+    }
+    for j in r.jobs.iter().filter(|j| j.partial) {
+        s.push_str(&format!(
+            "PARTIAL: {} stopped early after {:.2} s; figures cover the I/O done until then\n",
+            j.name, j.runtime_s
+        ));
+    }
     s.push_str(&format!(
         "bench CPU: {:.2} s user + {:.2} s sys\n",
         r.bench_cpu.user_s, r.bench_cpu.sys_s

@@ -24,6 +24,9 @@ pub struct RunOpts {
     /// CPUs to pin worker threads to, round-robin (empty: no pinning).
     pub cpus: Vec<usize>,
     pub progress: bool,
+    /// Set (by a SIGINT/SIGTERM handler) to stop the run early; the report
+    /// then covers what was done and is marked partial.
+    pub interrupted: Arc<AtomicBool>,
 }
 
 impl Default for RunOpts {
@@ -34,6 +37,7 @@ impl Default for RunOpts {
             connect_timeout: Duration::from_secs(5),
             cpus: Vec::new(),
             progress: std::io::stderr().is_terminal(),
+            interrupted: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -64,6 +68,7 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
             .identify_ns(job.nsid)
             .with_context(|| format!("identify namespace {}", job.nsid))?;
         let bsz = ns.block_size();
+        check_transfer(&job, ctrl.id.max_transfer_bytes())?;
         let (first, count) = range_blocks(&job, ns.nsze, bsz)?;
         let per = count / job.numjobs as u64;
         let counter = Arc::new(AtomicU64::new(0));
@@ -104,7 +109,10 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     let ok = reports
         .iter()
         .all(|r| r.errors == 0 && r.verify_failures == 0);
+    let interrupted = opts.interrupted.load(Ordering::Relaxed);
     Ok(RunReport {
+        partial: interrupted || reports.iter().any(|r| r.partial),
+        interrupted,
         jobs: reports,
         bench_cpu: cpu_delta(&cpu0, &cpu_time()),
         ok,
@@ -130,33 +138,93 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
             connect_timeout: opts.connect_timeout,
             ..Default::default()
         };
-        let mut c = Controller::connect(&k.0, &k.1, &cfg)
-            .with_context(|| format!("connecting to {} at {} as {}", k.1, k.0, k.2))?;
+        let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {
+            let hint = connect_hint(&e, &k.0, &k.2);
+            anyhow::Error::new(e)
+                .context(format!("connecting to {} at {} as {}{hint}", k.1, k.0, k.2))
+        })?;
         let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
         if (granted as u32) < nq {
-            bail!("controller granted {granted} I/O queues, jobs need {nq}");
+            bail!(
+                "the controller at {} granted {granted} I/O queues, the jobs need {nq} (--numjobs × --queues of every job on it): use fewer, or raise the target's max_io_queues",
+                k.0
+            );
         }
         out.insert(k, c);
     }
     Ok(out)
 }
 
-/// The job's LBA range: [offset, offset + size), clipped to the namespace and
-/// aligned to the largest I/O so workers split it evenly.
+/// What a refused Connect most likely means, as the fix to try: the status
+/// alone ("Connect Invalid Parameters") does not say.
+fn connect_hint(e: &trellis_host::Error, addr: &str, hostnqn: &str) -> String {
+    use trellis_nvme::status::specific;
+    let trellis_host::Error::Nvme(s) = e else {
+        return String::new();
+    };
+    let code = (s.sct(), s.sc());
+    if code
+        == (
+            specific::CONNECT_INVALID_PARAMS.sct(),
+            specific::CONNECT_INVALID_PARAMS.sc(),
+        )
+    {
+        format!(" (the target at {addr} serves no such subsystem on this port: check --nqn against the target's log or `nvme discover`; a discovery-only port such as 8009 serves none)")
+    } else if code
+        == (
+            specific::CONNECT_INVALID_HOST.sct(),
+            specific::CONNECT_INVALID_HOST.sc(),
+        )
+    {
+        format!(" (the subsystem does not allow host {hostnqn}: add it to the target's allowed_hosts / --allow-host, or use --hostnqn)")
+    } else {
+        String::new()
+    }
+}
+
+/// Refuses, before any I/O, a block size the controller would fail on every
+/// command (above its MDTS).
+fn check_transfer(job: &JobSpec, mdts: Option<u64>) -> Result<()> {
+    match mdts {
+        Some(max) if job.max_bs() as u64 > max => bail!(
+            "block size {} is above the target's largest transfer (MDTS) of {}: use --bs {} or less",
+            crate::job::fmt_size(job.max_bs() as u64),
+            crate::job::fmt_size(max),
+            crate::job::fmt_size(max)
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The job's LBA range: [offset, offset + size), aligned to the largest I/O
+/// so workers split it evenly. A range past the namespace's end is refused,
+/// not clipped: the report would describe a different run than the one asked.
 fn range_blocks(job: &JobSpec, nsze: u64, bsz: u32) -> Result<(u64, u64)> {
     let align = (job.max_bs() / bsz).max(1) as u64;
     let first = job.offset_bytes / bsz as u64;
+    let ns_bytes = nsze.saturating_mul(bsz as u64);
     if first >= nsze {
-        bail!("offset beyond the namespace ({nsze} blocks)");
+        bail!(
+            "--offset {} is beyond the end of namespace {} ({ns_bytes} bytes): use an offset below {ns_bytes}",
+            job.offset_bytes,
+            job.nsid
+        );
     }
     let count = match job.size_bytes {
-        Some(s) => (s / bsz as u64).min(nsze - first),
+        Some(s) if s > (nsze - first) * bsz as u64 => bail!(
+            "--size {s} from offset {} runs past the end of namespace {} ({ns_bytes} bytes): use --size {} or less",
+            job.offset_bytes,
+            job.nsid,
+            (nsze - first) * bsz as u64
+        ),
+        Some(s) => s / bsz as u64,
         None => nsze - first,
     };
     let per = count / job.numjobs as u64 / align * align;
     if per == 0 {
         bail!(
-            "range too small for {} workers of {} bytes",
+            "the range ({} bytes) is too small for {} worker(s) of {}-byte I/Os: use a larger --size or fewer --numjobs",
+            count * bsz as u64,
             job.numjobs,
             job.max_bs()
         );
@@ -179,6 +247,16 @@ fn open_queues(c: &mut Controller, job: &JobSpec) -> Result<Vec<(trellis_host::Q
         let q = c
             .connect_io_queue(size, job.max_bs() as usize)
             .context("connecting an I/O queue")?;
+        // The controller may grant a smaller queue than asked (CAP.MQES,
+        // MAXCMD): refuse rather than run at a depth the report would not show.
+        let granted = q.engine().queue_size() as u32;
+        if granted < depth {
+            bail!(
+                "--iodepth {} needs {depth} commands per queue, but the target allows {granted}: use --iodepth {} or less, or more --queues",
+                job.iodepth,
+                granted * job.queues
+            );
+        }
         v.push((q, depth));
     }
     Ok(v)
@@ -211,6 +289,9 @@ fn watch(
     let mut last = (Instant::now(), vec![0u64; progress.len()]);
     while !handles.iter().all(|(_, h)| h.is_finished()) {
         std::thread::sleep(Duration::from_millis(100));
+        if opts.interrupted.load(Ordering::Relaxed) {
+            stop.store(true, Ordering::Relaxed);
+        }
         for c in ctrls.values_mut() {
             if let Err(e) = c.tick() {
                 stop.store(true, Ordering::Relaxed);

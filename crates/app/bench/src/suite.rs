@@ -24,27 +24,31 @@ pub struct SuiteArgs {
     /// Command that starts the target (run under `taskset -c TARGET_CPU`).
     /// Empty: use an already running target (then pass --target-pid for CPU figures).
     #[arg(
-        long = "target_cmd",
-        alias = "target-cmd",
+        long = "target-cmd",
+        alias = "target_cmd",
         default_value = "trellis target --null 1G"
     )]
     pub target_cmd: String,
     /// PID of an already running target (with --target-cmd "").
-    #[arg(long = "target_pid", alias = "target-pid")]
+    #[arg(long = "target-pid", alias = "target_pid")]
     pub target_pid: Option<u32>,
+    /// Target address HOST:PORT.
     #[arg(long, default_value = crate::job::DEFAULT_ADDR)]
     pub addr: String,
+    /// Subsystem NQN.
     #[arg(long, default_value = crate::job::DEFAULT_NQN)]
     pub nqn: String,
-    #[arg(long = "target_cpu", alias = "target-cpu", default_value_t = 0)]
+    /// CPU the target (and the baseline server) is pinned to.
+    #[arg(long = "target-cpu", alias = "target_cpu", default_value_t = 0)]
     pub target_cpu: usize,
-    #[arg(long = "client_cpu", alias = "client-cpu", default_value_t = 1)]
+    /// CPU the bench client is pinned to.
+    #[arg(long = "client-cpu", alias = "client_cpu", default_value_t = 1)]
     pub client_cpu: usize,
     /// Measured seconds per workload.
     #[arg(long, default_value = "10")]
     pub runtime: String,
     /// Warm-up seconds per workload.
-    #[arg(long = "ramp_time", alias = "ramp-time", default_value = "2")]
+    #[arg(long = "ramp-time", alias = "ramp_time", default_value = "2")]
     pub ramp_time: String,
     /// A few seconds in total: short runs, same workloads (for CI).
     #[arg(long)]
@@ -58,8 +62,8 @@ pub struct SuiteArgs {
     pub reps: Option<usize>,
     /// Port for the raw TCP baseline server.
     #[arg(
-        long = "baseline_port",
-        alias = "baseline-port",
+        long = "baseline-port",
+        alias = "baseline_port",
         default_value_t = 4499
     )]
     pub baseline_port: u16,

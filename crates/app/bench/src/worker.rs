@@ -229,11 +229,30 @@ impl Worker {
         self.issued_ios = 0;
         self.issued_bytes = 0;
         let mut measure_start = start;
+        let r = self.phase_loop(phase, measure_from, end, &mut measure_start);
+        // Also when a queue failed: the I/O counted so far was done in this
+        // time, and dividing it by zero would report absurd rates.
+        if phase == Phase::Main && self.measuring {
+            self.res.measured = Instant::now()
+                .min(end)
+                .saturating_duration_since(measure_start);
+            self.measuring = false;
+        }
+        r
+    }
+
+    fn phase_loop(
+        &mut self,
+        phase: Phase,
+        measure_from: Instant,
+        end: Instant,
+        measure_start: &mut Instant,
+    ) -> Result<(), String> {
         loop {
             let now = Instant::now();
             if phase == Phase::Main && !self.measuring && now >= measure_from {
                 self.measuring = true;
-                measure_start = now;
+                *measure_start = now;
             }
             let issuing = !self.stop.load(Ordering::Relaxed)
                 && match phase {
@@ -253,16 +272,9 @@ impl Worker {
                 self.progress.fetch_add(done, Ordering::Relaxed);
             }
             if !issuing && inflight == 0 {
-                break;
+                return Ok(());
             }
         }
-        if phase == Phase::Main && self.measuring {
-            self.res.measured = Instant::now()
-                .min(end)
-                .saturating_duration_since(measure_start);
-            self.measuring = false;
-        }
-        Ok(())
     }
 
     /// Polls one queue and handles its completions. Returns how many completed.

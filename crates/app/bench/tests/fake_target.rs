@@ -172,3 +172,83 @@ fn latency_is_measured_from_submission_to_the_completion_that_arrived() {
     assert!(j.lat.lat_us_p50 >= min_us, "p50 {} µs", j.lat.lat_us_p50);
     assert!(j.read.lat.lat_us_p50 >= min_us);
 }
+
+/// Issue 10: a target that goes away mid-run gave `runtime_s` 0.0 and IOPS
+/// in the trillions. The report must cover the I/O done until then, over
+/// the time it took, and be marked partial.
+#[test]
+fn losing_the_target_mid_run_reports_sane_partial_figures() {
+    let t = FakeTarget::spawn(FakeConfig {
+        fault: Fault::CloseMidData,
+        fault_after_reads: 200,
+        ..Default::default()
+    });
+    let mut o = opts(&t, "randread", "4k", 1, "none");
+    o.verify = None;
+    o.runtime = Some("5s".into());
+    let jobs = resolve_jobs(None, &o).unwrap();
+    let r = run_jobs(&jobs, &quiet()).unwrap();
+    let j = &r.jobs[0];
+    assert!(!r.ok && r.partial && j.partial, "marked partial");
+    assert!(
+        j.ios >= 150,
+        "the reads done before the loss count: {}",
+        j.ios
+    );
+    assert!(j.runtime_s > 0.0 && j.runtime_s < 5.0, "{}", j.runtime_s);
+    let iops = j.ios as f64 / j.runtime_s;
+    assert!((j.iops - iops).abs() < 1e-6 * iops, "{} vs {iops}", j.iops);
+    assert!(j.errors > 0);
+}
+
+/// Issue 10: `--size 1G` on a smaller namespace was clipped silently.
+#[test]
+fn a_range_past_the_namespace_end_is_refused_with_the_limit() {
+    let t = FakeTarget::spawn(FakeConfig::default()); // 64 MiB
+    let mut o = opts(&t, "randread", "4k", 1, "none");
+    o.size = Some("1g".into());
+    let jobs = resolve_jobs(None, &o).unwrap();
+    let e = format!("{:#}", run_jobs(&jobs, &quiet()).expect_err("refused"));
+    assert!(e.contains("--size 1073741824"), "{e}");
+    assert!(e.contains("use --size 67108864 or less"), "{e}");
+}
+
+/// Issue 10: `--iodepth 1000` ran at the target's queue limit while the
+/// report said 1000.
+#[test]
+fn an_iodepth_above_the_targets_queue_limit_is_refused() {
+    let t = FakeTarget::spawn(FakeConfig {
+        mqes: 31,
+        ..Default::default()
+    });
+    let mut o = opts(&t, "randread", "4k", 1000, "none");
+    o.verify = None;
+    let jobs = resolve_jobs(None, &o).unwrap();
+    let e = format!("{:#}", run_jobs(&jobs, &quiet()).expect_err("refused"));
+    assert!(e.contains("--iodepth 1000"), "{e}");
+    assert!(e.contains("use --iodepth 32 or less"), "{e}");
+}
+
+/// SIGINT/SIGTERM set the interrupt flag: the run stops early, and the
+/// report says it is partial and covers what was done.
+#[test]
+fn an_interrupted_run_reports_what_it_did_as_partial() {
+    let t = FakeTarget::spawn(FakeConfig::default());
+    let mut o = opts(&t, "randread", "4k", 4, "none");
+    o.verify = None;
+    o.runtime = Some("30s".into());
+    let jobs = resolve_jobs(None, &o).unwrap();
+    let ro = quiet();
+    let flag = ro.interrupted.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let t0 = std::time::Instant::now();
+    let r = run_jobs(&jobs, &ro).unwrap();
+    assert!(t0.elapsed().as_secs() < 10, "stopped early");
+    assert!(r.interrupted && r.partial);
+    assert!(r.jobs[0].ios > 0 && r.jobs[0].runtime_s > 0.0);
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["partial"], true);
+}

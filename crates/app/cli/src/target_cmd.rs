@@ -3,7 +3,7 @@
 use anyhow::Context;
 use clap::Args;
 use trellis_target::config::{
-    BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig, DEFAULT_NQN,
+    resolve_host_port, BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig, DEFAULT_NQN,
 };
 
 #[derive(Args, Debug)]
@@ -11,14 +11,16 @@ pub struct TargetArgs {
     /// TOML configuration file (see README "Configuration").
     #[arg(long, short = 'c')]
     config: Option<String>,
-    /// Listen address (repeatable); replaces the configured listeners. Port
-    /// 8009 serves discovery only, any other port I/O and discovery.
-    #[arg(long)]
-    listen: Vec<std::net::SocketAddr>,
+    /// Listen address HOST:PORT (repeatable), e.g. 127.0.0.1:4420 or
+    /// localhost:4420; replaces the configured listeners. Port 8009 serves
+    /// discovery only, any other port I/O and discovery.
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Vec<String>,
     /// Subsystem NQN for namespaces given by flags.
     #[arg(long, default_value = DEFAULT_NQN)]
     nqn: String,
-    /// Add a RAM namespace of this size (repeatable), e.g. 1G.
+    /// Add a RAM namespace of this size (repeatable), e.g. 1G: a whole number
+    /// of blocks. Without any namespace flag or --config: one 1 GiB RAM namespace.
     #[arg(long)]
     ram: Vec<ByteSize>,
     /// Add a null namespace of this size (repeatable): discards writes, reads zeroes.
@@ -28,7 +30,7 @@ pub struct TargetArgs {
     #[arg(long)]
     file: Vec<String>,
     /// Size to create --file paths with when they do not exist.
-    #[arg(long)]
+    #[arg(long, requires = "file")]
     file_size: Option<ByteSize>,
     /// Add an emulated SSD namespace of this size (repeatable): data in RAM,
     /// completions at the SSD model's time (docs/ssd-model.md).
@@ -44,19 +46,19 @@ pub struct TargetArgs {
     /// Multiply every device time of --emulated namespaces (≥ 1, default 1).
     #[arg(long, requires = "emulated")]
     time_scale: Option<f64>,
-    /// Logical block size of namespaces given by flags (512 or 4096).
-    #[arg(long, default_value_t = 512)]
-    block_size: u32,
+    /// Logical block size of namespaces given by flags: 512 (default) or 4096.
+    #[arg(long, value_parser = parse_block_size)]
+    block_size: Option<u32>,
     /// Only these host NQNs may connect (repeatable); default: any host.
     #[arg(long)]
     allow_host: Vec<String>,
-    /// Reactor threads.
+    /// Reactor threads, 1 to 256 (default 1, or [target] reactors).
     #[arg(long)]
     reactors: Option<usize>,
     /// CPUs to pin reactors to, e.g. 0,1.
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
-    /// Socket engine: epoll (syscalls) or uring (io_uring).
+    /// Socket engine: epoll (syscalls, the default) or uring (io_uring).
     #[arg(long)]
     engine: Option<trellis_target::config::SocketEngine>,
     /// Directory of the node identity file (node-id). Default: [target]
@@ -64,24 +66,42 @@ pub struct TargetArgs {
     /// $XDG_STATE_HOME/trellis, ~/.local/state/trellis or /var/lib/trellis.
     #[arg(long)]
     state_dir: Option<std::path::PathBuf>,
-    /// Traffic control for every namespace: off or gimbal (docs/gimbal.md);
-    /// overrides each namespace's `qos`.
+    /// Traffic control for every namespace: off (the default) or gimbal
+    /// (docs/gimbal.md); overrides each namespace's `qos`.
     #[arg(long)]
     qos: Option<trellis_target::qos::QosMode>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464);
     /// overrides `[metrics] listen`.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
-    /// Print the effective configuration and identities, and exit.
+    /// Check everything starting would (files included, without creating
+    /// them), print the effective configuration as TOML (a valid --config
+    /// file) and the identities, and exit.
     #[arg(long)]
     check: bool,
 }
 
+fn parse_block_size(s: &str) -> Result<u32, String> {
+    match s {
+        "512" => Ok(512),
+        "4096" | "4k" | "4K" => Ok(4096),
+        _ => Err(format!(
+            "{s:?} is not a supported block size: use 512 or 4096"
+        )),
+    }
+}
+
 pub fn run(a: TargetArgs) -> anyhow::Result<()> {
     let cfg = build(a.config.as_deref(), &a)?;
+    // The same checks, and messages, as --check before anything is opened.
+    cfg.preflight()?;
     if a.check {
-        println!("{cfg:#?}");
-        print!("{}", identities(&cfg)?);
+        print!("{}", cfg.to_toml()?);
+        // Identities are derived, not configured: comments keep the output
+        // a valid config file.
+        for line in identities(&cfg)?.lines() {
+            println!("# {line}");
+        }
         return Ok(());
     }
     trellis_target::server::run(&cfg)
@@ -96,26 +116,32 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
         None => Config::embedded_default(),
     };
     let mut nss: Vec<NamespaceConfig> = Vec::new();
+    let block_size = a.block_size.unwrap_or(512);
     for s in &a.ram {
-        nss.push(ns(BackendKind::Ram, Some(*s), None, a.block_size));
+        nss.push(ns(BackendKind::Ram, Some(*s), None, block_size));
     }
     for s in &a.null {
-        nss.push(ns(BackendKind::Null, Some(*s), None, a.block_size));
+        nss.push(ns(BackendKind::Null, Some(*s), None, block_size));
     }
     for p in &a.file {
         nss.push(ns(
             BackendKind::File,
             a.file_size,
             Some(p.clone()),
-            a.block_size,
+            block_size,
         ));
     }
     for s in &a.emulated {
-        let mut n = ns(BackendKind::Emulated, Some(*s), None, a.block_size);
+        let mut n = ns(BackendKind::Emulated, Some(*s), None, block_size);
         n.profile = a.profile.clone();
         n.precondition = a.precondition.clone();
         n.time_scale = a.time_scale;
         nss.push(n);
+    }
+    if a.block_size.is_some() && nss.is_empty() {
+        anyhow::bail!(
+            "--block-size applies to namespaces given by flags: add --ram, --null, --file or --emulated (or set block_size in the config file)"
+        );
     }
     if !nss.is_empty() || !a.allow_host.is_empty() || a.nqn != DEFAULT_NQN {
         // Flags describe the subsystem: replace the default one (or add to the file's).
@@ -127,7 +153,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
                 BackendKind::Ram,
                 Some(ByteSize(1 << 30)),
                 None,
-                a.block_size,
+                block_size,
             ));
         }
         if !nss.is_empty() {
@@ -146,8 +172,13 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
         cfg.listeners = a
             .listen
             .iter()
-            .map(|&addr| ListenerConfig { addr, kind: None })
-            .collect();
+            .map(|s| {
+                Ok(ListenerConfig {
+                    addr: resolve_host_port(s).map_err(|e| anyhow::anyhow!("--listen: {e}"))?,
+                    kind: None,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
     }
     if let Some(q) = a.qos {
         for n in cfg

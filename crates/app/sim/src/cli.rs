@@ -19,37 +19,52 @@ pub struct SimArgs {
 pub enum SimCmd {
     /// Run one scenario from a TOML/JSON config or a built-in preset; writes JSON and SVGs.
     Run {
-        #[arg(long)]
+        /// Scenario file, TOML or JSON (`trellis sim config PRESET` prints one to start from).
+        #[arg(long, value_name = "FILE", conflicts_with = "preset")]
         config: Option<PathBuf>,
-        /// testbed-switched, testbed-switchless, rack27-tor, rack27-torus3d, torus1000
-        #[arg(long)]
+        /// Built-in scenario: testbed-switched, testbed-switchless, rack27-tor,
+        /// rack27-torus3d or torus1000.
+        #[arg(long, value_name = "NAME")]
         preset: Option<String>,
+        /// Directory for results.json, perf.json and the SVG plots.
         #[arg(long, default_value = "sim-out")]
         out: PathBuf,
+        /// Random seed (default: the scenario's); equal seeds give equal runs.
         #[arg(long)]
         seed: Option<u64>,
-        #[arg(long)]
+        /// Simulated time in ms, 1 to 3600000 (default: the scenario's); the
+        /// warm-up is cut to at most a tenth of it.
+        #[arg(long, value_name = "MS")]
         duration_ms: Option<u64>,
+        /// Never show the progress bar (shown only on a terminal anyway).
         #[arg(long)]
         no_progress: bool,
     },
     /// Print a preset's full configuration as TOML, as a starting point for your own.
-    Config { preset: String },
+    Config {
+        /// testbed-switched, testbed-switchless, rack27-tor, rack27-torus3d or torus1000.
+        preset: String,
+    },
     /// Capex of switched vs switchless for N storage nodes, and a plot against scale.
     Cost {
+        /// Storage nodes to price, 2 to 10000.
         #[arg(long, default_value_t = 20)]
         nodes: u32,
+        /// Largest node count of the plot against scale, 4 to 10000.
         #[arg(long, default_value_t = 64)]
         max_nodes: u32,
         /// TOML file overriding any of the default prices.
         #[arg(long)]
         prices: Option<PathBuf>,
+        /// Directory for capex.svg and capex.json.
         #[arg(long, default_value = "sim-out")]
         out: PathBuf,
     },
     /// Reproduce a paper's scenarios and print claim | paper | Trellis (only `nsdi26`).
     Reproduce {
+        /// The paper: nsdi26 (the only one so far).
         which: String,
+        /// Directory for the per-scenario results and plots.
         #[arg(long, default_value = "sim-out/nsdi26")]
         out: PathBuf,
         /// Shorter simulated times (for CI smoke runs); numbers are noisier.
@@ -77,6 +92,7 @@ pub enum SimCmd {
         /// Simulated time of every point (default: the preset's).
         #[arg(long)]
         duration_ms: Option<u64>,
+        /// Directory for sweep.json, the plots and (with --emit-jobs) the points.
         #[arg(long, default_value = "sim-out/sweep")]
         out: PathBuf,
         /// Do not run: write one config per point under OUT/points and print the
@@ -89,6 +105,7 @@ pub enum SimCmd {
     },
     /// Engine benchmark: events/s per core and memory per node; writes JSON.
     Bench {
+        /// Where to write the JSON results.
         #[arg(long, default_value = "sim-out/bench.json")]
         out: PathBuf,
         /// Simulated time of the 27-node 3D torus 600GbE preset.
@@ -97,6 +114,7 @@ pub enum SimCmd {
         /// Storage nodes of the large torus (memory check).
         #[arg(long, default_value_t = 1000)]
         big_nodes: u32,
+        /// Simulated time of the large torus, in ms.
         #[arg(long, default_value_t = 2)]
         big_ms: u64,
     },
@@ -117,8 +135,49 @@ pub fn preset(name: &str) -> Result<SimConfig> {
             reproduce::rack27(name == "rack27-tor", TopologyKind::Torus3d, job, 20)
         }
         "torus1000" => torus_big(1000, 2),
-        _ => bail!("unknown preset {name}"),
+        _ => bail!("unknown preset {name:?}: use one of {}", PRESETS.join(", ")),
     })
+}
+
+/// Every name [`preset`] knows.
+pub const PRESETS: &[&str] = &[
+    "testbed-switched",
+    "testbed-switchless",
+    "rack27-tor",
+    "rack27-torus3d",
+    "torus1000",
+];
+
+/// Longest simulated time `--duration-ms` accepts (one simulated hour: far
+/// beyond any preset, and small enough that the time in ns fits a u64).
+pub const MAX_DURATION_MS: u64 = 3_600_000;
+/// Node counts `sim cost` prices (a switchless fabric needs two nodes).
+pub const COST_NODES: std::ops::RangeInclusive<u32> = 2..=10_000;
+
+fn check_duration_ms(ms: u64) -> Result<u64> {
+    if !(1..=MAX_DURATION_MS).contains(&ms) {
+        bail!("--duration-ms {ms}: simulated time must be 1 to {MAX_DURATION_MS} ms: use e.g. --duration-ms 20");
+    }
+    Ok(ms * 1_000_000)
+}
+
+/// What the engine needs of any scenario, from a file or a preset.
+fn check_times(cfg: &SimConfig, from: &str) -> Result<()> {
+    if cfg.duration_ns == 0 || cfg.duration_ns > MAX_DURATION_MS * 1_000_000 {
+        bail!(
+            "{from}: duration_ns {} must be 1 to {} (a simulated hour)",
+            cfg.duration_ns,
+            MAX_DURATION_MS * 1_000_000
+        );
+    }
+    if cfg.warmup_ns >= cfg.duration_ns {
+        bail!(
+            "{from}: warmup_ns {} must be less than duration_ns {}: nothing would be measured",
+            cfg.warmup_ns,
+            cfg.duration_ns
+        );
+    }
+    Ok(())
 }
 
 /// A large 3D torus for the memory target: static-mapped SSDs (no FTL tables).
@@ -154,13 +213,47 @@ pub fn torus_big(nodes: u32, ms: u64) -> SimConfig {
     }
 }
 
+/// Job fields only `kind = "fio"` jobs read: the synthetic, trace and YCSB
+/// generators take their mix from their model, trace or workload.
+const FIO_ONLY_FIELDS: &[&str] = &["read_pct", "sizes"];
+
+/// A scenario as TOML, without the fields its jobs ignore (a user editing
+/// `read_pct` of a `systor` job would see no effect), with a note saying so.
+pub fn config_toml(cfg: &SimConfig) -> Result<String> {
+    let mut v = toml::Value::try_from(cfg)?;
+    let mut dropped = false;
+    let jobs = v
+        .get_mut("workload")
+        .and_then(|w| w.get_mut("jobs"))
+        .and_then(|j| j.as_array_mut());
+    for job in jobs.into_iter().flatten() {
+        let fio = job
+            .get("job")
+            .and_then(|k| k.get("kind"))
+            .and_then(|k| k.as_str())
+            == Some("fio");
+        if let (false, Some(t)) = (fio, job.as_table_mut()) {
+            for f in FIO_ONLY_FIELDS {
+                dropped |= t.remove(*f).is_some();
+            }
+        }
+    }
+    let mut out = String::new();
+    if dropped {
+        out.push_str("# read_pct and sizes are left out of jobs that are not kind = \"fio\":\n# their model, trace or YCSB workload sets the mix.\n");
+    }
+    out.push_str(&toml::to_string_pretty(&v)?);
+    Ok(out)
+}
+
 fn load_config(path: &Path) -> Result<SimConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let at = || format!("in {}", path.display());
     if path.extension().is_some_and(|e| e == "json") {
-        Ok(serde_json::from_str(&text)?)
+        serde_json::from_str(&text).with_context(at)
     } else {
-        Ok(toml::from_str(&text)?)
+        toml::from_str(&text).with_context(at)
     }
 }
 
@@ -174,22 +267,23 @@ pub fn run(args: SimArgs) -> Result<()> {
             duration_ms,
             no_progress,
         } => {
-            let mut cfg = match (config, p) {
-                (Some(c), _) => load_config(&c)?,
-                (None, Some(p)) => preset(&p)?,
+            let (mut cfg, from) = match (config, p) {
+                (Some(c), _) => (load_config(&c)?, c.display().to_string()),
+                (None, Some(p)) => (preset(&p)?, format!("preset {p}")),
                 (None, None) => bail!("give --config FILE or --preset NAME"),
             };
             if let Some(s) = seed {
                 cfg.seed = s;
             }
             if let Some(ms) = duration_ms {
-                cfg.duration_ns = ms * 1_000_000;
+                cfg.duration_ns = check_duration_ms(ms)?;
                 cfg.warmup_ns = cfg.warmup_ns.min(cfg.duration_ns / 10);
             }
+            check_times(&cfg, &from)?;
             cmd_run(cfg, &out, !no_progress)
         }
         SimCmd::Config { preset: p } => {
-            print!("{}", toml::to_string_pretty(&preset(&p)?)?);
+            print!("{}", config_toml(&preset(&p)?)?);
             Ok(())
         }
         SimCmd::Cost {
@@ -229,7 +323,12 @@ pub fn run(args: SimArgs) -> Result<()> {
             out,
             emit_jobs,
             merge,
-        } => cmd_sweep(&presets, &loads, duration_ms, &out, emit_jobs, merge),
+        } => {
+            if let Some(ms) = duration_ms {
+                check_duration_ms(ms)?;
+            }
+            cmd_sweep(&presets, &loads, duration_ms, &out, emit_jobs, merge)
+        }
     }
 }
 
@@ -367,8 +466,24 @@ fn cmd_run(cfg: SimConfig, out: &Path, progress: bool) -> Result<()> {
 }
 
 fn cmd_cost(nodes: u32, max_nodes: u32, prices: Option<PathBuf>, out: &Path) -> Result<()> {
+    for (flag, n, range) in [
+        ("--nodes", nodes, COST_NODES),
+        ("--max-nodes", max_nodes, 4..=*COST_NODES.end()),
+    ] {
+        if !range.contains(&n) {
+            bail!(
+                "{flag} {n}: must be {} to {}: a switchless fabric needs at least two nodes to cable together",
+                range.start(),
+                range.end()
+            );
+        }
+    }
     let pr: Prices = match prices {
-        Some(p) => toml::from_str(&std::fs::read_to_string(&p)?)?,
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("in {}", p.display()))?
+        }
         None => Prices::default(),
     };
     let c = capex(nodes, &pr);
@@ -391,9 +506,9 @@ fn cmd_cost(nodes: u32, max_nodes: u32, prices: Option<PathBuf>, out: &Path) -> 
     std::fs::create_dir_all(out)?;
     std::fs::write(
         out.join("capex.svg"),
-        reproduce::capex_svg(&pr, 2, max_nodes.max(4)),
+        reproduce::capex_svg(&pr, 2, max_nodes),
     )?;
-    let curve: Vec<_> = (2..=max_nodes.max(4)).map(|n| capex(n, &pr)).collect();
+    let curve: Vec<_> = (2..=max_nodes).map(|n| capex(n, &pr)).collect();
     std::fs::write(
         out.join("capex.json"),
         serde_json::to_string_pretty(

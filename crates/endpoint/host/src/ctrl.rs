@@ -172,6 +172,9 @@ impl Controller {
             size = size.min(self.id.maxcmd as u32);
         }
         let size = size.clamp(2, MAX_QUEUE_SIZE as u32) as u16;
+        // The queue's first command is Connect, whose 1 KiB of data travels in
+        // a slot buffer: smaller I/O sizes (512-byte blocks) still need that.
+        let buf_bytes = buf_bytes.max(fabrics::CONNECT_DATA_LEN);
         let ecfg = EngineConfig {
             qid,
             queue_size: size,

@@ -8,8 +8,10 @@ use trellis_nvme::Status;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The TCP connection failed (connect refused, reset, EOF, ...).
+    // Not `#[from]`: that would also make the io::Error the `source`, and
+    // reports that print the chain (anyhow's `{:#}`) would show it twice.
     #[error("transport error: {0}")]
-    Transport(#[from] std::io::Error),
+    Transport(std::io::Error),
     /// The controller completed a command with a non-success status.
     #[error("NVMe status: {0}")]
     Nvme(Status),
@@ -40,6 +42,12 @@ impl Error {
             Error::Protocol(s) => Error::Protocol(s.clone()),
             Error::Usage(s) => Error::Usage(s.clone()),
         }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Error {
+        Error::Transport(e)
     }
 }
 

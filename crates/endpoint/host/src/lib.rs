@@ -22,3 +22,8 @@ pub use engine::{Completion, Engine, EngineConfig, Xfer};
 pub use error::{Error, Result};
 pub use queue::{PollStats, Queue};
 pub use trellis_nvme::pdu::Digests;
+
+/// docs/host.md, included so that `cargo test --doc` compiles its examples.
+#[cfg(doctest)]
+#[doc = include_str!("../../../../docs/host.md")]
+pub struct HostMdExamples;

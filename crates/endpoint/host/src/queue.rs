@@ -207,6 +207,14 @@ impl Queue {
         let slot = self
             .alloc()
             .ok_or_else(|| Error::protocol("no free command slot for a synchronous command"))?;
+        let room = self.buf(slot).len();
+        if data.len() > room {
+            self.free(slot);
+            return Err(Error::Usage(format!(
+                "{} bytes of command data do not fit this queue's {room}-byte buffers",
+                data.len()
+            )));
+        }
         self.buf_mut(slot)[..data.len()].copy_from_slice(data);
         let r = self.exec_slot(slot, sqe, xfer);
         if r.is_err() && self.engine.check().is_ok() {

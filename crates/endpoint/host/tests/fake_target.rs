@@ -241,3 +241,34 @@ fn term_req_is_a_protocol_error() {
         "{e}"
     );
 }
+
+/// Issue 10: `connect_io_queue(n, 512)` (512-byte blocks) panicked, because
+/// the slot buffers were smaller than the 1 KiB Connect data.
+#[test]
+fn io_queue_for_512_byte_transfers_connects_and_works() {
+    let t = FakeTarget::spawn(FakeConfig::default());
+    let mut c =
+        Controller::connect(&t.addr_string(), t.subnqn(), &host(digests(false, false))).unwrap();
+    c.set_num_queues(1).unwrap();
+    let mut q = c.connect_io_queue(4, 512).unwrap();
+    let s = q.alloc().unwrap();
+    q.buf_mut(s)[..512].fill(0xa5);
+    run(&mut q, s, rw_sqe(io::WRITE, 1, 3, 1), Xfer::ToCtrl(512)).unwrap();
+    q.buf_mut(s).fill(0);
+    run(&mut q, s, rw_sqe(io::READ, 1, 3, 1), Xfer::FromCtrl(512)).unwrap();
+    assert!(q.buf(s)[..512].iter().all(|&b| b == 0xa5));
+}
+
+/// A transport error names its OS error once, even when the whole error
+/// chain is printed (anyhow's `{:#}`), as the CLI does.
+#[test]
+fn transport_error_chain_names_the_os_error_once() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    let Err(e) = Controller::connect(&addr, "nqn.x", &host(digests(false, false))) else {
+        panic!("connected to a closed port");
+    };
+    let shown = format!("{:#}", anyhow::Error::from(e));
+    assert_eq!(shown.matches("os error").count(), 1, "{shown}");
+}

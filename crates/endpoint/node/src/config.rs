@@ -4,7 +4,7 @@
 //! Every bound the daemon enforces lives here with a sane default, so an
 //! operator can see and change all of them in one place.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
@@ -32,7 +32,7 @@ pub struct Config {
 }
 
 /// `[metrics]`: where to serve Prometheus text-format metrics over HTTP.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Address of the HTTP listener serving `GET /metrics` (for example
@@ -41,7 +41,7 @@ pub struct MetricsConfig {
 }
 
 /// Daemon-wide settings and limits.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TargetConfig {
     /// Reactor threads (each owns its connections for their whole life).
@@ -92,7 +92,7 @@ pub struct TargetConfig {
 }
 
 /// How reactors do socket I/O (the same protocol code runs on both).
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SocketEngine {
     /// Non-blocking recv/sendmsg, readiness from epoll (works everywhere).
@@ -183,7 +183,7 @@ impl TargetConfig {
 }
 
 /// What a listener serves.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ListenerKind {
     /// I/O controllers and the discovery controller.
@@ -192,12 +192,37 @@ pub enum ListenerKind {
     Discovery,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
+    /// HOST:PORT: an IP address, or a host name resolved when the
+    /// configuration is read (as `--listen` and `bench --addr`).
+    #[serde(deserialize_with = "host_port")]
     pub addr: SocketAddr,
     /// Default: discovery-only on port 8009, both elsewhere.
     pub kind: Option<ListenerKind>,
+}
+
+fn host_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    resolve_host_port(&s).map_err(serde::de::Error::custom)
+}
+
+/// HOST:PORT to one socket address: an IP literal as is, a host name to its
+/// first IPv4 address (else its first address), as `bench --addr` resolves.
+pub fn resolve_host_port(s: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let fix = "use HOST:PORT, e.g. 127.0.0.1:4420, [::1]:4420 or localhost:4420";
+    let addrs: Vec<_> = s
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("address {s:?}: {e}: {fix}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("address {s:?}: the name has no address: {fix}"))
 }
 
 impl ListenerConfig {
@@ -210,7 +235,7 @@ impl ListenerConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubsystemConfig {
     pub nqn: String,
@@ -237,7 +262,7 @@ fn default_model() -> String {
     "Trellis".into()
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// Discards writes and reads zeroes: for benchmarks.
@@ -251,7 +276,7 @@ pub enum BackendKind {
     Emulated,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NamespaceConfig {
     /// Default: position in the list, from 1.
@@ -267,7 +292,7 @@ pub struct NamespaceConfig {
     #[serde(default)]
     pub read_only: bool,
     /// Traffic control: "off" (default) or "gimbal" (docs/gimbal.md).
-    #[serde(default)]
+    #[serde(default, serialize_with = "qos_mode_name")]
     pub qos: crate::qos::QosMode,
     /// Open files with O_DIRECT when the filesystem or device allows it.
     #[serde(default = "yes")]
@@ -294,6 +319,13 @@ pub struct NamespaceConfig {
     pub eui64: Option<String>,
 }
 
+fn qos_mode_name<S: serde::Serializer>(m: &crate::qos::QosMode, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match m {
+        crate::qos::QosMode::Off => "off",
+        crate::qos::QosMode::Gimbal => "gimbal",
+    })
+}
+
 fn default_block_size() -> u32 {
     512
 }
@@ -318,6 +350,20 @@ impl std::str::FromStr for ByteSize {
             .parse_size(s.trim())
             .map(ByteSize)
             .map_err(|e| format!("bad size {s:?}: {e} (use e.g. 4096, 4k, 512M, 1GiB)"))
+    }
+}
+
+/// Written back as the largest binary unit that divides it ("1GiB", "4KiB"),
+/// which [`ByteSize::from_str`] reads back to the same number.
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let n = self.0;
+        for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+            if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+                return s.serialize_str(&format!("{}{unit}", n >> shift));
+            }
+        }
+        s.serialize_u64(n)
     }
 }
 
@@ -375,6 +421,74 @@ impl Config {
         c
     }
 
+    /// The configuration as TOML that [`Config::from_toml`] reads back to
+    /// the same values (what `trellis target --check` prints).
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        #[derive(Serialize)]
+        struct Qos<'a> {
+            limits: &'a trellis_qos::sched::SchedLimits,
+            device_qd: u32,
+            gimbal: &'a trellis_qos::GimbalConfig,
+        }
+        #[derive(Serialize)]
+        struct Tenant<'a> {
+            host: &'a str,
+            name: &'a str,
+            weight: u32,
+        }
+        // Mirrors of the qos module's tables, so the file keeps one layout.
+        #[derive(Serialize)]
+        struct View<'a> {
+            target: &'a TargetConfig,
+            listener: &'a [ListenerConfig],
+            subsystem: &'a [SubsystemConfig],
+            qos: Qos<'a>,
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            tenant: Vec<Tenant<'a>>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            metrics: Option<&'a MetricsConfig>,
+        }
+        let v = View {
+            target: &self.target,
+            listener: &self.listeners,
+            subsystem: &self.subsystems,
+            qos: Qos {
+                limits: &self.qos.limits,
+                device_qd: self.qos.device_qd,
+                gimbal: &self.qos.gimbal,
+            },
+            tenant: self
+                .tenants
+                .iter()
+                .map(|t| Tenant {
+                    host: &t.host,
+                    name: &t.name,
+                    weight: t.weight,
+                })
+                .collect(),
+            metrics: self.metrics.listen.is_some().then_some(&self.metrics),
+        };
+        Ok(toml::to_string_pretty(&v)?)
+    }
+
+    /// What starting would find wrong beyond [`Config::validate`], checked
+    /// without creating, locking or binding anything: every file namespace
+    /// can be opened, or created where it does not exist.
+    pub fn preflight(&self) -> anyhow::Result<()> {
+        for s in &self.subsystems {
+            for (i, n) in s.namespaces.iter().enumerate() {
+                if n.backend != BackendKind::File {
+                    continue;
+                }
+                let id = n.nsid.unwrap_or(i as u32 + 1);
+                let path = n.path.as_deref().unwrap_or_default();
+                preflight_file(path, n)
+                    .map_err(|e| anyhow::anyhow!("file namespace {id} of {}: {e}", s.nqn))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Checks every bound and name before anything is opened.
     pub fn validate(&self) -> anyhow::Result<()> {
         use anyhow::{bail, ensure};
@@ -416,16 +530,11 @@ impl Config {
                 ensure!(ids.insert(id), "duplicate nsid {id} in {}", s.nqn);
                 ensure!(
                     n.block_size == 512 || n.block_size == 4096,
-                    "block_size must be 512 or 4096"
+                    "namespace {id} of {}: block_size {} is not supported: use 512 or 4096",
+                    s.nqn,
+                    n.block_size
                 );
-                match n.backend {
-                    BackendKind::File => ensure!(n.path.is_some(), "file namespace needs a path"),
-                    _ => ensure!(
-                        n.size.is_some_and(|s| s.0 >= n.block_size as u64),
-                        "{:?} namespace needs a size",
-                        n.backend
-                    ),
-                }
+                check_ns_size(n, id, &s.nqn)?;
                 crate::backend::emulated::EmulatedParams::from_config(n)
                     .map_err(|e| anyhow::anyhow!("namespace {id} of {}: {e}", s.nqn))?;
             }
@@ -498,6 +607,80 @@ impl NamespaceConfig {
     }
 }
 
+fn preflight_file(path: &str, n: &NamespaceConfig) -> anyhow::Result<()> {
+    use anyhow::{bail, Context};
+    let p = std::path::Path::new(path);
+    if !p.exists() {
+        if n.size.is_none() {
+            bail!("{path} does not exist and no size was given to create it: add --file-size SIZE (or `size` in the config), or fix the path");
+        }
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() {
+            bail!(
+                "cannot create {path}: directory {} does not exist",
+                dir.display()
+            );
+        }
+        return Ok(());
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!n.read_only)
+        .open(p)
+        .with_context(|| format!("cannot open {path}"))?;
+    let meta = f.metadata()?;
+    if meta.is_file() && meta.len() < n.block_size as u64 {
+        bail!(
+            "{path} is {} bytes, smaller than one {}-byte block",
+            meta.len(),
+            n.block_size
+        );
+    }
+    Ok(())
+}
+
+/// A namespace's size: given where needed, at least one block and a whole
+/// number of blocks (a file's `size` is what it is created with).
+fn check_ns_size(n: &NamespaceConfig, id: u32, nqn: &str) -> anyhow::Result<()> {
+    use anyhow::{bail, ensure};
+    let bs = n.block_size as u64;
+    let what = format!("{} namespace {id} of {nqn}", backend_name(n.backend));
+    match (n.backend, n.size) {
+        (BackendKind::File, _) => ensure!(
+            n.path.is_some(),
+            "{what} needs a path (`path = \"...\"`, or --file PATH)"
+        ),
+        (_, None) => bail!("{what} needs a size (`size = \"1GiB\"`, or e.g. --ram 1G)"),
+        _ => {}
+    }
+    let Some(ByteSize(size)) = n.size else {
+        return Ok(());
+    };
+    ensure!(
+        size >= bs,
+        "{what}: size {size} is less than one {bs}-byte block: give at least {bs} bytes, e.g. 64M"
+    );
+    ensure!(
+        size.is_multiple_of(bs),
+        "{what}: size {size} is not a whole number of {bs}-byte blocks: use {} or {}",
+        size / bs * bs,
+        (size / bs + 1) * bs
+    );
+    Ok(())
+}
+
+fn backend_name(b: BackendKind) -> &'static str {
+    match b {
+        BackendKind::Null => "null",
+        BackendKind::Ram => "ram",
+        BackendKind::File => "file",
+        BackendKind::Emulated => "emulated",
+    }
+}
+
 /// NQNs: "nqn." prefix, at most 223 bytes, printable ASCII.
 pub fn check_nqn(n: &str) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -565,6 +748,11 @@ mod tests {
         .unwrap();
         assert_eq!(c.target.reactors, 2);
         assert_eq!(c.listeners[1].kind(), ListenerKind::Discovery);
+        let named = Config::from_toml("[[listener]]\naddr = \"localhost:4420\"\n").unwrap();
+        assert!(
+            named.listeners[0].addr.ip().is_loopback(),
+            "host names resolve"
+        );
         assert_eq!(c.listeners[0].kind(), ListenerKind::Both);
         let s = &c.subsystems[0];
         assert!(
@@ -581,6 +769,8 @@ mod tests {
             "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"bogus\"\n",
         );
         assert!(bad.unwrap_err().to_string().contains("bad NQN"));
+        let bad = Config::from_toml("[[listener]]\naddr = \"4420\"\n");
+        assert!(bad.unwrap_err().to_string().contains("HOST:PORT"));
         let bad = Config::from_toml(
             "[target]\nmax_io_size = \"3k\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n",
         );
@@ -589,5 +779,83 @@ mod tests {
             Config::from_toml("[target]\nnonsense = 1\n").is_err(),
             "unknown keys are errors"
         );
+    }
+
+    fn one_ns(extra: &str) -> anyhow::Result<Config> {
+        Config::from_toml(&format!(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"nqn.x:a\"\n[[subsystem.namespace]]\n{extra}\n"
+        ))
+    }
+
+    #[test]
+    fn namespace_sizes_are_whole_blocks_and_errors_say_which_fix() {
+        let e = one_ns("backend = \"ram\"\nsize = 1000")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("size 1000 is not a whole number of 512-byte blocks: use 512 or 1024"),
+            "{e}"
+        );
+        let e = one_ns("backend = \"ram\"\nsize = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("size 0 is less than one 512-byte block"), "{e}");
+        assert!(!e.contains("needs a size"), "a size was given: {e}");
+        let e = one_ns("backend = \"null\"").unwrap_err().to_string();
+        assert!(e.contains("needs a size"), "{e}");
+        let e = one_ns("backend = \"ram\"\nsize = 8192\nblock_size = 1024")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("block_size 1024") && e.contains("512 or 4096"),
+            "{e}"
+        );
+        one_ns("backend = \"ram\"\nsize = \"1M\"\nblock_size = 4096").unwrap();
+    }
+
+    #[test]
+    fn to_toml_reads_back_to_the_same_config() {
+        let mut c = one_ns("backend = \"null\"\nsize = \"3MiB\"\nqos = \"gimbal\"").unwrap();
+        c.target.reactors = 3;
+        c.target.state_dir = Some("/tmp/x".into());
+        c.metrics.listen = Some("127.0.0.1:9464".parse().unwrap());
+        let text = c.to_toml().unwrap();
+        assert!(text.contains("size = \"3MiB\""), "{text}");
+        let back = Config::from_toml(&text).unwrap();
+        assert_eq!(back.to_toml().unwrap(), text);
+        assert_eq!(back.target.reactors, 3);
+        assert_eq!(back.metrics.listen, c.metrics.listen);
+        assert_eq!(
+            back.subsystems[0].namespaces[0].qos,
+            crate::qos::QosMode::Gimbal
+        );
+        let d = Config::embedded_default();
+        assert_eq!(
+            Config::from_toml(&d.to_toml().unwrap())
+                .unwrap()
+                .to_toml()
+                .unwrap(),
+            d.to_toml().unwrap()
+        );
+    }
+
+    #[test]
+    fn preflight_finds_files_that_cannot_be_opened_or_created() {
+        let missing =
+            one_ns("backend = \"file\"\npath = \"/nonexistent/x\"\nsize = \"1M\"").unwrap();
+        let e = missing.preflight().unwrap_err().to_string();
+        assert!(e.contains("directory /nonexistent does not exist"), "{e}");
+        let nosize = one_ns("backend = \"file\"\npath = \"/nonexistent/x\"").unwrap();
+        let e = nosize.preflight().unwrap_err().to_string();
+        assert!(e.contains("--file-size"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        let ok = one_ns(&format!(
+            "backend = \"file\"\npath = {:?}\nsize = \"1M\"",
+            p
+        ))
+        .unwrap();
+        ok.preflight().unwrap();
+        assert!(!p.exists(), "preflight creates nothing");
     }
 }

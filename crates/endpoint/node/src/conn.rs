@@ -969,8 +969,16 @@ impl Conn {
         let ctrl = q.ctrl.clone();
         crate::lock(&ctrl.connected_qids).remove(&q.qid);
         if q.kind == QueueKind::Admin {
-            // The controller lives as long as its admin queue.
-            ctrl.kill(self.close_reason.as_deref().unwrap_or("admin queue closed"));
+            // The controller lives as long as its admin queue. A host that
+            // shut it down first (CC.SHN, as `trellis bench` does) left
+            // cleanly: say so, rather than only that the socket closed.
+            let shst = ctrl.csts.load(Relaxed) & (0x3 << 2);
+            let why = if shst == trellis_nvme::fabrics::csts::SHST_COMPLETE {
+                "clean shutdown by the host, then it closed the connection"
+            } else {
+                self.close_reason.as_deref().unwrap_or("admin queue closed")
+            };
+            ctrl.kill(why);
             match &ctrl.subsys {
                 Some(sub) => {
                     crate::lock(&sub.controllers).remove(&ctrl.cntlid);

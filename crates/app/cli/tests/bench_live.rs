@@ -1,0 +1,217 @@
+//! Issue 10: `trellis bench` against a live `trellis target`, as a user runs
+//! them: bad requests are refused before any I/O, results are never lost.
+
+mod common;
+use common::*;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn bench(t: &LiveTarget, args: &[&str]) -> std::process::Output {
+    let addr = t.addr();
+    let mut a = vec!["bench", "--addr", &addr, "--no-progress"];
+    a.extend_from_slice(args);
+    trellis(&a)
+}
+
+#[test]
+fn json_path_is_checked_before_the_run() {
+    // No target at all: the path is refused before anything connects.
+    let t0 = std::time::Instant::now();
+    let o = trellis(&[
+        "bench",
+        "--addr",
+        "127.0.0.1:1",
+        "--json",
+        "/nonexistent/out.json",
+    ]);
+    assert_refused(&o, &["/nonexistent/out.json", "--json"]);
+    assert!(!stderr(&o).contains("connect"), "{}", stderr(&o));
+    assert!(t0.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn block_size_512_runs() {
+    let t = LiveTarget::start(&["--ram", "64M"]);
+    let o = bench(&t, &["--bs", "512", "--runtime", "300ms", "--verify"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(" 512 "), "{}", stdout(&o));
+}
+
+#[test]
+fn block_size_above_mdts_is_refused_up_front() {
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("t.toml");
+    std::fs::write(
+        &f,
+        "[target]\nmax_io_size = \"64KiB\"\n[[listener]]\naddr = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let t = LiveTarget::start(&["--config", f.to_str().unwrap(), "--null", "64M"]);
+    let o = bench(&t, &["--bs", "1M", "--runtime", "1"]);
+    assert_refused(&o, &["block size 1m", "MDTS", "64k", "--bs 64k or less"]);
+    assert!(!stderr(&o).contains("I/O error"), "{}", stderr(&o));
+}
+
+#[test]
+fn size_past_the_namespace_and_oversized_iodepth_are_refused() {
+    let t = LiveTarget::start(&["--null", "64M"]);
+    let o = bench(&t, &["--size", "1G", "--runtime", "1"]);
+    assert_refused(&o, &["--size 1073741824", "use --size 67108864 or less"]);
+    let o = bench(&t, &["--iodepth", "1000", "--runtime", "1"]);
+    assert_refused(&o, &["--iodepth 1000", "or less"]);
+    // The target grants 16 I/O queues by default.
+    let o = bench(&t, &["--numjobs", "9", "--queues", "2", "--iodepth", "2"]);
+    assert_refused(&o, &["granted 16 I/O queues", "need 18", "max_io_queues"]);
+}
+
+#[test]
+fn verify_against_null_hints_that_null_discards_writes() {
+    let t = LiveTarget::start(&["--null", "64M"]);
+    let o = bench(
+        &t,
+        &[
+            "--rw",
+            "randrw",
+            "--verify",
+            "--runtime",
+            "300ms",
+            "--size",
+            "1M",
+        ],
+    );
+    assert_refused(
+        &o,
+        &["data integrity failure", "null namespace discards writes"],
+    );
+}
+
+#[test]
+fn hyphenated_and_fio_underscore_spellings_both_work() {
+    let t = LiveTarget::start(&["--null", "64M"]);
+    for ramp in ["--ramp-time", "--ramp_time"] {
+        let o = bench(
+            &t,
+            &[ramp, "100ms", "--runtime", "200ms", "--kato_ms", "5000"],
+        );
+        assert!(o.status.success(), "{ramp}: {}", stderr(&o));
+    }
+    let help = stdout(&trellis(&["bench", "--help"]));
+    assert!(
+        help.contains("--ramp-time") && help.contains("--rate-iops"),
+        "{help}"
+    );
+}
+
+fn spawn_bench(t: &LiveTarget, json: &std::path::Path, runtime: &str) -> std::process::Child {
+    Command::new(bin())
+        .args([
+            "bench",
+            "--no-progress",
+            "--addr",
+            &t.addr(),
+            "--runtime",
+            runtime,
+        ])
+        .arg("--json")
+        .arg(json)
+        .env("TRELLIS_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn json_of(p: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).expect("results written")).unwrap()
+}
+
+#[test]
+fn sigint_prints_and_writes_partial_results() {
+    let t = LiveTarget::start(&["--null", "64M"]);
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("out.json");
+    let child = spawn_bench(&t, &p, "60s");
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_refused(&o, &["interrupted", "partial"]);
+    assert!(stdout(&o).contains("PARTIAL"), "{}", stdout(&o));
+    let j = json_of(&p);
+    assert_eq!(j["partial"], true);
+    assert!(j["jobs"][0]["ios"].as_u64().unwrap() > 0);
+    assert!(j["jobs"][0]["runtime_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn losing_the_target_gives_sane_partial_figures_and_fails() {
+    let mut t = LiveTarget::start(&["--null", "64M"]);
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("out.json");
+    let child = spawn_bench(&t, &p, "20s");
+    std::thread::sleep(Duration::from_millis(1500));
+    t.child.kill().unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_refused(
+        &o,
+        &["job job0 stopped after", "transport error", "partial"],
+    );
+    let j = json_of(&p);
+    let job = &j["jobs"][0];
+    let (ios, secs) = (
+        job["ios"].as_f64().unwrap(),
+        job["runtime_s"].as_f64().unwrap(),
+    );
+    assert!(ios > 0.0 && secs > 0.5 && secs < 20.0, "{job}");
+    let iops = job["iops"].as_f64().unwrap();
+    assert!((iops - ios / secs).abs() <= 1e-6 * iops, "{job}");
+    assert_eq!(j["partial"], true);
+}
+
+#[test]
+fn target_logs_a_clean_shutdown_and_why_it_refused_a_connect() {
+    let t = LiveTarget::start(&["--null", "64M"]);
+    let o = bench(&t, &["--runtime", "200ms"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    if let Err(log) = t.wait_log("controller torn down: clean shutdown by the host") {
+        panic!("no clean-shutdown line:\n{log}");
+    }
+    let o = bench(
+        &t,
+        &["--runtime", "200ms", "--nqn", "nqn.2026-11.io.x:nosuch"],
+    );
+    assert_refused(
+        &o,
+        &[
+            "nqn.2026-11.io.x:nosuch",
+            "no such subsystem",
+            "check --nqn",
+        ],
+    );
+    if let Err(log) = t.wait_log("connect refused: no such subsystem") {
+        panic!("no refusal line:\n{log}");
+    }
+}
+
+#[test]
+fn a_host_not_on_the_allow_list_is_told_how_to_fix_it() {
+    let t = LiveTarget::start(&["--null", "64M", "--allow-host", "nqn.2026-11.io.x:only"]);
+    let o = bench(&t, &["--runtime", "200ms"]);
+    assert_refused(&o, &["does not allow host", "--allow-host"]);
+    if let Err(log) = t.wait_log("connect refused: host not allowed") {
+        panic!("no refusal line:\n{log}");
+    }
+}
+
+#[test]
+fn bench_help_lists_values_and_defaults() {
+    let help = stdout(&trellis(&["bench", "--help"]));
+    for want in [
+        "randread (default)",
+        "4k (default)",
+        "default 1",
+        "default 127.0.0.1:4420",
+    ] {
+        assert!(help.contains(want), "{want:?} missing:\n{help}");
+    }
+}
