@@ -120,7 +120,18 @@ pub struct TopologyConfig {
     /// direction. Wire time is extra.
     pub adapter_hop_ns: u64,
     pub switch_hop_ns: u64,
+    /// Largest write whose data ride in the command capsule; larger writes take an R2T
+    /// round trip (16 KiB: Linux nvmet-tcp's default inline data size; docs/sim.md).
+    pub inline_data_bytes: u32,
+    /// Floor of the NVMe/TCP connections' retransmission timeout (Linux TCP_RTO_MIN,
+    /// 200 ms; docs/sim.md). A lost packet's I/O is resent after the connection's RTO.
+    pub tcp_rto_min_ns: u64,
+    /// Private drop-tail buffer of each adapter and host egress port.
     pub queue_bytes: u64,
+    /// Each switch's shared buffer (Tomahawk-class, 16 MB) and its dynamic-threshold
+    /// alpha as log2 (3: alpha = 8, SONiC's lossy default); docs/sim.md.
+    pub switch_buffer_bytes: u64,
+    pub switch_dt_alpha_log2: i8,
     pub mtu_bytes: u32,
     /// Ethernet + IP + TCP framing per packet.
     pub frame_overhead_bytes: u32,
@@ -145,7 +156,11 @@ impl Default for TopologyConfig {
             prop_ns: 100,
             adapter_hop_ns: 2_900,
             switch_hop_ns: 800,
+            inline_data_bytes: 16 << 10,
+            tcp_rto_min_ns: 200_000_000,
             queue_bytes: 4 << 20,
+            switch_buffer_bytes: 16 << 20,
+            switch_dt_alpha_log2: 3,
             mtu_bytes: 9000,
             frame_overhead_bytes: 78,
         }
@@ -278,8 +293,22 @@ pub enum JobKind {
         format: String,
         time_scale: f64,
     },
-    /// YCSB A–F over an LSM-style block-I/O generator.
-    Ycsb { workload: char, record_bytes: u32 },
+    /// YCSB A–F over an LSM-style block-I/O generator; each KV op also needs
+    /// `cpu_ns_per_op` of client CPU on one of `cores` cores (0 = one per thread).
+    Ycsb {
+        workload: char,
+        record_bytes: u32,
+        #[serde(default)]
+        cores: u32,
+        #[serde(default = "ycsb_cpu_ns_per_op")]
+        cpu_ns_per_op: u64,
+    },
+}
+
+/// RocksDB `Get` served from the block cache, one thread: 202,243 ops/s, i.e. 4.94 µs of
+/// CPU per op (facebook/rocksdb PR #5473, db_bench readrandom; docs/sim.md).
+pub fn ycsb_cpu_ns_per_op() -> u64 {
+    4_940
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -321,8 +350,26 @@ impl Default for JobConfig {
 #[serde(deny_unknown_fields)]
 pub struct FailureConfig {
     pub at_ns: u64,
-    /// "link" (between storage nodes `a` and `b`, or the first link of node `a` if b is absent) or "node".
+    /// "link" (between storage nodes `a` and `b`, or the busiest storage-to-storage link of
+    /// node `a` at `at_ns` if b is absent) or "node".
     pub what: String,
     pub a: u32,
     pub b: Option<u32>,
+    /// Until then the link is dead but still routed to (BFD-style detection, docs/sim.md).
+    #[serde(default = "failure_detect_ns")]
+    pub detect_ns: u64,
+    /// After detection, until global routes are recomputed (SPF delay, docs/sim.md).
+    #[serde(default = "failure_converge_ns")]
+    pub converge_ns: u64,
+}
+
+/// BFD detection time = multiplier × interval (RFC 5880 §6.8.4), at the fastest hardware
+/// setting of 3 ms × 3 (docs/sim.md).
+pub fn failure_detect_ns() -> u64 {
+    9_000_000
+}
+
+/// The shortest configurable SPF delay after a detected change, 50 ms (docs/sim.md).
+pub fn failure_converge_ns() -> u64 {
+    50_000_000
 }

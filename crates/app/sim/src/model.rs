@@ -19,6 +19,8 @@ use rustc_hash::FxBuildHasher;
 use std::collections::{HashMap, VecDeque};
 use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
+use trellis_fabric::rto::RtoEstimator;
+use trellis_fabric::shared_buffer::SharedBuffer;
 use trellis_fabric::ssd_credit::{self, HostRateLimiter};
 use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
 use trellis_ssd::Ssd;
@@ -33,10 +35,18 @@ const EV_ADMIT: u8 = 4;
 const EV_SCHED_WAKE: u8 = 5;
 const EV_FAIL: u8 = 6;
 const EV_RETRY: u8 = 7;
+/// A closed-loop I/O whose issue waits for client CPU (YCSB op work).
+const EV_ISSUE: u8 = 8;
+/// The nodes next to a failed link notice it (local repair).
+const EV_FAIL_DETECT: u8 = 9;
+/// Global routes are recomputed after a detected failure.
+const EV_FAIL_CONVERGE: u8 = 10;
 
 /// Egress classes: 0 = reserved responses and write completions, 1..=8 = rank 0..7.
 const NQ: usize = 9;
 const NO_PORT: u8 = u8::MAX;
+/// NVMe/TCP R2T PDU (header only, no digest).
+const R2T_BYTES: u32 = 24;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PktKind {
@@ -86,6 +96,22 @@ struct Io {
     grants: [(u32, u64); 8],
     n_grants: u8,
     lost: bool,
+    /// Write data transfer (NVMe/TCP): in-capsule, or R2T round trip (state below).
+    r2t: R2t,
+}
+
+/// A write larger than the in-capsule limit sends its command alone, waits for the
+/// controller's R2T, then sends the data as H2CData ([NVMe/TCP]; docs/sim.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum R2t {
+    /// Reads, and writes whose data ride in the command capsule.
+    None,
+    /// The command is on its way; the target answers it with an R2T.
+    Command,
+    /// The R2T is on its way back to the host.
+    Await,
+    /// The H2CData is on its way; once it has arrived the write goes to the SSD.
+    Data,
 }
 
 struct PortQ {
@@ -95,7 +121,11 @@ struct PortQ {
     tx_pending: bool,
     tx_bytes: u64,
     resv: PortReservation,
+    /// The switch buffer pool this egress queue draws on (NO_POOL: a private buffer).
+    pool: u32,
 }
+
+const NO_POOL: u32 = u32::MAX;
 
 struct SsdSlot {
     ssd: Ssd,
@@ -131,7 +161,12 @@ struct Host {
     /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
     /// Never iterated, so the hasher cannot change any result.
     limiters: HashMap<u32, Limited, FxBuildHasher>,
+    /// Per storage node: the retransmission timeout of this host's NVMe/TCP connection.
+    rto: Vec<RtoEstimator>,
 }
+
+/// Linux TCP_RTO_MAX: the backed-off RTO never exceeds 120 s.
+const RTO_MAX_NS: u64 = 120_000_000_000;
 
 pub struct Sim {
     pub cfg: SimConfig,
@@ -144,6 +179,13 @@ pub struct Sim {
     ssds: Vec<SsdSlot>,
     hosts: Vec<Host>,
     isr: Vec<Option<IsrTable>>,
+    /// Per port: the link is physically down. Routing learns it only at detection
+    /// (`g.port_up`), so until then packets routed onto it are lost (a blackhole).
+    link_dead: Vec<bool>,
+    /// Switch buffer pools (dynamic thresholds), indexed by `PortQ::pool`.
+    pools: Vec<SharedBuffer>,
+    /// Per configured failure: the ports it took down.
+    failed_ports: Vec<Vec<u32>>,
     /// Storage node → its index among storage nodes (ISR tables are per target node).
     pub metrics: Metrics,
     payload_max: u32,
@@ -154,6 +196,8 @@ pub struct Sim {
     pub path_checks: u64,
     pub path_mismatches: u64,
     cand: [u32; 64],
+    /// Switched fabric (ToR or leaf-spine): parallel links are LAGs hashed per flow.
+    switched: bool,
 }
 
 impl Sim {
@@ -163,10 +207,23 @@ impl Sim {
         let mut rng = Rng::new(cfg.seed);
         let ssds = build_ssds(&cfg, &g)?;
         let ssd_bytes = ssds[0].ssd.logical_bytes();
+        // One shared buffer per switch; adapters and hosts keep private port buffers.
+        let mut pool_of_node = vec![NO_POOL; g.n()];
+        let mut pools = Vec::new();
+        for (n, k) in g.kinds.iter().enumerate() {
+            if *k == NodeKind::Switch {
+                pool_of_node[n] = pools.len() as u32;
+                pools.push(SharedBuffer::new(
+                    cfg.topology.switch_buffer_bytes,
+                    cfg.topology.switch_dt_alpha_log2,
+                ));
+            }
+        }
         let ports = g
             .ports
             .iter()
             .map(|p| PortQ {
+                pool: pool_of_node[p.node as usize],
                 q: Default::default(),
                 bytes: 0,
                 busy_until: 0,
@@ -215,11 +272,13 @@ impl Sim {
                 port: g.node_ports[node as usize][0],
                 jobs,
                 limiters: HashMap::default(),
+                rto: vec![RtoEstimator::default(); n_targets],
             });
         }
         let _ = rng.next_u64();
         let payload_max = cfg.topology.mtu_bytes - cfg.topology.frame_overhead_bytes;
         let metrics = Metrics::new(&cfg, g.ports.len());
+        let (n_ports, n_failures) = (g.ports.len(), cfg.failures.len());
         Ok(Sim {
             payload_max,
             retry_ns: 1_000_000,
@@ -235,8 +294,15 @@ impl Sim {
             ssds,
             hosts,
             isr,
+            link_dead: vec![false; n_ports],
+            pools,
+            failed_ports: vec![Vec::new(); n_failures],
             metrics,
             cand: [0; 64],
+            switched: matches!(
+                cfg.topology.kind,
+                TopologyKind::Tor | TopologyKind::LeafSpine
+            ),
             cfg,
         })
     }
@@ -259,7 +325,7 @@ impl Sim {
                             .as_mut()
                             .unwrap()
                             .first(ctx, &mut self.rng);
-                        self.new_io(h as u32, j as u16, spec, 0);
+                        self.issue_when_ready(h as u32, j as u16, spec, 0);
                     }
                 } else {
                     self.schedule_arrival(h as u32, j as u16, 0);
@@ -302,7 +368,13 @@ impl Sim {
                     self.pump(e.a)
                 }
                 EV_FAIL => self.on_fail(e.a as usize),
+                EV_FAIL_DETECT => self.on_fail_detected(e.a as usize),
+                EV_FAIL_CONVERGE => self.g.compute_routes(),
                 EV_RETRY => self.on_retry(e.a),
+                EV_ISSUE => {
+                    self.metrics.on_start(e.t);
+                    self.admit(e.a)
+                }
                 k => unreachable!("event kind {k}"),
             }
         }
@@ -335,6 +407,7 @@ impl Sim {
             grants: [(0, 0); 8],
             n_grants: 0,
             lost: false,
+            r2t: R2t::None,
         })
     }
 
@@ -342,6 +415,19 @@ impl Sim {
         let io = self.alloc_io(host, job, spec, now);
         self.metrics.on_start(now);
         self.admit(io);
+    }
+
+    /// Closed loop: issue now, or at the time the generator's client CPU lets it.
+    fn issue_when_ready(&mut self, host: u32, job: u16, spec: IoSpec, now: u64) {
+        let ready = self.hosts[host as usize].jobs[job as usize]
+            .as_ref()
+            .map_or(0, |g| g.ready_ns(&spec));
+        if ready <= now {
+            self.new_io(host, job, spec, now);
+        } else {
+            let io = self.alloc_io(host, job, spec, ready);
+            self.q.push(ready, EV_ISSUE, io);
+        }
     }
 
     fn on_host_arrival(&mut self, io: u32) {
@@ -428,7 +514,13 @@ impl Sim {
             let o = self.ios.get(io);
             (o.host, o.spec.op, o.spec.size_bytes, o.gen)
         };
-        let fwd = reserve::request_bytes(op, size);
+        let r2t = op == IoDir::Write && size > self.cfg.topology.inline_data_bytes;
+        self.ios.get_mut(io).r2t = if r2t { R2t::Command } else { R2t::None };
+        let fwd = if r2t {
+            reserve::request_bytes(IoDir::Read, 0) // the command capsule alone
+        } else {
+            reserve::request_bytes(op, size)
+        };
         let n = fwd.div_ceil(self.payload_max);
         let hnode = self.hosts[host as usize].node;
         let mut hport = self.hosts[host as usize].port;
@@ -471,6 +563,45 @@ impl Sim {
         }
     }
 
+    /// The R2T arrived: send the H2CData along the command's recorded path (an R2T and
+    /// its data belong to one command and take one path).
+    fn send_write_data(&mut self, io: u32) {
+        let (host, size, gen, rank) = {
+            let o = self.ios.get(io);
+            (o.host, o.spec.size_bytes, o.gen, o.rank)
+        };
+        let hnode = self.hosts[host as usize].node;
+        let first = self.ios.get(io).hdr.hops[0].out_port;
+        let hport = self.g.node_ports[hnode as usize][first as usize];
+        let bytes =
+            reserve::request_bytes(IoDir::Write, size) - reserve::request_bytes(IoDir::Read, 0);
+        let n = bytes.div_ceil(self.payload_max);
+        {
+            let o = self.ios.get_mut(io);
+            o.r2t = R2t::Data;
+            o.fwd_expected = n as u16;
+            o.fwd_arrived = 0;
+        }
+        let mut left = bytes;
+        for _ in 0..n {
+            let payload = left.min(self.payload_max);
+            left -= payload;
+            let p = self.pkts.insert(Packet {
+                io,
+                gen,
+                kind: PktKind::Fwd,
+                marker: false,
+                wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
+                hop: 1,
+                to: self.g.peer_node(hport),
+                via: hport,
+                enq_ns: 0,
+                class: 1 + rank,
+            });
+            self.enqueue(p, hport);
+        }
+    }
+
     fn host_complete(&mut self, io: u32) {
         let now = self.q.now;
         let (host, job, spec, submit, headroom) = {
@@ -485,6 +616,11 @@ impl Sim {
             }
         }
         let ssd_lat = self.ios.get(io).ssd_latency_ns;
+        // RTT sample of the connection: the I/O's time outside the device (it includes
+        // the target's queueing, so the RTO errs long; with a 200 ms floor it hardly matters).
+        let target = self.ios.get(io).target_node as usize;
+        let rtt_ns = (now - submit).saturating_sub(ssd_lat);
+        self.hosts[host as usize].rto[target].on_rtt_sample(rtt_ns);
         self.metrics
             .on_complete(spec.op, spec.size_bytes, now - submit, ssd_lat, submit, now);
         self.metrics.on_finish(submit, now);
@@ -494,7 +630,7 @@ impl Sim {
             .expect("job");
         let follow = gen.on_complete(&spec, now, &mut self.rng);
         for s in follow.into_iter().flatten() {
-            self.new_io(host, job, s, now);
+            self.issue_when_ready(host, job, s, now);
         }
     }
 
@@ -514,7 +650,7 @@ impl Sim {
         let follow = gen.on_complete(&spec, now, &mut self.rng);
         if let Some(s) = follow[0] {
             if self.ssds[s.ssd as usize].alive {
-                self.new_io(host, job, s, now);
+                self.issue_when_ready(host, job, s, now);
             }
         }
     }
@@ -559,7 +695,10 @@ impl Sim {
         let now = self.q.now;
         // ISR tables are kept per target storage node; routes toward hosts use ECMP.
         let to_storage = (dest as usize) < self.g.storage.len();
-        if let (true, Some(t)) = (to_storage, &self.isr[node as usize]) {
+        // A team of parallel links to one switch is a LAG (NIC teaming, IEEE 802.1AX):
+        // it hashes each flow onto one member, so no I/O of a flow picks its own link.
+        let lag = self.switched && self.same_peer(&cand[..k]);
+        if let (true, false, Some(t)) = (to_storage, lag, &self.isr[node as usize]) {
             let mut locals = [0u8; 64];
             for (i, &p) in cand[..k].iter().enumerate() {
                 locals[i] = self.local_of(node, p);
@@ -581,16 +720,26 @@ impl Sim {
         Some(cand[(h % k as u64) as usize])
     }
 
+    /// Do all these ports lead to the same node (parallel links, a team)?
+    fn same_peer(&self, ports: &[u32]) -> bool {
+        let first = self.g.peer_node(ports[0]);
+        ports[1..].iter().all(|&p| self.g.peer_node(p) == first)
+    }
+
     fn enqueue(&mut self, p: u32, port: u32) {
         let now = self.q.now;
-        if !self.g.port_up[port as usize] {
+        if self.link_dead[port as usize] {
             self.drop_packet(p);
             return;
         }
         let bytes = self.pkts.get(p).wire_bytes as u64;
         let class = self.classify(p, port);
         let pq = &mut self.ports[port as usize];
-        if pq.bytes + bytes > self.cfg.topology.queue_bytes {
+        let fits = match pq.pool {
+            NO_POOL => pq.bytes + bytes <= self.cfg.topology.queue_bytes,
+            i => self.pools[i as usize].admits(pq.bytes, bytes),
+        };
+        if !fits {
             self.metrics.drops += 1;
             self.drop_packet(p);
             return;
@@ -608,6 +757,9 @@ impl Sim {
         }
         pq.q[class as usize].push_back(p);
         pq.bytes += bytes;
+        if pq.pool != NO_POOL {
+            self.pools[pq.pool as usize].add(bytes);
+        }
         if !pq.tx_pending {
             pq.tx_pending = true;
             let t = pq.busy_until.max(now);
@@ -709,6 +861,9 @@ impl Sim {
         };
         let bytes = self.pkts.get(p).wire_bytes as u64;
         pq.bytes -= bytes;
+        if pq.pool != NO_POOL {
+            self.pools[pq.pool as usize].remove(bytes);
+        }
         self.start_tx(p, port);
         let pq = &mut self.ports[port as usize];
         if pq.bytes > 0 {
@@ -725,7 +880,7 @@ impl Sim {
             self.pkts.remove(p);
             return;
         }
-        if !self.g.port_up[pk.via as usize] {
+        if self.link_dead[pk.via as usize] {
             // The link failed while the packet was on the wire.
             self.drop_packet(p);
             return;
@@ -749,7 +904,12 @@ impl Sim {
                 if pk.marker {
                     self.reserve_at(pk.io, in_port);
                 }
-                self.ssd_enqueue(pk.io);
+                if self.ios.get(pk.io).r2t == R2t::Command {
+                    self.ios.get_mut(pk.io).r2t = R2t::Await;
+                    self.send_rev(pk.io, R2T_BYTES);
+                } else {
+                    self.ssd_enqueue(pk.io);
+                }
             } else if pk.marker {
                 self.reserve_at(pk.io, in_port);
             }
@@ -824,6 +984,10 @@ impl Sim {
         };
         if node == host_node {
             self.pkts.remove(p);
+            if self.ios.get(pk.io).r2t == R2t::Await {
+                self.send_write_data(pk.io);
+                return;
+            }
             if pk.marker && n_hops > 0 && self.isr[node as usize].is_some() {
                 // ISR at the end host: the completion's telemetry updates the client's table.
                 self.isr_learn(pk.io, 0, target);
@@ -902,14 +1066,22 @@ impl Sim {
         let io = self.pkts.get(p).io;
         let gen = self.pkts.get(p).gen;
         self.pkts.remove(p);
+        self.lose_io(io, gen);
+    }
+
+    /// A packet of generation `gen` of `io` was lost (or could not be routed).
+    fn lose_io(&mut self, io: u32, gen: u16) {
         let o = self.ios.get_mut(io);
         if o.gen != gen || o.lost {
             return;
         }
-        // The host notices by timeout and resends the command.
+        // The host's TCP notices by its retransmission timeout and the I/O is sent again.
         o.lost = true;
+        let (host, target) = (o.host as usize, o.target_node as usize);
         self.metrics.lost_ios += 1;
-        let t = self.q.now + self.retry_ns;
+        let conn = &mut self.hosts[host].rto[target];
+        let t = self.q.now + conn.rto_ns(self.cfg.topology.tcp_rto_min_ns, RTO_MAX_NS);
+        conn.on_timeout();
         self.q.push(t, EV_RETRY, io);
     }
 
@@ -922,6 +1094,7 @@ impl Sim {
         o.fwd_arrived = 0;
         o.rev_arrived = 0;
         o.target_in_port = u32::MAX;
+        o.r2t = R2t::None;
         let ssd = o.spec.ssd as usize;
         if !self.ssds[ssd].alive {
             self.metrics.failed_ios += 1;
@@ -931,6 +1104,8 @@ impl Sim {
         self.send_command(io);
     }
 
+    /// The link (or node) dies now; the nodes next to it notice only after the
+    /// detection delay, and the other nodes after convergence on top of that.
     fn on_fail(&mut self, i: usize) {
         let f = self.cfg.failures[i].clone();
         let mut down = Vec::new();
@@ -946,16 +1121,19 @@ impl Sim {
                 let a = self.g.storage[f.a as usize];
                 let port = match f.b {
                     Some(b) => self.g.port_between(a, self.g.storage[b as usize]),
-                    None => self.g.node_ports[a as usize].first().copied(),
+                    None => self.busiest_fabric_port(a),
                 };
                 down.extend(port);
             }
         }
         for &p in &down {
             let peer = self.g.ports[p as usize].peer;
-            self.g.fail_port(p);
             for port in [p, peer] {
+                self.link_dead[port as usize] = true;
                 let pq = &mut self.ports[port as usize];
+                if pq.pool != NO_POOL {
+                    self.pools[pq.pool as usize].remove(pq.bytes);
+                }
                 pq.bytes = 0;
                 let queued: Vec<u32> = pq.q.iter_mut().flat_map(|q| q.drain(..)).collect();
                 for pk in queued {
@@ -963,8 +1141,30 @@ impl Sim {
                 }
             }
         }
-        self.g.compute_routes();
+        self.failed_ports[i] = down;
+        self.q.push(f.at_ns + f.detect_ns, EV_FAIL_DETECT, i as u32);
         self.metrics.failure_at_ns = Some(f.at_ns);
+    }
+
+    /// Detection: the two ends stop offering the port as a next hop (local repair: ISR
+    /// and ECMP choose among the remaining productive ports); global tables follow later.
+    fn on_fail_detected(&mut self, i: usize) {
+        for p in std::mem::take(&mut self.failed_ports[i]) {
+            self.g.fail_port(p);
+        }
+        let f = &self.cfg.failures[i];
+        let t = f.at_ns + f.detect_ns + f.converge_ns;
+        self.q.push(t, EV_FAIL_CONVERGE, i as u32);
+    }
+
+    /// The storage-to-storage port of `node` that has sent the most bytes so far (lowest
+    /// index on ties): failing it hits the traffic a real failure would, not an idle link.
+    fn busiest_fabric_port(&self, node: u32) -> Option<u32> {
+        self.g.node_ports[node as usize]
+            .iter()
+            .copied()
+            .filter(|&p| self.g.kinds[self.g.peer_node(p) as usize] == NodeKind::Storage)
+            .max_by_key(|&p| (self.ports[p as usize].tx_bytes, std::cmp::Reverse(p)))
     }
 
     // ---------------------------------------------------------------- targets
@@ -1063,20 +1263,26 @@ impl Sim {
     }
 
     fn send_response(&mut self, io: u32) {
-        let (op, size, gen, in_port, n_hops, rank) = {
+        let o = self.ios.get(io);
+        let mut total = reserve::response_bytes(o.spec.op, o.spec.size_bytes);
+        if o.r2t != R2t::None {
+            total -= R2T_BYTES; // the R2T already went back on its own
+        }
+        self.send_rev(io, total);
+    }
+
+    /// Send `total` bytes target -> host: the completion (its last packet carries the
+    /// marker), or an R2T, which travels the same way.
+    fn send_rev(&mut self, io: u32, total: u32) {
+        let (gen, in_port, n_hops, rank) = {
             let o = self.ios.get(io);
-            (
-                o.spec.op,
-                o.spec.size_bytes,
-                o.gen,
-                o.target_in_port,
-                o.hdr.n_hops,
-                o.rank,
-            )
+            (o.gen, o.target_in_port, o.hdr.n_hops, o.rank)
         };
-        let total = reserve::response_bytes(op, size);
+        let is_r2t = self.ios.get(io).r2t == R2t::Await;
         let n = total.div_ceil(self.payload_max);
-        self.ios.get_mut(io).rev_expected = n as u16;
+        if !is_r2t {
+            self.ios.get_mut(io).rev_expected = n as u16;
+        }
         let symmetric = self.cfg.mechanisms.isr;
         let target = self.ios.get(io).target_node;
         let host_node = self.hosts[self.ios.get(io).host as usize].node;
@@ -1090,14 +1296,15 @@ impl Sim {
             let payload = left.min(self.payload_max);
             left -= payload;
             let Some(out) = out else {
-                self.metrics.lost_ios += 1;
+                // No route back (a failure not yet converged): the host times out.
+                self.lose_io(io, gen);
                 return;
             };
             let p = self.pkts.insert(Packet {
                 io,
                 gen,
                 kind: PktKind::Rev,
-                marker: i + 1 == n,
+                marker: i + 1 == n && !is_r2t,
                 wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
                 hop: if symmetric && out == in_port {
                     n_hops - 1

@@ -138,6 +138,8 @@ fn link_failure_reroutes_and_reports_recovery() {
         what: "link".into(),
         a: 0,
         b: Some(1),
+        detect_ns: failure_detect_ns(),
+        converge_ns: failure_converge_ns(),
     }];
     let r = run(cfg, false).unwrap().results;
     let f = r.failure.expect("failure stats");
@@ -236,4 +238,160 @@ fn with_equal_client_attachment_the_testbed_gap_closes() {
         "equal attachment: {equal_switched} vs {switchless} us, more than the switch's {switch_us} us"
     );
     assert!(gap(equal_switched) < gap(paper_switched) / 4.0);
+}
+
+/// YCSB-C on a lightly loaded fabric: 8 threads on 1 client core with 50 µs of CPU per op
+/// cannot exceed 1 / 50 µs = 20 kops/s per host, whatever the I/O latency; with one core
+/// per thread the same run is I/O-latency bound and goes well above that.
+#[test]
+fn ycsb_throughput_is_bounded_by_client_cores_not_threads_over_latency() {
+    let kops = |cores: u32| {
+        let mut c = small(TopologyKind::Torus2d, 4);
+        c.duration_ns = 6_000_000;
+        c.workload.jobs = vec![JobConfig {
+            job: JobKind::Ycsb {
+                workload: 'C',
+                record_bytes: 1024,
+                cores,
+                cpu_ns_per_op: 50_000,
+            },
+            qd: 8,
+            ..JobConfig::default()
+        }];
+        let r = run(c, false).unwrap().results;
+        r.ycsb.expect("YCSB stats").kops_s / 4.0
+    };
+    let one_core = kops(1);
+    assert!(
+        (17.0..=20.5).contains(&one_core),
+        "one core at 50 µs/op is CPU-bound near 20 kops/s per host: {one_core}"
+    );
+    let per_thread = kops(0);
+    assert!(per_thread > 2.0 * one_core, "{per_thread} vs {one_core}");
+}
+
+/// Until the failure is detected the dead link is still routed to, so every I/O whose
+/// path crosses it is lost; a longer detection delay loses more, and after detection
+/// (local repair) and convergence traffic flows around it again.
+#[test]
+fn undetected_link_failure_blackholes_until_detection() {
+    let lost = |detect_ns: u64| {
+        let mut cfg = small(TopologyKind::Torus2d, 9);
+        cfg.duration_ns = 6_000_000;
+        cfg.failures = vec![FailureConfig {
+            at_ns: 1_000_000,
+            what: "link".into(),
+            a: 0,
+            b: None,
+            detect_ns,
+            converge_ns: 500_000,
+        }];
+        let r = run(cfg, false).unwrap().results;
+        let f = r.failure.expect("failure stats");
+        assert!(f.mb_s_after > 0.0, "traffic continues after the failure");
+        r.lost_ios
+    };
+    let (fast, slow) = (lost(0), lost(2_000_000));
+    assert!(
+        fast < slow,
+        "a 2 ms blackhole must lose more I/Os: {fast} vs {slow}"
+    );
+    assert!(slow >= 10, "the busiest link carried traffic: {slow}");
+}
+
+/// A client's 4-port team to a ToR is a LAG: all I/Os of one flow (client, SSD) leave by
+/// one member, even with ISR on, while flows to many SSDs spread over the members.
+#[test]
+fn a_lag_hashes_per_flow_not_per_io() {
+    let busy_ports = |targets: Targets| {
+        let mut c = small(TopologyKind::Tor, 4);
+        c.topology.hosts = 1;
+        c.topology.host_ports = 4;
+        c.workload.jobs[0].targets = targets;
+        c.workload.jobs[0].qd = 32;
+        let mut sim = Sim::new(c).unwrap();
+        sim.start();
+        sim.run_until(2_000_000, |_| {});
+        let tx = sim.port_tx_bytes();
+        let host = sim.g.hosts[0] as usize;
+        sim.g.node_ports[host]
+            .iter()
+            .filter(|&&p| tx[p as usize] > 0)
+            .count()
+    };
+    assert_eq!(busy_ports(Targets::One(3)), 1, "one flow, one member");
+    assert!(
+        busy_ports(Targets::All) >= 3,
+        "8 flows spread over the team"
+    );
+}
+
+/// Switch egress queues draw on the switch's shared buffer, not on the private per-port
+/// buffer of adapters: an incast of 8 MiB of read responses onto one 10G client port fits
+/// in a 16 MiB pool (alpha = 8 lets one queue take ~8/9 of it) although it is 8x the
+/// private port limit, and overflows a 512 KiB pool.
+#[test]
+fn tor_queues_use_the_shared_buffer_with_dynamic_thresholds() {
+    let drops = |pool_bytes: u64| {
+        let mut c = small(TopologyKind::Tor, 4);
+        c.topology.hosts = 1;
+        c.topology.host_gbps = 10;
+        c.topology.queue_bytes = 1 << 20;
+        c.topology.switch_buffer_bytes = pool_bytes;
+        c.workload.jobs[0].read_pct = 100;
+        c.workload.jobs[0].sizes = vec![(65536, 1)];
+        c.workload.jobs[0].qd = 128;
+        run(c, false).unwrap().results.drops
+    };
+    assert_eq!(drops(16 << 20), 0, "8 MiB in flight fits the shared 16 MiB");
+    assert!(drops(512 << 10) > 0, "and overflows a 512 KiB pool");
+}
+
+/// A 32 KiB write above the 16 KiB in-capsule limit waits one more round trip (command
+/// out, R2T back) before its data leave the host. From a host on node 0 of a ring to an
+/// SSD on node 1 that round trip is node 0's forwarding both ways (2.9 µs), 4 link
+/// propagations (0.4 µs) and tens of ns of serialisation of a 150 B command and a 102 B R2T.
+#[test]
+fn writes_above_the_in_capsule_limit_pay_the_r2t_round_trip() {
+    let lat = |inline_data_bytes: u32| {
+        let mut cfg = small(TopologyKind::Ring, 6);
+        cfg.topology.hosts = 1;
+        cfg.topology.inline_data_bytes = inline_data_bytes;
+        cfg.ssd.per_node = 1;
+        cfg.mechanisms = Mechanisms::all_off();
+        cfg.workload.jobs = vec![JobConfig {
+            qd: 1,
+            read_pct: 0,
+            sizes: vec![(32768, 1)],
+            targets: Targets::One(1),
+            ..JobConfig::default()
+        }];
+        run(cfg, false).unwrap().results.write.lat_avg_us
+    };
+    let extra_us = lat(16 << 10) - lat(64 << 10);
+    assert!((3.3..3.45).contains(&extra_us), "R2T adds {extra_us} µs");
+}
+
+/// I/Os lost in a blackhole come back only after their connection's TCP RTO: with Linux's
+/// 200 ms floor they stay stuck for the rest of a 6 ms run (a closed loop loses those slots),
+/// with a 0.5 ms floor they are resent as soon as routing has repaired the path.
+#[test]
+fn lost_ios_wait_for_the_connections_rto() {
+    let drop = |rto_min_ns: u64| {
+        let mut cfg = small(TopologyKind::Torus2d, 9);
+        cfg.duration_ns = 6_000_000;
+        cfg.topology.tcp_rto_min_ns = rto_min_ns;
+        cfg.failures = vec![FailureConfig {
+            at_ns: 1_000_000,
+            what: "link".into(),
+            a: 0,
+            b: None,
+            detect_ns: 500_000,
+            converge_ns: 500_000,
+        }];
+        let r = run(cfg, false).unwrap().results;
+        r.failure.expect("failure stats").throughput_drop
+    };
+    let (linux, tuned) = (drop(200_000_000), drop(500_000));
+    assert!(linux > tuned + 0.05, "200 ms RTO {linux} vs 0.5 ms {tuned}");
 }

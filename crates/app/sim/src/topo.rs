@@ -113,7 +113,38 @@ impl Graph {
                 k += 1;
             }
         }
+        if k == 0 {
+            k = self.loop_free_alternates(u, dest, du, out);
+        }
         k
+    }
+
+    /// Local repair before the routes converge, when every shortest-path port of `u` is
+    /// down: a neighbour `v` at the same distance is a loop-free alternate (RFC 5286:
+    /// dist(v,D) < dist(v,u) + dist(u,D)) if it still has a live shortest-path port, so
+    /// the distance falls at least every second hop and the detour cannot loop.
+    fn loop_free_alternates(&self, u: u32, dest: u32, du: u16, out: &mut [u32; 64]) -> usize {
+        let mut k = 0;
+        for &p in &self.node_ports[u as usize] {
+            let v = self.peer_node(p);
+            let usable = self.port_up[p as usize]
+                && self.kinds[v as usize] != NodeKind::Host
+                && self.distance(v, dest) == du;
+            if usable && k < out.len() && self.has_live_downhill(v, dest, du) {
+                out[k] = p;
+                k += 1;
+            }
+        }
+        k
+    }
+
+    fn has_live_downhill(&self, v: u32, dest: u32, dv: u16) -> bool {
+        self.node_ports[v as usize].iter().any(|&q| {
+            let w = self.peer_node(q);
+            self.port_up[q as usize]
+                && (self.kinds[w as usize] != NodeKind::Host || w == dest)
+                && self.distance(w, dest) == dv - 1
+        })
     }
 
     /// Recompute distances (after a failure). BFS from every destination.
@@ -390,6 +421,34 @@ fn torus_links(g: &mut Graph, dims: &[u32], gbps: u64, p: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn before_convergence_a_failed_shortest_path_falls_back_to_a_loop_free_alternate() {
+        // 3x3 torus: 0's only shortest path to its neighbour 1 is their direct link. With it
+        // down and routes not yet recomputed, 0 detours via 2 (also one hop from 1).
+        let cfg = TopologyConfig {
+            kind: TopologyKind::Torus2d,
+            storage_nodes: 9,
+            hosts: 0,
+            ..Default::default()
+        };
+        let mut g = build(&cfg).unwrap();
+        let mut out = [0u32; 64];
+        assert_eq!(g.candidates(0, 1, &mut out), 1);
+        g.fail_port(g.port_between(0, 1).unwrap());
+        let k = g.candidates(0, 1, &mut out);
+        let via: Vec<u32> = out[..k].iter().map(|&p| g.peer_node(p)).collect();
+        assert_eq!(
+            via,
+            vec![2],
+            "the equal-distance neighbour with a live way down"
+        );
+        // Nodes with a live shortest path keep it: no detour for 3 -> 1 (via 4 or 0).
+        let k3 = g.candidates(3, 1, &mut out);
+        assert!(out[..k3]
+            .iter()
+            .all(|&p| g.distance(g.peer_node(p), 1) == 1));
+    }
 
     #[test]
     fn torus3d_27_has_six_ports_and_diameter_three() {

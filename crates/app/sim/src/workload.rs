@@ -145,7 +145,13 @@ impl Gen {
             JobKind::Ycsb {
                 workload,
                 record_bytes,
-            } => Gen::Ycsb(YcsbGen::new(*workload, *record_bytes, job.qd, c)?),
+                cores,
+                cpu_ns_per_op,
+            } => {
+                let mut y = YcsbGen::new(*workload, *record_bytes, job.qd, c)?;
+                y.set_client_cpu(*cores, *cpu_ns_per_op);
+                Gen::Ycsb(y)
+            }
         })
     }
 
@@ -188,6 +194,15 @@ impl Gen {
             Gen::Fio(f) if f.qd > 0 => [Some(f.next(rng, spec.ctx)), None],
             Gen::Fio(_) | Gen::Trace(_) => [None, None],
             Gen::Ycsb(y) => y.on_complete(spec, now_ns, rng),
+        }
+    }
+
+    /// When the I/O `spec` may be issued: a YCSB op's first I/O waits for the op's
+    /// client CPU time (and for a free core); everything else goes at once.
+    pub fn ready_ns(&self, spec: &IoSpec) -> u64 {
+        match self {
+            Gen::Ycsb(y) if spec.ctx != BG_CTX => y.ready_ns[spec.ctx as usize],
+            _ => 0,
         }
     }
 
@@ -302,6 +317,13 @@ pub struct YcsbGen {
     c: Cluster,
     /// Per thread: KV op kind, start time, remaining steps.
     slots: Vec<(u8, u64, u8)>,
+    /// Per thread: when its current op's CPU work ends (its first I/O goes then).
+    ready_ns: Vec<u64>,
+    /// Per client core: when it is next free. A thread that starts an op takes the core
+    /// that frees first, so with more threads than cores ops queue for CPU and
+    /// throughput is bounded by cores / cpu_ns_per_op, not by threads / latency.
+    core_free_ns: Vec<u64>,
+    cpu_ns_per_op: u64,
     compaction_debt_bytes: u64,
     compaction_busy: bool,
     pub kv_ops: u64,
@@ -334,6 +356,9 @@ impl YcsbGen {
             threads,
             c,
             slots: vec![(0, 0, 0); threads as usize],
+            ready_ns: vec![0; threads as usize],
+            core_free_ns: vec![0; threads as usize],
+            cpu_ns_per_op: 0,
             compaction_debt_bytes: 0,
             compaction_busy: false,
             kv_ops: 0,
@@ -352,6 +377,26 @@ impl YcsbGen {
             offset_bytes: offset,
             ctx,
         }
+    }
+
+    /// `cores` = 0 means one core per thread (YCSB's usual setup: threads <= cores).
+    pub fn set_client_cpu(&mut self, cores: u32, cpu_ns_per_op: u64) {
+        let n = if cores == 0 { self.threads } else { cores };
+        self.core_free_ns = vec![0; n as usize];
+        self.cpu_ns_per_op = cpu_ns_per_op;
+    }
+
+    /// Run one op's CPU work on the core that frees first; returns when it ends.
+    fn run_on_core(&mut self, now_ns: u64) -> u64 {
+        let (i, &free) = self
+            .core_free_ns
+            .iter()
+            .enumerate()
+            .min_by_key(|&(i, &t)| (t, i))
+            .expect("at least one core");
+        let done = free.max(now_ns) + self.cpu_ns_per_op;
+        self.core_free_ns[i] = done;
+        done
     }
 
     fn wal_bytes(&self) -> u32 {
@@ -379,6 +424,7 @@ impl YcsbGen {
             _ => (IoDir::Read, 4096, 2),
         };
         self.slots[ctx as usize] = (kind, now_ns, steps);
+        self.ready_ns[ctx as usize] = self.run_on_core(now_ns);
         self.block(rng, op, size, ctx)
     }
 
@@ -469,6 +515,8 @@ mod tests {
                 job: JobKind::Ycsb {
                     workload: w,
                     record_bytes: 1024,
+                    cores: 0,
+                    cpu_ns_per_op: crate::config::ycsb_cpu_ns_per_op(),
                 },
                 qd: 4,
                 ..JobConfig::default()

@@ -99,6 +99,7 @@ pub fn spawn(
 }
 
 fn serve(server: &tiny_http::Server, src: &Sources, shutdown: &AtomicBool) {
+    crate::server::avoid_reactor_cpus(&src.reg.limits.cpus);
     while !shutdown.load(Relaxed) {
         let req = match server.recv_timeout(Duration::from_millis(POLL_MS)) {
             Ok(Some(r)) => r,

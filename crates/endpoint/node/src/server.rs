@@ -172,9 +172,45 @@ impl Target {
     }
 }
 
+/// Keeps the calling helper thread (acceptor, metrics) off the CPUs that
+/// reactors are pinned to, so its wake-ups never preempt a busy-polling
+/// reactor. Nothing changes when no reactor is pinned, or when the pinned
+/// CPUs are all the process may use.
+pub(crate) fn avoid_reactor_cpus(pinned: &[usize]) {
+    if pinned.is_empty() {
+        return;
+    }
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the size is the set's own size.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+        return;
+    }
+    let mut left = 0;
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: cpu < CPU_SETSIZE, within the set.
+        if unsafe { libc::CPU_ISSET(cpu, &set) } {
+            if pinned.contains(&cpu) {
+                // SAFETY: as above.
+                unsafe { libc::CPU_CLR(cpu, &mut set) };
+            } else {
+                left += 1;
+            }
+        }
+    }
+    if left == 0 {
+        return;
+    }
+    // SAFETY: a valid set of the right size for this thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
+        tracing::debug!("could not keep a helper thread off the reactor CPUs");
+    }
+}
+
 /// The acceptor thread: a panic here would silently stop all new
 /// connections, so it is caught and stops the target with an error.
 fn accept_thread(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: &Shared) {
+    avoid_reactor_cpus(&shared.reg.limits.cpus);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         accept_loop(listeners, reactors, shared)
     }));

@@ -6,6 +6,10 @@
 //! - [`isr`]: INT-assisted symmetric routing (per-hop telemetry, least-congested next hop,
 //!   completion retraces the command's hops).
 //! - [`reserve`]: eager bandwidth reservation for the predicted response.
+//! - [`shared_buffer`]: a switch's shared packet buffer with dynamic thresholds (not an
+//!   NSDI'26 mechanism: the switched baseline's ToR, docs/sim.md).
+//! - [`rto`]: the TCP retransmission timeout of one NVMe/TCP connection (transport, not an
+//!   NSDI'26 mechanism; docs/sim.md).
 //! - [`ssd_credit`]: storage-driven scheduling: the SSD credit (bandwidth headroom, MiB/s),
 //!   host rate limit, packet rank. Not Gimbal's per-tenant I/O credits (`trellis-qos`).
 //!
@@ -13,4 +17,6 @@
 
 pub mod isr;
 pub mod reserve;
+pub mod rto;
+pub mod shared_buffer;
 pub mod ssd_credit;
