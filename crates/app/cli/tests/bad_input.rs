@@ -130,7 +130,11 @@ fn listen_accepts_host_names() {
     assert!(stdout(&o).contains(":4420\""), "{}", stdout(&o));
     let o = check(&["--metrics", "localhost:9464"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("[metrics]\nlisten = \"127.0.0.1:9464\""), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("[metrics]\nlisten = \"127.0.0.1:9464\""),
+        "{}",
+        stdout(&o)
+    );
     let o = check(&["--listen", "no-such-host.invalid:4420"]);
     assert_refused(&o, &["--listen", "no-such-host.invalid:4420", "HOST:PORT"]);
 }
