@@ -58,6 +58,7 @@ impl Queue {
             staging_bytes: 256 << 10,
             max_pdu_bytes: RAW_MAX_PLEN,
             command_timeout: READ_TIMEOUT,
+            credit_token: None,
         });
         Queue {
             s,

@@ -52,6 +52,13 @@ pub struct EngineConfig {
     pub max_pdu_bytes: usize,
     /// A command outstanding longer than this fails the queue with a timeout.
     pub command_timeout: Duration,
+    /// Ask for the target's I/O credits (Gimbal's credit-based flow control,
+    /// docs/gimbal.md §1.e): each command carries this token in CDW2[15:0],
+    /// and a completion whose DW1[31:16] echoes it carries the tenant's
+    /// credits in DW1[15:0]. None (the default) leaves CDW2 as the caller
+    /// set it. A target without credits echoes nothing, and
+    /// [`Engine::io_credits`] stays None.
+    pub credit_token: Option<std::num::NonZeroU16>,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +71,7 @@ impl Default for EngineConfig {
             staging_bytes: 256 << 10,
             max_pdu_bytes: (1 << 20) + 256,
             command_timeout: Duration::from_secs(10),
+            credit_token: None,
         }
     }
 }
@@ -146,6 +154,8 @@ pub struct Engine {
     maxh2cdata: u32,
     icd_bytes: u32,
     failed: Option<Error>,
+    /// The last I/O credits the target returned (see `credit_token`).
+    io_credits: Option<u32>,
 }
 
 impl Engine {
@@ -178,6 +188,7 @@ impl Engine {
             maxh2cdata: MIN_MAXH2CDATA,
             icd_bytes: 0,
             failed: None,
+            io_credits: None,
             cfg,
         }
     }
@@ -361,6 +372,10 @@ impl Engine {
         s.done = 0;
         s.submitted_ns = now_ns;
         sqe.set_cid(slot | s.gen << SLOT_BITS);
+        if let Some(t) = self.cfg.credit_token {
+            let cdw2 = trellis_nvme::le32(&sqe.0, 8) & !0xFFFF | t.get() as u32;
+            trellis_nvme::put32(&mut sqe.0, 8, cdw2);
+        }
         self.inflight += 1;
         let icd = match xfer {
             Xfer::ToCtrl(n) if n <= self.icd_limit(&sqe) => n,
@@ -590,6 +605,11 @@ impl Engine {
                 }
             }
         }
+        if let Some(t) = self.cfg.credit_token {
+            if cqe.status.is_success() && (cqe.dw1 >> 16) as u16 == t.get() {
+                self.io_credits = Some(cqe.dw1 & 0xFFFF);
+            }
+        }
         self.complete(Completion {
             slot,
             status: cqe.status,
@@ -598,6 +618,15 @@ impl Engine {
             sqhd: cqe.sqhd,
         });
         Ok(())
+    }
+
+    /// The tenant's I/O credits from the target's latest credited completion
+    /// (`EngineConfig::credit_token`): how many commands it may have
+    /// outstanding on this namespace now. None until one arrives, and for
+    /// targets that send none (Linux nvmet, SPDK): the caller then keeps its
+    /// configured queue depth.
+    pub fn io_credits(&self) -> Option<u32> {
+        self.io_credits
     }
 
     fn complete(&mut self, c: Completion) {

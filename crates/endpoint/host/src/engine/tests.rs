@@ -21,6 +21,7 @@ fn engine(d: Digests, maxh2cdata: u32) -> Engine {
         staging_bytes: 8192,
         max_pdu_bytes: (64 << 10) + 512,
         command_timeout: Duration::from_millis(50),
+        credit_token: None,
     });
     e.start();
     let ic = e.take_output();
@@ -349,4 +350,54 @@ fn slots_are_reused_with_a_new_generation() {
     assert_eq!(cid1 & 0xfff, cid2 & 0xfff);
     // A late duplicate completion for the old generation is a protocol error.
     assert!(e.feed(&resp(cid1, NO), 0).is_err());
+}
+
+/// A CapsuleResp for `cid` with result DW1 = `dw1`.
+fn resp_dw1(cid: u16, dw1: u32) -> Vec<u8> {
+    let mut b = [0u8; 32];
+    let cqe = Cqe {
+        cid,
+        dw1,
+        ..Default::default()
+    };
+    let n = pdu::encode_capsule_resp(&mut b, &cqe, NO);
+    b[..n].to_vec()
+}
+
+#[test]
+fn credits_are_taken_only_from_completions_that_echo_the_token() {
+    let token = std::num::NonZeroU16::new(0x7e11).unwrap();
+    let mut e = engine(NO, 8192);
+    e.cfg.credit_token = Some(token);
+    let s = e.alloc().unwrap();
+    e.submit(s, rw_sqe(io::WRITE, 1, 0, 1), Xfer::None, 0)
+        .unwrap();
+    let out = e.take_output();
+    // The capsule's SQE starts after the 8-byte common header; CDW2 is byte 8 of it.
+    let cdw2 = trellis_nvme::le32(&out[8..], 8);
+    assert_eq!(cdw2 & 0xFFFF, 0x7e11, "the token rides in CDW2[15:0]");
+    // A target without credits (DW1 = 0): nothing learnt.
+    e.feed(&resp_dw1(e.cid_of(s), 0), 0).unwrap();
+    assert_eq!(e.io_credits(), None);
+    // A result that does not echo the token is not a credit.
+    e.submit(s, rw_sqe(io::WRITE, 1, 0, 1), Xfer::None, 0)
+        .unwrap();
+    e.feed(&resp_dw1(e.cid_of(s), 0x1234_0040), 0).unwrap();
+    assert_eq!(e.io_credits(), None);
+    // The echo: DW1[15:0] is the tenant's credit.
+    e.submit(s, rw_sqe(io::WRITE, 1, 0, 1), Xfer::None, 0)
+        .unwrap();
+    e.feed(&resp_dw1(e.cid_of(s), 0x7e11_0080), 0).unwrap();
+    assert_eq!(e.io_credits(), Some(0x80));
+    // Without a token, CDW2 is left as the caller set it and nothing is read.
+    let mut plain = engine(NO, 8192);
+    let s = plain.alloc().unwrap();
+    plain
+        .submit(s, rw_sqe(io::WRITE, 1, 0, 1), Xfer::None, 0)
+        .unwrap();
+    assert_eq!(trellis_nvme::le32(&plain.take_output()[8..], 8), 0);
+    plain
+        .feed(&resp_dw1(plain.cid_of(s), 0x7e11_0080), 0)
+        .unwrap();
+    assert_eq!(plain.io_credits(), None);
 }
