@@ -10,7 +10,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use trellis_host::{Engine, EngineConfig, Xfer};
 use trellis_nvme::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
@@ -58,6 +58,7 @@ impl Queue {
             staging_bytes: 256 << 10,
             max_pdu_bytes: RAW_MAX_PLEN,
             command_timeout: READ_TIMEOUT,
+            credit_token: None,
         });
         Queue {
             s,
@@ -104,7 +105,7 @@ impl Queue {
             return Err("connection closed".into());
         }
         self.engine
-            .recv_done(n, Instant::now())
+            .recv_done(n, trellis_host::queue::now_ns())
             .map_err(|e| e.to_string())
     }
 
@@ -125,7 +126,10 @@ impl Queue {
         };
         self.engine
             .set_icd_bytes(icd_max.min(u32::MAX as usize) as u32);
-        if let Err(e) = self.engine.submit(slot, sqe, xfer, Instant::now()) {
+        if let Err(e) = self
+            .engine
+            .submit(slot, sqe, xfer, trellis_host::queue::now_ns())
+        {
             panic!("submit: {e}");
         }
         let cid = self.engine.cid_of(slot);

@@ -42,6 +42,9 @@ pub struct HostConfig {
     pub staging_bytes: usize,
     /// SO_SNDBUF/SO_RCVBUF per connection; 0 = kernel autotuning.
     pub sock_buf_bytes: usize,
+    /// Ask I/O queues for the target's I/O credits (see
+    /// [`EngineConfig::credit_token`]); None: never.
+    pub credit_token: Option<std::num::NonZeroU16>,
 }
 
 impl Default for HostConfig {
@@ -56,6 +59,7 @@ impl Default for HostConfig {
             kato_ms: 10_000,
             staging_bytes: 256 << 10,
             sock_buf_bytes: 2 << 20,
+            credit_token: None,
         }
     }
 }
@@ -102,6 +106,7 @@ impl Controller {
             staging_bytes: 64 << 10,
             max_pdu_bytes: ADMIN_BUF_BYTES + 512,
             command_timeout: cfg.command_timeout,
+            credit_token: None, // admin commands carry no credits
         };
         let mut admin = Queue::connect(addr, ecfg, sock_opts(cfg))?;
         let cntlid = fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE - 1, 0xFFFF)?;
@@ -183,6 +188,7 @@ impl Controller {
             staging_bytes: self.cfg.staging_bytes,
             max_pdu_bytes: buf_bytes + 512,
             command_timeout: self.cfg.command_timeout,
+            credit_token: self.cfg.credit_token,
         };
         let mut q = Queue::connect(self.addr, ecfg, sock_opts(&self.cfg))?;
         // SQSIZE is 0-based and a queue of N entries holds N−1 commands, so ask

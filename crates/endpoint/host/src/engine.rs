@@ -5,7 +5,7 @@
 //! per slot, a receive staging buffer ([`RxBuf`]), and the output queue
 //! ([`TxQueue`]: a header arena plus references into the slot buffers, which
 //! the socket layer turns into one gathered `sendmsg`). Both buffer types are
-//! the ones the node uses, from `trellis_nvme::framing`. It never touches a socket or a clock: the caller passes `now`,
+//! the ones the node uses, from `trellis_nvme::framing`. It never touches a socket or a clock: the caller passes the time (`now_ns`, u64 ns on any clock),
 //! hands it received bytes and asks it what to send. That keeps the protocol
 //! logic testable byte-for-byte and lets the socket layer stay a thin loop.
 //!
@@ -14,7 +14,7 @@
 //! error, so a misbehaving target can never hang or panic the host.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use trellis_nvme::framing::{RxBuf, TxQueue, NO_RELEASE};
 use trellis_nvme::pdu::{
@@ -52,6 +52,13 @@ pub struct EngineConfig {
     pub max_pdu_bytes: usize,
     /// A command outstanding longer than this fails the queue with a timeout.
     pub command_timeout: Duration,
+    /// Ask for the target's I/O credits (Gimbal's credit-based flow control,
+    /// docs/gimbal.md §1.e): each command carries this token in CDW2[15:0],
+    /// and a completion whose DW1[31:16] echoes it carries the tenant's
+    /// credits in DW1[15:0]. None (the default) leaves CDW2 as the caller
+    /// set it. A target without credits echoes nothing, and
+    /// [`Engine::io_credits`] stays None.
+    pub credit_token: Option<std::num::NonZeroU16>,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +71,7 @@ impl Default for EngineConfig {
             staging_bytes: 256 << 10,
             max_pdu_bytes: (1 << 20) + 256,
             command_timeout: Duration::from_secs(10),
+            credit_token: None,
         }
     }
 }
@@ -106,7 +114,8 @@ struct Slot {
     xfer: Xfer,
     /// Bytes received (reads) or handed to the output queue (writes).
     done: u32,
-    submitted: Instant,
+    /// When it was submitted, on the caller's clock (ns).
+    submitted_ns: u64,
 }
 
 /// Where the receive parser stands.
@@ -145,18 +154,19 @@ pub struct Engine {
     maxh2cdata: u32,
     icd_bytes: u32,
     failed: Option<Error>,
+    /// The last I/O credits the target returned (see `credit_token`).
+    io_credits: Option<u32>,
 }
 
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
         let n = cfg.queue_size.clamp(1, MAX_QUEUE_SIZE) as usize;
-        let now = Instant::now();
         let slot = Slot {
             state: SlotState::Free,
             gen: 0,
             xfer: Xfer::None,
             done: 0,
-            submitted: now,
+            submitted_ns: 0,
         };
         // The arena holds a capsule header and a data digest per slot, plus
         // the H2CData headers of the R2Ts being answered. The queue grows by
@@ -178,6 +188,7 @@ impl Engine {
             maxh2cdata: MIN_MAXH2CDATA,
             icd_bytes: 0,
             failed: None,
+            io_credits: None,
             cfg,
         }
     }
@@ -332,7 +343,7 @@ impl Engine {
     /// Puts a command for `slot` (owned by the caller) on the output queue.
     /// The engine fills in CID and SGL; data for `ToCtrl` is the first bytes of
     /// the slot buffer, sent in the capsule when it fits, else on R2T.
-    pub fn submit(&mut self, slot: u16, mut sqe: Sqe, xfer: Xfer, now: Instant) -> Result<()> {
+    pub fn submit(&mut self, slot: u16, mut sqe: Sqe, xfer: Xfer, now_ns: u64) -> Result<()> {
         self.check()?;
         if !self.ic_done {
             return Err(Error::protocol("command submitted before ICResp"));
@@ -359,8 +370,12 @@ impl Engine {
         s.state = SlotState::InFlight;
         s.xfer = xfer;
         s.done = 0;
-        s.submitted = now;
+        s.submitted_ns = now_ns;
         sqe.set_cid(slot | s.gen << SLOT_BITS);
+        if let Some(t) = self.cfg.credit_token {
+            let cdw2 = trellis_nvme::le32(&sqe.0, 8) & !0xFFFF | t.get() as u32;
+            trellis_nvme::put32(&mut sqe.0, 8, cdw2);
+        }
         self.inflight += 1;
         let icd = match xfer {
             Xfer::ToCtrl(n) if n <= self.icd_limit(&sqe) => n,
@@ -412,7 +427,7 @@ impl Engine {
 
     /// Accounts `n` bytes written into the space from [`Engine::recv_space`]
     /// and parses every complete PDU.
-    pub fn recv_done(&mut self, n: usize, now: Instant) -> Result<()> {
+    pub fn recv_done(&mut self, n: usize, now_ns: u64) -> Result<()> {
         self.check()?;
         if self.direct {
             self.direct = false;
@@ -428,33 +443,33 @@ impl Engine {
         } else {
             self.rx.commit(n);
         }
-        let r = self.parse(now);
+        let r = self.parse(now_ns);
         r.map_err(|e| self.fail(e))
     }
 
     /// Test helper: feeds bytes as if received.
-    pub fn feed(&mut self, mut bytes: &[u8], now: Instant) -> Result<()> {
+    pub fn feed(&mut self, mut bytes: &[u8], now_ns: u64) -> Result<()> {
         while !bytes.is_empty() {
             let space = self.recv_space();
             let n = space.len().min(bytes.len());
             space[..n].copy_from_slice(&bytes[..n]);
             bytes = &bytes[n..];
-            self.recv_done(n, now)?;
+            self.recv_done(n, now_ns)?;
         }
         Ok(())
     }
 
-    fn parse(&mut self, now: Instant) -> Result<()> {
+    fn parse(&mut self, now_ns: u64) -> Result<()> {
         loop {
             let avail = self.rx.len();
             match self.rx_state {
                 Rx::Header => {
-                    if !self.parse_header(avail, now)? {
+                    if !self.parse_header(avail, now_ns)? {
                         return Ok(());
                     }
                 }
                 Rx::Payload { .. } => {
-                    if !self.parse_payload(avail, now)? {
+                    if !self.parse_payload(avail, now_ns)? {
                         return Ok(());
                     }
                 }
@@ -463,7 +478,7 @@ impl Engine {
     }
 
     /// Parses one PDU header if complete; false when more bytes are needed.
-    fn parse_header(&mut self, avail: usize, now: Instant) -> Result<bool> {
+    fn parse_header(&mut self, avail: usize, now_ns: u64) -> Result<bool> {
         let Some(ch) = CommonHeader::decode(self.rx.pending()) else {
             return Ok(false);
         };
@@ -499,11 +514,11 @@ impl Engine {
         self.rx.consume(need);
         verify_header_digest(&l, &hdr)
             .map_err(|_| Error::protocol(format!("header digest mismatch on {:?}", l.pdu_type)))?;
-        self.on_header(&l, &hdr, now)?;
+        self.on_header(&l, &hdr, now_ns)?;
         Ok(true)
     }
 
-    fn on_header(&mut self, l: &Layout, h: &[u8], now: Instant) -> Result<()> {
+    fn on_header(&mut self, l: &Layout, h: &[u8], now_ns: u64) -> Result<()> {
         match l.pdu_type {
             PduType::IcResp => self.on_icresp(IcResp::decode(h)),
             PduType::CapsuleResp => self.on_resp(Cqe::decode(&h[8..24])),
@@ -518,7 +533,7 @@ impl Engine {
                 )))
             }
             other => {
-                let _ = now;
+                let _ = now_ns;
                 Err(Error::protocol(format!(
                     "unexpected {other:?} from controller"
                 )))
@@ -590,6 +605,11 @@ impl Engine {
                 }
             }
         }
+        if let Some(t) = self.cfg.credit_token {
+            if cqe.status.is_success() && (cqe.dw1 >> 16) as u16 == t.get() {
+                self.io_credits = Some(cqe.dw1 & 0xFFFF);
+            }
+        }
         self.complete(Completion {
             slot,
             status: cqe.status,
@@ -598,6 +618,15 @@ impl Engine {
             sqhd: cqe.sqhd,
         });
         Ok(())
+    }
+
+    /// The tenant's I/O credits from the target's latest credited completion
+    /// (`EngineConfig::credit_token`): how many commands it may have
+    /// outstanding on this namespace now. None until one arrives, and for
+    /// targets that send none (Linux nvmet, SPDK): the caller then keeps its
+    /// configured queue depth.
+    pub fn io_credits(&self) -> Option<u32> {
+        self.io_credits
     }
 
     fn complete(&mut self, c: Completion) {
@@ -643,7 +672,7 @@ impl Engine {
         Ok(())
     }
 
-    fn parse_payload(&mut self, avail: usize, now: Instant) -> Result<bool> {
+    fn parse_payload(&mut self, avail: usize, now_ns: u64) -> Result<bool> {
         let Rx::Payload {
             slot,
             pad,
@@ -706,7 +735,7 @@ impl Engine {
                 sqhd: 0,
             });
         }
-        let _ = now;
+        let _ = now_ns;
         Ok(true)
     }
 
@@ -767,14 +796,15 @@ impl Engine {
     }
 
     /// Fails the queue if any command has been outstanding too long.
-    pub fn check_timeouts(&mut self, now: Instant) -> Result<()> {
+    pub fn check_timeouts(&mut self, now_ns: u64) -> Result<()> {
         self.check()?;
         if self.inflight == 0 {
             return Ok(());
         }
         let limit = self.cfg.command_timeout;
         let late = self.slots.iter().enumerate().find(|(_, s)| {
-            s.state == SlotState::InFlight && now.saturating_duration_since(s.submitted) > limit
+            s.state == SlotState::InFlight
+                && Duration::from_nanos(now_ns.saturating_sub(s.submitted_ns)) > limit
         });
         if let Some((i, s)) = late {
             let e = Error::Timeout(format!(

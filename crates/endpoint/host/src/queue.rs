@@ -111,7 +111,7 @@ impl Queue {
         self.engine.buf_mut(slot)
     }
     pub fn submit(&mut self, slot: u16, sqe: Sqe, xfer: Xfer, now: Instant) -> Result<()> {
-        self.engine.submit(slot, sqe, xfer, now)
+        self.engine.submit(slot, sqe, xfer, ns_of(now))
     }
     pub fn next_completion(&mut self) -> Option<Completion> {
         self.engine.next_completion()
@@ -123,7 +123,7 @@ impl Queue {
         self.poll_once(now)?;
         if now.saturating_duration_since(self.last_timeout_check) >= TIMEOUT_CHECK_EVERY {
             self.last_timeout_check = now;
-            self.engine.check_timeouts(now)?;
+            self.engine.check_timeouts(ns_of(now))?;
         }
         Ok(self.engine.completions_pending())
     }
@@ -197,7 +197,7 @@ impl Queue {
             );
             return Err(self.engine.fail_with(Error::Transport(e)));
         }
-        self.engine.recv_done(n as usize, now)?;
+        self.engine.recv_done(n as usize, ns_of(now))?;
         Ok(n as usize)
     }
 
@@ -292,4 +292,17 @@ fn set_buf(sock: &TcpStream, bytes: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The process's monotonic clock in ns, the time base the sans-IO engine
+/// takes (its own tests and the simulator pass theirs).
+pub fn now_ns() -> u64 {
+    ns_of(Instant::now())
+}
+
+/// `t` as ns since a process-wide epoch (the first call).
+fn ns_of(t: Instant) -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    t.saturating_duration_since(epoch).as_nanos() as u64
 }
