@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Trellis benchmark suite, one command:
 #
-#   bench/run.sh            # full suite (~3 minutes): 6 workloads x (Trellis + raw TCP baseline)
+#   bench/run.sh            # full suite (~8 minutes): 6 workloads x 3 (Trellis + raw TCP baseline) pairs, then the A/B rows
 #   bench/run.sh --smoke    # a few seconds, same workloads (CI)
 #   bench/run.sh --runtime 20 --ramp_time 3 --out /tmp/suite   # any `trellis bench suite` flag
 #
