@@ -573,7 +573,8 @@ impl Sim {
         let hnode = self.hosts[host as usize].node;
         let first = self.ios.get(io).hdr.hops[0].out_port;
         let hport = self.g.node_ports[hnode as usize][first as usize];
-        let bytes = reserve::request_bytes(IoDir::Write, size) - reserve::request_bytes(IoDir::Read, 0);
+        let bytes =
+            reserve::request_bytes(IoDir::Write, size) - reserve::request_bytes(IoDir::Read, 0);
         let n = bytes.div_ceil(self.payload_max);
         {
             let o = self.ios.get_mut(io);

@@ -685,7 +685,10 @@ fn table(runs: &[Results]) -> Vec<Row> {
         "Sensitivity, link failure torus3d 4k: TCP RTO floor 1 ms instead of 200 ms",
         "n/a",
         (f.throughput_drop * 100.0, "%"),
-        &format!("{} I/Os lost; throughput drop over the run after the failure", f.lost_ios),
+        &format!(
+            "{} I/Os lost; throughput drop over the run after the failure",
+            f.lost_ios
+        ),
     );
     let h1 = find(runs, "hop-cost-1").read.lat_avg_us;
     let h2 = find(runs, "hop-cost-2").read.lat_avg_us;

@@ -292,7 +292,10 @@ fn undetected_link_failure_blackholes_until_detection() {
         r.lost_ios
     };
     let (fast, slow) = (lost(0), lost(2_000_000));
-    assert!(fast < slow, "a 2 ms blackhole must lose more I/Os: {fast} vs {slow}");
+    assert!(
+        fast < slow,
+        "a 2 ms blackhole must lose more I/Os: {fast} vs {slow}"
+    );
     assert!(slow >= 10, "the busiest link carried traffic: {slow}");
 }
 
@@ -317,7 +320,10 @@ fn a_lag_hashes_per_flow_not_per_io() {
             .count()
     };
     assert_eq!(busy_ports(Targets::One(3)), 1, "one flow, one member");
-    assert!(busy_ports(Targets::All) >= 3, "8 flows spread over the team");
+    assert!(
+        busy_ports(Targets::All) >= 3,
+        "8 flows spread over the team"
+    );
 }
 
 /// Switch egress queues draw on the switch's shared buffer, not on the private per-port

@@ -438,10 +438,16 @@ mod tests {
         g.fail_port(g.port_between(0, 1).unwrap());
         let k = g.candidates(0, 1, &mut out);
         let via: Vec<u32> = out[..k].iter().map(|&p| g.peer_node(p)).collect();
-        assert_eq!(via, vec![2], "the equal-distance neighbour with a live way down");
+        assert_eq!(
+            via,
+            vec![2],
+            "the equal-distance neighbour with a live way down"
+        );
         // Nodes with a live shortest path keep it: no detour for 3 -> 1 (via 4 or 0).
         let k3 = g.candidates(3, 1, &mut out);
-        assert!(out[..k3].iter().all(|&p| g.distance(g.peer_node(p), 1) == 1));
+        assert!(out[..k3]
+            .iter()
+            .all(|&p| g.distance(g.peer_node(p), 1) == 1));
     }
 
     #[test]

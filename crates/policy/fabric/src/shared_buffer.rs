@@ -39,8 +39,7 @@ impl SharedBuffer {
     /// May a packet of `bytes` join a queue that holds `queue_bytes` now? Admitted
     /// packets must be `add`ed; a refused one is dropped by the caller.
     pub fn admits(&self, queue_bytes: u64, bytes: u64) -> bool {
-        self.used_bytes + bytes <= self.total_bytes
-            && queue_bytes + bytes <= self.threshold_bytes()
+        self.used_bytes + bytes <= self.total_bytes && queue_bytes + bytes <= self.threshold_bytes()
     }
 
     pub fn add(&mut self, bytes: u64) {
