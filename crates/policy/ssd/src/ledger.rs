@@ -12,27 +12,19 @@ pub struct Ledger {
     base: u64,
     mb_s: u32,
     /// Remaining bytes per slot in the window `base..base + SLOTS`: a ring of `RING`
-    /// blocks of `BLOCK` slots, block `b` at ring block `b % RING`. Each block carries the
-    /// (low 32 bits of the) absolute block number its contents belong to, in the same
-    /// cache line as its slots: a reservation on a cold ledger misses once, not twice.
-    /// A block last written in an earlier turn of the ring reads as full capacity, so
-    /// elapsed slots never need resetting. One block more than the window spans, so two
-    /// blocks that share a ring block are never both in the window. (32-bit stamps alias
-    /// after 2^32 blocks = 38 h of simulated time, far beyond any run.)
-    blocks: Vec<Block>,
-}
-
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(64))]
-struct Block {
-    stamp: u32,
-    free: [u32; BLOCK],
+    /// blocks of `BLOCK` slots (one cache line), block `b` at ring block `b % RING`.
+    free: Vec<u32>,
+    /// Per ring block: the absolute block number its contents belong to. A block last
+    /// written in an earlier turn of the ring reads as full capacity, so elapsed slots
+    /// never need resetting. One block more than the window spans, so two blocks that
+    /// share a ring block are never both in the window.
+    stamp: Vec<u64>,
 }
 
 pub const SLOT_NS: u64 = 2_000;
 pub const SLOTS: usize = 4096;
-const BLOCK: usize = 15;
-const RING: usize = SLOTS.div_ceil(BLOCK) + 1;
+const BLOCK: usize = 16;
+const RING: usize = SLOTS / BLOCK + 1;
 
 impl Ledger {
     pub fn new(mb_s: u32) -> Self {
@@ -42,13 +34,8 @@ impl Ledger {
             cap,
             base: 0,
             mb_s,
-            blocks: vec![
-                Block {
-                    stamp: 0,
-                    free: [cap; BLOCK],
-                };
-                RING
-            ],
+            free: vec![cap; RING * BLOCK],
+            stamp: vec![0; RING],
         }
     }
 
@@ -61,9 +48,8 @@ impl Ledger {
     #[inline]
     fn get(&self, slot: u64) -> u32 {
         let b = slot / BLOCK as u64;
-        let blk = &self.blocks[b as usize % RING];
-        if blk.stamp == b as u32 {
-            blk.free[(slot % BLOCK as u64) as usize]
+        if self.stamp[b as usize % RING] == b {
+            self.free[Self::idx(slot)]
         } else {
             self.cap
         }
@@ -72,13 +58,12 @@ impl Ledger {
     #[inline]
     fn set(&mut self, slot: u64, v: u32) {
         let b = slot / BLOCK as u64;
-        let cap = self.cap;
-        let blk = &mut self.blocks[b as usize % RING];
-        if blk.stamp != b as u32 {
-            blk.free = [cap; BLOCK];
-            blk.stamp = b as u32;
+        let k = b as usize % RING;
+        if self.stamp[k] != b {
+            self.free[k * BLOCK..(k + 1) * BLOCK].fill(self.cap);
+            self.stamp[k] = b;
         }
-        blk.free[(slot % BLOCK as u64) as usize] = v;
+        self.free[Self::idx(slot)] = v;
     }
 
     /// Reserve a transfer of `bytes` starting no earlier than `t`; returns its end time.
@@ -121,6 +106,11 @@ impl Ledger {
         }
         let filled = (self.cap - self.get(slot)) as u64;
         exact.max(slot * SLOT_NS + SLOT_NS * filled / self.cap as u64)
+    }
+
+    #[inline]
+    fn idx(slot: u64) -> usize {
+        (slot as usize / BLOCK) % RING * BLOCK + slot as usize % BLOCK
     }
 }
 
