@@ -233,11 +233,16 @@ pub fn failure_stats(m: &Metrics, at_ns: u64, warmup_ns: u64, end_ns: u64) -> Fa
     let mut recovery = None;
     let w = 5usize;
     let mut dipped = false;
+    let mb_s = |bins: &[u64]| {
+        bins.iter().sum::<u64>() as f64 / (bins.len() as f64 * bin as f64 / 1e9) / 1e6
+    };
     for i in fb..last.saturating_sub(w) {
-        let avg = m.bins[i..i + w].iter().sum::<u64>() as f64 / (w as f64 * bin as f64 / 1e9) / 1e6;
+        let avg = mb_s(&m.bins[i..i + w]);
         if avg < 0.99 * before {
             dipped = true;
-        } else if dipped {
+        } else if dipped && mb_s(&m.bins[i..last]) >= 0.99 * before {
+            // Recovered only if the rest of the run holds the rate too: one noisy window
+            // of large completions above it is not a recovery.
             recovery = Some(((i + w) as u64 * bin).saturating_sub(at_ns));
             break;
         }
@@ -316,6 +321,18 @@ mod tests {
         // The 5-bin average first reaches 100 MB/s for bins 13..18: recovery at 1.8 ms − 1 ms.
         assert_eq!(f.recovery_ns, Some(800_000));
         assert!(f.dipped);
+        // A dip, one burst window back at the rate, then a lasting loss: not recovered.
+        for (i, b) in m.bins.iter_mut().enumerate() {
+            *b = match i {
+                10..13 => 5_000,
+                13..18 => 10_000,
+                18.. => 5_000,
+                _ => 10_000,
+            };
+        }
+        let f = failure_stats(&m, 1_000_000, 0, 2_000_000);
+        assert!(f.dipped);
+        assert_eq!(f.recovery_ns, None, "a burst is not a recovery");
         // No dip at all: no recovery time (not the 5-bin floor of 0.5 ms).
         for b in m.bins.iter_mut() {
             *b = 10_000;
