@@ -543,7 +543,15 @@ impl Sim {
             });
         }
         let rank = self.ios.get(io).rank;
-        let mut left = fwd;
+        self.send_fwd(io, gen, rank, hport, fwd, true);
+    }
+
+    /// Sends `bytes` of I/O `io` from its host as forward packets of at most
+    /// `payload_max` through `hport`; `marker` flags the first one (the one
+    /// that carries the command).
+    fn send_fwd(&mut self, io: u32, gen: u16, rank: u8, hport: u32, bytes: u32, marker: bool) {
+        let n = bytes.div_ceil(self.payload_max);
+        let mut left = bytes;
         for i in 0..n {
             let payload = left.min(self.payload_max);
             left -= payload;
@@ -551,7 +559,7 @@ impl Sim {
                 io,
                 gen,
                 kind: PktKind::Fwd,
-                marker: i == 0,
+                marker: marker && i == 0,
                 wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
                 hop: 1,
                 to: self.g.peer_node(hport),
@@ -582,24 +590,7 @@ impl Sim {
             o.fwd_expected = n as u16;
             o.fwd_arrived = 0;
         }
-        let mut left = bytes;
-        for _ in 0..n {
-            let payload = left.min(self.payload_max);
-            left -= payload;
-            let p = self.pkts.insert(Packet {
-                io,
-                gen,
-                kind: PktKind::Fwd,
-                marker: false,
-                wire_bytes: payload + self.cfg.topology.frame_overhead_bytes,
-                hop: 1,
-                to: self.g.peer_node(hport),
-                via: hport,
-                enq_ns: 0,
-                class: 1 + rank,
-            });
-            self.enqueue(p, hport);
-        }
+        self.send_fwd(io, gen, rank, hport, bytes, false);
     }
 
     fn host_complete(&mut self, io: u32) {
