@@ -77,6 +77,7 @@ def target_config(path, port, mode, scale, tenants, state_dir):
         f.write('[[subsystem.namespace]]\nbackend = "emulated"\n')
         f.write(f'size = "{NS_SIZE}"\nprofile = "{PROFILE}"\nprecondition = "clean"\n')
         f.write(f"time_scale = {scale}\nqos = \"{mode}\"\n\n")
+        f.write(os.environ.get("FAIR_TARGET_EXTRA", "").replace("\\n", "\n") + "\n")
         for name, w in tenants:
             f.write(f'[[tenant]]\nhost = "{HOST_PREFIX}{name}"\nname = "{name}"\nweight = {w}\n\n')
 

@@ -333,11 +333,16 @@ fn qos_table<S: serde::Serializer>(q: &crate::qos::QosConfig, s: S) -> Result<S:
     struct Qos<'a> {
         limits: &'a trellis_qos::sched::SchedLimits,
         device_qd: u32,
+        calibrate: &'static str,
         gimbal: &'a trellis_qos::GimbalConfig,
     }
     Qos {
         limits: &q.limits,
         device_qd: q.device_qd,
+        calibrate: match q.calibrate {
+            crate::qos::Calibrate::Auto => "auto",
+            crate::qos::Calibrate::Off => "off",
+        },
         gimbal: &q.gimbal,
     }
     .serialize(s)

@@ -285,6 +285,7 @@ impl Ctx<'_> {
                     &self.reg.tenants,
                     self.now_ns,
                     ns.backend.time_scale(),
+                    ns.device_model.as_ref(),
                 ),
             });
             match q {

@@ -49,7 +49,24 @@ pub struct QosConfig {
     pub limits: SchedLimits,
     /// Commands the scheduler lets reach the backend at once.
     pub device_qd: u32,
+    /// Where Gimbal's drive-specific constants come from.
+    pub calibrate: Calibrate,
     pub gimbal: trellis_qos::GimbalConfig,
+}
+
+/// `[qos] calibrate`: how a namespace's Gimbal learns its drive.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Calibrate {
+    /// On a drive whose capacities the backend knows (an emulated SSD),
+    /// derive `io_cost_bytes`, `slots_per_ssd` and `rate_max_bytes_per_s`
+    /// from them (`GimbalConfig::calibrated`, docs/gimbal.md
+    /// "Calibration"); elsewhere use `[qos.gimbal]` as written.
+    #[default]
+    Auto,
+    /// `[qos.gimbal]` as written everywhere (Gimbal's published constants
+    /// unless overridden).
+    Off,
 }
 
 impl Default for QosConfig {
@@ -58,6 +75,7 @@ impl Default for QosConfig {
         QosConfig {
             limits: s.limits,
             device_qd: s.device_qd,
+            calibrate: Calibrate::Auto,
             gimbal: s.gimbal,
         }
     }
@@ -71,6 +89,15 @@ impl QosConfig {
             device_qd: self.device_qd,
             gimbal: self.gimbal.clone(),
         }
+    }
+
+    /// The scheduler of a namespace whose drive is `model` (if known).
+    pub fn sched_for(&self, model: Option<&trellis_qos::DeviceModel>) -> SchedConfig {
+        let mut s = self.sched();
+        if let (Calibrate::Auto, Some(m)) = (self.calibrate, model) {
+            s.gimbal = s.gimbal.calibrated(m);
+        }
+        s
     }
 
     pub fn validate(&self, tenants: &[TenantConfig]) -> anyhow::Result<()> {
@@ -293,10 +320,11 @@ pub fn wrap(
     tenants: &Tenants,
     now_ns: u64,
     time_scale: f64,
+    model: Option<&trellis_qos::DeviceModel>,
 ) -> anyhow::Result<Box<dyn BackendQueue>> {
     let clock = DeviceClock::new(time_scale);
-    let mut sched =
-        sched::build(&cfg.sched(), clock.ns(now_ns)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut sched = sched::build(&cfg.sched_for(model), clock.ns(now_ns))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     for (t, w) in tenants.weights() {
         sched
             .set_weight(t, w)
@@ -628,7 +656,7 @@ mod tests {
             device_ns: 100_000,
             pending: Vec::new(),
         });
-        let mut q = wrap(inner, &cfg, &tenants, crate::reactor::now_ns(), 1.0).unwrap();
+        let mut q = wrap(inner, &cfg, &tenants, crate::reactor::now_ns(), 1.0, None).unwrap();
         let io = IoReq {
             op: Op::Read,
             offset_bytes: 0,
@@ -647,5 +675,54 @@ mod tests {
         let v = q.qos().unwrap().scheduler().view(0).unwrap();
         let ewma = v.read.latency_ewma_us;
         assert!((40..1_000).contains(&ewma), "read EWMA {ewma} µs");
+    }
+}
+
+#[cfg(test)]
+mod calibrate_tests {
+    use super::*;
+    use crate::backend::Backend;
+
+    fn emulated() -> crate::backend::emulated::EmulatedBackend {
+        let p = crate::backend::emulated::EmulatedParams {
+            profile: trellis_ssd::SsdProfile::pm9a3(),
+            precondition: trellis_ssd::Precondition::Empty,
+            time_scale: 1.0,
+        };
+        crate::backend::emulated::EmulatedBackend::new(64 << 20, p).unwrap()
+    }
+
+    #[test]
+    fn an_emulated_drive_calibrates_gimbal_unless_told_not_to() {
+        let b = emulated();
+        let m = b.device_model().expect("the emulated SSD knows its model");
+        assert_eq!(
+            m,
+            b.device_model().unwrap(),
+            "measured once, the same after"
+        );
+        let mut cfg = QosConfig::default();
+        let auto = cfg.sched_for(Some(&m)).gimbal;
+        assert!(auto.io_cost_bytes > 0 && auto.slots_per_ssd > 8, "{auto:?}");
+        assert_eq!(auto, cfg.gimbal.calibrated(&m));
+        cfg.calibrate = Calibrate::Off;
+        assert_eq!(cfg.sched_for(Some(&m)).gimbal, cfg.gimbal);
+        // Backends that know nothing of their drive keep [qos.gimbal] as written.
+        assert_eq!(QosConfig::default().sched_for(None).gimbal, cfg.gimbal);
+    }
+
+    #[test]
+    fn calibrate_is_read_from_the_qos_table() {
+        let c: QosConfig =
+            toml::from_str("calibrate = \"off\"\n[gimbal]\nio_cost_bytes = 4096\n").unwrap();
+        assert_eq!(
+            (c.calibrate, c.gimbal.io_cost_bytes),
+            (Calibrate::Off, 4096)
+        );
+        assert_eq!(
+            c.gimbal.slots_per_ssd, 8,
+            "unset fields keep Gimbal's values"
+        );
+        assert!(toml::from_str::<QosConfig>("calibrate = \"maybe\"").is_err());
     }
 }

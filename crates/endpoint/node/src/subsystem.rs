@@ -43,6 +43,9 @@ pub struct Namespace {
     pub stats: NsStats,
     /// Traffic control; `Off` keeps the scheduler out of the I/O path.
     pub qos: crate::qos::QosMode,
+    /// The drive's capacities when the backend knows them and QoS is on
+    /// (`Backend::device_model`, measured at startup).
+    pub device_model: Option<trellis_qos::DeviceModel>,
     /// The backend's `reads_zero()`, kept here so the I/O path makes no
     /// virtual call for it.
     pub reads_zero: bool,
@@ -337,6 +340,22 @@ fn open_namespace(
         deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
     };
     tracing::info!(subsystem = %s.nqn, nsid, "namespace: {}; {ids}", backend.describe());
+    // Measured here, at startup, not on a reactor's first I/O.
+    let device_model = (n.qos == crate::qos::QosMode::Gimbal)
+        .then(|| backend.device_model())
+        .flatten();
+    if let Some(m) = &device_model {
+        tracing::info!(
+            subsystem = %s.nqn,
+            nsid,
+            "drive model: 4 KiB random read {} IOPS, read {} MB/s, {} % of it at {} × 128 KiB in flight, link {} MB/s",
+            m.read_4k_iops,
+            trellis_ssd::SATURATION_PERMILLE / 10,
+            m.read_bytes_per_s / 1_000_000,
+            m.read_128k_saturation_qd,
+            m.link_bytes_per_s / 1_000_000
+        );
+    }
     Ok(Arc::new(Namespace {
         nsid,
         uid,
@@ -350,6 +369,7 @@ fn open_namespace(
         info,
         stats: NsStats::default(),
         qos: n.qos,
+        device_model,
     }))
 }
 

@@ -191,10 +191,12 @@ impl WriteCost {
     }
 
     /// Weighted length used by DRR and slots: writes cost (wc × len) >> 10 [G].
-    pub fn weighted(dir: IoDir, len: u32, wc_fp10: u64) -> u64 {
+    /// `len` may include the per-I/O cost (`io_cost_bytes`); it stays far below 2^40,
+    /// so the product fits (wc ≤ 9216 < 2^14).
+    pub fn weighted(dir: IoDir, len: u64, wc_fp10: u64) -> u64 {
         match dir {
-            IoDir::Write => (wc_fp10 * len as u64) >> 10,
-            IoDir::Read => len as u64,
+            IoDir::Write => (wc_fp10 * len) >> 10,
+            IoDir::Read => len,
         }
     }
 

@@ -44,8 +44,8 @@ pub enum QosError {
 }
 
 /// Gimbal's parameters for one SSD. Every default is the value of docs/gimbal.md §1.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct GimbalConfig {
     /// Thresh_min, µs (Gimbal's tick taken as 1 µs, §1.a examples) [G].
     pub thresh_min_us: u64,
@@ -74,6 +74,30 @@ pub struct GimbalConfig {
     pub write_cost_window_ns: u64,
     /// Initial I/O credits per virtual slot, 32 [G] (§1.c per-tenant state, §1.e).
     pub io_credits_per_vslot_init: u32,
+    /// [R] Cost of one I/O beyond its bytes, added to its length before the write-cost
+    /// weighting (the fixed per-I/O term of Linux blk-iocost's linear cost model). 0 is
+    /// Gimbal's cost (bytes only); [`GimbalConfig::calibrated`] derives it from a drive's
+    /// capacities so that DRR shares drive time rather than bytes (docs/gimbal.md
+    /// "Calibration"). At most [`MAX_IO_COST_BYTES`].
+    pub io_cost_bytes: u64,
+}
+
+/// Largest accepted `io_cost_bytes`: 1 MiB, far above any drive's per-I/O cost (a 4 KiB
+/// read that cost more than a 1 MiB read would describe a drive that moves no data).
+pub const MAX_IO_COST_BYTES: u64 = 1 << 20;
+
+/// What a scheduler needs to know of its drive to set Gimbal's drive-specific constants
+/// (measured on the drive, or on its model: `trellis_ssd::calibrate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceModel {
+    /// 4 KiB random reads per second at a deep queue (blk-iocost `rrandiops`).
+    pub read_4k_iops: u64,
+    /// Bytes per second of large (128 KiB) random reads at a deep queue (`rbps`).
+    pub read_bytes_per_s: u64,
+    /// Fewest 128 KiB reads in flight that reach (99 % of) `read_bytes_per_s`.
+    pub read_128k_saturation_qd: u32,
+    /// Host-interface bandwidth, bytes per second; 0 when unknown.
+    pub link_bytes_per_s: u64,
 }
 
 impl Default for GimbalConfig {
@@ -92,6 +116,7 @@ impl Default for GimbalConfig {
             write_cost_init_fp10: 9216,
             write_cost_window_ns: 100_000_000,
             io_credits_per_vslot_init: 32,
+            io_cost_bytes: 0,
         }
     }
 }
@@ -113,7 +138,11 @@ impl GimbalConfig {
             (self.slot_bytes > 0, "slot_bytes must be positive"),
             (
                 self.slots_per_ssd >= 1 && self.slots_per_ssd <= MAX_SLOTS_PER_SSD,
-                "slots_per_ssd must be in 1..=8",
+                "slots_per_ssd must be in 1..=32",
+            ),
+            (
+                self.io_cost_bytes <= MAX_IO_COST_BYTES,
+                "io_cost_bytes must be at most 1048576 (1 MiB)",
             ),
             (self.bucket_bytes > 0, "bucket_bytes must be positive"),
             (
@@ -129,6 +158,37 @@ impl GimbalConfig {
             Some((_, why)) => Err(why),
             None => Ok(()),
         }
+    }
+}
+
+impl GimbalConfig {
+    /// These parameters with the drive-specific ones derived from `m`
+    /// (docs/gimbal.md "Calibration"); the others are kept.
+    /// - `io_cost_bytes` = `read_bytes_per_s / read_4k_iops − 4096`: with it a 4 KiB read
+    ///   and its bytes' share of a large read cost the drive time they take (blk-iocost's
+    ///   linear model, Linux Documentation/admin-guide/cgroup-v2.rst `io.cost.model`).
+    /// - `slots_per_ssd` = the saturating queue of 128 KiB reads, in slots of
+    ///   `slot_bytes` of cost: Gimbal's own rule, "the minimum number of slots that reaches
+    ///   the device's maximum bandwidth" (§1.c); clamped to 1..=[`MAX_SLOTS_PER_SSD`].
+    /// - `rate_max_bytes_per_s` = at least the drive's link and read bandwidth. Gimbal's
+    ///   4 GiB/s ceiling is PCIe 3.0 ×4 (3.94 GB/s), its drives' link; on a faster link
+    ///   it would cap the drive below what it can do.
+    pub fn calibrated(&self, m: &DeviceModel) -> GimbalConfig {
+        let mut c = self.clone();
+        if let Some(per_io) = m.read_bytes_per_s.checked_div(m.read_4k_iops) {
+            c.io_cost_bytes = per_io.saturating_sub(4096).min(MAX_IO_COST_BYTES);
+        }
+        if m.read_128k_saturation_qd > 0 {
+            let cost = m.read_128k_saturation_qd as u64 * ((128 << 10) + c.io_cost_bytes);
+            c.slots_per_ssd = cost
+                .div_ceil(c.slot_bytes.max(1))
+                .clamp(1, MAX_SLOTS_PER_SSD as u64) as u32;
+        }
+        c.rate_max_bytes_per_s = c
+            .rate_max_bytes_per_s
+            .max(m.link_bytes_per_s)
+            .max(m.read_bytes_per_s);
+        c
     }
 }
 

@@ -330,3 +330,96 @@ fn credit_window_example_1e2() {
     let admitted = (0..20).filter(|_| w.try_submit()).count();
     assert_eq!(admitted, 9);
 }
+
+/// pm9a3-gen4's model as `trellis_ssd::calibrate` measures it (rounded): 4 KiB random
+/// reads 548,811/s, reads 7.025 GB/s, 99 % of it at 14 × 128 KiB, PCIe 6,700 MiB/s.
+fn pm9a3_model() -> DeviceModel {
+    DeviceModel {
+        read_4k_iops: 548_811,
+        read_bytes_per_s: 7_025_000_000,
+        read_128k_saturation_qd: 14,
+        link_bytes_per_s: 6_700 << 20,
+    }
+}
+
+#[test]
+fn calibration_derives_cost_slots_and_ceiling_from_the_drive() {
+    let c = GimbalConfig::default().calibrated(&pm9a3_model());
+    // 7,025,000,000 / 548,811 = 12,800 B of drive time per 4 KiB read; 4,096 of it bytes.
+    assert_eq!(c.io_cost_bytes, 12_800 - 4096);
+    // 14 × (128 KiB + 8,704) = 1,956,864 B of cost in flight = 14.9 slots of 128 KiB.
+    assert_eq!(c.slots_per_ssd, 15);
+    // The 4 GiB/s ceiling (PCIe 3.0 ×4) rises to the drive's PCIe 4.0 link.
+    assert_eq!(c.rate_max_bytes_per_s, 7_025_459_200);
+    assert!(c.validate().is_ok());
+    // Everything else keeps Gimbal's value.
+    let d = GimbalConfig::default();
+    assert_eq!(
+        (c.quantum_bytes, c.slot_bytes, c.thresh_max_us),
+        (d.quantum_bytes, d.slot_bytes, d.thresh_max_us)
+    );
+}
+
+#[test]
+fn calibration_clamps_what_the_slot_table_cannot_hold() {
+    let mut m = pm9a3_model();
+    m.read_128k_saturation_qd = 1000;
+    assert_eq!(
+        GimbalConfig::default().calibrated(&m).slots_per_ssd,
+        MAX_SLOTS_PER_SSD
+    );
+    m.read_128k_saturation_qd = 0;
+    m.read_4k_iops = 0;
+    let c = GimbalConfig::default().calibrated(&m);
+    // Unknown figures leave Gimbal's constants alone.
+    assert_eq!((c.io_cost_bytes, c.slots_per_ssd), (0, 8));
+    // A drive so slow per I/O that the cost passes the bound is clamped to it.
+    m.read_4k_iops = 1;
+    assert_eq!(
+        GimbalConfig::default().calibrated(&m).io_cost_bytes,
+        MAX_IO_COST_BYTES
+    );
+}
+
+#[test]
+fn drr_with_a_per_io_cost_shares_drive_time_not_bytes() {
+    // Same drive as above: a 4 KiB read takes 1/548,811 s, a 64 KiB read 64 KiB of the
+    // 7.025 GB/s plus the per-I/O part, i.e. the time its calibrated cost says.
+    let cfg = GimbalConfig::default().calibrated(&pm9a3_model());
+    let mut drr = Drr::new(&cfg, &limits(4));
+    let spec = [(0, IoDir::Read, 4096), (1, IoDir::Read, 65536)];
+    for _ in 0..64 {
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
+    }
+    let b = run_drr(&mut drr, 20_000, 1024, &spec);
+    let m = pm9a3_model();
+    let secs = |bytes: u64, size: u64| {
+        let ios = (bytes / size) as f64;
+        ios * (1.0 / m.read_4k_iops as f64 + (size - 4096) as f64 / m.read_bytes_per_s as f64)
+    };
+    let (t_small, t_large) = (secs(b[0], 4096), secs(b[1], 65536));
+    let ratio = t_small / t_large;
+    assert!(
+        (0.98..1.02).contains(&ratio),
+        "drive time small/large {ratio}"
+    );
+    // Gimbal's byte cost, for contrast, hands the 4 KiB tenant ~3× the drive time.
+    let mut drr = drr4();
+    for _ in 0..64 {
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+        drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
+    }
+    let b = run_drr(&mut drr, 20_000, 1024, &spec);
+    assert!(secs(b[0], 4096) / secs(b[1], 65536) > 2.5);
+}
+
+#[test]
+fn io_cost_is_bounded_by_validation() {
+    let mut c = GimbalConfig::default();
+    c.io_cost_bytes = MAX_IO_COST_BYTES + 1;
+    assert!(c.validate().is_err());
+    c.io_cost_bytes = MAX_IO_COST_BYTES;
+    c.slots_per_ssd = MAX_SLOTS_PER_SSD;
+    assert!(c.validate().is_ok());
+}

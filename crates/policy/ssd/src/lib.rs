@@ -12,9 +12,11 @@
 //! (foreground). Read/write and GC interference arise only from LUN and channel
 //! busy time.
 
+mod calibrate;
 mod gc;
 mod ledger;
 mod profile;
+pub use calibrate::{calibrate, Calibration, SATURATION_PERMILLE};
 use ledger::Ledger;
 pub use profile::{Precondition, SsdProfile};
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};

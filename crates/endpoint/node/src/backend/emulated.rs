@@ -190,6 +190,8 @@ impl Drop for Drive {
 pub struct EmulatedBackend {
     ram: super::ram::RamBackend,
     drive: Arc<Drive>,
+    /// The model's capacities, measured on first use ([`Backend::device_model`]).
+    calibration: std::sync::OnceLock<trellis_ssd::Calibration>,
 }
 
 impl EmulatedBackend {
@@ -219,6 +221,7 @@ impl EmulatedBackend {
                 name,
                 lateness: Mutex::new(lateness),
             }),
+            calibration: std::sync::OnceLock::new(),
         })
     }
 
@@ -234,6 +237,23 @@ impl Backend for EmulatedBackend {
     }
     fn time_scale(&self) -> f64 {
         self.drive.scale
+    }
+    /// Measured on a clean copy of the model (`trellis_ssd::calibrate`), once.
+    fn device_model(&self) -> Option<trellis_qos::DeviceModel> {
+        let c = *self.calibration.get_or_init(|| {
+            let m = self
+                .drive
+                .model
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            trellis_ssd::calibrate(m.ssd.profile())
+        });
+        Some(trellis_qos::DeviceModel {
+            read_4k_iops: c.read_4k_iops,
+            read_bytes_per_s: c.read_bytes_per_s,
+            read_128k_saturation_qd: c.read_128k_saturation_qd,
+            link_bytes_per_s: c.link_bytes_per_s,
+        })
     }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(EmulatedQueue {

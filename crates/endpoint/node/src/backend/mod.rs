@@ -57,6 +57,12 @@ pub trait Backend: Send + Sync {
     fn time_scale(&self) -> f64 {
         1.0
     }
+    /// The drive's capacities, when this backend knows them without
+    /// measuring a real device (an emulated SSD's model); a scheduler sets
+    /// its drive-specific constants from them (`[qos] calibrate`).
+    fn device_model(&self) -> Option<trellis_qos::DeviceModel> {
+        None
+    }
     /// A per-reactor submission queue.
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>>;
     /// Makes every completed write durable (shutdown path).

@@ -393,7 +393,7 @@ fn zero_length_and_invalid_configs_are_handled() {
     bad.limits.max_tenants = 0;
     assert!(build(&bad, 0).is_err());
     bad = cfg(Policy::Fifo);
-    bad.gimbal.slots_per_ssd = 9;
+    bad.gimbal.slots_per_ssd = 33;
     assert!(build(&bad, 0).is_err());
 }
 
