@@ -194,6 +194,20 @@ fn target_logs_a_clean_shutdown_and_why_it_refused_a_connect() {
 }
 
 #[test]
+fn an_io_connect_to_a_discovery_only_port_is_explained_on_both_sides() {
+    let t = LiveTarget::start_config(
+        "[[listener]]\naddr = \"127.0.0.1:0\"\nkind = \"discovery\"\n\n\
+         [[subsystem]]\nnqn = \"nqn.2026-11.io.trellis:default\"\n\n\
+         [[subsystem.namespace]]\nbackend = \"null\"\nsize = \"64M\"\n",
+    );
+    let o = bench(&t, &["--runtime", "200ms"]);
+    assert_refused(&o, &["no such subsystem on this port", "discovery-only port"]);
+    if let Err(log) = t.wait_log("subsystem not exposed on a discovery-only port") {
+        panic!("no refusal line:\n{log}");
+    }
+}
+
+#[test]
 fn a_host_not_on_the_allow_list_is_told_how_to_fix_it() {
     let t = LiveTarget::start(&["--null", "64M", "--allow-host", "nqn.2026-11.io.x:only"]);
     let o = bench(&t, &["--runtime", "200ms"]);

@@ -98,17 +98,35 @@ pub struct LiveTarget {
     pub addr: SocketAddr,
     log: std::sync::Arc<std::sync::Mutex<String>>,
     _dir: tempfile::TempDir,
+    _config_dir: Option<tempfile::TempDir>,
 }
 
 impl LiveTarget {
     /// Starts `trellis target ARGS --listen 127.0.0.1:0` and waits until it
     /// is ready; the port it got is read from its log.
     pub fn start(args: &[&str]) -> LiveTarget {
+        Self::start_listening(args, &["--listen", "127.0.0.1:0"])
+    }
+
+    /// As [`LiveTarget::start`] with `config` as the TOML configuration,
+    /// listeners included (the first one logged is `addr`).
+    pub fn start_config(config: &str) -> LiveTarget {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("target.toml");
+        std::fs::write(&path, config).unwrap();
+        let path = path.to_str().unwrap().to_string();
+        let mut t = Self::start_listening(&["--config", &path], &[]);
+        t._config_dir = Some(dir);
+        t
+    }
+
+    fn start_listening(args: &[&str], listen: &[&str]) -> LiveTarget {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(bin())
             .arg("target")
             .args(args)
-            .args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .args(listen)
+            .arg("--state-dir")
             .arg(dir.path())
             .env("TRELLIS_LOG", "info")
             .stdout(Stdio::null())
@@ -124,7 +142,7 @@ impl LiveTarget {
             log.push_str(&line);
             log.push('\n');
             if let Some(rest) = line.split("listening on ").nth(1) {
-                addr = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+                addr = addr.or(rest.split_whitespace().next().and_then(|a| a.parse().ok()));
             }
             if line.contains("ready") {
                 break;
@@ -146,6 +164,7 @@ impl LiveTarget {
             addr,
             log,
             _dir: dir,
+            _config_dir: None,
         }
     }
 
