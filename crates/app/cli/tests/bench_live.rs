@@ -201,7 +201,10 @@ fn an_io_connect_to_a_discovery_only_port_is_explained_on_both_sides() {
          [[subsystem.namespace]]\nbackend = \"null\"\nsize = \"64M\"\n",
     );
     let o = bench(&t, &["--runtime", "200ms"]);
-    assert_refused(&o, &["no such subsystem on this port", "discovery-only port"]);
+    assert_refused(
+        &o,
+        &["no such subsystem on this port", "discovery-only port"],
+    );
     if let Err(log) = t.wait_log("subsystem not exposed on a discovery-only port") {
         panic!("no refusal line:\n{log}");
     }

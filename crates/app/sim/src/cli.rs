@@ -250,11 +250,45 @@ fn load_config(path: &Path) -> Result<SimConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let at = || format!("in {}", path.display());
-    if path.extension().is_some_and(|e| e == "json") {
-        serde_json::from_str(&text).with_context(at)
-    } else {
-        toml::from_str(&text).with_context(at)
+    // Typed first, so that errors name the field and line; then the raw
+    // tree, for fields that parse but would be ignored.
+    let (cfg, raw): (SimConfig, serde_json::Value) =
+        if path.extension().is_some_and(|e| e == "json") {
+            let cfg = serde_json::from_str(&text).with_context(at)?;
+            (cfg, serde_json::from_str(&text).with_context(at)?)
+        } else {
+            let cfg = toml::from_str(&text).with_context(at)?;
+            let v: toml::Value = toml::from_str(&text).with_context(at)?;
+            (cfg, serde_json::to_value(v).with_context(at)?)
+        };
+    refuse_ignored_job_fields(&raw).with_context(at)?;
+    Ok(cfg)
+}
+
+/// A job that sets a field its kind never reads (`read_pct` on a `systor`
+/// model) would run as if the field were not there: refuse it instead.
+fn refuse_ignored_job_fields(raw: &serde_json::Value) -> Result<()> {
+    let jobs = raw
+        .pointer("/workload/jobs")
+        .and_then(|j| j.as_array())
+        .map_or(&[][..], |j| j.as_slice());
+    for (i, job) in jobs.iter().enumerate() {
+        let kind = job
+            .pointer("/job/kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("fio");
+        if kind == "fio" {
+            continue;
+        }
+        if let Some(f) = FIO_ONLY_FIELDS.iter().find(|f| job.get(**f).is_some()) {
+            let name = job.get("name").and_then(|n| n.as_str()).unwrap_or("");
+            anyhow::bail!(
+                "job {} ({name:?}): {f} does nothing for kind = \"{kind}\" (its model, trace or YCSB workload sets the mix): remove it, or use kind = \"fio\"",
+                i + 1
+            );
+        }
     }
+    Ok(())
 }
 
 pub fn run(args: SimArgs) -> Result<()> {
