@@ -286,6 +286,7 @@ impl Ctx<'_> {
                     self.now_ns,
                     ns.backend.time_scale(),
                     ns.device_model.as_ref(),
+                    Some(&ns.qos_board),
                 ),
             });
             match q {

@@ -138,6 +138,7 @@ fn text(code: u16, body: String, ctype: &str) -> tiny_http::Response<std::io::Cu
 pub fn render(src: &Sources) -> Result<String, std::fmt::Error> {
     let mut prom = Prom::with_prefix("trellis");
     register_namespaces(&mut prom, &src.reg);
+    register_qos(&mut prom, &src.reg);
     register_process(&mut prom, src);
     let mut out = String::new();
     encode(&mut out, &prom)?;
@@ -193,6 +194,176 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
             let bytes = ns.size_blocks.saturating_mul(ns.block_size as u64);
             size.get_or_create(&l)
                 .set(bytes.min(i64::MAX as u64) as i64);
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QosLabels {
+    subsystem: String,
+    nsid: u32,
+    reactor: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QosDirLabels {
+    subsystem: String,
+    nsid: u32,
+    reactor: u32,
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    subsystem: String,
+    nsid: u32,
+    reactor: u32,
+    tenant: String,
+}
+
+type FGauge = Gauge<f64, AtomicU64>;
+
+/// Gimbal's state per namespace and reactor (each reactor runs its own
+/// scheduler; docs/gimbal.md), as the reactors last published it, and each
+/// tenant's share: what the virtual-view log page shows, over time.
+fn register_qos(prom: &mut Prom, reg: &Registry) {
+    let g = |prom: &mut Prom, name: &str, help: &str| {
+        let f = Family::<QosLabels, FGauge>::default();
+        prom.register(name, help, f.clone());
+        f
+    };
+    let rate = g(
+        prom,
+        "qos_target_rate_bytes_per_second",
+        "Gimbal's target rate (device clock)",
+    );
+    let head = g(
+        prom,
+        "qos_headroom_bytes_per_second",
+        "Target rate minus completion rate",
+    );
+    let wc = g(
+        prom,
+        "qos_write_cost",
+        "Estimated write cost relative to a read (1.0 to 9.0)",
+    );
+    let d = |prom: &mut Prom, name: &str, help: &str| {
+        let f = Family::<QosDirLabels, FGauge>::default();
+        prom.register(name, help, f.clone());
+        f
+    };
+    let state = d(
+        prom,
+        "qos_congestion_state",
+        "0 no sample, 1 under-utilised, 2 avoidance, 3 congested, 4 overloaded",
+    );
+    let ewma = d(
+        prom,
+        "qos_latency_ewma_seconds",
+        "Device latency EWMA (device clock)",
+    );
+    let target = d(
+        prom,
+        "qos_latency_target_seconds",
+        "Dynamic latency threshold (device clock)",
+    );
+    let t = |prom: &mut Prom, name: &str, help: &str| {
+        let f = Family::<TenantLabels, FGauge>::default();
+        prom.register(name, help, f.clone());
+        f
+    };
+    let queued = t(
+        prom,
+        "qos_tenant_queued",
+        "Commands the scheduler holds for the tenant",
+    );
+    let inflight = t(
+        prom,
+        "qos_tenant_in_flight",
+        "Tenant's commands at the device",
+    );
+    let credits = t(
+        prom,
+        "qos_tenant_io_credits",
+        "I/O credits the tenant is granted",
+    );
+    let tc = |prom: &mut Prom, name: &str, help: &str| {
+        let f = Family::<TenantLabels, Counter>::default();
+        prom.register(name, help, f.clone());
+        f
+    };
+    let cmds = tc(
+        prom,
+        "qos_tenant_completed_commands",
+        "Commands completed for the tenant",
+    );
+    let bytes = tc(
+        prom,
+        "qos_tenant_completed_bytes",
+        "Bytes completed for the tenant",
+    );
+    let in_use = reg.tenants.in_use();
+    let names: Vec<(usize, String)> = in_use
+        .iter()
+        .map(|&id| (id as usize, reg.tenants.name_of(id)))
+        .collect();
+    for sub in &reg.subsystems {
+        for ns in &sub.namespaces {
+            let board = crate::lock(&ns.qos_board).clone();
+            for (r, p) in board.iter().enumerate() {
+                let l = QosLabels {
+                    subsystem: sub.nqn.clone(),
+                    nsid: ns.nsid,
+                    reactor: r as u32,
+                };
+                rate.get_or_create(&l)
+                    .set(p.target_rate_bytes_per_s.load(Relaxed) as f64);
+                head.get_or_create(&l)
+                    .set(p.headroom_bytes_per_s.load(Relaxed) as f64);
+                wc.get_or_create(&l)
+                    .set(p.write_cost_fp10.load(Relaxed) as f64 / 1024.0);
+                for (k, op) in ["read", "write"].into_iter().enumerate() {
+                    let dl = QosDirLabels {
+                        subsystem: sub.nqn.clone(),
+                        nsid: ns.nsid,
+                        reactor: r as u32,
+                        op,
+                    };
+                    state
+                        .get_or_create(&dl)
+                        .set(p.state[k].load(Relaxed) as f64);
+                    ewma.get_or_create(&dl)
+                        .set(p.latency_ewma_us[k].load(Relaxed) as f64 / 1e6);
+                    target
+                        .get_or_create(&dl)
+                        .set(p.latency_target_us[k].load(Relaxed) as f64 / 1e6);
+                }
+                for (id, name) in &names {
+                    let Some(tp) = p.tenants.get(*id) else {
+                        continue;
+                    };
+                    let tl = TenantLabels {
+                        subsystem: sub.nqn.clone(),
+                        nsid: ns.nsid,
+                        reactor: r as u32,
+                        tenant: name.clone(),
+                    };
+                    queued
+                        .get_or_create(&tl)
+                        .set(tp.queued.load(Relaxed) as f64);
+                    inflight
+                        .get_or_create(&tl)
+                        .set(tp.in_flight.load(Relaxed) as f64);
+                    credits
+                        .get_or_create(&tl)
+                        .set(tp.io_credits.load(Relaxed) as f64);
+                    cmds.get_or_create(&tl)
+                        .inc_by(tp.completed_commands.load(Relaxed));
+                    bytes
+                        .get_or_create(&tl)
+                        .inc_by(tp.completed_bytes.load(Relaxed));
+                }
+            }
         }
     }
 }

@@ -14,7 +14,8 @@
 use crate::backend::{BackendQueue, IoReq, Op};
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use trellis_nvme::Status;
 use trellis_qos::sched::{self, SchedConfig, SchedLimits, Scheduler, Submitted, Tag, TenantId};
 use trellis_units::IoDir;
@@ -211,6 +212,22 @@ impl Tenants {
             .map(|(i, t)| (i as TenantId, t.weight))
     }
 
+    /// A tenant's name for `/metrics`: its `[[tenant]]` name, else the host
+    /// NQN it was given to, else "catch-all" or its id.
+    pub fn name_of(&self, id: TenantId) -> String {
+        if let Some(t) = self.configured.get(id as usize) {
+            return t.name.clone();
+        }
+        if id == self.catch_all() {
+            return "catch-all".into();
+        }
+        let m = crate::lock(&self.map);
+        m.ids
+            .iter()
+            .find(|(_, &v)| v == id)
+            .map_or_else(|| format!("tenant-{id}"), |(h, _)| h.clone())
+    }
+
     /// Every tenant id in use, in order (for the log page).
     pub fn in_use(&self) -> Vec<TenantId> {
         let m = crate::lock(&self.map);
@@ -254,6 +271,56 @@ fn with_credit(tag: u64, credits: u32) -> u64 {
     tag | CREDIT_FLAG | (credits.min(u16::MAX as u32) as u64) << CREDIT_SHIFT
 }
 
+/// How often a reactor's scheduler publishes its state for `/metrics`.
+pub const PUBLISH_INTERVAL_NS: u64 = 100_000_000;
+
+/// One reactor's Gimbal state for one namespace, as `/metrics` shows it:
+/// written by the reactor every [`PUBLISH_INTERVAL_NS`] while it has work
+/// (and once when it goes idle), read by scrapes. Nothing per I/O.
+pub struct QosPublished {
+    pub target_rate_bytes_per_s: AtomicU64,
+    pub headroom_bytes_per_s: AtomicU64,
+    pub write_cost_fp10: AtomicU64,
+    /// [read, write]: congestion state code (as the log page: 0 no sample,
+    /// 1 under-utilised, 2 avoidance, 3 congested, 4 overloaded), latency
+    /// EWMA and target (µs).
+    pub state: [AtomicU64; 2],
+    pub latency_ewma_us: [AtomicU64; 2],
+    pub latency_target_us: [AtomicU64; 2],
+    /// Per tenant id (`qos.limits.max_tenants` entries).
+    pub tenants: Box<[TenantPublished]>,
+}
+
+#[derive(Default)]
+pub struct TenantPublished {
+    pub queued: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub io_credits: AtomicU64,
+    /// Commands and bytes the scheduler completed for the tenant.
+    pub completed_commands: AtomicU64,
+    pub completed_bytes: AtomicU64,
+}
+
+impl QosPublished {
+    fn new(max_tenants: usize) -> QosPublished {
+        QosPublished {
+            target_rate_bytes_per_s: AtomicU64::new(0),
+            headroom_bytes_per_s: AtomicU64::new(0),
+            write_cost_fp10: AtomicU64::new(0),
+            state: Default::default(),
+            latency_ewma_us: Default::default(),
+            latency_target_us: Default::default(),
+            tenants: (0..max_tenants)
+                .map(|_| TenantPublished::default())
+                .collect(),
+        }
+    }
+}
+
+/// Every reactor's [`QosPublished`] of one namespace (a reactor adds its own
+/// when it opens the namespace's queue).
+pub type QosBoard = Mutex<Vec<Arc<QosPublished>>>;
+
 /// A request the scheduler holds or the backend runs: what to submit, and
 /// whom to answer. Indexed by `Tag::index()`, pre-allocated.
 #[derive(Clone, Copy)]
@@ -285,6 +352,13 @@ pub struct QosQueue {
     /// it, so Gimbal's thresholds (µs) and rates (B/s) apply to the drive
     /// the model emulates, exactly as they would on that drive in real time.
     clock: DeviceClock,
+    published: Arc<QosPublished>,
+    /// Completed (commands, bytes) per tenant, kept here and copied out
+    /// when publishing, so the I/O path writes no shared cache line.
+    completed: Vec<(u64, u64)>,
+    next_publish_ns: u64,
+    /// Something changed since the last publish.
+    dirty: bool,
 }
 
 /// Converts wall-clock ns to the device's clock.
@@ -321,6 +395,7 @@ pub fn wrap(
     now_ns: u64,
     time_scale: f64,
     model: Option<&trellis_qos::DeviceModel>,
+    board: Option<&QosBoard>,
 ) -> anyhow::Result<Box<dyn BackendQueue>> {
     let clock = DeviceClock::new(time_scale);
     let mut sched = sched::build(&cfg.sched_for(model), clock.ns(now_ns))
@@ -331,6 +406,11 @@ pub fn wrap(
             .map_err(|e| anyhow::anyhow!("tenant {t} weight {w}: {e:?}"))?;
     }
     let n = cfg.limits.max_requests as usize;
+    let max_tenants = cfg.limits.max_tenants as usize;
+    let published = Arc::new(QosPublished::new(max_tenants));
+    if let Some(b) = board {
+        crate::lock(b).push(published.clone());
+    }
     Ok(Box::new(QosQueue {
         inner,
         sched,
@@ -338,6 +418,10 @@ pub fn wrap(
         reaped: Vec::with_capacity(n),
         due_ns: Vec::with_capacity(n),
         clock,
+        published,
+        completed: vec![(0, 0); max_tenants],
+        next_publish_ns: 0,
+        dirty: false,
     }))
 }
 
@@ -406,7 +490,7 @@ impl QosQueue {
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
         match unsafe { self.inner.submit(io, SCHEDULED | t.index() as u64) } {
-            Some(st) => Some((st, self.finish_sync(t, now_ns))),
+            Some(st) => Some((st, self.finish_sync(t, io.len_bytes, now_ns))),
             None => {
                 let h = &mut self.held[t.index()];
                 h.tag = tag;
@@ -435,9 +519,9 @@ impl QosQueue {
     /// CPU time, and reading the clock here would also count any preemption
     /// of the reactor mid-batch as a device stall, which Gimbal would take
     /// for congestion.
-    fn finish_sync(&mut self, t: Tag, now_ns: u64) -> u32 {
+    fn finish_sync(&mut self, t: Tag, len_bytes: u64, now_ns: u64) -> u32 {
         match self.sched.complete(t, 0, self.clock.ns(now_ns)) {
-            Ok(c) => c.io_credits,
+            Ok(c) => self.count(c, len_bytes),
             Err(e) => {
                 tracing::error!("qos complete of a stale tag: {e:?}");
                 0
@@ -454,8 +538,9 @@ impl QosQueue {
         };
         let Some(t) = h.sched.take() else { return 0 };
         let lat = self.clock.ns(done_ns.saturating_sub(h.submitted_ns));
+        let len = h.io.len_bytes;
         match self.sched.complete(t, lat, self.clock.ns(now_ns)) {
-            Ok(c) => c.io_credits,
+            Ok(c) => self.count(c, len),
             Err(e) => {
                 tracing::error!("qos complete of a stale tag: {e:?}");
                 0
@@ -466,6 +551,48 @@ impl QosQueue {
     /// The scheduler, for the virtual-view log page.
     pub fn scheduler(&self) -> &dyn Scheduler {
         &*self.sched
+    }
+
+    /// Counts a completion for `/metrics`; returns its I/O credits.
+    #[inline]
+    fn count(&mut self, c: sched::Completed, len_bytes: u64) -> u32 {
+        if let Some(n) = self.completed.get_mut(c.tenant as usize) {
+            n.0 += 1;
+            n.1 += len_bytes;
+        }
+        self.dirty = true;
+        c.io_credits
+    }
+
+    /// Copies the scheduler's state out for `/metrics` (cold: every
+    /// [`PUBLISH_INTERVAL_NS`], and once when the queue goes idle).
+    #[cold]
+    fn publish(&mut self) {
+        self.dirty = false;
+        let p = &self.published;
+        p.headroom_bytes_per_s
+            .store(self.sched.headroom_bytes_per_s(), Relaxed);
+        for (t, tp) in p.tenants.iter().enumerate() {
+            let (cmds, bytes) = self.completed[t];
+            tp.completed_commands.store(cmds, Relaxed);
+            tp.completed_bytes.store(bytes, Relaxed);
+            let Some(v) = self.sched.view(t as TenantId) else {
+                continue;
+            };
+            tp.queued.store(v.queued as u64, Relaxed);
+            tp.in_flight.store(v.inflight as u64, Relaxed);
+            tp.io_credits.store(v.io_credits as u64, Relaxed);
+            if t == 0 {
+                p.target_rate_bytes_per_s
+                    .store(v.target_rate_bytes_per_s, Relaxed);
+                p.write_cost_fp10.store(v.write_cost_fp10, Relaxed);
+                for (k, d) in [v.read, v.write].iter().enumerate() {
+                    p.state[k].store(state_byte(d.state) as u64, Relaxed);
+                    p.latency_ewma_us[k].store(d.latency_ewma_us, Relaxed);
+                    p.latency_target_us[k].store(d.latency_target_us, Relaxed);
+                }
+            }
+        }
     }
 }
 
@@ -490,9 +617,16 @@ impl BackendQueue for QosQueue {
         if mine.is_empty() && self.sched.queued() == 0 {
             // Nothing finished and nothing waits: no clock read, no poll.
             (self.reaped, self.due_ns) = (mine, due);
+            if self.dirty && self.inner.in_flight() == 0 {
+                self.publish();
+            }
             return out.len() - before;
         }
         let now = crate::reactor::now_ns();
+        if now >= self.next_publish_ns {
+            self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
+            self.publish();
+        }
         for (k, &(tag, st)) in mine.iter().enumerate() {
             if tag & SCHEDULED == 0 {
                 out.push((tag, st));
@@ -656,7 +790,16 @@ mod tests {
             device_ns: 100_000,
             pending: Vec::new(),
         });
-        let mut q = wrap(inner, &cfg, &tenants, crate::reactor::now_ns(), 1.0, None).unwrap();
+        let mut q = wrap(
+            inner,
+            &cfg,
+            &tenants,
+            crate::reactor::now_ns(),
+            1.0,
+            None,
+            None,
+        )
+        .unwrap();
         let io = IoReq {
             op: Op::Read,
             offset_bytes: 0,

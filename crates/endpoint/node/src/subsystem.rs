@@ -46,6 +46,8 @@ pub struct Namespace {
     /// The drive's capacities when the backend knows them and QoS is on
     /// (`Backend::device_model`, measured at startup).
     pub device_model: Option<trellis_qos::DeviceModel>,
+    /// Each reactor's published Gimbal state, for `/metrics`.
+    pub qos_board: crate::qos::QosBoard,
     /// The backend's `reads_zero()`, kept here so the I/O path makes no
     /// virtual call for it.
     pub reads_zero: bool,
@@ -370,6 +372,7 @@ fn open_namespace(
         stats: NsStats::default(),
         qos: n.qos,
         device_model,
+        qos_board: Default::default(),
     }))
 }
 

@@ -173,45 +173,99 @@ fn a_taken_metrics_port_fails_the_start_and_names_the_address() {
     );
 }
 
-/// `Cpus_allowed_list` of this process's thread named `name`.
-fn allowed_cpus(name: &str) -> Option<String> {
-    std::fs::read_dir("/proc/self/task")
-        .ok()?
-        .flatten()
-        .find_map(|t| {
-            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            if comm.trim() != name {
-                return None;
-            }
-            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-            status.lines().find_map(|l| {
-                l.strip_prefix("Cpus_allowed_list:")
-                    .map(|v| v.trim().to_string())
-            })
-        })
-}
+const BOB: &str = "nqn.2026-11.io.trellis:test:bob";
 
 #[test]
-fn helper_threads_stay_off_the_cpus_reactors_are_pinned_to() {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if n < 2 {
-        eprintln!("skipped: one CPU, nowhere else to put helper threads");
-        return;
-    }
-    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
-    cfg.target.reactors = 1;
-    cfg.target.cpus = vec![0];
+fn gimbal_state_and_each_tenants_completions_are_scraped() {
+    let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
+    ns.qos = trellis_target::qos::QosMode::Gimbal;
+    let mut cfg = test_config(ns);
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.subsystems[0].allowed_hosts.push(BOB.into());
+    cfg.tenants = vec![trellis_target::qos::TenantConfig {
+        host: HOST.to_string(),
+        name: "alice".into(),
+        weight: 2,
+    }];
     let t = trellis_target::Target::start(&cfg).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    for name in ["acceptor", "metrics"] {
-        let cpus = allowed_cpus(name).unwrap_or_else(|| panic!("no {name} thread"));
-        let has0 = cpus.split(',').any(|r| {
-            let (a, _) = r.split_once('-').unwrap_or((r, r));
-            a == "0"
-        });
-        assert!(!has0, "{name} may run on reactor CPU 0: {cpus}");
+    let m = t.metrics_addr.expect("metrics address");
+    let bob = BOB;
+    let mut a = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let mut b = controller_as(t.local_addrs[0], NQN, bob, 1, Digests::default(), 0);
+    let (a_writes, b_reads, blocks) = (6u64, 3u64, 8usize);
+    for i in 0..a_writes {
+        let w = write(&mut a.io[0], i * 64, &pattern(i * 64, blocks, 1));
+        assert!(w.status.is_success());
     }
-    assert_eq!(allowed_cpus("reactor-0").as_deref(), Some("0"));
+    for i in 0..b_reads {
+        assert!(read(&mut b.io[0], i * 64, blocks as u32)
+            .0
+            .status
+            .is_success());
+    }
+    // Published when the queue goes idle (or every 100 ms): poll briefly.
+    let tenant = |name| {
+        [
+            ("subsystem", NQN),
+            ("nsid", "1"),
+            ("reactor", "0"),
+            ("tenant", name),
+        ]
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let scrape = loop {
+        let (code, body) = get(m, "/metrics");
+        assert_eq!(code, 200, "{body}");
+        let s = parse(&body);
+        let done = sample(
+            &s,
+            "trellis_qos_tenant_completed_commands_total",
+            &tenant(bob),
+        );
+        if done == Some(b_reads as f64) || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let bytes = (blocks * 512) as f64;
+    for (name, cmds) in [("alice", a_writes), (bob, b_reads)] {
+        let l = tenant(name);
+        let c = sample(&scrape, "trellis_qos_tenant_completed_commands_total", &l);
+        assert_eq!(c, Some(cmds as f64), "{name}");
+        let by = sample(&scrape, "trellis_qos_tenant_completed_bytes_total", &l);
+        assert_eq!(by, Some(cmds as f64 * bytes), "{name}");
+        assert_eq!(
+            sample(&scrape, "trellis_qos_tenant_in_flight", &l),
+            Some(0.0),
+            "{name}"
+        );
+        assert_eq!(
+            sample(&scrape, "trellis_qos_tenant_queued", &l),
+            Some(0.0),
+            "{name}"
+        );
+        let cr = sample(&scrape, "trellis_qos_tenant_io_credits", &l);
+        assert!(cr.is_some_and(|c| c >= 1.0), "{name}: credits {cr:?}");
+    }
+    let ns = [("subsystem", NQN), ("nsid", "1"), ("reactor", "0")];
+    let rate = sample(&scrape, "trellis_qos_target_rate_bytes_per_second", &ns);
+    assert!(rate.is_some_and(|r| r >= 50.0 * 1048576.0), "rate {rate:?}");
+    let wc = sample(&scrape, "trellis_qos_write_cost", &ns);
+    assert!(
+        wc.is_some_and(|w| (1.0..=9.0).contains(&w)),
+        "write cost {wc:?}"
+    );
+    // Writes and reads completed, so both directions have a state (1..=4).
+    for op in ["read", "write"] {
+        let l = [
+            ("subsystem", NQN),
+            ("nsid", "1"),
+            ("reactor", "0"),
+            ("op", op),
+        ];
+        let st = sample(&scrape, "trellis_qos_congestion_state", &l);
+        assert!(st.is_some_and(|s| (1.0..=4.0).contains(&s)), "{op}: {st:?}");
+    }
+    drop((a, b));
     t.stop().unwrap();
 }
