@@ -59,6 +59,7 @@ impl Queue {
             max_pdu_bytes: RAW_MAX_PLEN,
             command_timeout: READ_TIMEOUT,
             credit_token: None,
+            credit_share: 1,
         });
         Queue {
             s,

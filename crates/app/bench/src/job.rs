@@ -85,6 +85,13 @@ pub struct JobOpts {
     /// Random seed (runs with the same seed issue the same offsets).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Credit-based flow control (Gimbal, docs/gimbal.md §1.e): ask the
+    /// target for the tenant's I/O credits and never keep more commands
+    /// outstanding than they allow (the tenant's queues share them);
+    /// `--credits` alone turns it on. A target that sends none (Linux
+    /// nvmet, SPDK) leaves --iodepth in force.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub credits: Option<bool>,
 }
 
 fn bool_or_string<'de, D: Deserializer<'de>>(
@@ -112,7 +119,7 @@ impl JobOpts {
         fill!(
             name, rw, bs, bssplit, iodepth, numjobs, runtime, ramp_time, rate_iops, rate,
             rwmixread, offset, size, verify, addr, nqn, hostnqn, tenant, class, queues, digest,
-            nsid, seed
+            nsid, seed, credits
         );
         self
     }
@@ -164,6 +171,8 @@ pub struct JobSpec {
     pub data_digest: bool,
     pub nsid: u32,
     pub seed: u64,
+    /// Honour the target's I/O credits (`--credits`).
+    pub credits: bool,
 }
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:4420";
@@ -326,6 +335,7 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         data_digest,
         nsid: o.nsid.unwrap_or(1),
         seed: o.seed.unwrap_or(0x007e_1115),
+        credits: o.credits.unwrap_or(false),
     })
 }
 

@@ -77,6 +77,13 @@ pub struct JobReport {
     /// Polls in which the client neither sent nor received: < 40 % at the
     /// target's peak means the measurement may be client-bound.
     pub client_idle_poll_pct: f64,
+    /// `--credits`: whether the job honoured the target's I/O credits, how
+    /// often a queue held back for want of them, and the smallest and last
+    /// credit seen (None: the target sent none, --iodepth applied).
+    pub credits: bool,
+    pub credit_busy: u64,
+    pub io_credits_min: Option<u32>,
+    pub io_credits_last: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -148,6 +155,12 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         measured = measured.max(r.measured.as_secs_f64());
         acc.polls += r.polls;
         acc.idle_polls += r.idle_polls;
+        acc.credit_busy += r.credit_busy;
+        acc.io_credits_min = match (acc.io_credits_min, r.io_credits_min) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        acc.io_credits_last = r.io_credits_last.or(acc.io_credits_last);
     }
     let secs = measured;
     let mut all = acc.read_hist.clone();
@@ -183,6 +196,10 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         } else {
             0.0
         },
+        credits: job.credits,
+        credit_busy: acc.credit_busy,
+        io_credits_min: acc.io_credits_min,
+        io_credits_last: acc.io_credits_last,
     }
 }
 

@@ -42,7 +42,8 @@ impl Default for RunOpts {
     }
 }
 
-type CtrlKey = (String, String, String, bool, bool);
+/// (addr, subsystem, host NQN, header digest, data digest, credits).
+type CtrlKey = (String, String, String, bool, bool, bool);
 
 fn key(j: &JobSpec) -> CtrlKey {
     (
@@ -51,8 +52,13 @@ fn key(j: &JobSpec) -> CtrlKey {
         j.hostnqn.clone(),
         j.header_digest,
         j.data_digest,
+        j.credits,
     )
 }
+
+/// CDW2[15:0] token of credit-asking commands; any non-zero value works
+/// (the target echoes it), this one is easy to spot in a capture.
+const CREDIT_TOKEN: u16 = 0x7e11;
 
 pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     let cpu0 = cpu_time();
@@ -136,6 +142,12 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
             kato_ms: opts.kato_ms,
             command_timeout: opts.command_timeout,
             connect_timeout: opts.connect_timeout,
+            credit_token: k
+                .5
+                .then(|| std::num::NonZeroU16::new(CREDIT_TOKEN))
+                .flatten(),
+            // Every queue of this tenant to this subsystem shares its credits.
+            credit_share: nq.min(u16::MAX as u32) as u16,
             ..Default::default()
         };
         let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {

@@ -71,6 +71,12 @@ pub struct WorkerResult {
     pub measured: Duration,
     pub polls: u64,
     pub idle_polls: u64,
+    /// Times a queue below its depth held back because the target's I/O
+    /// credits were all in use (`--credits`; "device busy", Algorithm 3).
+    pub credit_busy: u64,
+    /// The smallest and latest credit a queue of this worker was granted.
+    pub io_credits_min: Option<u32>,
+    pub io_credits_last: Option<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -138,6 +144,9 @@ pub fn run(plan: WorkerPlan) -> WorkerResult {
     for qc in &w.queues {
         w.res.polls += qc.q.stats.polls;
         w.res.idle_polls += qc.q.stats.idle_polls;
+        if let Some(c) = qc.q.engine().io_credits() {
+            w.res.io_credits_last = Some(c);
+        }
     }
     w.res
 }
@@ -161,6 +170,9 @@ pub fn empty_result() -> WorkerResult {
         measured: Duration::ZERO,
         polls: 0,
         idle_polls: 0,
+        credit_busy: 0,
+        io_credits_min: None,
+        io_credits_last: None,
     }
 }
 
@@ -287,6 +299,9 @@ impl Worker {
         // taken before this poll's flush, so using it would under-report
         // latency by a whole sendmsg + recv (one clock read per batch).
         let done_at = Instant::now();
+        if let Some(c) = self.queues[qi].q.engine().io_credits() {
+            self.res.io_credits_min = Some(self.res.io_credits_min.map_or(c, |m| m.min(c)));
+        }
         let mut n = 0;
         while let Some(c) = self.queues[qi].q.next_completion() {
             self.complete(qi, c, phase, done_at);
@@ -368,6 +383,11 @@ impl Worker {
     fn top_up(&mut self, qi: usize, phase: Phase) -> Result<(), String> {
         let t0 = Instant::now();
         while self.queues[qi].inflight < self.queues[qi].depth {
+            if !self.queues[qi].q.engine().may_submit() {
+                // Busy: retried after this queue's next completion.
+                self.res.credit_busy += 1;
+                return Ok(());
+            }
             // Ask the limiter before picking, so a refused I/O reserves nothing.
             if phase == Phase::Main && !self.rate_allows(self.job.min_bs() as u64) {
                 return Ok(());

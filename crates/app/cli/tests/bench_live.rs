@@ -232,3 +232,69 @@ fn bench_help_lists_values_and_defaults() {
         assert!(help.contains(want), "{want:?} missing:\n{help}");
     }
 }
+
+#[test]
+fn with_credits_the_bench_keeps_to_the_targets_io_credits() {
+    // Gimbal alone on a drive it knows nothing of: 8 slots of 128 KiB, so a
+    // 64 KiB reader is granted 8 × 2 = 16 credits (docs/gimbal.md §1.e).
+    let t = LiveTarget::start(&["--null", "64M", "--qos", "gimbal"]);
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("c.json");
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "--rw",
+            "randread",
+            "--bs",
+            "64k",
+            "--iodepth",
+            "64",
+            "--runtime",
+            "300ms",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        let o = bench(&t, &a);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        v["jobs"][0].clone()
+    };
+    let j = run(&["--credits"]);
+    assert_eq!(j["credits"], true);
+    assert_eq!(j["io_credits_last"], 16, "{j}");
+    assert!(
+        j["credit_busy"].as_u64().unwrap() > 0,
+        "iodepth 64 > 16 credits: {j}"
+    );
+    assert!(j["ios"].as_u64().unwrap() > 0);
+    // Without --credits nothing is asked: no credit seen, never held back.
+    let j = run(&[]);
+    assert_eq!(j["credits"], false);
+    assert!(j["io_credits_last"].is_null(), "{j}");
+    assert_eq!(j["credit_busy"], 0);
+}
+
+#[test]
+fn with_credits_against_a_target_without_qos_iodepth_applies() {
+    let t = LiveTarget::start(&["--null", "64M"]);
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("c.json");
+    let o = bench(
+        &t,
+        &[
+            "--credits",
+            "--iodepth",
+            "8",
+            "--runtime",
+            "200ms",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["jobs"][0]["io_credits_last"].is_null(), "{v}");
+    assert_eq!(v["jobs"][0]["credit_busy"], 0);
+}

@@ -45,6 +45,8 @@ pub struct HostConfig {
     /// Ask I/O queues for the target's I/O credits (see
     /// [`EngineConfig::credit_token`]); None: never.
     pub credit_token: Option<std::num::NonZeroU16>,
+    /// See [`EngineConfig::credit_share`].
+    pub credit_share: u16,
 }
 
 impl Default for HostConfig {
@@ -60,6 +62,7 @@ impl Default for HostConfig {
             staging_bytes: 256 << 10,
             sock_buf_bytes: 2 << 20,
             credit_token: None,
+            credit_share: 1,
         }
     }
 }
@@ -107,6 +110,7 @@ impl Controller {
             max_pdu_bytes: ADMIN_BUF_BYTES + 512,
             command_timeout: cfg.command_timeout,
             credit_token: None, // admin commands carry no credits
+            credit_share: 1,
         };
         let mut admin = Queue::connect(addr, ecfg, sock_opts(cfg))?;
         let cntlid = fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE - 1, 0xFFFF)?;
@@ -189,6 +193,7 @@ impl Controller {
             max_pdu_bytes: buf_bytes + 512,
             command_timeout: self.cfg.command_timeout,
             credit_token: self.cfg.credit_token,
+            credit_share: self.cfg.credit_share,
         };
         let mut q = Queue::connect(self.addr, ecfg, sock_opts(&self.cfg))?;
         // SQSIZE is 0-based and a queue of N entries holds N−1 commands, so ask

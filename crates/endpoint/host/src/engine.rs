@@ -59,6 +59,11 @@ pub struct EngineConfig {
     /// set it. A target without credits echoes nothing, and
     /// [`Engine::io_credits`] stays None.
     pub credit_token: Option<std::num::NonZeroU16>,
+    /// How many of this host's queues share the tenant's credits on the
+    /// namespace (the target grants them per tenant, not per queue): each
+    /// queue keeps at most `credits / credit_share` commands outstanding,
+    /// and at least one. Only with `credit_token`.
+    pub credit_share: u16,
 }
 
 impl Default for EngineConfig {
@@ -72,6 +77,7 @@ impl Default for EngineConfig {
             max_pdu_bytes: (1 << 20) + 256,
             command_timeout: Duration::from_secs(10),
             credit_token: None,
+            credit_share: 1,
         }
     }
 }
@@ -358,6 +364,11 @@ impl Engine {
                 self.cfg.buf_bytes
             )));
         }
+        if let Some(limit) = self.credit_limit() {
+            if self.inflight as u32 >= limit {
+                return Err(Error::Busy(limit));
+            }
+        }
         let s = match self.slots.get_mut(slot as usize) {
             Some(s) if s.state == SlotState::User => s,
             _ => {
@@ -627,6 +638,23 @@ impl Engine {
     /// configured queue depth.
     pub fn io_credits(&self) -> Option<u32> {
         self.io_credits
+    }
+
+    /// Commands this queue may have outstanding under the target's credits
+    /// (Algorithm 3, split over `credit_share` queues, at least 1); None
+    /// while no credit has arrived or credits are not asked for: then only
+    /// the queue size bounds it. `submit` refuses with [`Error::Busy`] at
+    /// the limit.
+    pub fn credit_limit(&self) -> Option<u32> {
+        self.cfg.credit_token?;
+        let c = self.io_credits?;
+        Some((c / self.cfg.credit_share.max(1) as u32).max(1))
+    }
+
+    /// True when `submit` would not be refused for want of credits.
+    pub fn may_submit(&self) -> bool {
+        self.credit_limit()
+            .is_none_or(|l| (self.inflight as u32) < l)
     }
 
     fn complete(&mut self, c: Completion) {

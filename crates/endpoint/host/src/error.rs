@@ -26,6 +26,11 @@ pub enum Error {
     /// larger than the slot buffer). Nothing was sent; the queue is intact.
     #[error("invalid use: {0}")]
     Usage(String),
+    /// The target's I/O credits are all in use (Gimbal's Algorithm 3: the
+    /// device is "busy"); nothing was sent and the queue is intact. Submit
+    /// again after a completion.
+    #[error("busy: the target's I/O credits ({0}) are all in use")]
+    Busy(u32),
 }
 
 impl Error {
@@ -41,6 +46,7 @@ impl Error {
             Error::Timeout(s) => Error::Timeout(s.clone()),
             Error::Protocol(s) => Error::Protocol(s.clone()),
             Error::Usage(s) => Error::Usage(s.clone()),
+            Error::Busy(n) => Error::Busy(*n),
         }
     }
 }

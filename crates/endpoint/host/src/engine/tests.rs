@@ -22,6 +22,7 @@ fn engine(d: Digests, maxh2cdata: u32) -> Engine {
         max_pdu_bytes: (64 << 10) + 512,
         command_timeout: Duration::from_millis(50),
         credit_token: None,
+        credit_share: 1,
     });
     e.start();
     let ic = e.take_output();
@@ -400,4 +401,45 @@ fn credits_are_taken_only_from_completions_that_echo_the_token() {
         .feed(&resp_dw1(plain.cid_of(s), 0x7e11_0080), 0)
         .unwrap();
     assert_eq!(plain.io_credits(), None);
+}
+
+#[test]
+fn submissions_beyond_the_credit_are_refused_busy_and_send_nothing() {
+    let token = std::num::NonZeroU16::new(0x7e11).unwrap();
+    let mut e = engine(NO, 8192);
+    e.cfg.credit_token = Some(token);
+    e.cfg.credit_share = 2;
+    let s: Vec<u16> = (0..4).map(|_| e.alloc().unwrap()).collect();
+    let w = || rw_sqe(io::WRITE, 1, 0, 1);
+    // No credit yet: only the queue size bounds the queue.
+    assert_eq!(e.credit_limit(), None);
+    e.submit(s[0], w(), Xfer::None, 0).unwrap();
+    // 4 credits for the tenant, shared by 2 queues: 2 each.
+    e.feed(&resp_dw1(e.cid_of(s[0]), 0x7e11_0004), 0).unwrap();
+    while e.next_completion().is_some() {}
+    assert_eq!(e.credit_limit(), Some(2));
+    e.take_output();
+    e.submit(s[1], w(), Xfer::None, 0).unwrap();
+    e.submit(s[2], w(), Xfer::None, 0).unwrap();
+    let sent = e.take_output().len();
+    assert!(!e.may_submit());
+    match e.submit(s[3], w(), Xfer::None, 0) {
+        Err(Error::Busy(2)) => {}
+        other => panic!("expected Busy(2), got {other:?}"),
+    }
+    assert!(
+        e.take_output().is_empty(),
+        "a refused command sends nothing"
+    );
+    assert!(sent > 0);
+    // The credit shrinks to 2 (1 per queue): one completion is not enough.
+    e.feed(&resp_dw1(e.cid_of(s[1]), 0x7e11_0002), 0).unwrap();
+    assert_eq!((e.credit_limit(), e.inflight()), (Some(1), 1));
+    assert!(!e.may_submit());
+    e.feed(&resp_dw1(e.cid_of(s[2]), 0x7e11_0002), 0).unwrap();
+    assert!(e.may_submit());
+    e.submit(s[3], w(), Xfer::None, 0).unwrap();
+    // A credit of 0 still lets one command through (at least one per queue).
+    e.feed(&resp_dw1(e.cid_of(s[3]), 0x7e11_0000), 0).unwrap();
+    assert_eq!(e.credit_limit(), Some(1));
 }
