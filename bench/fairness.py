@@ -17,6 +17,10 @@ together, and record per-tenant bandwidth and p99.9. Metrics (docs/bench.md
   fair value is w_i / sum w, and `fair_share_dev` is share / fair - 1.
 - utilisation: sum_i BW_i / BW_i^alone(off), drive time used by the run,
   with the same (QoS-off) yardstick for both modes.
+
+Environment: FAIR_TARGET_EXTRA, TOML appended to every target config ("\n"
+for line breaks), e.g. '[qos]\ncalibrate = "off"' to run Gimbal with its
+published constants instead of the drive-calibrated ones (docs/gimbal.md).
 """
 
 import argparse
