@@ -269,3 +269,67 @@ fn gimbal_state_and_each_tenants_completions_are_scraped() {
     drop((a, b));
     t.stop().unwrap();
 }
+
+/// Every `trellis_*` name in the queries of deploy/grafana/trellis-target.json.
+fn dashboard_metrics() -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../deploy/grafana/trellis-target.json"
+    );
+    let text = std::fs::read_to_string(path).expect("the dashboard is in deploy/grafana");
+    let d: serde_json::Value = serde_json::from_str(&text).expect("the dashboard parses as JSON");
+    let mut names = Vec::new();
+    for p in d["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            for (i, _) in expr.match_indices("trellis_") {
+                let name: String = expr[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                // A histogram's series are read as name_bucket.
+                names.push(name.trim_end_matches("_bucket").to_string());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[test]
+fn every_metric_the_grafana_dashboard_queries_is_served() {
+    let names = dashboard_metrics();
+    assert!(names.len() >= 15, "{names:?}");
+    let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
+    ns.qos = trellis_target::qos::QosMode::Gimbal;
+    let mut cfg = test_config(ns);
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let m = t.metrics_addr.expect("metrics address");
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    assert!(write(&mut c.io[0], 0, &pattern(0, 8, 1))
+        .status
+        .is_success());
+    assert!(read(&mut c.io[0], 0, 8).0.status.is_success());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let (code, body) = get(m, "/metrics");
+        assert_eq!(code, 200, "{body}");
+        let s = parse(&body);
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|n| !s.samples.iter().any(|x| &x.metric == *n))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dashboard queries metrics the target does not serve: {missing:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(c);
+    t.stop().unwrap();
+}
