@@ -84,6 +84,46 @@ impl Slot {
 /// One NVMe/TCP connection: events in (`rx_commit`, `backend_done`,
 /// `tx_advance`, `handle_timeout`), transmits out (`tx_iovecs`), and its next
 /// deadline as data (`next_timeout`). The reactor uses only this API.
+/// Why a connection closed, in the classes `/metrics` counts
+/// (`trellis_connections_closed_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseKind {
+    /// The host closed the socket (after a clean shutdown or not).
+    PeerClosed,
+    /// A malformed or forbidden PDU: C2HTermReq sent, or H2CTermReq received.
+    ProtocolError,
+    /// No Connect in time, or the keep-alive timer expired.
+    Timeout,
+    /// The socket failed (reset, send or receive error).
+    TransportError,
+    /// Its controller was torn down (its admin queue went away).
+    ControllerGone,
+    /// Anything else (target shutdown, a reactor failure).
+    Other,
+}
+
+impl CloseKind {
+    pub const ALL: [CloseKind; 6] = [
+        CloseKind::PeerClosed,
+        CloseKind::ProtocolError,
+        CloseKind::Timeout,
+        CloseKind::TransportError,
+        CloseKind::ControllerGone,
+        CloseKind::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            CloseKind::PeerClosed => "peer_closed",
+            CloseKind::ProtocolError => "protocol_error",
+            CloseKind::Timeout => "timeout",
+            CloseKind::TransportError => "transport_error",
+            CloseKind::ControllerGone => "controller_gone",
+            CloseKind::Other => "other",
+        }
+    }
+}
+
 pub struct Conn {
     idx: u32,
     pub(crate) queue: Queue,
@@ -98,6 +138,8 @@ pub struct Conn {
     backlog: std::collections::VecDeque<u16>,
     created_ns: u64,
     close_reason: Option<String>,
+    /// What kind of reason `close_reason` is, for `/metrics`.
+    close_kind: CloseKind,
     backend_in_flight: usize,
     /// When batched statistics were first left unflushed (`u64::MAX`: none).
     stats_since_ns: u64,
@@ -167,6 +209,7 @@ impl Conn {
             backlog: Default::default(),
             created_ns: now_ns,
             close_reason: None,
+            close_kind: CloseKind::Other,
             backend_in_flight: 0,
             stats_since_ns: u64::MAX,
             now_ns,
@@ -228,6 +271,10 @@ impl Conn {
         self.close_reason.as_deref().unwrap_or("")
     }
 
+    pub fn close_kind(&self) -> CloseKind {
+        self.close_kind
+    }
+
     pub fn peer(&self) -> SocketAddr {
         self.queue.peer
     }
@@ -260,7 +307,10 @@ impl Conn {
             };
             if self.state == State::AwaitIcReq && self.rx.pending().first() == Some(&0x16) {
                 // A TLS ClientHello on a plain port: close without parsing it.
-                self.close_quietly("TLS handshake on a non-TLS listener");
+                self.close_as(
+                    CloseKind::ProtocolError,
+                    "TLS handshake on a non-TLS listener",
+                );
                 return;
             }
             let layout = match pdu::check_layout(
@@ -306,10 +356,10 @@ impl Conn {
             PduType::IcReq => self.on_icreq(start),
             PduType::H2CTermReq => {
                 let t = pdu::TermReq::decode(pdu_bytes);
-                self.close_quietly(&format!(
-                    "host sent H2CTermReq FES {:#x} FEI {}",
-                    t.fes, t.fei
-                ));
+                self.close_as(
+                    CloseKind::ProtocolError,
+                    &format!("host sent H2CTermReq FES {:#x} FEI {}", t.fes, t.fei),
+                );
                 Ok(())
             }
             PduType::CapsuleCmd => {
@@ -857,6 +907,7 @@ impl Conn {
     fn fatal_with(&mut self, f: Fatal, offending: &[u8]) {
         tracing::warn!(peer = %self.queue.peer, "fatal: {} (FES {:#x}, FEI {}); terminating connection", f.name(), f.fes, f.fei);
         self.close_reason = Some(format!("{} (FES {:#x})", f.name(), f.fes));
+        self.close_kind = CloseKind::ProtocolError;
         self.state = State::Closing;
         self.tx.push_bytes(NO_RELEASE, |b| {
             pdu::encode_term_req(b, PduType::C2HTermReq, f, offending)
@@ -870,8 +921,14 @@ impl Conn {
     }
 
     pub fn close_quietly(&mut self, why: &str) {
+        self.close_as(CloseKind::Other, why);
+    }
+
+    /// Closes for a reason of kind `kind`; the first reason given stays.
+    pub fn close_as(&mut self, kind: CloseKind, why: &str) {
         if self.close_reason.is_none() {
             self.close_reason = Some(why.to_string());
+            self.close_kind = kind;
         }
         self.state = State::Closing;
     }
@@ -929,12 +986,12 @@ impl Conn {
         let connect_ns = self.queue.reg.limits.connect_timeout_ms * 1_000_000;
         let Some(q) = &self.queue.q else {
             if now_ns.saturating_sub(self.created_ns) > connect_ns {
-                self.close_quietly("no Connect within the connect timeout");
+                self.close_as(CloseKind::Timeout, "no Connect within the connect timeout");
             }
             return;
         };
         if q.ctrl.dead.load(Relaxed) {
-            self.close_quietly("controller torn down");
+            self.close_as(CloseKind::ControllerGone, "controller torn down");
             return;
         }
         if q.kind != QueueKind::Admin {
@@ -946,7 +1003,7 @@ impl Conn {
             .is_some_and(|limit| idle_ns > limit)
         {
             q.ctrl.kill("keep-alive timeout");
-            self.close_quietly("keep-alive timeout");
+            self.close_as(CloseKind::Timeout, "keep-alive timeout");
         }
     }
 

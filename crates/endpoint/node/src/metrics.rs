@@ -199,6 +199,11 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CloseLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QosLabels {
     subsystem: String,
     nsid: u32,
@@ -399,6 +404,18 @@ fn register_process(prom: &mut Prom, src: &Sources) {
     let conns = Gauge::<i64>::default();
     conns.set(src.connections.load(Relaxed).min(i64::MAX as usize) as i64);
     prom.register("connections", "Open NVMe/TCP connections", conns);
+    let closed = Family::<CloseLabels, Counter>::default();
+    prom.register(
+        "connections_closed",
+        "NVMe/TCP connections closed, by reason",
+        closed.clone(),
+    );
+    for k in crate::conn::CloseKind::ALL {
+        let n = src.reg.conn_closed[k as usize].load(Relaxed);
+        closed
+            .get_or_create(&CloseLabels { reason: k.label() })
+            .inc_by(n);
+    }
     let busy = Family::<ReactorLabels, Counter<f64, AtomicU64>>::default();
     prom.register(
         "reactor_busy_seconds",

@@ -27,7 +27,7 @@
 //! with an error log line.
 
 use crate::backend::BackendQueue;
-use crate::conn::Conn;
+use crate::conn::{CloseKind, Conn};
 use crate::exec::Ctx;
 use crate::subsystem::Registry;
 use crate::uring_net::Kind;
@@ -560,13 +560,15 @@ impl Reactor {
             )
         };
         if n == 0 {
-            e.conn.close_quietly("peer closed the connection");
+            e.conn
+                .close_as(CloseKind::PeerClosed, "peer closed the connection");
             return;
         }
         if n < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() != std::io::ErrorKind::WouldBlock {
-                e.conn.close_quietly(&format!("recv: {err}"));
+                e.conn
+                    .close_as(CloseKind::TransportError, &format!("recv: {err}"));
             }
             return;
         }
@@ -700,6 +702,14 @@ impl Reactor {
             return;
         }
         e.conn.on_close();
+        if let Some(c) = self
+            .shared
+            .reg
+            .conn_closed
+            .get(e.conn.close_kind() as usize)
+        {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         self.conns[idx] = None;
         self.free.push(idx as u32);
         self.shared.connections.fetch_sub(1, Ordering::Relaxed);
@@ -943,13 +953,14 @@ impl Reactor {
             return false;
         }
         if res == 0 {
-            e.conn.close_quietly("peer closed the connection");
+            e.conn
+                .close_as(CloseKind::PeerClosed, "peer closed the connection");
         } else if res < 0 {
             if res != -libc::EAGAIN && res != -libc::EINTR && res != -libc::ECANCELED {
-                e.conn.close_quietly(&format!(
-                    "recv: {}",
-                    std::io::Error::from_raw_os_error(-res)
-                ));
+                e.conn.close_as(
+                    CloseKind::TransportError,
+                    &format!("recv: {}", std::io::Error::from_raw_os_error(-res)),
+                );
             }
         } else {
             e.conn.rx_commit(res as usize);
@@ -968,10 +979,10 @@ impl Reactor {
             return false;
         }
         if res < 0 {
-            e.conn.close_quietly(&format!(
-                "send: {}",
-                std::io::Error::from_raw_os_error(-res)
-            ));
+            e.conn.close_as(
+                CloseKind::TransportError,
+                &format!("send: {}", std::io::Error::from_raw_os_error(-res)),
+            );
             e.conn.on_send_failure();
             return false;
         }
@@ -1039,7 +1050,8 @@ fn send(e: &mut Entry, iov: &mut Vec<libc::iovec>, epfd: RawFd, idx: usize) -> b
         if err.kind() == std::io::ErrorKind::WouldBlock {
             arm_out(e, epfd, idx, true);
         } else {
-            e.conn.close_quietly(&format!("send: {err}"));
+            e.conn
+                .close_as(CloseKind::TransportError, &format!("send: {err}"));
             e.conn.on_send_failure();
         }
         return false;

@@ -196,6 +196,8 @@ pub struct Registry {
     /// about once a millisecond, for `/metrics`). Padded so that reactors on
     /// different cores never write one cache line.
     pub reactor_busy_ns: Vec<crate::metrics::PaddedCounter>,
+    /// Connections closed, by `CloseKind` (indexed by its discriminant).
+    pub conn_closed: [AtomicU64; crate::conn::CloseKind::ALL.len()],
 }
 
 impl Registry {
@@ -269,6 +271,7 @@ impl Registry {
             reactor_busy_ns: (0..cfg.target.reactors)
                 .map(|_| Default::default())
                 .collect(),
+            conn_closed: Default::default(),
         })
     }
 

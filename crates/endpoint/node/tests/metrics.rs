@@ -333,3 +333,40 @@ fn every_metric_the_grafana_dashboard_queries_is_served() {
     drop(c);
     t.stop().unwrap();
 }
+
+#[test]
+fn closed_connections_are_counted_by_reason() {
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let m = t.metrics_addr.expect("metrics address");
+    // A PDU type no host may send: the target answers C2HTermReq and closes.
+    let mut s = TcpStream::connect(t.local_addrs[0]).unwrap();
+    s.write_all(&[0x7f, 0, 8, 0, 8, 0, 0, 0]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert_eq!(buf.first(), Some(&0x03), "C2HTermReq first: {buf:?}");
+    // A host that connects and goes away.
+    drop(TcpStream::connect(t.local_addrs[0]).unwrap());
+    let reason = |r| [("reason", r)];
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let scrape = loop {
+        let s = parse(&get(m, "/metrics").1);
+        let peer = sample(
+            &s,
+            "trellis_connections_closed_total",
+            &reason("peer_closed"),
+        );
+        if peer == Some(1.0) || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let n = |r| sample(&scrape, "trellis_connections_closed_total", &reason(r));
+    assert_eq!(n("protocol_error"), Some(1.0));
+    assert_eq!(n("peer_closed"), Some(1.0));
+    assert_eq!(n("timeout"), Some(0.0));
+    assert_eq!(n("transport_error"), Some(0.0));
+    t.stop().unwrap();
+}
