@@ -416,8 +416,10 @@ fn drr_with_a_per_io_cost_shares_drive_time_not_bytes() {
 
 #[test]
 fn io_cost_is_bounded_by_validation() {
-    let mut c = GimbalConfig::default();
-    c.io_cost_bytes = MAX_IO_COST_BYTES + 1;
+    let mut c = GimbalConfig {
+        io_cost_bytes: MAX_IO_COST_BYTES + 1,
+        ..GimbalConfig::default()
+    };
     assert!(c.validate().is_err());
     c.io_cost_bytes = MAX_IO_COST_BYTES;
     c.slots_per_ssd = MAX_SLOTS_PER_SSD;
