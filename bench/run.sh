@@ -8,7 +8,7 @@
 # Builds the release `trellis` binary and the bench, starts `trellis target` with a 1 GiB null
 # namespace pinned to CPU $TARGET_CPU (default 0), runs the client pinned to CPU $CLIENT_CPU
 # (default 1), and writes suite.json + summary.md to bench/results/<timestamp>/ (or --out).
-# Env: CARGO_TARGET_DIR, TARGET_CPU, CLIENT_CPU, PORT (default: first free from 4420),
+# Env: CARGO_TARGET_DIR, TARGET_CPU, CLIENT_CPU, PORT (default: a free random port, tests/port-lib.sh),
 # TRELLIS (use this binary instead of building), TARGET_ARGS (extra `trellis target` flags),
 # QOS_REPS (pairs of the A/B rows, default 5; 1 with --smoke), PREVIOUS (a previous
 # build's trellis binary: adds the "against the previous build" rows).

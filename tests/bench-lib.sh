@@ -17,12 +17,9 @@ bench_cmd() {
     return 1
 }
 
-# First free TCP port on 127.0.0.1 at or above $1.
-free_port() {
-    local p=$1
-    while (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; do p=$((p + 1)); done
-    echo "$p"
-}
+# free_port, release_ports: random reserved ports, safe with concurrent test runs (port-lib.sh).
+# shellcheck source=port-lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/port-lib.sh"
 
 # Waits until 127.0.0.1:$1 accepts connections (up to $2 seconds).
 wait_port() {

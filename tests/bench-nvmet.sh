@@ -6,8 +6,9 @@
 #
 #   tests/bench-nvmet.sh [PATH/TO/trellis]       (default: target/debug/trellis)
 #
-# Env: BENCH, RUNTIME (default 2), LOG_DIR. Uses a running VM if
-# NVMET_PORT is set (then does not start or stop it).
+# Env: BENCH, RUNTIME (default 2), LOG_DIR, CASE_TIMEOUT (s per case, default 300). Uses a running
+# VM if NVMET_PORT is set (then does not start or stop it); otherwise starts its own, with its state
+# in LOG_DIR/nvmet-vm (TRELLIS_NVMET_STATE), so two runs at once each have their own VM.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench-lib.sh
@@ -16,7 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 TRELLIS=${1:-${CARGO_TARGET_DIR:-target}/debug/trellis}
 BENCH_CMD=$(bench_cmd "$TRELLIS")
 RUNTIME=${RUNTIME:-2}
-LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/trellis-bench-nvmet.XXXXXX)}
+LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/trellis-bench-nvmet.XXXXXX")}
 SUMMARY=$LOG_DIR/summary.txt
 FAILED=0
 CASE_TIMEOUT=${CASE_TIMEOUT:-300}
@@ -25,6 +26,7 @@ CASE_TIMEOUT=${CASE_TIMEOUT:-300}
 if [ -n "${NVMET_PORT:-}" ]; then
     PORT=$NVMET_PORT
 else
+    export TRELLIS_NVMET_STATE=${TRELLIS_NVMET_STATE:-$LOG_DIR/nvmet-vm}
     PORT=$("$here/linux-vm/nvmet-vm.sh" start)
     trap '"$here/linux-vm/nvmet-vm.sh" stop >/dev/null 2>&1 || true' EXIT
 fi

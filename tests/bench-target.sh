@@ -6,7 +6,8 @@
 #   tests/bench-target.sh [PATH/TO/trellis]      (default: target/debug/trellis)
 #
 # Env: BENCH (bench command, default `trellis bench` or trellis-bench-dev),
-# RUNTIME (seconds per case, default 2), LOG_DIR, PORT.
+# RUNTIME (seconds per case, default 2), LOG_DIR, PORT (default: a free random port, tests/port-lib.sh),
+# LISTEN_TIMEOUT (s for the target to listen, default 30), CASE_TIMEOUT (s per case, default 180).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench-lib.sh
@@ -16,15 +17,15 @@ TRELLIS=${1:-${CARGO_TARGET_DIR:-target}/debug/trellis}
 BENCH_CMD=$(bench_cmd "$TRELLIS")
 RUNTIME=${RUNTIME:-2}
 PORT=${PORT:-$(free_port 14600)}
-LOG_DIR=${LOG_DIR:-$(mktemp -d /tmp/trellis-bench-target.XXXXXX)}
+LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/trellis-bench-target.XXXXXX")}
 SUMMARY=$LOG_DIR/summary.txt
 FAILED=0
 : >"$SUMMARY"
 
-"$TRELLIS" target --listen "127.0.0.1:$PORT" --ram 256M >"$LOG_DIR/target.log" 2>&1 &
+"$TRELLIS" target --listen "127.0.0.1:$PORT" --ram 256M --state-dir "$LOG_DIR/state" >"$LOG_DIR/target.log" 2>&1 &
 TPID=$!
 trap 'kill $TPID 2>/dev/null || true' EXIT
-wait_port "$PORT" 30
+wait_port "$PORT" "${LISTEN_TIMEOUT:-30}"
 
 common=(--addr "127.0.0.1:$PORT" --nqn nqn.2026-11.io.trellis:default --runtime "$RUNTIME" --size 64m --verify)
 for digest in none header,data; do

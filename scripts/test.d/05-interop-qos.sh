@@ -6,9 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${SKIP_VM:-0}" = 1 ]; then
-  echo "skipped (SKIP_VM=1)"
-  exit 0
+  echo "skipped: ${TRELLIS_SKIP_VM_REASON:-SKIP_VM=1}"
+  exit 77
 fi
+# Logs: INTEROP_LOG_DIR-qos if set, else this test run's directory, else a new temp dir.
+if [ -n "${INTEROP_LOG_DIR:-}" ]; then log_dir=$INTEROP_LOG_DIR-qos
+else log_dir=$(mktemp -d "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/interop-qos.XXXXXX"); fi
 tests/linux-vm/run-interop.sh "$TRELLIS" --target-arg --qos --target-arg gimbal \
   --steps "discover-io connect fio-4k fio-128k write-zeroes large-io ext4 disconnect-all" \
-  --log-dir "${INTEROP_LOG_DIR:-/tmp/trellis-interop}-qos"
+  --log-dir "$log_dir"

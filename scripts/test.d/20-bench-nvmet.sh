@@ -2,5 +2,6 @@
 # Our initiator against the Linux kernel target (nvmet-tcp in the QEMU guest).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ "${SKIP_VM:-0}" = 1 ]; then echo "SKIP_VM=1: skipped"; exit 0; fi
-tests/bench-nvmet.sh "$TRELLIS"
+if [ "${SKIP_VM:-0}" = 1 ]; then echo "skipped: ${TRELLIS_SKIP_VM_REASON:-SKIP_VM=1}"; exit 77; fi
+LOG_DIR=${LOG_DIR:-$(mktemp -d "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/bench-nvmet.XXXXXX")} \
+  tests/bench-nvmet.sh "$TRELLIS"

@@ -4,7 +4,8 @@
 # issue names. For breakage only: CI never judges the figures (timing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=$(mktemp -d /tmp/trellis-fairness.XXXXXX)
+command -v python3 >/dev/null || { echo "skipped: python3 missing (it runs bench/fairness.py)"; exit 77; }
+out=$(mktemp -d "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/fairness.XXXXXX")
 TRELLIS="$TRELLIS" bench/fairness.sh --quick --out "$out" >"$out/run.log" 2>&1 || { cat "$out/run.log"; exit 1; }
 python3 - "$out/fairness.json" <<'PY'
 import json, sys

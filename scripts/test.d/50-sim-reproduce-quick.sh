@@ -5,7 +5,8 @@
 # Figures are not judged here (the determinism test is in cargo test).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-out=$(mktemp -d /tmp/trellis-reproduce.XXXXXX)
+command -v python3 >/dev/null || { echo "skipped: python3 missing (it checks nsdi26.json)"; exit 77; }
+out=$(mktemp -d "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/reproduce.XXXXXX")
 "$TRELLIS" sim reproduce nsdi26 --quick --out "$out" >"$out/run.log" 2>&1 || { cat "$out/run.log"; exit 1; }
 python3 - "$out/nsdi26.json" <<'PY'
 import json, sys

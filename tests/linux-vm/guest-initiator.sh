@@ -7,7 +7,8 @@
 #
 # Environment (vm.sh --env KEY=VALUE, or /run/env); defaults in brackets:
 #   TARGET_ADDR [10.0.2.2 = host loopback; 127.0.0.1 with SELFTEST=1]
-#   IO_PORT [4420]   DISC_PORT [8009]
+#   IO_PORT [4420]   DISC_PORT [8009]  (run-interop.sh passes the free ports it picked; the step
+#                    discover-8009 discovers on DISC_PORT, the target's discovery-only listener)
 #   SUBNQN [nqn.2026-11.io.trellis:default]
 #   BAD_HOSTNQN [nqn.2014-08.org.example:not-allowed]   a host NQN the target must refuse
 #   BAD_HOSTID [5472656c-6c69-4073-8000-0000000000ff]

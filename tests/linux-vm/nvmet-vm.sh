@@ -6,7 +6,8 @@
 #   nvmet-vm.sh start [--port P] [--timeout S] [--ready-timeout S] [--env KEY=VALUE]...
 #       Boot the VM in the background (guest-nvmet.sh), wait for its READY marker, check that an
 #       NVMe/TCP ICReq through the forward gets an ICResp, then print the port on stdout and exit 0.
-#       --port: default $TRELLIS_NVMET_PORT or the first free port from 14420 up.
+#       --port: default $TRELLIS_NVMET_PORT or a free random port (tests/port-lib.sh: reserved,
+#       so concurrent test runs never pick the same one).
 #       --timeout: the VM stops by itself after S seconds (default 1800).
 #       --env: passed to guest-nvmet.sh (e.g. NVMET_SIZE_MB=512, NVMET_BACKEND=null_blk).
 #   nvmet-vm.sh stop      ask the guest to stop (control serial), wait, kill if needed; exit = guest status
@@ -14,7 +15,8 @@
 #   nvmet-vm.sh probe [PORT]   send an ICReq to 127.0.0.1:PORT and check the ICResp header
 #
 # Subsystem: nqn.2026-11.io.trellis:linux-nvmet (allow_any_host, one 256 MiB brd namespace, NSID 1).
-# State (pid files, console.log, port) lives in ${TRELLIS_NVMET_STATE:-${TMPDIR:-/tmp}/trellis-nvmet-vm}.
+# State (pid files, console.log, port) lives in ${TRELLIS_NVMET_STATE:-${TMPDIR:-/tmp}/trellis-nvmet-vm};
+# one VM per state directory (tests/bench-nvmet.sh gives each run its own).
 # Example:
 #   PORT=$(tests/linux-vm/nvmet-vm.sh start)
 #   trellis bench --addr 127.0.0.1:$PORT --nqn nqn.2026-11.io.trellis:linux-nvmet --verify ...
@@ -27,7 +29,9 @@ NQN=nqn.2026-11.io.trellis:linux-nvmet
 die() { echo "nvmet-vm: $*" >&2; exit 1; }
 say() { echo "nvmet-vm: $*" >&2; }
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=../port-lib.sh
+. "$DIR/../port-lib.sh"
+port_busy() { port_in_use "$1"; }
 
 # ICReq (CH: type 0, flags 0, HLEN 128, PDO 0, PLEN 128; PFV 0, HPDA 0, no digests, MAXR2T 0)
 # -> expect an ICResp common header: 01 00 80 00 80 00 00 00
@@ -58,8 +62,11 @@ start)
     esac
   done
   if alive "$STATE/launcher.pid"; then die "already running (port $(cat "$STATE/port" 2>/dev/null)); use stop"; fi
+  for v in "$TIMEOUT:--timeout" "$READY:--ready-timeout" "${PORT:-1}:--port"; do
+    case "${v%%:*}" in ''|*[!0-9]*) die "${v#*:} wants a whole number, got '${v%%:*}'";; esac
+  done
   if [ -z "$PORT" ]; then
-    PORT=14420; while port_busy $PORT; do PORT=$((PORT + 1)); [ $PORT -lt 14500 ] || die "no free port"; done
+    PORT=$(free_port) || die "no free port"
   elif port_busy "$PORT"; then
     die "127.0.0.1:$PORT is already in use"
   fi

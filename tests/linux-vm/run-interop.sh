@@ -14,10 +14,18 @@
 #   --steps "A B ..."   run only these guest steps (see guest-initiator.sh)
 #   --guest-env K=V     extra environment for guest-initiator.sh (repeatable)
 #   --target-arg ARG    extra argument for `trellis target` (repeatable)
+#   --io-port P         host port of the I/O + discovery listener (default: a free random port)
+#   --disc-port P       host port of the discovery-only listener (default: a free random port)
+#   --listen-timeout S  how long the target may take to listen (default 30; env INTEROP_LISTEN_TIMEOUT)
 #
-# Flow: check 127.0.0.1:4420/8009 are free; start `TRELLIS target --config interop.toml` in the
+# Ports: the config names its listeners 127.0.0.1:4420 (I/O + discovery) and 127.0.0.1:8009
+# (discovery only); the copy the target reads (LOG_DIR/target.toml) has them replaced by the ports
+# picked (tests/port-lib.sh: random, reserved, so two runs can share a machine), and the guest gets
+# them as IO_PORT and DISC_PORT. Its step discover-8009 discovers on DISC_PORT.
+#
+# Flow: pick the ports; start `TRELLIS target --config target.toml` in the
 # background (log level from $TRELLIS_LOG, default info plus the target's debug line for each Write
-# Zeroes with DEAC); wait until both ports accept TCP (30 s);
+# Zeroes with DEAC); wait until both ports accept TCP (--listen-timeout);
 # boot the VM and run guest-initiator.sh (guest sees the host loopback as 10.0.2.2); check the
 # target is still alive; SIGTERM it and require exit status 0 within 20 s; if the write-zeroes step
 # passed, require the target log to show the kernel's Write Zeroes with DEAC at the LBA the guest
@@ -26,7 +34,10 @@
 set -uo pipefail
 DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CONFIG=$DIR/interop.toml
-LOGDIR=""; TIMEOUT=600; SELFTEST=0; TRELLIS=""
+LOGDIR=""; TIMEOUT=600; SELFTEST=0; TRELLIS=""; IO_PORT=""; DISC_PORT=""
+LISTEN_TIMEOUT=${INTEROP_LISTEN_TIMEOUT:-30}
+# shellcheck source=../port-lib.sh
+. "$DIR/../port-lib.sh"
 GENV=(); TARGS=()
 
 die() { echo "run-interop: $*" >&2; exit 2; }
@@ -39,6 +50,9 @@ while [ $# -gt 0 ]; do
     --steps) GENV+=(--env "STEPS=$2"); shift 2;;
     --guest-env) GENV+=(--env "$2"); shift 2;;
     --target-arg) TARGS+=("$2"); shift 2;;
+    --io-port) IO_PORT=$2; shift 2;;
+    --disc-port) DISC_PORT=$2; shift 2;;
+    --listen-timeout) LISTEN_TIMEOUT=$2; shift 2;;
     --selftest) SELFTEST=1; shift;;
     -h|--help) awk 'NR>1 && /^#/ {sub(/^# ?/,""); print; next} NR>1 {exit}' "$0"; exit 0;;
     -*) die "unknown option $1";;
@@ -51,13 +65,16 @@ if [ "$SELFTEST" = 0 ]; then
   TRELLIS=$(readlink -f "$TRELLIS")
   [ -r "$CONFIG" ] || die "cannot read $CONFIG"
 fi
+for v in "$TIMEOUT:--timeout" "$LISTEN_TIMEOUT:--listen-timeout" "${IO_PORT:-1}:--io-port" "${DISC_PORT:-1}:--disc-port"; do
+  case "${v%%:*}" in ''|*[!0-9]*) die "${v#*:} wants a whole number, got '${v%%:*}'";; esac
+done
 [ -n "$LOGDIR" ] || LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/trellis-interop.XXXXXX")
 mkdir -p "$LOGDIR"; LOGDIR=$(cd "$LOGDIR" && pwd)
 : > "$LOGDIR/console.log"
 
 T0=$SECONDS
 TPID=""; TARGET_RC="-"; TARGET_NOTE=""
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_open() { port_in_use "$1"; }
 # alive and not a zombie (kill -0 succeeds on an unreaped child)
 running() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]; }
 stop_target() {
@@ -80,25 +97,36 @@ stop_target() {
 trap 'stop_target >/dev/null 2>&1; exit 130' INT TERM
 
 if [ "$SELFTEST" = 0 ]; then
-  for p in 4420 8009; do port_open $p && die "127.0.0.1:$p is already in use (a stale target?)"; done
-  echo "run-interop: starting $TRELLIS target --config $CONFIG ${TARGS[*]:-}" >&2
+  [ -n "$IO_PORT" ] || IO_PORT=$(free_port) || die "no free port for the I/O listener"
+  [ -n "$DISC_PORT" ] || DISC_PORT=$(free_port) || die "no free port for the discovery listener"
+  [ "$IO_PORT" != "$DISC_PORT" ] || die "--io-port and --disc-port are both $IO_PORT"
+  for p in "$IO_PORT" "$DISC_PORT"; do port_open "$p" && die "127.0.0.1:$p is already in use (a stale target?)"; done
+  # The target reads a copy of CONFIG with the conventional ports moved to the ones picked.
+  TCONFIG=$LOGDIR/target.toml
+  sed -e "s/^\(addr *= *\"127\.0\.0\.1:\)4420\"/\1$IO_PORT\"/" \
+      -e "s/^\(addr *= *\"127\.0\.0\.1:\)8009\"/\1$DISC_PORT\"/" "$CONFIG" > "$TCONFIG"
+  for p in "$IO_PORT" "$DISC_PORT"; do
+    grep -q "^addr *= *\"127\.0\.0\.1:$p\"" "$TCONFIG" ||
+      die "$CONFIG needs [[listener]] lines addr = \"127.0.0.1:4420\" and addr = \"127.0.0.1:8009\" (run-interop.sh moves them to free ports)"
+  done
+  echo "run-interop: starting $TRELLIS target --config $TCONFIG (from $CONFIG; I/O port $IO_PORT, discovery port $DISC_PORT) ${TARGS[*]:-}" >&2
   # The node identity file goes with the logs, not beside the config in the source tree.
-  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info,trellis_target::io=debug} "$TRELLIS" target --config "$CONFIG" --state-dir "$LOGDIR/state" \
+  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info,trellis_target::io=debug} "$TRELLIS" target --config "$TCONFIG" --state-dir "$LOGDIR/state" \
     ${TARGS[@]+"${TARGS[@]}"} \
     > "$LOGDIR/target.log" 2>&1 < /dev/null &
   TPID=$!
   n=0
-  until port_open 4420 && port_open 8009; do
+  until port_open "$IO_PORT" && port_open "$DISC_PORT"; do
     if ! running "$TPID"; then
       wait "$TPID"; rc=$?; TPID=""
       sed 's/^/  target: /' "$LOGDIR/target.log" | tail -30 >&2
       die "the target exited (status $rc) before listening"
     fi
-    [ $n -lt 300 ] || { stop_target; sed 's/^/  target: /' "$LOGDIR/target.log" | tail -30 >&2; die "target not listening on 4420 and 8009 after 30 s"; }
+    [ $n -lt $((LISTEN_TIMEOUT * 10)) ] || { stop_target; sed 's/^/  target: /' "$LOGDIR/target.log" | tail -30 >&2; die "target not listening on $IO_PORT and $DISC_PORT after $LISTEN_TIMEOUT s (--listen-timeout)"; }
     sleep 0.1; n=$((n + 1))
   done
   echo "run-interop: target listening (pid $TPID) after $((SECONDS - T0))s" >&2
-  GENV=(--env TARGET_ADDR=10.0.2.2 ${GENV[@]+"${GENV[@]}"})
+  GENV=(--env TARGET_ADDR=10.0.2.2 --env "IO_PORT=$IO_PORT" --env "DISC_PORT=$DISC_PORT" ${GENV[@]+"${GENV[@]}"})
 else
   GENV=(--env SELFTEST=1 ${GENV[@]+"${GENV[@]}"})
 fi
@@ -126,7 +154,7 @@ fi
 {
   echo "==================== Linux NVMe/TCP initiator interop summary"
   if [ "$SELFTEST" = 1 ]; then echo "target : Linux nvmet inside the guest (--selftest)"
-  else echo "target : $TRELLIS ($CONFIG)"; fi
+  else echo "target : $TRELLIS ($CONFIG; I/O port $IO_PORT, discovery-only port $DISC_PORT)"; fi
   grep -E '^STEP |^SUMMARY' "$LOGDIR/console.log" || echo "(no guest step output)"
   echo "vm     : exit $VM_RC, ${T_VM}s ($(grep -o 'vm.sh: accel=.*' "$LOGDIR/vm.err" | tail -1))"
   [ "$SELFTEST" = 1 ] || echo "target : $TARGET_NOTE"

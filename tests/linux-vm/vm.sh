@@ -12,6 +12,7 @@
 #   --add SRC[:DST]     copy a host file into the guest (default DST=/run/<basename>); repeatable
 #   --env KEY=VALUE     export KEY=VALUE to the guest script (written to /run/env); repeatable
 #   --timeout S         kill the VM after S seconds (default 600; env TRELLIS_VM_TIMEOUT)
+#                       (env TRELLIS_VM_CACHE_LOCK_TIMEOUT: wait for the cache lock, default 900 s)
 #   --log FILE          also write the console log (CR stripped) to FILE
 #   --hostfwd H:G       QEMU user-net forward hostfwd=tcp:127.0.0.1:H-:G (host port H -> guest port G); repeatable
 #   --state-dir DIR     keep run state in DIR (qemu.pid, status, ctl.in/ctl.out control fifos);
@@ -36,14 +37,17 @@
 # Console markers: "@@TRELLIS-VM-READY@@ uptime=..." and "@@TRELLIS-VM-DONE@@ rc=...".
 #
 # Exit status: the guest script's exit status; 124 VM timeout; 125 host-side setup error;
-# 126 guest ended without reporting a status (kernel panic, QEMU error).
+# 126 guest ended without reporting a status (kernel panic, QEMU error); 77 host packages are
+# missing and cannot be installed (not root, no passwordless sudo): the message names them.
 #
 # Cache: ${TRELLIS_VM_CACHE:-$HOME/.cache/trellis-vm} holds the kernel .deb (apt-get download of the
 # package linux-image-amd64 depends on, or $TRELLIS_VM_KERNEL_PKG), its unpacked tree with an
 # uncompressed vmlinux for PVH boot (skips the in-guest XZ decompression), and the base initramfs
 # (uncompressed cpio, rebuilt when this script or the host tool versions change). The host's own
 # kernel and /boot are never touched. Missing host packages are installed with apt-get (root or
-# passwordless sudo).
+# passwordless sudo; one line per package; tests/apt-lib.sh queues concurrent runs on a lock). The
+# cache is locked while it is filled and until this run's initrd is copied out of it, so runs that
+# share it (two test runs at once) wait for each other instead of reading a half-built file.
 set -euo pipefail
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -89,29 +93,28 @@ fi
 for a in ${ADDS[@]+"${ADDS[@]}"}; do [ -r "${a%%:*}" ] || die "cannot read ${a%%:*}"; done
 
 # ------------------------------------------------------------------ host tools
-SUDO=""
-as_root() {
-  if [ "$(id -u)" = 0 ]; then "$@";
-  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo -n "$@";
-  else return 1; fi
-}
+# shellcheck source=../apt-lib.sh
+. "$(dirname "$SELF")/../apt-lib.sh"
+APT_LIB_PROG=vm.sh
 ensure_packages() {
-  local need=()
-  command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-  [ -x /usr/sbin/nvme ] || need+=(nvme-cli)
-  [ -x /usr/bin/fio ] || need+=(fio)
-  { [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx modprobe; } || need+=(busybox-static)
-  command -v cpio >/dev/null || need+=(cpio)
-  { [ -x /sbin/depmod ] || [ -x /usr/sbin/depmod ]; } || need+=(kmod)
-  command -v xz >/dev/null || need+=(xz-utils)
-  [ -x /sbin/mke2fs ] || [ -x /usr/sbin/mke2fs ] || need+=(e2fsprogs)
+  local need=() why=() i
+  command -v qemu-system-x86_64 >/dev/null || { need+=(qemu-system-x86); why+=("qemu-system-x86_64, the VM"); }
+  [ -x /usr/sbin/nvme ] || { need+=(nvme-cli); why+=("nvme, copied into the guest"); }
+  [ -x /usr/bin/fio ] || { need+=(fio); why+=("fio, copied into the guest"); }
+  { [ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -qx modprobe; } ||
+    { need+=(busybox-static); why+=("busybox, the guest's shell and init"); }
+  command -v cpio >/dev/null || { need+=(cpio); why+=("cpio, to build the guest initramfs"); }
+  { [ -x /sbin/depmod ] || [ -x /usr/sbin/depmod ]; } || { need+=(kmod); why+=("depmod, the guest kernel modules"); }
+  command -v xz >/dev/null || { need+=(xz-utils); why+=("xz, to unpack the guest kernel"); }
+  [ -x /sbin/mke2fs ] || [ -x /usr/sbin/mke2fs ] || { need+=(e2fsprogs); why+=("mke2fs, the guest's ext4 step"); }
   command -v dpkg-deb >/dev/null || die "dpkg-deb missing: this harness needs a Debian/Ubuntu host"
   [ ${#need[@]} -gt 0 ] || return 0
-  echo "vm.sh: installing host packages: ${need[*]}" >&2
-  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}")
-  as_root "${apt[@]}" >/dev/null 2>&1 ||
-    { as_root apt-get update >/dev/null 2>&1 && as_root "${apt[@]}" >/dev/null; } ||
-    die "apt-get install ${need[*]} failed (need root or passwordless sudo)"
+  if ! can_install; then
+    echo "vm.sh: missing host packages ${need[*]} and not root (no passwordless sudo): install them, or run as root" >&2
+    exit 77
+  fi
+  for i in "${!need[@]}"; do echo "vm.sh: installing ${need[$i]} (needed for the Linux VM tests: ${why[$i]})" >&2; done
+  apt_install "${need[@]}" || die "apt-get install ${need[*]} failed"
 }
 PATH=$PATH:/usr/sbin:/sbin
 
@@ -125,7 +128,7 @@ fetch_kernel() {
     # reuse what is cached when the package lists are gone or moved on (keeps runs deterministic)
     KPKG=$(resolve_kpkg || true)
     if [ -z "$KPKG" ]; then
-      as_root apt-get update >/dev/null 2>&1 || true
+      apt_get update >/dev/null 2>&1 || true
       KPKG=$(resolve_kpkg || true)
     fi
     if [ -z "$KPKG" ]; then
@@ -139,10 +142,14 @@ fetch_kernel() {
     local deb
     deb=$(ls "$CACHE/debs/${KPKG}_"*.deb 2>/dev/null | head -1 || true)
     if [ -z "$deb" ]; then
-      echo "vm.sh: fetching $KPKG (apt-get download)" >&2
-      (cd "$CACHE/debs" && apt-get download "$KPKG" >/dev/null 2>&1) ||
-        { as_root apt-get update >/dev/null 2>&1; (cd "$CACHE/debs" && apt-get download "$KPKG" >/dev/null); } ||
-        die "apt-get download $KPKG failed"
+      echo "vm.sh: installing $KPKG into $CACHE (needed for the Linux VM tests: the guest kernel; apt-get download, not installed on the host)" >&2
+      # into a private directory first: a download cut short never looks like a cached .deb
+      local dl=$CACHE/debs/.download.$$
+      rm -rf "$dl"; mkdir -p "$dl"
+      (cd "$dl" && apt-get download "$KPKG" >/dev/null 2>&1) ||
+        { apt_get update >/dev/null 2>&1; (cd "$dl" && apt-get download "$KPKG" >/dev/null); } ||
+        { rm -rf "$dl"; die "apt-get download $KPKG failed"; }
+      mv "$dl"/*.deb "$CACHE/debs/" && rm -rf "$dl"
       deb=$(ls "$CACHE/debs/${KPKG}_"*.deb | head -1)
     fi
     rm -rf "$KROOT"; mkdir -p "$KROOT"
@@ -272,12 +279,13 @@ build_initramfs() {
 ensure_packages
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
-flock -w 900 9 || die "cache lock busy"
+CACHE_LOCK_TIMEOUT=${TRELLIS_VM_CACHE_LOCK_TIMEOUT:-900}
+flock -w "$CACHE_LOCK_TIMEOUT" 9 || die "cache lock $CACHE/.lock still held by another run after ${CACHE_LOCK_TIMEOUT}s (TRELLIS_VM_CACHE_LOCK_TIMEOUT)"
 T_PREP=$(date +%s.%N)
 fetch_kernel
 build_initramfs
-flock -u 9
-exec 9>&-
+# The lock stays held until this run's initrd is copied out of the cache (below): a run of a
+# different vm.sh version would otherwise delete $BASE in between.
 if [ "$BUILD_ONLY" = 1 ]; then echo "kernel: $KIMG"; echo "initramfs: $BASE"; exit 0; fi
 
 if [ "$ACCEL" = auto ]; then
@@ -316,6 +324,8 @@ for e in ${ENVS[@]+"${ENVS[@]}"}; do
 done
 (cd "$WORK/extra" && find . | LC_ALL=C sort | cpio -o -H newc --quiet) > "$WORK/extra.cpio"
 cat "$BASE" "$WORK/extra.cpio" > "$WORK/initrd"
+flock -u 9
+exec 9>&-
 
 NETDEV="user,id=n0,net=10.0.2.0/24,host=10.0.2.2,dns=10.0.2.3,restrict=off"
 for f in ${FWDS[@]+"${FWDS[@]}"}; do NETDEV="$NETDEV,hostfwd=tcp:127.0.0.1:${f%%:*}-:${f#*:}"; done
