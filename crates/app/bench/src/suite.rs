@@ -399,7 +399,9 @@ pub fn proc_cpu_s(pid: u32) -> Result<f64> {
 fn spawn_pinned(cmd: &str, cpu: usize) -> Result<Child> {
     // `exec` twice so the child PID is the target itself (for /proc).
     let line = format!("exec taskset -c {cpu} {cmd}");
-    let log = std::fs::File::create(std::env::temp_dir().join("trellis-suite-target.log"))?;
+    // One log per suite process: two suites at once must not share it.
+    let name = format!("trellis-suite-target.{}.log", std::process::id());
+    let log = std::fs::File::create(std::env::temp_dir().join(name))?;
     Command::new("sh")
         .arg("-c")
         .arg(&line)
