@@ -275,8 +275,9 @@ fn with_credit(tag: u64, credits: u32) -> u64 {
 pub const PUBLISH_INTERVAL_NS: u64 = 100_000_000;
 
 /// One reactor's Gimbal state for one namespace, as `/metrics` shows it:
-/// written by the reactor every [`PUBLISH_INTERVAL_NS`] while it has work
-/// (and once when it goes idle), read by scrapes. Nothing per I/O.
+/// written by the reactor at most every [`PUBLISH_INTERVAL_NS`] while
+/// something changed (so at most that late after it goes idle), read by
+/// scrapes. Nothing per I/O.
 pub struct QosPublished {
     pub target_rate_bytes_per_s: AtomicU64,
     pub headroom_bytes_per_s: AtomicU64,
@@ -564,8 +565,8 @@ impl QosQueue {
         c.io_credits
     }
 
-    /// Copies the scheduler's state out for `/metrics` (cold: every
-    /// [`PUBLISH_INTERVAL_NS`], and once when the queue goes idle).
+    /// Copies the scheduler's state out for `/metrics` (cold: at most every
+    /// [`PUBLISH_INTERVAL_NS`]).
     #[cold]
     fn publish(&mut self) {
         self.dirty = false;
@@ -617,8 +618,15 @@ impl BackendQueue for QosQueue {
         if mine.is_empty() && self.sched.queued() == 0 {
             // Nothing finished and nothing waits: no clock read, no poll.
             (self.reaped, self.due_ns) = (mine, due);
-            if self.dirty && self.inner.in_flight() == 0 {
-                self.publish();
+            // Publish what changed since, at most once per interval: a
+            // synchronous backend (null, ram) completes inside submit, so
+            // this path runs every loop while it is busy.
+            if self.dirty {
+                let now = crate::reactor::now_ns();
+                if now >= self.next_publish_ns {
+                    self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
+                    self.publish();
+                }
             }
             return out.len() - before;
         }
