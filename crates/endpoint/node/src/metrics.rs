@@ -427,6 +427,16 @@ fn register_process(prom: &mut Prom, src: &Sources) {
         busy.get_or_create(&l)
             .inc_by(c.0.load(Relaxed) as f64 / 1e9);
     }
+    let loops = Family::<ReactorLabels, BucketCounts>::default();
+    prom.register(
+        "reactor_loop_seconds",
+        "Duration of each reactor loop that did work (log2 µs buckets): a long loop delays what falls due during it",
+        loops.clone(),
+    );
+    for (i, h) in src.reg.reactor_loop_hist.iter().enumerate() {
+        let l = ReactorLabels { reactor: i as u32 };
+        *crate::lock(&loops.get_or_create(&l).0) = histogram(h);
+    }
     let up = Gauge::<f64, AtomicU64>::default();
     up.set(src.reg.started.elapsed().as_secs_f64());
     prom.register("uptime_seconds", "Seconds since the target started", up);

@@ -374,16 +374,26 @@ impl Reactor {
         let (started_ns, mut prev_ns, mut prev_work, mut busy_ns) =
             (now_ns(), now_ns(), false, 0u64);
         let mut next_publish_ns = 0;
+        // Durations of loops that did work: a long one delays every timer
+        // and completion that falls due during it (emulated SSD lateness).
+        let mut loop_hist = [0u64; crate::exec::LAT_BUCKETS];
         loop {
             let now = now_ns();
             if prev_work {
-                busy_ns += now.saturating_sub(prev_ns);
+                let d = now.saturating_sub(prev_ns);
+                busy_ns += d;
+                loop_hist[crate::exec::lat_bucket(d)] += 1;
             }
             prev_ns = now;
             if now >= next_publish_ns {
                 next_publish_ns = now + PUBLISH_NS;
                 if let Some(c) = self.shared.reg.reactor_busy_ns.get(self.id) {
                     c.0.store(busy_ns, Ordering::Relaxed);
+                }
+                if let Some(h) = self.shared.reg.reactor_loop_hist.get(self.id) {
+                    for (a, &v) in h.iter().zip(&loop_hist) {
+                        a.store(v, Ordering::Relaxed);
+                    }
                 }
             }
             if shutdown_deadline.is_none() && self.shared.shutdown.load(Ordering::Relaxed) {

@@ -196,6 +196,9 @@ pub struct Registry {
     /// about once a millisecond, for `/metrics`). Padded so that reactors on
     /// different cores never write one cache line.
     pub reactor_busy_ns: Vec<crate::metrics::PaddedCounter>,
+    /// Per reactor: durations of its loops that did work, in the buckets of
+    /// `exec::lat_bucket` (published with the busy time).
+    pub reactor_loop_hist: Vec<[AtomicU64; crate::exec::LAT_BUCKETS]>,
     /// Connections closed, by `CloseKind` (indexed by its discriminant).
     pub conn_closed: [AtomicU64; crate::conn::CloseKind::ALL.len()],
 }
@@ -272,6 +275,9 @@ impl Registry {
                 .map(|_| Default::default())
                 .collect(),
             conn_closed: Default::default(),
+            reactor_loop_hist: (0..cfg.target.reactors)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
         })
     }
 

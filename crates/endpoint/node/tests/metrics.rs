@@ -87,7 +87,12 @@ fn a_scrape_parses_and_its_counters_match_the_io_done() {
         assert_eq!(code, 200, "{body}");
         let s = parse(&body);
         let r = sample(&s, "trellis_namespace_read_commands_total", &ns);
-        if r == Some(reads as f64) || Instant::now() > deadline {
+        // The loop histogram is published about once a millisecond too.
+        let loops = histogram(&s, "trellis_reactor_loop_seconds", &[("reactor", "0")]);
+        let looped = loops
+            .iter()
+            .any(|b| b.less_than.is_infinite() && b.count >= (reads + writes) as f64);
+        if (r == Some(reads as f64) && looped) || Instant::now() > deadline {
             break s;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -129,6 +134,16 @@ fn a_scrape_parses_and_its_counters_match_the_io_done() {
         &[("reactor", "0")],
     );
     assert!(busy.is_some_and(|b| b > 0.0), "reactor busy time {busy:?}");
+    // Every loop that did work is in the loop-duration histogram.
+    let loops = histogram(&scrape, "trellis_reactor_loop_seconds", &[("reactor", "0")]);
+    let all = loops
+        .iter()
+        .find(|b| b.less_than.is_infinite())
+        .map(|b| b.count);
+    assert!(
+        all.is_some_and(|n| n >= (reads + writes) as f64),
+        "loops {loops:?}"
+    );
     let rss = sample(&scrape, "trellis_process_resident_memory_bytes", &[]);
     assert!(rss.is_some_and(|r| r > 1e6), "rss {rss:?}");
     drop(c);
