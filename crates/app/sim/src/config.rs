@@ -27,8 +27,24 @@ pub struct SimConfig {
     pub reserve: ReserveConfig,
     pub limiter: LimiterConfig,
     pub gimbal: GimbalConfig,
+    /// Derive Gimbal's drive-specific constants from the SSD model, as the daemon does
+    /// on an emulated drive (`[qos] calibrate = "auto"`, docs/gimbal.md "Calibration").
+    /// Off by default: the reproductions keep Gimbal's published constants.
+    pub gimbal_calibrate: bool,
     /// Bounds of each SSD's scheduler (tenant table, queues, request table).
     pub sched: SchedLimits,
+}
+
+impl SimConfig {
+    /// The Gimbal parameters every SSD's scheduler runs with: `gimbal`, calibrated to
+    /// `profile` when `gimbal_calibrate` is set (the same code as the daemon's).
+    pub fn gimbal_for(&self, profile: &SsdProfile) -> GimbalConfig {
+        if self.gimbal_calibrate {
+            self.gimbal.calibrated(&trellis_ssd::calibrate(profile))
+        } else {
+            self.gimbal.clone()
+        }
+    }
 }
 
 /// The simulator's scheduler bounds: the library defaults (64 tenants, 1024 queued per
@@ -61,6 +77,7 @@ impl Default for SimConfig {
             reserve: ReserveConfig::default(),
             limiter: LimiterConfig::default(),
             gimbal: GimbalConfig::default(),
+            gimbal_calibrate: false,
             sched: sim_sched_limits(),
         }
     }

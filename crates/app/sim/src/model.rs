@@ -1358,7 +1358,7 @@ fn build_ssds(cfg: &SimConfig, g: &Graph) -> Result<Vec<SsdSlot>> {
         },
         limits: cfg.sched.clone(),
         device_qd: cfg.ssd.device_qd,
-        gimbal: cfg.gimbal.clone(),
+        gimbal: cfg.gimbal_for(&profile),
     };
     // Device events carry (SSD, tag index) in 12 + 20 bits.
     anyhow::ensure!(

@@ -395,3 +395,24 @@ fn lost_ios_wait_for_the_connections_rto() {
     let (linux, tuned) = (drop(200_000_000), drop(500_000));
     assert!(linux > tuned + 0.05, "200 ms RTO {linux} vs 0.5 ms {tuned}");
 }
+
+#[test]
+fn gimbal_can_be_calibrated_to_the_drive_as_in_the_daemon() {
+    let cfg = small(TopologyKind::Torus2d, 4);
+    let profile = cfg.ssd.profile().unwrap();
+    // Off by default: Gimbal's published constants.
+    assert_eq!(cfg.gimbal_for(&profile), cfg.gimbal);
+    let cal = SimConfig {
+        gimbal_calibrate: true,
+        ..cfg.clone()
+    };
+    let g = cal.gimbal_for(&profile);
+    assert_eq!(g, cfg.gimbal.calibrated(&trellis_ssd::calibrate(&profile)));
+    assert!(
+        g.io_cost_bytes > 0 && g.slots_per_ssd != cfg.gimbal.slots_per_ssd,
+        "{g:?}"
+    );
+    // And a calibrated run completes I/O.
+    let r = run(cal, false).unwrap().results;
+    assert!(r.read.ios > 100, "{}", r.read.ios);
+}

@@ -27,6 +27,7 @@ mod token;
 pub use cc::{CcState, CongestionControl, DirCc, WriteCost};
 pub use drr::{Drr, Request, SlotTag, MAX_SLOTS_PER_SSD};
 pub use token::DualTokenBucket;
+pub use trellis_units::DeviceModel;
 
 use serde::{Deserialize, Serialize};
 
@@ -85,20 +86,6 @@ pub struct GimbalConfig {
 /// Largest accepted `io_cost_bytes`: 1 MiB, far above any drive's per-I/O cost (a 4 KiB
 /// read that cost more than a 1 MiB read would describe a drive that moves no data).
 pub const MAX_IO_COST_BYTES: u64 = 1 << 20;
-
-/// What a scheduler needs to know of its drive to set Gimbal's drive-specific constants
-/// (measured on the drive, or on its model: `trellis_ssd::calibrate`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceModel {
-    /// 4 KiB random reads per second at a deep queue (blk-iocost `rrandiops`).
-    pub read_4k_iops: u64,
-    /// Bytes per second of large (128 KiB) random reads at a deep queue (`rbps`).
-    pub read_bytes_per_s: u64,
-    /// Fewest 128 KiB reads in flight that reach (99 % of) `read_bytes_per_s`.
-    pub read_128k_saturation_qd: u32,
-    /// Host-interface bandwidth, bytes per second; 0 when unknown.
-    pub link_bytes_per_s: u64,
-}
 
 impl Default for GimbalConfig {
     fn default() -> Self {

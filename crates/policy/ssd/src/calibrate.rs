@@ -20,7 +20,7 @@ use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::SplitMix64;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use trellis_units::IoDir;
+use trellis_units::{DeviceModel, IoDir};
 
 /// Queue depth taken as "deep" for the peak figures: four times the 64
 /// LUNs of the largest profile, so every LUN has work queued.
@@ -38,19 +38,9 @@ const MEASURED_IOS: u32 = 3_000;
 /// Fixed seed: the same profile always gives the same calibration.
 const SEED: u64 = 0x5eed_ca1b;
 
-/// Read capacities of one drive model (all measured clean, random offsets).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Calibration {
-    /// 4 KiB random reads per second at a deep queue (blk-iocost `rrandiops`).
-    pub read_4k_iops: u64,
-    /// Bytes per second of 128 KiB random reads at a deep queue (`rbps`).
-    pub read_bytes_per_s: u64,
-    /// Fewest 128 KiB random reads in flight that reach 99 %
-    /// ([`SATURATION_PERMILLE`]) of `read_bytes_per_s`.
-    pub read_128k_saturation_qd: u32,
-    /// Host interface bandwidth in bytes per second; 0 when not modelled.
-    pub link_bytes_per_s: u64,
-}
+/// Read capacities of one drive model (all measured clean, random offsets); the
+/// vocabulary type the schedulers take.
+pub type Calibration = DeviceModel;
 
 /// Measures `profile` (see the module comment).
 pub fn calibrate(profile: &SsdProfile) -> Calibration {

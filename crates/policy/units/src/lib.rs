@@ -11,6 +11,8 @@
 //!   `_ns`. Gimbal's latency ticks are µs inside `trellis-qos` (so that the worked
 //!   examples of docs/gimbal.md §1.a reproduce bit-exactly); its API still takes ns.
 //! - **Direction** is [`IoDir`].
+//! - **A drive's capacities** are [`DeviceModel`]: `trellis-ssd` measures them on its
+//!   model, `trellis-qos` sets Gimbal's drive-specific constants from them.
 
 use serde::{Deserialize, Serialize};
 
@@ -34,4 +36,19 @@ impl IoDir {
     pub fn index(self) -> usize {
         self as usize
     }
+}
+
+/// What a scheduler needs to know of its drive to set Gimbal's drive-specific constants:
+/// measured on the drive, or on its model (`trellis_ssd::calibrate`); used by
+/// `trellis_qos::GimbalConfig::calibrated`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceModel {
+    /// 4 KiB random reads per second at a deep queue (blk-iocost `rrandiops`).
+    pub read_4k_iops: u64,
+    /// Bytes per second of large (128 KiB) random reads at a deep queue (`rbps`).
+    pub read_bytes_per_s: u64,
+    /// Fewest 128 KiB reads in flight that reach 99 % of `read_bytes_per_s`.
+    pub read_128k_saturation_qd: u32,
+    /// Host-interface bandwidth, bytes per second; 0 when unknown.
+    pub link_bytes_per_s: u64,
 }

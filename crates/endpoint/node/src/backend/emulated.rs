@@ -240,20 +240,14 @@ impl Backend for EmulatedBackend {
     }
     /// Measured on a clean copy of the model (`trellis_ssd::calibrate`), once.
     fn device_model(&self) -> Option<trellis_qos::DeviceModel> {
-        let c = *self.calibration.get_or_init(|| {
+        Some(*self.calibration.get_or_init(|| {
             let m = self
                 .drive
                 .model
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             trellis_ssd::calibrate(m.ssd.profile())
-        });
-        Some(trellis_qos::DeviceModel {
-            read_4k_iops: c.read_4k_iops,
-            read_bytes_per_s: c.read_bytes_per_s,
-            read_128k_saturation_qd: c.read_128k_saturation_qd,
-            link_bytes_per_s: c.link_bytes_per_s,
-        })
+        }))
     }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(EmulatedQueue {
