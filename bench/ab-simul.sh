@@ -10,10 +10,11 @@
 # resolve a few percent. Run side by side, both see the same regime: an A/A
 # run here stays within ±1.5 %, where the sequential one spreads ±40 %.
 # What it does not show: latency at low load (the core is shared) — use
-# bench/ab.sh for QD1 latency. Not for `--qos gimbal`: Gimbal reads device
-# latency on the reactor's clock, so the other reactor's time slices become
-# "latency" and throttle it (side by side, Gimbal vs Gimbal runs at a third
-# of its standalone rate), which changes what is measured.
+# bench/ab.sh for QD1 latency. With `--qos gimbal` use only backends that
+# complete inside submit (null, ram): they are charged zero device time, so
+# the other reactor's time slices do not look like device latency (before
+# that rule Gimbal vs Gimbal ran at a third of its standalone rate here). On
+# an emulated or file backend they would, and would throttle it.
 #
 #   bench/ab-simul.sh "A_TARGET_CMD" "B_TARGET_CMD" [REPS=5] [RUNTIME_S=4]
 # Each command is a `trellis target` invocation; `--null 1G --listen ADDR
