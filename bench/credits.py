@@ -8,7 +8,6 @@ each tenant's p99.9 latency and of the total throughput are compared. Gimbal's
 paper reports credits cutting p99.9 by 28.2 %; the acceptance asks >= 25 % at
 <= 5 % throughput loss. Writes credits.json and credits.md.
 """
-import argparse
 import json
 import os
 import statistics
@@ -30,12 +29,7 @@ def run(a, jobs, credits, work, tag):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--bin", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--time-scale", type=float, required=True)
-    p.add_argument("--runtime", type=float, required=True)
+    p = fx.runner_args()
     p.add_argument("--reps", type=int, required=True)
     a = p.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))

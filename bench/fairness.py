@@ -259,13 +259,20 @@ def markdown(doc):
     return "\n".join(lines) + "\n"
 
 
-def main():
+def runner_args():
+    """The arguments every runner on this module's Target and bench takes
+    (bench/fairness.sh and bench/credits.sh fill them in)."""
     p = argparse.ArgumentParser()
     p.add_argument("--bin", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--time-scale", type=float, required=True)
     p.add_argument("--runtime", type=float, required=True)
+    return p
+
+
+def main():
+    p = runner_args()
     p.add_argument("--quick", type=int, default=0)
     p.add_argument("--weight", action="append", default=[])
     p.add_argument("--case", action="append", default=[], choices=CASES)
