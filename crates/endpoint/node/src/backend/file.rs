@@ -20,6 +20,8 @@ pub struct FileBackend {
     size_bytes: u64,
     path: String,
     direct: bool,
+    /// A block device's PCIe link bandwidth, from sysfs; 0 when unknown.
+    link_bytes_per_s: u64,
 }
 
 /// `BLKGETSIZE64` from <linux/fs.h>: a block device's size in bytes
@@ -70,6 +72,12 @@ impl FileBackend {
             Err(e) => return Err(e).with_context(|| format!("opening {path}")),
         };
         let meta = file.metadata()?;
+        let link_bytes_per_s = if meta.file_type().is_block_device() {
+            use std::os::unix::fs::MetadataExt;
+            block_device_link_bytes_per_s(meta.rdev()).unwrap_or(0)
+        } else {
+            0
+        };
         let size_bytes = if meta.file_type().is_block_device() {
             let mut sz: u64 = 0;
             // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which
@@ -91,8 +99,45 @@ impl FileBackend {
             size_bytes,
             path: path.into(),
             direct,
+            link_bytes_per_s,
         })
     }
+}
+
+/// The PCIe link bandwidth of the device behind block device `rdev`, from
+/// sysfs (`current_link_speed` and `current_link_width` of the PCI function:
+/// for NVMe, `/sys/dev/block/M:m/device/device/`; for a partition, its
+/// disk's). None when any of it is missing (not PCIe, a VM's virtio disk).
+fn block_device_link_bytes_per_s(rdev: u64) -> Option<u64> {
+    let (maj, min) = (libc::major(rdev), libc::minor(rdev));
+    let dev = std::path::PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    for pci in [dev.join("device/device"), dev.join("../device/device")] {
+        let read = |f: &str| std::fs::read_to_string(pci.join(f)).ok();
+        if let (Some(s), Some(w)) = (read("current_link_speed"), read("current_link_width")) {
+            return pcie_link_bytes_per_s(&s, &w);
+        }
+    }
+    None
+}
+
+/// Bytes per second a PCIe link carries: transfer rate × lanes × line-code
+/// efficiency ÷ 8 (8b/10b below 8 GT/s, 128b/130b for 8–32 GT/s, 242/256
+/// FLIT mode at 64 GT/s; PCI Express Base Specification). `speed` as the
+/// kernel prints it ("16.0 GT/s PCIe", "8 GT/s"), `width` a lane count.
+pub fn pcie_link_bytes_per_s(speed: &str, width: &str) -> Option<u64> {
+    let gts: f64 = speed.split_whitespace().next()?.parse().ok()?;
+    let lanes: u32 = width.trim().parse().ok()?;
+    if !(gts > 0.0 && gts <= 256.0) || !(1..=32).contains(&lanes) {
+        return None;
+    }
+    let eff = if gts < 8.0 {
+        8.0 / 10.0
+    } else if gts < 64.0 {
+        128.0 / 130.0
+    } else {
+        242.0 / 256.0
+    };
+    Some((gts * 1e9 * lanes as f64 * eff / 8.0) as u64)
 }
 
 /// O_DIRECT needs offsets and lengths aligned to the device's logical block;
@@ -142,6 +187,16 @@ impl Backend for FileBackend {
     }
     fn sync_all(&self) -> std::io::Result<()> {
         self.file.sync_all()
+    }
+    /// Only the link is known (sysfs): Gimbal's rate ceiling rises to it;
+    /// its per-I/O cost and slot count stay as configured (docs/gimbal.md).
+    fn device_model(&self) -> Option<trellis_qos::DeviceModel> {
+        (self.link_bytes_per_s > 0).then_some(trellis_qos::DeviceModel {
+            read_4k_iops: 0,
+            read_bytes_per_s: 0,
+            read_128k_saturation_qd: 0,
+            link_bytes_per_s: self.link_bytes_per_s,
+        })
     }
     fn describe(&self) -> String {
         format!(
@@ -617,5 +672,64 @@ impl BackendQueue for UringQueue {
         }
         // Completions reaped during retries belong to the next reap.
         issued
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::pcie_link_bytes_per_s as link;
+
+    #[test]
+    fn pcie_link_bandwidth_follows_rate_lanes_and_line_code() {
+        // Gen3 x4 (Gimbal's drives): 8 GT/s × 4 × 128/130 / 8 = 3.938 GB/s,
+        // just under Gimbal's 4 GiB/s ceiling.
+        assert_eq!(link("8.0 GT/s PCIe\n", "4\n"), Some(3_938_461_538));
+        assert_eq!(link("8 GT/s", "4"), Some(3_938_461_538));
+        // Gen4 x4 (PM9A3): 7.877 GB/s; Gen2 x1 with 8b/10b: 500 MB/s.
+        assert_eq!(link("16.0 GT/s PCIe", "4"), Some(7_876_923_076));
+        assert_eq!(link("5.0 GT/s PCIe", "1"), Some(500_000_000));
+        // Gen6's FLIT mode.
+        assert_eq!(link("64.0 GT/s PCIe", "4"), Some(30_250_000_000));
+    }
+
+    #[test]
+    fn what_sysfs_may_say_when_there_is_no_link_gives_nothing() {
+        for (s, w) in [
+            ("Unknown", "4"),
+            ("", "4"),
+            ("8.0 GT/s", "0"),
+            ("8.0 GT/s", "x4"),
+            ("-8 GT/s", "4"),
+            ("NaN GT/s", "4"),
+            ("8.0 GT/s", "64"),
+        ] {
+            assert_eq!(link(s, w), None, "{s:?} {w:?}");
+        }
+    }
+
+    #[test]
+    fn a_link_alone_raises_only_gimbals_rate_ceiling() {
+        let g = trellis_qos::GimbalConfig::default();
+        let m = trellis_qos::DeviceModel {
+            read_4k_iops: 0,
+            read_bytes_per_s: 0,
+            read_128k_saturation_qd: 0,
+            link_bytes_per_s: link("16.0 GT/s", "4").unwrap(),
+        };
+        let c = g.calibrated(&m);
+        assert_eq!(c.rate_max_bytes_per_s, 7_876_923_076);
+        assert_eq!(
+            (c.io_cost_bytes, c.slots_per_ssd),
+            (g.io_cost_bytes, g.slots_per_ssd)
+        );
+        // Gen3 x4 is below 4 GiB/s: Gimbal's ceiling stays.
+        let m3 = trellis_qos::DeviceModel {
+            link_bytes_per_s: link("8.0 GT/s", "4").unwrap(),
+            ..m
+        };
+        assert_eq!(
+            g.calibrated(&m3).rate_max_bytes_per_s,
+            g.rate_max_bytes_per_s
+        );
     }
 }
