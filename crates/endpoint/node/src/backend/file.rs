@@ -127,7 +127,9 @@ fn block_device_link_bytes_per_s(rdev: u64) -> Option<u64> {
 pub fn pcie_link_bytes_per_s(speed: &str, width: &str) -> Option<u64> {
     let gts: f64 = speed.split_whitespace().next()?.parse().ok()?;
     let lanes: u32 = width.trim().parse().ok()?;
-    if !(gts > 0.0 && gts <= 256.0) || !(1..=32).contains(&lanes) {
+    // NaN fails the comparisons, so it is refused too.
+    let plausible = gts > 0.0 && gts <= 256.0 && (1..=32).contains(&lanes);
+    if !plausible {
         return None;
     }
     let eff = if gts < 8.0 {
