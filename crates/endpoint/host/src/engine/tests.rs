@@ -444,6 +444,9 @@ fn submissions_beyond_the_credit_are_refused_busy_and_send_nothing() {
     assert_eq!(e.credit_limit(), Some(1));
 }
 
+/// (time, sequence, what): an arrival's index (Ok), or a CID to answer (Err).
+type ReplayEvent = (u64, u64, std::result::Result<usize, u16>);
+
 /// Replays `arrivals.csv` through the engine on a virtual clock against a
 /// scripted target (no socket, no thread, no wall clock): each command is
 /// served by one of four "dies" in 20–38 µs and answered with a credit that
@@ -465,9 +468,7 @@ fn replay_arrivals() -> (Vec<(u64, u16, u64)>, u64) {
         .collect();
     let mut e = engine(NO, 8192);
     e.cfg.credit_token = Some(token);
-    // (time, sequence, event): an arrival index, or a CID to answer.
-    let mut ev: BinaryHeap<Reverse<(u64, u64, std::result::Result<usize, u16>)>> =
-        BinaryHeap::new();
+    let mut ev: BinaryHeap<Reverse<ReplayEvent>> = BinaryHeap::new();
     for (i, &(t, _)) in arrivals.iter().enumerate() {
         ev.push(Reverse((t, i as u64, Ok(i))));
     }
@@ -529,8 +530,7 @@ fn a_recorded_arrival_trace_replays_bit_identically_on_a_virtual_clock() {
     // Times are the virtual clock's: the last completion is after the last arrival.
     let last_arrival: u64 = include_str!("arrivals.csv")
         .lines()
-        .filter(|l| !l.starts_with('#'))
-        .last()
+        .rfind(|l| !l.starts_with('#'))
         .and_then(|l| l.split(',').next()?.parse().ok())
         .unwrap();
     assert!(a.last().unwrap().0 > last_arrival);
