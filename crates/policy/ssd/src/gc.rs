@@ -98,7 +98,7 @@ impl Ssd {
         let mut ran = 0;
         for i in 0..self.luns {
             let lun = (self.gc.next_lun + i) % self.luns;
-            if self.lun_avail_ns[lun as usize] > now {
+            if self.lun_busy_at(lun as usize, now) {
                 continue;
             }
             let start = self.gc.since_ns.max(self.lun_avail_ns[lun as usize]);
@@ -125,6 +125,8 @@ impl Ssd {
         if self.p.static_map || self.free_lines() > self.gc_hi_lines {
             return end;
         }
+        // Foreground steps queue behind the host's deferred programs, as before them.
+        self.start_all_deferred();
         let mut need = pages as u64;
         let mut steps = 0;
         while need > 0 && steps < GC_FOREGROUND_STEPS_PER_WRITE_MAX {
@@ -151,6 +153,7 @@ impl Ssd {
     /// The host needs a line and only the GC reserve is left: finish victims now
     /// (blocking, from `t`) until a line is free for the host. Bounded by the line count.
     pub(crate) fn gc_emergency(&mut self, t: u64) {
+        self.start_all_deferred();
         let mut victims = 0;
         let mut steps = 0u64;
         while self.free_lines() <= GC_RESERVE_LINES && victims <= self.lines.len() {
@@ -222,7 +225,7 @@ impl Ssd {
         if self.gc.victim == NO_LINE || self.gc.cursor[l] > fppb {
             return Step::Done;
         }
-        if gate.is_some_and(|now| self.lun_avail_ns[l] > now) {
+        if gate.is_some_and(|now| self.lun_busy_at(l, now)) {
             return Step::Busy;
         }
         // Pass over flash pages without valid data: nothing to read.
@@ -241,7 +244,7 @@ impl Ssd {
             return Step::Ran { reclaimed, end_ns };
         }
         if let (Some(now), Some(m)) = (gate, self.gc_program_lun(valid)) {
-            if self.lun_avail_ns[m as usize] > now {
+            if self.lun_busy_at(m as usize, now) {
                 return Step::Busy;
             }
         }

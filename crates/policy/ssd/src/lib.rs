@@ -55,6 +55,15 @@ struct Line {
     state: LineState,
 }
 
+/// A buffered program waiting for its LUN (read priority).
+#[derive(Clone, Copy, Debug)]
+struct Deferred {
+    /// When its data is in the buffer (the write's early completion).
+    ready_ns: Nanos,
+    /// Write-buffer bytes its end releases.
+    release_bytes: u32,
+}
+
 /// Counters exported for outputs and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SsdStats {
@@ -89,7 +98,14 @@ pub struct Ssd {
     gc_lo_lines: u32,
     gc_hi_lines: u32,
     // Timing state.
+    /// When each LUN finishes the operations started on it.
     lun_avail_ns: Vec<u64>,
+    /// With `read_priority`: buffered host programs per LUN, not yet started, in order.
+    /// A read that reaches the LUN before one starts goes ahead of it.
+    lun_deferred: Vec<std::collections::VecDeque<Deferred>>,
+    deferred_programs: u32,
+    /// During the untimed sequential fill: no write-buffer accounting.
+    filling: bool,
     channels: Vec<Ledger>,
     pcie: Option<Ledger>,
     /// Latest submit time seen, model clock (ledgers forget slots before it).
@@ -111,9 +127,12 @@ pub struct Ssd {
     wp_line: [u32; 2],
     wp_index: [u32; 2],
     gc: gc::GcState,
-    // Write buffer: (release time, bytes) for flash pages still being programmed.
+    /// Write buffer bytes held: host pages admitted and not yet programmed.
     wbuf_used_bytes: u64,
-    /// Buffered writes by NAND completion time (earliest first): (done, bytes).
+    /// Host bytes in the open flash page: held until that page's program ends.
+    wbuf_open_bytes: u64,
+    /// Flash-page programs by NAND completion time (earliest first): (done, bytes
+    /// they release).
     wbuf_pending: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
     stats: SsdStats,
 }
@@ -154,6 +173,9 @@ impl Ssd {
             gc_hi_lines,
             gc_lo_lines,
             lun_avail_ns: vec![0; luns as usize],
+            lun_deferred: vec![std::collections::VecDeque::new(); luns as usize],
+            deferred_programs: 0,
+            filling: false,
             channels: if profile.channel_mb_s > 0 {
                 (0..profile.channels)
                     .map(|_| Ledger::new(profile.channel_mb_s))
@@ -190,6 +212,7 @@ impl Ssd {
             wp_index: [0; 2],
             gc: gc::GcState::new(luns, subpages),
             wbuf_used_bytes: 0,
+            wbuf_open_bytes: 0,
             wbuf_pending: std::collections::BinaryHeap::with_capacity(wbuf_slots),
             stats: SsdStats::default(),
             p: profile,
@@ -245,7 +268,8 @@ impl Ssd {
     }
 
     /// When every LUN has finished the work queued so far.
-    fn flash_idle_ns(&self) -> Nanos {
+    fn flash_idle_ns(&mut self) -> Nanos {
+        self.start_deferred_before(u64::MAX);
         self.lun_avail_ns.iter().copied().max().unwrap_or(0)
     }
 
@@ -279,15 +303,19 @@ impl Ssd {
             self.wp_index[Stream::Host as usize] = self.logical_pages % self.pages_per_line;
             return;
         }
+        self.filling = true;
         for lpn in 0..self.logical_pages {
             self.write_page(Stream::Host, lpn, 0);
         }
+        self.filling = false;
     }
 
     /// Forget the fill's NAND time: the drive is idle when the run (or the timed
     /// overwrites) begin.
     fn reset_timing(&mut self) {
         self.lun_avail_ns.iter_mut().for_each(|t| *t = 0);
+        self.lun_deferred.iter_mut().for_each(|q| q.clear());
+        self.deferred_programs = 0;
         if self.p.channel_mb_s > 0 {
             self.channels = (0..self.p.channels)
                 .map(|_| Ledger::new(self.p.channel_mb_s))
@@ -297,6 +325,7 @@ impl Ssd {
         self.now_ns = 0;
         self.prev_now_ns = 0;
         self.wbuf_used_bytes = 0;
+        self.wbuf_open_bytes = 0;
         self.wbuf_pending.clear();
         self.stats = SsdStats::default();
     }
@@ -324,6 +353,7 @@ impl Ssd {
             self.prev_now_ns = self.now_ns;
         }
         self.now_ns = now;
+        self.start_deferred_before(now);
         self.gc_background(now);
         let pb = self.p.page_bytes as u64;
         let first = (offset_bytes / pb) % self.logical_pages as u64;
@@ -395,6 +425,8 @@ impl Ssd {
         let (ch, lun, fpage) = self.locate(ppa);
         let t_r = self.t_read_ns(pages, fpage);
         let l = lun as usize;
+        // Programs whose LUN frees before the read arrives there have started.
+        self.start_deferred_on(l, t0);
         let s = t0.max(self.lun_avail_ns[l]);
         let e = s + t_r;
         self.lun_avail_ns[l] = e;
@@ -427,20 +459,22 @@ impl Ssd {
             }
             return done;
         }
-        let t_admit = self.wbuf_admit(size_bytes as u64, now_ns);
+        // A page occupies the buffer from admission until the program of its flash page
+        // ends (NVMeVirt `conv_write`: `buffer_allocate` per write, and each one-shot
+        // page program releases the whole page at its NAND completion).
+        let pb = self.p.page_bytes as u64;
+        let held_bytes = n_pages as u64 * pb;
+        let t_admit = self.wbuf_admit(held_bytes, now_ns);
         let t1 = t_admit
             + self.p.fw_write_ns
             + self.p.fw_write_per_4k_ns * (size_bytes as u64).div_ceil(4096);
         let t1 = self.pcie_xfer(t1, size_bytes as u64);
+        self.wbuf_used_bytes += held_bytes;
         let mut done = t1;
         for i in 0..n_pages {
             let e = self.write_page(Stream::Host, (first + i) % self.logical_pages, t1);
             done = done.max(e);
         }
-        self.wbuf_used_bytes += size_bytes as u64;
-        // The buffer drains as flash pages finish; release the bytes at NAND completion.
-        self.wbuf_pending
-            .push(std::cmp::Reverse((done, size_bytes)));
         if self.p.early_completion {
             t1
         } else {
@@ -449,6 +483,8 @@ impl Ssd {
     }
 
     /// Wait until the shared write buffer can hold `bytes`; returns the admission time.
+    /// With read priority, a full buffer starts the deferred program that would end
+    /// first if it ends before every started one: the controller must drain its buffer.
     fn wbuf_admit(&mut self, bytes: u64, now_ns: Nanos) -> u64 {
         let cap = self.p.write_buffer_bytes;
         let bytes = bytes.min(cap);
@@ -458,14 +494,17 @@ impl Ssd {
             if self.wbuf_used_bytes + bytes <= cap {
                 return t;
             }
+            let started = self.wbuf_pending.peek().map(|r| r.0 .0);
+            let deferred = self.first_deferred_end();
+            match (started, deferred) {
+                // Nothing being or to be programmed: the held bytes are all in the open
+                // flash page, which only this write can close; admit it.
+                (None, None) => return t,
+                (s, Some((l, end))) if s.is_none_or(|s| end < s) => self.start_deferred(l),
+                (Some(s), _) => t = t.max(s),
+                (None, Some(_)) => unreachable!("matched above"),
+            }
             self.stats.write_buffer_stalls += 1;
-            let next = self
-                .wbuf_pending
-                .peek()
-                .expect("buffer full with nothing pending")
-                .0
-                 .0;
-            t = t.max(next);
         }
     }
 
@@ -489,11 +528,7 @@ impl Ssd {
             // order (full-page programs, striped over channels), reads use the static home.
             let ppa = self.wp_index[k];
             self.wp_index[k] = (ppa + 1) % self.pages_per_line;
-            return if ppa % self.subpages == self.subpages - 1 {
-                self.program(ppa, t)
-            } else {
-                t
-            };
+            return self.page_written(stream, ppa, t);
         }
         if self.wp_line[k] == gc::NO_LINE {
             self.open_next_line(stream);
@@ -503,13 +538,104 @@ impl Ssd {
         self.map[lpn as usize] = ppa;
         self.rmap[ppa as usize] = lpn;
         self.lines[self.wp_line[k] as usize].vpc += 1;
-        let done = if ppa % self.subpages == self.subpages - 1 {
-            self.program(ppa, t)
-        } else {
-            t
-        };
+        let done = self.page_written(stream, ppa, t);
         self.advance_wp(stream, t);
         done
+    }
+
+    /// A page was placed at `ppa` at `t`: if it closes its flash page, program that
+    /// page; returns when the page is durable (`t` while its flash page is open, or
+    /// while its program is deferred). A host page holds write-buffer space until the
+    /// program of its flash page ends (NVMeVirt `conv_write`: `buffer_allocate` per
+    /// write; each one-shot page program releases the whole page at its NAND end).
+    fn page_written(&mut self, stream: Stream, ppa: u32, t: u64) -> u64 {
+        let buffered = stream == Stream::Host && self.p.write_buffer_bytes > 0 && !self.filling;
+        if buffered {
+            self.wbuf_open_bytes += self.p.page_bytes as u64;
+        }
+        if ppa % self.subpages != self.subpages - 1 {
+            return t;
+        }
+        if !buffered {
+            return self.program(ppa, t);
+        }
+        let release_bytes = std::mem::take(&mut self.wbuf_open_bytes) as u32;
+        if self.p.read_priority {
+            let (_, lun, _) = self.locate(ppa);
+            self.lun_deferred[lun as usize].push_back(Deferred {
+                ready_ns: t,
+                release_bytes,
+            });
+            self.deferred_programs += 1;
+            return t;
+        }
+        let e = self.program(ppa, t);
+        self.wbuf_pending
+            .push(std::cmp::Reverse((e, release_bytes)));
+        e
+    }
+
+    /// Start every deferred program whose LUN frees (or whose data arrives) before
+    /// `before`: a read arriving then finds it running.
+    fn start_deferred_before(&mut self, before: Nanos) {
+        if self.deferred_programs == 0 {
+            return;
+        }
+        for l in 0..self.luns as usize {
+            self.start_deferred_on(l, before);
+        }
+    }
+
+    fn start_deferred_on(&mut self, l: usize, before: Nanos) {
+        while let Some(d) = self.lun_deferred[l].front() {
+            if d.ready_ns.max(self.lun_avail_ns[l]) >= before {
+                return;
+            }
+            self.start_deferred(l);
+        }
+    }
+
+    /// Start LUN `l`'s first deferred program when the LUN frees.
+    fn start_deferred(&mut self, l: usize) {
+        let Some(d) = self.lun_deferred[l].pop_front() else {
+            return;
+        };
+        self.deferred_programs -= 1;
+        let ch = l as u32 / self.p.luns_per_channel;
+        let start = d.ready_ns.max(self.lun_avail_ns[l]);
+        let xfer_end = self.channel_xfer(ch, start, self.p.flash_page_bytes as u64);
+        let e = xfer_end + self.p.program_ns;
+        self.lun_avail_ns[l] = e;
+        self.wbuf_pending
+            .push(std::cmp::Reverse((e, d.release_bytes)));
+    }
+
+    /// The deferred program that would end first if started now: (LUN, end).
+    fn first_deferred_end(&self) -> Option<(usize, Nanos)> {
+        if self.deferred_programs == 0 {
+            return None;
+        }
+        let flash_xfer_ns = match self.p.channel_mb_s {
+            0 => 0,
+            mb_s => xfer_ns(self.p.flash_page_bytes as u64, mb_s),
+        };
+        (0..self.luns as usize)
+            .filter_map(|l| {
+                let d = self.lun_deferred[l].front()?;
+                let start = d.ready_ns.max(self.lun_avail_ns[l]);
+                Some((l, start + flash_xfer_ns + self.p.program_ns))
+            })
+            .min_by_key(|&(_, end)| end)
+    }
+
+    /// Whether LUN `l` has work at `now` (started, or deferred programs waiting).
+    pub(crate) fn lun_busy_at(&self, l: usize, now: Nanos) -> bool {
+        self.lun_avail_ns[l] > now || !self.lun_deferred[l].is_empty()
+    }
+
+    /// Start every deferred program now, in order (before foreground GC queues work).
+    pub(crate) fn start_all_deferred(&mut self) {
+        self.start_deferred_before(u64::MAX);
     }
 
     /// Program the flash page holding `ppa` (FEMU: per page; NVMeVirt: per one-shot page).

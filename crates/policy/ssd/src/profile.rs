@@ -62,6 +62,14 @@ pub struct SsdProfile {
     /// would not fit in memory.
     #[serde(default)]
     pub static_map: bool,
+    /// Reads go ahead of buffered programs that have not started on their LUN (the
+    /// controller schedules a program only when its LUN has no read waiting). Real
+    /// controllers do (Wu and He, FAST 2012: read-priority scheduling is their
+    /// baseline); FEMU's and NVMeVirt's LUN models serve operations in arrival order.
+    /// Needs a write buffer with early completion (a write that waits for its program
+    /// cannot be reordered after it was answered). No program or erase suspend.
+    #[serde(default)]
+    pub read_priority: bool,
 }
 
 impl SsdProfile {
@@ -96,6 +104,7 @@ impl SsdProfile {
             gc_lo_free_permille: 250,
             gc_hi_free_permille: 50,
             static_map: false,
+            read_priority: false,
         }
     }
 
@@ -131,6 +140,7 @@ impl SsdProfile {
             gc_lo_free_permille: 0,
             gc_hi_free_permille: 0,
             static_map: false,
+            read_priority: false,
         }
     }
 
@@ -166,6 +176,9 @@ impl SsdProfile {
             gc_lo_free_permille: 100,
             gc_hi_free_permille: 30,
             static_map: false,
+            // A real controller's scheduling (see the field); FEMU and NVMeVirt keep
+            // arrival order, so their profiles leave it off.
+            read_priority: true,
         }
     }
 
@@ -194,6 +207,15 @@ impl SsdProfile {
         );
         assert!(self.blocks_per_lun >= 8, "need at least 8 lines");
         assert!(self.overprovision_permille < 1000);
+        assert!(
+            self.write_buffer_bytes == 0
+                || self.write_buffer_bytes >= 2 * self.flash_page_bytes as u64,
+            "a write buffer must hold at least two flash pages"
+        );
+        assert!(
+            !self.read_priority || (self.write_buffer_bytes > 0 && self.early_completion),
+            "read_priority needs a write buffer with early completion"
+        );
         assert!(
             self.gc_hi_free_permille <= self.gc_lo_free_permille || self.gc_lo_free_permille == 0
         );

@@ -483,3 +483,60 @@ fn invariants_hold_after_long_random_mixes() {
         assert!(s.gc_pages_moved > 0 && s.erases > 0, "{}: {s:?}", p.name);
     }
 }
+
+#[test]
+fn a_page_holds_the_write_buffer_until_its_flash_page_is_programmed() {
+    // pm9a3 with a buffer of two 16 KiB flash pages (8 × 4 KiB) and an empty drive.
+    // 4 KiB writes at QD 1: pages 0–3 close flash page 0 (program ends ≈ 350 µs after
+    // the fourth write), pages 4–7 close flash page 1. The ninth write needs space that
+    // only the end of flash page 0's program frees, so it completes after it. A model
+    // that released a page that leaves its flash page open at once (only the closing
+    // write waited) would take eight programs' worth of 4 KiB before stalling.
+    let mut p = SsdProfile::pm9a3().with_blocks(16);
+    p.write_buffer_bytes = 2 * p.flash_page_bytes as u64;
+    let mut ssd = Ssd::new(p.clone());
+    let mut t = 0;
+    let mut done = Vec::new();
+    for i in 0..9u64 {
+        t = ssd.submit(IoDir::Write, i * 4096, 4096, t);
+        done.push(t);
+    }
+    let first_program_end_ns = done[3] + p.program_ns;
+    assert!(
+        done[8] > first_program_end_ns,
+        "9th write done at {} ns, before flash page 0 could be programmed ({} ns)",
+        done[8],
+        first_program_end_ns
+    );
+    // Before the buffer fills, writes complete at firmware + PCIe speed.
+    assert!(done[7] < p.program_ns, "8th write {} ns", done[7]);
+    assert_eq!(ssd.stats().write_buffer_stalls, 1);
+}
+
+#[test]
+fn with_read_priority_a_read_waits_for_the_running_program_only() {
+    // pm9a3 (32 LUNs, 16 KiB flash pages): one 1.5 MiB write at t = 0 fills 96 flash
+    // pages, three per LUN, all in the write buffer when it completes. A read of LPN 0
+    // (LUN 0) just after finds LUN 0's first program running. With read priority it
+    // goes next (done within one program and a read); in arrival order it waits for
+    // all three programs.
+    let read_latency_ns = |read_priority: bool| {
+        let mut p = SsdProfile::pm9a3().with_blocks(16);
+        p.read_priority = read_priority;
+        let program_ns = p.program_ns;
+        let mut ssd = Ssd::new(p);
+        let written = ssd.submit(IoDir::Write, 0, 384 * 4096, 0);
+        let at = written + 1_000;
+        (ssd.submit(IoDir::Read, 0, 4096, at) - at, program_ns)
+    };
+    let (first, program_ns) = read_latency_ns(true);
+    let (last, _) = read_latency_ns(false);
+    assert!(
+        first < 2 * program_ns,
+        "read priority: read took {first} ns (one program is {program_ns} ns)"
+    );
+    assert!(
+        last > 3 * program_ns,
+        "arrival order: read took {last} ns, expected behind three programs"
+    );
+}
