@@ -92,6 +92,18 @@ pub struct JobOpts {
     /// nvmet, SPDK) leaves --iodepth in force.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub credits: Option<bool>,
+    /// A replicated volume: the same namespace (--nqn, --nsid) on two or more
+    /// targets, comma-separated HOST:PORT (instead of --addr). Writes go to
+    /// every replica and complete when all have; each read goes to one.
+    #[arg(long)]
+    pub replicas: Option<String>,
+    /// Which replica serves a read: headroom (default; the replica whose
+    /// credits, Gimbal's virtual view, leave the most room: credits minus
+    /// this queue's commands in flight there; turns --credits on) or
+    /// round-robin.
+    #[arg(long = "replica-read", alias = "replica_read")]
+    #[serde(alias = "replica-read")]
+    pub replica_read: Option<String>,
 }
 
 fn bool_or_string<'de, D: Deserializer<'de>>(
@@ -117,9 +129,32 @@ impl JobOpts {
             ($($f:ident),*) => { $( if self.$f.is_none() { self.$f = base.$f.clone(); } )* };
         }
         fill!(
-            name, rw, bs, bssplit, iodepth, numjobs, runtime, ramp_time, rate_iops, rate,
-            rwmixread, offset, size, verify, addr, nqn, hostnqn, tenant, class, queues, digest,
-            nsid, seed, credits
+            name,
+            rw,
+            bs,
+            bssplit,
+            iodepth,
+            numjobs,
+            runtime,
+            ramp_time,
+            rate_iops,
+            rate,
+            rwmixread,
+            offset,
+            size,
+            verify,
+            addr,
+            nqn,
+            hostnqn,
+            tenant,
+            class,
+            queues,
+            digest,
+            nsid,
+            seed,
+            credits,
+            replicas,
+            replica_read
         );
         self
     }
@@ -173,7 +208,34 @@ pub struct JobSpec {
     pub seed: u64,
     /// Honour the target's I/O credits (`--credits`).
     pub credits: bool,
+    /// Replica addresses (`--replicas`); empty: one target at `addr`.
+    pub replicas: Vec<String>,
+    pub replica_read: ReplicaRead,
 }
+
+/// How a replicated volume picks the replica of a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplicaRead {
+    /// Each queue cycles through the replicas (the baseline).
+    RoundRobin,
+    /// The replica maximising credits − in flight, ties to the fewest in
+    /// flight, then the next in turn (algorithms §1.f, Gimbal's "least load
+    /// … the number of allocated credits").
+    Headroom,
+}
+
+impl ReplicaRead {
+    pub fn label(self) -> &'static str {
+        match self {
+            ReplicaRead::RoundRobin => "round-robin",
+            ReplicaRead::Headroom => "headroom",
+        }
+    }
+}
+
+/// Most replicas of one volume.
+pub const MAX_REPLICAS: usize = 8;
 
 pub const DEFAULT_ADDR: &str = "127.0.0.1:4420";
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
@@ -300,6 +362,7 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
             format!("nqn.2026-11.io.trellis:tenant:{tenant}")
         }
     });
+    let (replicas, replica_read) = parse_replicas(&o)?;
     let class = match o.class.as_deref().unwrap_or("throughput") {
         "latency" | "L" | "l" => Class::Latency,
         "throughput" | "T" | "t" => Class::Throughput,
@@ -325,7 +388,11 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
             .unwrap_or(0),
         size_bytes: o.size.as_deref().map(parse_size).transpose()?,
         verify,
-        addr: o.addr.clone().unwrap_or_else(|| DEFAULT_ADDR.into()),
+        addr: replicas
+            .first()
+            .cloned()
+            .or_else(|| o.addr.clone())
+            .unwrap_or_else(|| DEFAULT_ADDR.into()),
         nqn: o.nqn.clone().unwrap_or_else(|| DEFAULT_NQN.into()),
         hostnqn,
         tenant,
@@ -335,8 +402,39 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         data_digest,
         nsid: o.nsid.unwrap_or(1),
         seed: o.seed.unwrap_or(0x007e_1115),
-        credits: o.credits.unwrap_or(false),
+        credits: o.credits.unwrap_or(false) || replica_read == ReplicaRead::Headroom,
+        replicas,
+        replica_read,
     })
+}
+
+/// `--replicas` and `--replica-read`: at least two distinct addresses, and
+/// not together with --addr (which one would be meant?).
+fn parse_replicas(o: &JobOpts) -> Result<(Vec<String>, ReplicaRead)> {
+    let Some(list) = o.replicas.as_deref() else {
+        if let Some(r) = &o.replica_read {
+            bail!("--replica-read {r:?} needs --replicas HOST:PORT,HOST:PORT");
+        }
+        return Ok((Vec::new(), ReplicaRead::RoundRobin));
+    };
+    if o.addr.is_some() {
+        bail!("--replicas and --addr both given: name every target in --replicas (the first is listed as the job's address)");
+    }
+    let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).collect();
+    if addrs.len() < 2 || addrs.len() > MAX_REPLICAS || addrs.iter().any(String::is_empty) {
+        bail!("--replicas {list:?}: give 2 to {MAX_REPLICAS} comma-separated HOST:PORT addresses");
+    }
+    for (i, a) in addrs.iter().enumerate() {
+        if addrs[..i].contains(a) {
+            bail!("--replicas {list:?} names {a} twice: each replica is a different target");
+        }
+    }
+    let read = match o.replica_read.as_deref().unwrap_or("headroom") {
+        "headroom" | "credits" => ReplicaRead::Headroom,
+        "round-robin" | "rr" => ReplicaRead::RoundRobin,
+        other => bail!("--replica-read {other:?}: use headroom or round-robin"),
+    };
+    Ok((addrs, read))
 }
 
 pub fn parse_digest(s: &str) -> Result<(bool, bool)> {

@@ -3,7 +3,7 @@
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::job::{Class, JobSpec};
+use crate::job::{Class, JobSpec, ReplicaRead};
 use crate::verify::VerifyFailure;
 use crate::worker::{empty_result, WorkerResult};
 
@@ -84,6 +84,19 @@ pub struct JobReport {
     pub credit_busy: u64,
     pub io_credits_min: Option<u32>,
     pub io_credits_last: Option<u32>,
+    /// A replicated volume (`--replicas`): how reads chose a replica, and
+    /// each replica with the reads it served. Absent for a plain namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_read: Option<ReplicaRead>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaReport>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplicaReport {
+    pub addr: String,
+    /// Reads sent to it (every phase, measured or not).
+    pub reads: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -161,6 +174,11 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
             (a, b) => a.or(b),
         };
         acc.io_credits_last = r.io_credits_last.or(acc.io_credits_last);
+        acc.replica_reads
+            .resize(acc.replica_reads.len().max(r.replica_reads.len()), 0);
+        for (a, n) in acc.replica_reads.iter_mut().zip(&r.replica_reads) {
+            *a += n;
+        }
     }
     let secs = measured;
     let mut all = acc.read_hist.clone();
@@ -200,6 +218,16 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         credit_busy: acc.credit_busy,
         io_credits_min: acc.io_credits_min,
         io_credits_last: acc.io_credits_last,
+        replica_read: (!job.replicas.is_empty()).then_some(job.replica_read),
+        replicas: job
+            .replicas
+            .iter()
+            .zip(acc.replica_reads.iter().chain(std::iter::repeat(&0)))
+            .map(|(addr, &reads)| ReplicaReport {
+                addr: addr.clone(),
+                reads,
+            })
+            .collect(),
     }
 }
 
@@ -279,6 +307,19 @@ pub fn human_table(r: &RunReport) -> String {
         "bench CPU: {:.2} s user + {:.2} s sys\n",
         r.bench_cpu.user_s, r.bench_cpu.sys_s
     ));
+    for j in r.jobs.iter().filter(|j| !j.replicas.is_empty()) {
+        let served: Vec<String> = j
+            .replicas
+            .iter()
+            .map(|x| format!("{} {} reads", x.addr, x.reads))
+            .collect();
+        s.push_str(&format!(
+            "{}: replicas ({} reads): {}\n",
+            j.name,
+            j.replica_read.unwrap_or(ReplicaRead::RoundRobin).label(),
+            served.join(", ")
+        ));
+    }
     for j in &r.jobs {
         if let Some(e) = &j.first_error {
             s.push_str(&format!(

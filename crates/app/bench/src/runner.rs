@@ -45,9 +45,17 @@ impl Default for RunOpts {
 /// (addr, subsystem, host NQN, header digest, data digest, credits).
 type CtrlKey = (String, String, String, bool, bool, bool);
 
-fn key(j: &JobSpec) -> CtrlKey {
+/// The controllers a job uses: one per replica (or its one target).
+fn keys(j: &JobSpec) -> Vec<CtrlKey> {
+    if j.replicas.is_empty() {
+        return vec![key_at(j, &j.addr)];
+    }
+    j.replicas.iter().map(|a| key_at(j, a)).collect()
+}
+
+fn key_at(j: &JobSpec, addr: &str) -> CtrlKey {
     (
-        j.addr.clone(),
+        addr.to_string(),
         j.nqn.clone(),
         j.hostnqn.clone(),
         j.header_digest,
@@ -69,22 +77,23 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     let mut wi = 0usize;
     for (ji, job) in jobs.iter().enumerate() {
         let job = Arc::new(job.clone());
-        let ctrl = ctrls.get_mut(&key(&job)).expect("connected above");
-        let ns = ctrl
-            .identify_ns(job.nsid)
-            .with_context(|| format!("identify namespace {}", job.nsid))?;
-        let bsz = ns.block_size();
-        check_transfer(&job, ctrl.id.max_transfer_bytes())?;
-        let (first, count) = range_blocks(&job, ns.nsze, bsz)?;
+        let job_keys = keys(&job);
+        let (bsz, nsze) = volume_geometry(&job, &job_keys, &mut ctrls)?;
+        let (first, count) = range_blocks(&job, nsze, bsz)?;
         let per = count / job.numjobs as u64;
         let counter = Arc::new(AtomicU64::new(0));
         progress.push(counter.clone());
         for w in 0..job.numjobs {
-            let queues = open_queues(ctrl, &job)?;
+            let mut queues = Vec::new();
+            for k in &job_keys {
+                let ctrl = ctrls.get_mut(k).expect("connected above");
+                queues.extend(open_queues(ctrl, &job)?);
+            }
             let plan = WorkerPlan {
                 job: job.clone(),
                 index: w,
                 queues,
+                replicas: job_keys.len() as u32,
                 block_size: bsz,
                 first_lba: first + per * w as u64,
                 nblocks: per,
@@ -128,7 +137,9 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
 fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Controller>> {
     let mut need: BTreeMap<CtrlKey, u32> = BTreeMap::new();
     for j in jobs {
-        *need.entry(key(j)).or_default() += j.numjobs * j.queues;
+        for k in keys(j) {
+            *need.entry(k).or_default() += j.numjobs * j.queues;
+        }
     }
     let mut out = BTreeMap::new();
     for (k, nq) in need {
@@ -192,6 +203,34 @@ fn connect_hint(e: &trellis_host::Error, addr: &str, hostnqn: &str) -> String {
     } else {
         String::new()
     }
+}
+
+/// (LBA size, usable blocks) of the job's namespace; for a replicated volume
+/// every replica must have the same LBA size, and the smallest sets the size.
+fn volume_geometry(
+    job: &JobSpec,
+    keys: &[CtrlKey],
+    ctrls: &mut BTreeMap<CtrlKey, Controller>,
+) -> Result<(u32, u64)> {
+    let mut geometry: Option<(u32, u64)> = None;
+    for k in keys {
+        let ctrl = ctrls.get_mut(k).expect("connected above");
+        let ns = ctrl
+            .identify_ns(job.nsid)
+            .with_context(|| format!("identify namespace {} at {}", job.nsid, k.0))?;
+        check_transfer(job, ctrl.id.max_transfer_bytes())?;
+        let (bsz, nsze) = (ns.block_size(), ns.nsze);
+        geometry = match geometry {
+            None => Some((bsz, nsze)),
+            Some((b, _)) if b != bsz => bail!(
+                "replica {} formats namespace {} with {bsz}-byte blocks, the first replica with {b}: replicas must match",
+                k.0,
+                job.nsid
+            ),
+            Some((b, n)) => Some((b, n.min(nsze))),
+        };
+    }
+    geometry.context("a job with no target")
 }
 
 /// Refuses, before any I/O, a block size the controller would fail on every

@@ -16,7 +16,7 @@ use trellis_host::engine::rw_sqe;
 use trellis_host::{Completion, Queue, Xfer};
 use trellis_nvme::sqe::io;
 
-use crate::job::JobSpec;
+use crate::job::{JobSpec, ReplicaRead};
 use crate::verify::{check_block, fill_block, VerifyFailure};
 
 /// Verification state per block: generation, with the top bit marking a
@@ -41,13 +41,27 @@ struct Io {
     lba: u64,
     nlb: u32,
     t0: Instant,
+    /// A replicated write's entry in `Worker::writes`, or `NO_WRITE`.
+    write: u32,
+}
+
+const NO_WRITE: u32 = u32::MAX;
+
+/// A write sent to every replica: done when the last part completes.
+#[derive(Clone, Copy, Debug)]
+struct ReplicatedWrite {
+    parts_left: u32,
+    ok: bool,
 }
 
 pub struct WorkerPlan {
     pub job: Arc<JobSpec>,
     pub index: u32,
-    /// Queue pairs and the depth this worker keeps on each.
+    /// Queue pairs and the depth this worker keeps on each; with replicas,
+    /// replica-major: queue `i` of replica `r` at `r * per_replica + i`.
     pub queues: Vec<(Queue, u32)>,
+    /// Replicas of the volume (1: a plain namespace).
+    pub replicas: u32,
     pub block_size: u32,
     pub first_lba: u64,
     pub nblocks: u64,
@@ -77,6 +91,8 @@ pub struct WorkerResult {
     /// The smallest and latest credit a queue of this worker was granted.
     pub io_credits_min: Option<u32>,
     pub io_credits_last: Option<u32>,
+    /// Reads sent to each replica (one entry without replicas).
+    pub replica_reads: Vec<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -91,6 +107,13 @@ enum Phase {
 struct Worker {
     job: Arc<JobSpec>,
     queues: Vec<QueueCtx>,
+    /// Queue groups: group `g` is queue `g` of every replica (one queue
+    /// without replicas); the job's depth applies to a group's I/Os.
+    groups: Vec<Group>,
+    replicas: usize,
+    /// Replicated writes in flight, and the free entries.
+    writes: Vec<ReplicatedWrite>,
+    free_writes: Vec<u32>,
     block_size: u32,
     first_lba: u64,
     nblocks: u64,
@@ -116,6 +139,17 @@ struct QueueCtx {
     depth: u32,
     inflight: u32,
     ios: Vec<Io>,
+}
+
+/// One I/O stream over the replicas: reads go to one member, writes to all.
+struct Group {
+    depth: u32,
+    /// I/Os in flight (a replicated write counts once).
+    inflight: u32,
+    /// Next replica in turn (round-robin, and the tie-break of headroom).
+    turn: usize,
+    /// An operation drawn while no replica could take it.
+    next_op: Option<Op>,
 }
 
 pub fn run(plan: WorkerPlan) -> WorkerResult {
@@ -173,6 +207,7 @@ pub fn empty_result() -> WorkerResult {
         credit_busy: 0,
         io_credits_min: None,
         io_credits_last: None,
+        replica_reads: Vec::new(),
     }
 }
 
@@ -201,15 +236,43 @@ impl Worker {
                             op: Op::Read,
                             lba: 0,
                             nlb: 0,
-                            t0: now
+                            t0: now,
+                            write: NO_WRITE,
                         };
                         n
                     ],
                 }
             })
+            .collect::<Vec<QueueCtx>>();
+        let replicas = p.replicas.max(1) as usize;
+        let groups: Vec<Group> = queues[..queues.len() / replicas]
+            .iter()
+            .map(|qc| Group {
+                depth: qc.depth,
+                inflight: 0,
+                turn: 0,
+                next_op: None,
+            })
             .collect();
+        let write_slots: u32 = if replicas > 1 {
+            groups.iter().map(|g| g.depth).sum()
+        } else {
+            0
+        };
+        let mut res = empty_result();
+        res.replica_reads = vec![0; replicas];
         let nj = job.numjobs as f64;
         Worker {
+            groups,
+            replicas,
+            writes: vec![
+                ReplicatedWrite {
+                    parts_left: 0,
+                    ok: true
+                };
+                write_slots as usize
+            ],
+            free_writes: (0..write_slots).rev().collect(),
             rate_iops: job.rate_iops as f64 / nj,
             rate_bytes: job.rate_bytes as f64 / nj,
             seed: (job.seed as u32) ^ p.index.wrapping_mul(0x9E37_79B9),
@@ -221,7 +284,7 @@ impl Worker {
             gens,
             cursor: 0,
             measuring: false,
-            res: empty_result(),
+            res,
             progress: p.progress,
             stop: p.stop,
             rate_start: Instant::now(),
@@ -273,12 +336,15 @@ impl Worker {
                 };
             let mut done = 0u64;
             let mut inflight = 0;
-            for qi in 0..self.queues.len() {
-                done += self.poll_queue(qi, phase, now)?;
-                if issuing {
-                    self.top_up(qi, phase)?;
+            let n = self.groups.len();
+            for g in 0..n {
+                for r in 0..self.replicas {
+                    done += self.poll_queue(r * n + g, phase, now)?;
                 }
-                inflight += self.queues[qi].inflight;
+                if issuing {
+                    self.top_up(g, phase)?;
+                }
+                inflight += self.groups[g].inflight;
             }
             if done > 0 && self.measuring {
                 self.progress.fetch_add(done, Ordering::Relaxed);
@@ -304,18 +370,19 @@ impl Worker {
         }
         let mut n = 0;
         while let Some(c) = self.queues[qi].q.next_completion() {
-            self.complete(qi, c, phase, done_at);
-            n += 1;
+            n += self.complete(qi, c, phase, done_at) as u64;
         }
         Ok(n)
     }
 
-    fn complete(&mut self, qi: usize, c: Completion, phase: Phase, now: Instant) {
+    /// Handles one command's completion; true when it finished an I/O (a
+    /// replicated write finishes with its last part).
+    fn complete(&mut self, qi: usize, c: Completion, phase: Phase, now: Instant) -> bool {
         let qc = &mut self.queues[qi];
         let io = qc.ios[c.slot as usize];
         qc.inflight -= 1;
-        let ok = c.status.is_success();
-        if !ok {
+        let part_ok = c.status.is_success();
+        if !part_ok {
             self.res.errors += 1;
             self.res.first_error.get_or_insert_with(|| {
                 format!(
@@ -324,6 +391,12 @@ impl Worker {
                 )
             });
         }
+        let Some(ok) = self.finish_part(&io, part_ok) else {
+            self.queues[qi].q.free(c.slot);
+            return false;
+        };
+        let g = qi % self.groups.len();
+        self.groups[g].inflight -= 1;
         if self.job.verify {
             self.settle_verify(qi, c.slot, &io, ok);
         }
@@ -342,6 +415,24 @@ impl Worker {
             }
         }
         self.queues[qi].q.free(c.slot);
+        true
+    }
+
+    /// A command of `io` completed: its I/O's outcome, or None while parts of
+    /// a replicated write are still out (it fails if any part failed).
+    fn finish_part(&mut self, io: &Io, ok: bool) -> Option<bool> {
+        if io.write == NO_WRITE {
+            return Some(ok);
+        }
+        let w = &mut self.writes[io.write as usize];
+        w.parts_left -= 1;
+        w.ok &= ok;
+        if w.parts_left > 0 {
+            return None;
+        }
+        let all_ok = w.ok;
+        self.free_writes.push(io.write);
+        Some(all_ok)
     }
 
     /// After an I/O: check read blocks, commit or poison written ones, and
@@ -379,11 +470,14 @@ impl Worker {
                 || (self.issued_bytes as f64) < self.rate_bytes * t + bytes as f64)
     }
 
-    /// Fills queue `qi` up to its depth.
-    fn top_up(&mut self, qi: usize, phase: Phase) -> Result<(), String> {
+    /// Fills group `g` up to its depth.
+    fn top_up(&mut self, g: usize, phase: Phase) -> Result<(), String> {
+        if self.replicas > 1 {
+            return self.top_up_replicated(g, phase);
+        }
         let t0 = Instant::now();
-        while self.queues[qi].inflight < self.queues[qi].depth {
-            if !self.queues[qi].q.engine().may_submit() {
+        while self.groups[g].inflight < self.groups[g].depth {
+            if !self.queues[g].q.engine().may_submit() {
                 // Busy: retried after this queue's next completion.
                 self.res.credit_busy += 1;
                 return Ok(());
@@ -395,12 +489,112 @@ impl Worker {
             let Some((op, lba, nlb)) = self.next_io(phase) else {
                 return Ok(());
             };
-            let bytes = nlb as u64 * self.block_size as u64;
-            self.issue(qi, Io { op, lba, nlb, t0 })?;
-            self.issued_ios += 1;
-            self.issued_bytes += bytes;
+            let io = Io {
+                op,
+                lba,
+                nlb,
+                t0,
+                write: NO_WRITE,
+            };
+            self.issue(g, io)?;
+            self.count_issued(g, nlb);
         }
         Ok(())
+    }
+
+    fn count_issued(&mut self, g: usize, nlb: u32) {
+        self.groups[g].inflight += 1;
+        self.issued_ios += 1;
+        self.issued_bytes += nlb as u64 * self.block_size as u64;
+    }
+
+    /// A replicated group: a read goes to the replica `pick_replica` chooses,
+    /// a write to every replica once each can take it. The operation is drawn
+    /// before knowing whether a replica can take it, and kept until one can,
+    /// so busy replicas do not bend the read/write mix.
+    fn top_up_replicated(&mut self, g: usize, phase: Phase) -> Result<(), String> {
+        let t0 = Instant::now();
+        let n = self.groups.len();
+        while self.groups[g].inflight < self.groups[g].depth {
+            if phase == Phase::Main && !self.rate_allows(self.job.min_bs() as u64) {
+                return Ok(());
+            }
+            let op = match self.groups[g].next_op.take() {
+                Some(op) => op,
+                None => self.phase_op(phase),
+            };
+            let target = match op {
+                Op::Read => self.pick_replica(g),
+                Op::Write => (0..self.replicas)
+                    .all(|r| self.queues[r * n + g].q.engine().may_submit())
+                    .then_some(g),
+            };
+            let Some(qi) = target else {
+                self.groups[g].next_op = Some(op);
+                self.res.credit_busy += 1;
+                return Ok(());
+            };
+            let Some((op, lba, nlb)) = self.next_io_as(phase, op) else {
+                return Ok(());
+            };
+            let mut io = Io {
+                op,
+                lba,
+                nlb,
+                t0,
+                write: NO_WRITE,
+            };
+            if op == Op::Read {
+                self.res.replica_reads[qi / n] += 1;
+                self.issue(qi, io)?;
+            } else {
+                let id = self
+                    .free_writes
+                    .pop()
+                    .ok_or("no free replicated-write entry below the depth")?;
+                self.writes[id as usize] = ReplicatedWrite {
+                    parts_left: self.replicas as u32,
+                    ok: true,
+                };
+                io.write = id;
+                for r in 0..self.replicas {
+                    self.issue(r * n + g, io)?;
+                }
+            }
+            self.count_issued(g, nlb);
+        }
+        Ok(())
+    }
+
+    /// The queue (of group `g`) a read goes to, None when no replica may take
+    /// one now. Round-robin: the next replica in turn that may. Headroom: the
+    /// replica with the most room under its credits (its per-queue credit
+    /// limit, or the depth without credits, minus the commands in flight
+    /// there), ties to the fewest in flight, then the next in turn.
+    fn pick_replica(&mut self, g: usize) -> Option<usize> {
+        let n = self.groups.len();
+        let turn = self.groups[g].turn;
+        let mut best: Option<(i64, u32, usize)> = None;
+        for k in 0..self.replicas {
+            let qi = ((turn + k) % self.replicas) * n + g;
+            let qc = &self.queues[qi];
+            let e = qc.q.engine();
+            if !e.may_submit() {
+                continue;
+            }
+            if self.job.replica_read == ReplicaRead::RoundRobin {
+                best = Some((0, 0, qi));
+                break;
+            }
+            let limit = e.credit_limit().map_or(qc.depth, |c| c.min(qc.depth));
+            let room = limit as i64 - qc.inflight as i64;
+            if best.is_none_or(|(r, f, _)| room > r || (room == r && qc.inflight < f)) {
+                best = Some((room, qc.inflight, qi));
+            }
+        }
+        let qi = best?.2;
+        self.groups[g].turn = (qi / n + 1) % self.replicas;
+        Some(qi)
     }
 
     fn issue(&mut self, qi: usize, io: Io) -> Result<(), String> {
@@ -432,10 +626,23 @@ impl Worker {
     /// busy; writes also take their new generation). None when nothing can be
     /// issued now.
     fn next_io(&mut self, phase: Phase) -> Option<(Op, u64, u32)> {
-        let (op, nlb) = match phase {
-            Phase::Prefill => (Op::Write, self.chunk_blocks()),
-            Phase::Readback => (Op::Read, self.chunk_blocks()),
-            Phase::Main => (self.pick_op(), self.pick_nlb()),
+        let op = self.phase_op(phase);
+        self.next_io_as(phase, op)
+    }
+
+    fn phase_op(&mut self, phase: Phase) -> Op {
+        match phase {
+            Phase::Prefill => Op::Write,
+            Phase::Readback => Op::Read,
+            Phase::Main => self.pick_op(),
+        }
+    }
+
+    /// `next_io` with the operation already drawn.
+    fn next_io_as(&mut self, phase: Phase, op: Op) -> Option<(Op, u64, u32)> {
+        let nlb = match phase {
+            Phase::Main => self.pick_nlb(),
+            _ => self.chunk_blocks(),
         };
         let nlb = nlb.min(self.nblocks as u32);
         let tries = if self.job.verify { 8 } else { 1 };

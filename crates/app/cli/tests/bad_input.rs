@@ -354,3 +354,32 @@ fn help_texts_only_name_flags_that_exist() {
         }
     }
 }
+
+#[test]
+fn bad_replica_lists_are_refused_before_connecting() {
+    // Each is refused with the value and the fix, before any connection
+    // (the addresses point nowhere).
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["--replicas", "127.0.0.1:1"], &["127.0.0.1:1", "2 to 8"]),
+        (
+            &["--replicas", "127.0.0.1:1,127.0.0.1:1"],
+            &["127.0.0.1:1 twice", "different target"],
+        ),
+        (
+            &["--replicas", "127.0.0.1:1,127.0.0.1:2", "--replica-read", "fastest"],
+            &["\"fastest\"", "headroom or round-robin"],
+        ),
+        (&["--replica-read", "headroom"], &["needs --replicas"]),
+        (
+            &["--replicas", "127.0.0.1:1,127.0.0.1:2", "--addr", "127.0.0.1:3"],
+            &["--replicas and --addr", "name every target in --replicas"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let mut a = vec!["bench", "--runtime", "100ms"];
+        a.extend_from_slice(args);
+        let o = trellis(&a);
+        assert_refused(&o, needles);
+        assert_one_line(&o);
+    }
+}
