@@ -92,9 +92,10 @@ pub struct JobOpts {
     /// nvmet, SPDK) leaves --iodepth in force.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub credits: Option<bool>,
-    /// A replicated volume: the same namespace (--nqn, --nsid) on two or more
-    /// targets, comma-separated HOST:PORT (instead of --addr). Writes go to
-    /// every replica and complete when all have; each read goes to one.
+    /// A replicated volume: the same namespace (--nsid) on two or more
+    /// targets, comma-separated HOST:PORT[/NQN] (instead of --addr; NQN
+    /// defaults to --nqn). Writes go to every replica and complete when all
+    /// have; each read goes to one.
     #[arg(long)]
     pub replicas: Option<String>,
     /// Which replica serves a read: headroom (default; the replica whose
@@ -208,7 +209,8 @@ pub struct JobSpec {
     pub seed: u64,
     /// Honour the target's I/O credits (`--credits`).
     pub credits: bool,
-    /// Replica addresses (`--replicas`); empty: one target at `addr`.
+    /// Replicas (`--replicas`) as given, HOST:PORT[/NQN]; empty: one target
+    /// at `addr`. See [`replica_target`].
     pub replicas: Vec<String>,
     pub replica_read: ReplicaRead,
 }
@@ -232,6 +234,11 @@ impl ReplicaRead {
             ReplicaRead::Headroom => "headroom",
         }
     }
+}
+
+/// (address, subsystem NQN) of a replica given as HOST:PORT[/NQN].
+pub fn replica_target<'a>(replica: &'a str, default_nqn: &'a str) -> (&'a str, &'a str) {
+    replica.split_once('/').unwrap_or((replica, default_nqn))
 }
 
 /// Most replicas of one volume.
@@ -390,7 +397,7 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         verify,
         addr: replicas
             .first()
-            .cloned()
+            .map(|r| r.split_once('/').map_or(r.as_str(), |(a, _)| a).to_string())
             .or_else(|| o.addr.clone())
             .unwrap_or_else(|| DEFAULT_ADDR.into()),
         nqn: o.nqn.clone().unwrap_or_else(|| DEFAULT_NQN.into()),
@@ -413,7 +420,7 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
 fn parse_replicas(o: &JobOpts) -> Result<(Vec<String>, ReplicaRead)> {
     let Some(list) = o.replicas.as_deref() else {
         if let Some(r) = &o.replica_read {
-            bail!("--replica-read {r:?} needs --replicas HOST:PORT,HOST:PORT");
+            bail!("--replica-read {r:?} needs --replicas HOST:PORT[/NQN],HOST:PORT[/NQN]");
         }
         return Ok((Vec::new(), ReplicaRead::RoundRobin));
     };
@@ -422,7 +429,15 @@ fn parse_replicas(o: &JobOpts) -> Result<(Vec<String>, ReplicaRead)> {
     }
     let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).collect();
     if addrs.len() < 2 || addrs.len() > MAX_REPLICAS || addrs.iter().any(String::is_empty) {
-        bail!("--replicas {list:?}: give 2 to {MAX_REPLICAS} comma-separated HOST:PORT addresses");
+        bail!(
+            "--replicas {list:?}: give 2 to {MAX_REPLICAS} comma-separated HOST:PORT[/NQN] targets"
+        );
+    }
+    if let Some(a) = addrs
+        .iter()
+        .find(|a| a.ends_with('/') || a.starts_with('/'))
+    {
+        bail!("--replicas {list:?}: {a:?} is not HOST:PORT or HOST:PORT/NQN");
     }
     for (i, a) in addrs.iter().enumerate() {
         if addrs[..i].contains(a) {

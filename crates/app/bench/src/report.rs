@@ -97,6 +97,8 @@ pub struct ReplicaReport {
     pub addr: String,
     /// Reads sent to it (every phase, measured or not).
     pub reads: u64,
+    /// The latest I/O credits it granted this tenant (None: it sent none).
+    pub io_credits_last: Option<u32>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -179,6 +181,9 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         for (a, n) in acc.replica_reads.iter_mut().zip(&r.replica_reads) {
             *a += n;
         }
+        if !r.replica_credits_last.is_empty() {
+            acc.replica_credits_last = r.replica_credits_last;
+        }
     }
     let secs = measured;
     let mut all = acc.read_hist.clone();
@@ -222,10 +227,11 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         replicas: job
             .replicas
             .iter()
-            .zip(acc.replica_reads.iter().chain(std::iter::repeat(&0)))
-            .map(|(addr, &reads)| ReplicaReport {
+            .enumerate()
+            .map(|(i, addr)| ReplicaReport {
                 addr: addr.clone(),
-                reads,
+                reads: acc.replica_reads.get(i).copied().unwrap_or(0),
+                io_credits_last: acc.replica_credits_last.get(i).copied().flatten(),
             })
             .collect(),
     }

@@ -50,13 +50,23 @@ fn keys(j: &JobSpec) -> Vec<CtrlKey> {
     if j.replicas.is_empty() {
         return vec![key_at(j, &j.addr)];
     }
-    j.replicas.iter().map(|a| key_at(j, a)).collect()
+    j.replicas
+        .iter()
+        .map(|r| {
+            let (addr, nqn) = crate::job::replica_target(r, &j.nqn);
+            key_for(j, addr, nqn)
+        })
+        .collect()
 }
 
 fn key_at(j: &JobSpec, addr: &str) -> CtrlKey {
+    key_for(j, addr, &j.nqn)
+}
+
+fn key_for(j: &JobSpec, addr: &str, nqn: &str) -> CtrlKey {
     (
         addr.to_string(),
-        j.nqn.clone(),
+        nqn.to_string(),
         j.hostnqn.clone(),
         j.header_digest,
         j.data_digest,

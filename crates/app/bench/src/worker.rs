@@ -26,6 +26,9 @@ const BUSY: u32 = 1 << 31;
 const UNKNOWN: u32 = BUSY - 1;
 /// Keep this many verify failures with full detail; count the rest.
 const MAX_FAILURE_SAMPLES: usize = 16;
+/// Time without a completion before the worker yields its CPU: ten times a
+/// loopback round trip to a fast target, far below a scheduler time slice.
+const IDLE_BEFORE_YIELD: Duration = Duration::from_micros(200);
 /// Latency histogram range: 100 ns .. 60 s, 3 significant digits.
 const HIST_MAX_NS: u64 = 60_000_000_000;
 
@@ -93,6 +96,8 @@ pub struct WorkerResult {
     pub io_credits_last: Option<u32>,
     /// Reads sent to each replica (one entry without replicas).
     pub replica_reads: Vec<u64>,
+    /// The latest I/O credits each replica granted (None: it sent none).
+    pub replica_credits_last: Vec<Option<u32>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -175,6 +180,12 @@ pub fn run(plan: WorkerPlan) -> WorkerResult {
             break;
         }
     }
+    let per_replica = w.groups.len().max(1);
+    w.res.replica_credits_last = w
+        .queues
+        .chunks(per_replica)
+        .map(|qs| qs.iter().rev().find_map(|qc| qc.q.engine().io_credits()))
+        .collect();
     for qc in &w.queues {
         w.res.polls += qc.q.stats.polls;
         w.res.idle_polls += qc.q.stats.idle_polls;
@@ -208,6 +219,7 @@ pub fn empty_result() -> WorkerResult {
         io_credits_min: None,
         io_credits_last: None,
         replica_reads: Vec::new(),
+        replica_credits_last: Vec::new(),
     }
 }
 
@@ -323,6 +335,7 @@ impl Worker {
         end: Instant,
         measure_start: &mut Instant,
     ) -> Result<(), String> {
+        let mut idle_since: Option<Instant> = None;
         loop {
             let now = Instant::now();
             if phase == Phase::Main && !self.measuring && now >= measure_from {
@@ -348,6 +361,21 @@ impl Worker {
             }
             if done > 0 && self.measuring {
                 self.progress.fetch_add(done, Ordering::Relaxed);
+            }
+            // Idle backoff: a worker sharing its CPU (tenants pinned
+            // together, as bench/fairness.sh does) would otherwise spin
+            // through its whole time slice while the other's completions
+            // wait, and both would measure the scheduler's slices as I/O
+            // latency. Only after a while without a completion, so a fast
+            // target (tens of µs per round trip) never pays for the yield.
+            match (done, idle_since) {
+                (0, None) => idle_since = Some(now),
+                (0, Some(t)) if now.saturating_duration_since(t) >= IDLE_BEFORE_YIELD => {
+                    idle_since = None;
+                    std::thread::yield_now();
+                }
+                (0, Some(_)) => {}
+                _ => idle_since = None,
             }
             if !issuing && inflight == 0 {
                 return Ok(());
@@ -569,7 +597,7 @@ impl Worker {
     /// The queue (of group `g`) a read goes to, None when no replica may take
     /// one now. Round-robin: the next replica in turn that may. Headroom: the
     /// replica with the most room under its credits (its per-queue credit
-    /// limit, or the depth without credits, minus the commands in flight
+    /// limit, or the depth when it sends none, minus the commands in flight
     /// there), ties to the fewest in flight, then the next in turn.
     fn pick_replica(&mut self, g: usize) -> Option<usize> {
         let n = self.groups.len();
@@ -586,7 +614,10 @@ impl Worker {
                 best = Some((0, 0, qi));
                 break;
             }
-            let limit = e.credit_limit().map_or(qc.depth, |c| c.min(qc.depth));
+            // Credits uncapped by the depth: they carry the target's view
+            // (fewer slots per tenant on a shared drive) even when both
+            // replicas grant more than this queue ever sends.
+            let limit = e.credit_limit().unwrap_or(qc.depth);
             let room = limit as i64 - qc.inflight as i64;
             if best.is_none_or(|(r, f, _)| room > r || (room == r && qc.inflight < f)) {
                 best = Some((room, qc.inflight, qi));

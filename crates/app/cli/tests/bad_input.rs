@@ -366,12 +366,22 @@ fn bad_replica_lists_are_refused_before_connecting() {
             &["127.0.0.1:1 twice", "different target"],
         ),
         (
-            &["--replicas", "127.0.0.1:1,127.0.0.1:2", "--replica-read", "fastest"],
+            &[
+                "--replicas",
+                "127.0.0.1:1,127.0.0.1:2",
+                "--replica-read",
+                "fastest",
+            ],
             &["\"fastest\"", "headroom or round-robin"],
         ),
         (&["--replica-read", "headroom"], &["needs --replicas"]),
         (
-            &["--replicas", "127.0.0.1:1,127.0.0.1:2", "--addr", "127.0.0.1:3"],
+            &[
+                "--replicas",
+                "127.0.0.1:1,127.0.0.1:2",
+                "--addr",
+                "127.0.0.1:3",
+            ],
             &["--replicas and --addr", "name every target in --replicas"],
         ),
     ];
