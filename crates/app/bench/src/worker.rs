@@ -16,8 +16,9 @@ use trellis_host::engine::rw_sqe;
 use trellis_host::{Completion, Queue, Xfer};
 use trellis_nvme::sqe::io;
 
-use crate::job::{JobSpec, ReplicaRead};
+use crate::job::{JobSpec, ReplicaRead, MAX_REPLICAS};
 use crate::verify::{check_block, fill_block, VerifyFailure};
+use trellis_host::replica::{ReadPolicy, ReplicaChooser, ReplicaState};
 
 /// Verification state per block: generation, with the top bit marking a
 /// block that has an I/O in flight (no overlapping I/O while verifying).
@@ -151,8 +152,8 @@ struct Group {
     depth: u32,
     /// I/Os in flight (a replicated write counts once).
     inflight: u32,
-    /// Next replica in turn (round-robin, and the tie-break of headroom).
-    turn: usize,
+    /// Picks the replica of each read (round-robin or headroom).
+    chooser: ReplicaChooser,
     /// An operation drawn while no replica could take it.
     next_op: Option<Op>,
 }
@@ -262,7 +263,10 @@ impl Worker {
             .map(|qc| Group {
                 depth: qc.depth,
                 inflight: 0,
-                turn: 0,
+                chooser: ReplicaChooser::new(match job.replica_read {
+                    ReplicaRead::RoundRobin => ReadPolicy::RoundRobin,
+                    ReplicaRead::Headroom => ReadPolicy::Headroom,
+                }),
                 next_op: None,
             })
             .collect();
@@ -595,37 +599,28 @@ impl Worker {
     }
 
     /// The queue (of group `g`) a read goes to, None when no replica may take
-    /// one now. Round-robin: the next replica in turn that may. Headroom: the
-    /// replica with the most room under its credits (its per-queue credit
-    /// limit, or the depth when it sends none, minus the commands in flight
-    /// there), ties to the fewest in flight, then the next in turn.
+    /// one now: the group's `ReplicaChooser` (trellis_host::replica) decides
+    /// from each replica's credits, depth and commands in flight.
     fn pick_replica(&mut self, g: usize) -> Option<usize> {
         let n = self.groups.len();
-        let turn = self.groups[g].turn;
-        let mut best: Option<(i64, u32, usize)> = None;
-        for k in 0..self.replicas {
-            let qi = ((turn + k) % self.replicas) * n + g;
-            let qc = &self.queues[qi];
+        let mut states = [ReplicaState {
+            may_submit: false,
+            credit_limit: None,
+            depth: 0,
+            inflight: 0,
+        }; MAX_REPLICAS];
+        for (r, s) in states.iter_mut().enumerate().take(self.replicas) {
+            let qc = &self.queues[r * n + g];
             let e = qc.q.engine();
-            if !e.may_submit() {
-                continue;
-            }
-            if self.job.replica_read == ReplicaRead::RoundRobin {
-                best = Some((0, 0, qi));
-                break;
-            }
-            // Credits uncapped by the depth: they carry the target's view
-            // (fewer slots per tenant on a shared drive) even when both
-            // replicas grant more than this queue ever sends.
-            let limit = e.credit_limit().unwrap_or(qc.depth);
-            let room = limit as i64 - qc.inflight as i64;
-            if best.is_none_or(|(r, f, _)| room > r || (room == r && qc.inflight < f)) {
-                best = Some((room, qc.inflight, qi));
-            }
+            *s = ReplicaState {
+                may_submit: e.may_submit(),
+                credit_limit: e.credit_limit(),
+                depth: qc.depth,
+                inflight: qc.inflight,
+            };
         }
-        let qi = best?.2;
-        self.groups[g].turn = (qi / n + 1) % self.replicas;
-        Some(qi)
+        let r = self.groups[g].chooser.choose(&states[..self.replicas])?;
+        Some(r * n + g)
     }
 
     fn issue(&mut self, qi: usize, io: Io) -> Result<(), String> {

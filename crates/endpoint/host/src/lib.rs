@@ -5,6 +5,8 @@
 //!   thread that owns it (one gathered `sendmsg` and one `recv` per poll).
 //! - [`ctrl`]: admin queue, controller enable/identify, I/O queue creation,
 //!   Keep Alive, discovery.
+//! - [`replica`]: which replica of a replicated volume serves a read (round-robin,
+//!   or Gimbal's credit headroom).
 //!
 //! Every encode and decode goes through `trellis-nvme`, the same crate the
 //! target uses. See `docs/host.md` for the design and API walk-through.
@@ -16,6 +18,7 @@ pub mod ctrl;
 pub mod engine;
 pub mod error;
 pub mod queue;
+pub mod replica;
 
 pub use ctrl::{discover, Controller, HostConfig};
 pub use engine::{Completion, Engine, EngineConfig, Xfer};

@@ -1,0 +1,144 @@
+//! Replica choice for a replicated volume: which replica serves the next read.
+//!
+//! Sans-IO and allocation-free: the caller describes each replica's state
+//! now (may it take a command, its credit limit, its commands in flight) and
+//! gets an index back. The same code serves `trellis bench --replicas` and any
+//! program built on this crate.
+//!
+//! Policies (docs/gimbal.md §1.f):
+//! - [`ReadPolicy::Headroom`], Gimbal's replica balancer: the replica whose
+//!   credits leave the most room (credit limit minus commands in flight; a
+//!   replica that sends no credits stands in with the queue depth), ties to
+//!   the fewest in flight, then the next in turn. The paper reads "the copy
+//!   whose remote SSD has the least load … rely on the number of allocated
+//!   credits"; the tie-break is ours.
+//! - [`ReadPolicy::RoundRobin`]: the next replica in turn that may take one.
+
+/// How a read picks its replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPolicy {
+    RoundRobin,
+    Headroom,
+}
+
+/// One replica's state as the chooser sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaState {
+    /// The replica may take a command now (credits, queue space).
+    pub may_submit: bool,
+    /// The credit limit of this queue at the replica (`Engine::credit_limit`),
+    /// None when the replica sends no credits.
+    pub credit_limit: Option<u32>,
+    /// Queue depth: the limit standing in when there are no credits.
+    pub depth: u32,
+    /// Commands in flight on this queue at the replica.
+    pub inflight: u32,
+}
+
+impl ReplicaState {
+    /// Credits (or depth) minus commands in flight; negative when over.
+    /// Credits are not capped by the depth: they carry the target's view
+    /// (fewer slots per tenant on a shared drive) even when every replica
+    /// grants more than this queue ever sends.
+    pub fn room(&self) -> i64 {
+        self.credit_limit.unwrap_or(self.depth) as i64 - self.inflight as i64
+    }
+}
+
+/// Picks replicas in turn or by headroom; remembers whose turn is next.
+#[derive(Clone, Debug)]
+pub struct ReplicaChooser {
+    policy: ReadPolicy,
+    turn: usize,
+}
+
+impl ReplicaChooser {
+    pub fn new(policy: ReadPolicy) -> Self {
+        ReplicaChooser { policy, turn: 0 }
+    }
+
+    pub fn policy(&self) -> ReadPolicy {
+        self.policy
+    }
+
+    /// The replica for the next read, None when none may take one now. The
+    /// turn moves past the chosen replica, so ties rotate.
+    pub fn choose(&mut self, replicas: &[ReplicaState]) -> Option<usize> {
+        let n = replicas.len();
+        let mut best: Option<(i64, u32, usize)> = None;
+        for k in 0..n {
+            let i = (self.turn + k) % n;
+            let r = &replicas[i];
+            if !r.may_submit {
+                continue;
+            }
+            if self.policy == ReadPolicy::RoundRobin {
+                best = Some((0, 0, i));
+                break;
+            }
+            let room = r.room();
+            if best.is_none_or(|(b, f, _)| room > b || (room == b && r.inflight < f)) {
+                best = Some((room, r.inflight, i));
+            }
+        }
+        let i = best?.2;
+        self.turn = (i + 1) % n;
+        Some(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(may: bool, credits: Option<u32>, inflight: u32) -> ReplicaState {
+        ReplicaState {
+            may_submit: may,
+            credit_limit: credits,
+            depth: 32,
+            inflight,
+        }
+    }
+
+    #[test]
+    fn headroom_takes_the_replica_with_the_most_credits_left() {
+        // Gimbal grants 165 credits to a tenant alone on a drive and 77 when a
+        // second tenant is active: the shared drive loses even with fewer in
+        // flight, and the depth (32) does not cap the view.
+        let mut c = ReplicaChooser::new(ReadPolicy::Headroom);
+        let r = [st(true, Some(165), 30), st(true, Some(77), 0)];
+        assert_eq!(c.choose(&r), Some(0));
+        // Without credits the depth stands in: fewest in flight wins.
+        let r = [st(true, None, 5), st(true, None, 3)];
+        assert_eq!(c.choose(&r), Some(1));
+        // A replica that may not take one is never chosen.
+        let r = [st(false, Some(165), 0), st(true, Some(10), 9)];
+        assert_eq!(c.choose(&r), Some(1));
+        let r = [st(false, Some(165), 0), st(false, Some(10), 9)];
+        assert_eq!(c.choose(&r), None);
+    }
+
+    #[test]
+    fn headroom_ties_go_to_fewer_in_flight_then_rotate() {
+        let mut c = ReplicaChooser::new(ReadPolicy::Headroom);
+        // Same room (credits − in flight), fewer in flight wins.
+        let r = [st(true, Some(20), 10), st(true, Some(12), 2)];
+        assert_eq!(c.choose(&r), Some(1));
+        // Full ties rotate: 0, 1, 0, 1 ...
+        let r = [st(true, Some(8), 0); 2];
+        let mut c = ReplicaChooser::new(ReadPolicy::Headroom);
+        let picks: Vec<_> = (0..4).map(|_| c.choose(&r).unwrap()).collect();
+        assert_eq!(picks, [0, 1, 0, 1]);
+    }
+
+    #[test]
+    fn round_robin_alternates_and_skips_a_replica_that_may_not_take_one() {
+        let mut c = ReplicaChooser::new(ReadPolicy::RoundRobin);
+        let all = [st(true, Some(1), 99); 3];
+        let picks: Vec<_> = (0..6).map(|_| c.choose(&all).unwrap()).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2], "in turn, whatever the room");
+        let r = [st(true, None, 0), st(false, None, 0), st(true, None, 0)];
+        let picks: Vec<_> = (0..4).map(|_| c.choose(&r).unwrap()).collect();
+        assert_eq!(picks, [0, 2, 0, 2]);
+    }
+}
