@@ -727,6 +727,7 @@ impl Ssd {
 
     /// Check FTL invariants (used by tests; O(capacity)).
     pub fn check_invariants(&self) {
+        self.check_write_buffer();
         if self.p.static_map {
             return;
         }
@@ -760,6 +761,36 @@ impl Ssd {
             .filter(|l| l.state == LineState::Victim)
             .count();
         assert!(victims <= 1, "{victims} victims");
+    }
+}
+
+impl Ssd {
+    /// Write-buffer accounting: every byte held is in the open flash page, in a
+    /// started program not yet released, or in a deferred program; nothing is
+    /// deferred without read priority; the count of deferred programs matches.
+    fn check_write_buffer(&self) {
+        let started: u64 = self.wbuf_pending.iter().map(|r| r.0 .1 as u64).sum();
+        let deferred: u64 = self
+            .lun_deferred
+            .iter()
+            .flatten()
+            .map(|d| d.release_bytes as u64)
+            .sum();
+        assert_eq!(
+            self.wbuf_used_bytes,
+            self.wbuf_open_bytes + started + deferred,
+            "write buffer bytes: held vs open + programming + deferred"
+        );
+        let n: usize = self.lun_deferred.iter().map(|q| q.len()).sum();
+        assert_eq!(n, self.deferred_programs as usize, "deferred program count");
+        assert!(
+            self.p.read_priority || n == 0,
+            "deferred without read priority"
+        );
+        assert!(
+            self.wbuf_open_bytes < self.p.flash_page_bytes as u64,
+            "open flash page holds a whole page"
+        );
     }
 }
 
