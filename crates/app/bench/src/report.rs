@@ -313,6 +313,18 @@ pub fn human_table(r: &RunReport) -> String {
         "bench CPU: {:.2} s user + {:.2} s sys\n",
         r.bench_cpu.user_s, r.bench_cpu.sys_s
     ));
+    for j in r.jobs.iter().filter(|j| j.credits) {
+        s.push_str(&match (j.io_credits_min, j.io_credits_last) {
+            (Some(min), Some(last)) => format!(
+                "{}: I/O credits from the target: last {last}, lowest {min}; polls that found them used up: {}\n",
+                j.name, j.credit_busy
+            ),
+            _ => format!(
+                "{}: the target sent no I/O credits (no Gimbal on it): --iodepth applied\n",
+                j.name
+            ),
+        });
+    }
     for j in r.jobs.iter().filter(|j| !j.replicas.is_empty()) {
         let served: Vec<String> = j
             .replicas

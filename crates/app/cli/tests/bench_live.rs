@@ -258,9 +258,13 @@ fn with_credits_the_bench_keeps_to_the_targets_io_credits() {
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        v["jobs"][0].clone()
+        (v["jobs"][0].clone(), stdout(&o))
     };
-    let j = run(&["--credits"]);
+    let (j, out) = run(&["--credits"]);
+    assert!(
+        out.contains("I/O credits from the target: last 16, lowest 16"),
+        "{out}"
+    );
     assert_eq!(j["credits"], true);
     assert_eq!(j["io_credits_last"], 16, "{j}");
     assert!(
@@ -269,7 +273,8 @@ fn with_credits_the_bench_keeps_to_the_targets_io_credits() {
     );
     assert!(j["ios"].as_u64().unwrap() > 0);
     // Without --credits nothing is asked: no credit seen, never held back.
-    let j = run(&[]);
+    let (j, out) = run(&[]);
+    assert!(!out.contains("I/O credits"), "{out}");
     assert_eq!(j["credits"], false);
     assert!(j["io_credits_last"].is_null(), "{j}");
     assert_eq!(j["credit_busy"], 0);
