@@ -102,10 +102,15 @@ def wait_port(port, proc):
 class Target:
     """One `trellis target` process (one mode, fresh device state)."""
 
-    def __init__(self, a, mode, tenants, work, tag):
+    def __init__(self, a, mode, tenants, work, tag, write_config=None):
+        """`write_config(path)` replaces the one-namespace configuration
+        (bench/replicas.py serves two subsystems)."""
         self.log = os.path.join(a.out, f"target-{tag}.log")
         cfg = os.path.join(work, f"target-{tag}.toml")
-        target_config(cfg, a.port, mode, a.time_scale, tenants, os.path.join(work, "state"))
+        if write_config:
+            write_config(cfg)
+        else:
+            target_config(cfg, a.port, mode, a.time_scale, tenants, os.path.join(work, "state"))
         self.proc = subprocess.Popen(
             [a.bin, "target", "-c", cfg, "--log", "info"],
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT)

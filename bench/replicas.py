@@ -49,34 +49,26 @@ def resolve(jobs, addr, mode):
     return out
 
 
-class Targets:
+class Targets(fx.Target):
     """One `trellis target` serving subsystems A and B, one emulated drive each."""
 
     def __init__(self, a, tenants, work):
-        self.log = os.path.join(a.out, "target.log")
-        cfg = os.path.join(work, "target.toml")
-        with open(cfg, "w") as f:
-            f.write(f'[target]\nreactors = 1\ncpus = [1]\nstate_dir = "{work}/state"\n\n')
-            f.write(f'[[listener]]\naddr = "127.0.0.1:{a.port}"\n\n')
-            for name in ("A", "B"):
-                f.write(f'[[subsystem]]\nnqn = "{nqn(name)}"\n\n')
-                f.write('[[subsystem.namespace]]\nbackend = "emulated"\n')
-                f.write(f'size = "{fx.NS_SIZE}"\nprofile = "{fx.PROFILE}"\nprecondition = "clean"\n')
-                f.write(f'time_scale = {a.time_scale}\nqos = "gimbal"\n\n')
-            for name, w in tenants:
-                f.write(f'[[tenant]]\nhost = "{fx.HOST_PREFIX}{name}"\nname = "{name}"\nweight = {w}\n\n')
-        self.proc = subprocess.Popen([a.bin, "target", "-c", cfg, "--log", "info"],
-                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        if not fx.wait_port(a.port, self.proc):
-            self.proc.kill()
-            sys.exit(f"replicas: the target did not start; see {self.log}")
+        def config(path):
+            with open(path, "w") as f:
+                f.write(f'[target]\nreactors = 1\ncpus = [1]\nstate_dir = "{work}/state"\n\n')
+                f.write(f'[[listener]]\naddr = "127.0.0.1:{a.port}"\n\n')
+                for name in ("A", "B"):
+                    f.write(f'[[subsystem]]\nnqn = "{nqn(name)}"\n\n')
+                    f.write('[[subsystem.namespace]]\nbackend = "emulated"\n')
+                    f.write(f'size = "{fx.NS_SIZE}"\nprofile = "{fx.PROFILE}"\nprecondition = "clean"\n')
+                    f.write(f'time_scale = {a.time_scale}\nqos = "gimbal"\n\n')
+                for name, w in tenants:
+                    f.write(f'[[tenant]]\nhost = "{fx.HOST_PREFIX}{name}"\nname = "{name}"\nweight = {w}\n\n')
+        super().__init__(a, "gimbal", tenants, work, "replicas", write_config=config)
 
     def stop(self):
-        self.proc.send_signal(2)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        """Both drives' lateness lines (the base class reads the first)."""
+        super().stop()
         return [l for l in open(self.log, errors="replace") if "lateness vs model time" in l]
 
 
