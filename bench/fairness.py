@@ -140,11 +140,14 @@ def lateness(log):
     return None
 
 
-def bench(a, jobs, work, tag):
+def bench(a, jobs, work, tag, own_targets=False):
+    """Runs `jobs` together; with `own_targets` the jobs name their targets
+    (addr/nqn or replicas) and the runner's --addr/--nqn are not added."""
     jf = os.path.join(work, f"jobs-{tag}.toml")
     out = os.path.join(a.out, f"bench-{tag}.json")
     job_file(jobs, jf)
-    cmd = [a.bin, "bench", "--jobs", jf, "--addr", f"127.0.0.1:{a.port}", "--nqn", NQN,
+    target = [] if own_targets else ["--addr", f"127.0.0.1:{a.port}", "--nqn", NQN]
+    cmd = [a.bin, "bench", "--jobs", jf, *target,
            "--runtime", f"{a.runtime}s", "--ramp_time", "1s", "--no_progress",
            "--cpus", "0", "--json", out, "--log", "warn"]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -17,13 +17,12 @@ tail latency a further 18.8 % on top of the rate limiter; the acceptance asks
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import tomllib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import fairness as fx  # noqa: E402  (Target, job_file, runner_args: the same runner)
+import fairness as fx  # noqa: E402  (Target, bench, runner_args: the same runner)
 
 P999_CUT_MIN = 0.15
 PAPER = "Gimbal: the replica balancer cuts tail latency a further 18.8 % (on top of credits)"
@@ -72,22 +71,6 @@ class Targets(fx.Target):
         return [l for l in open(self.log, errors="replace") if "lateness vs model time" in l]
 
 
-def bench(a, jobs, work, tag):
-    jf = os.path.join(work, f"jobs-{tag}.toml")
-    out = os.path.join(a.out, f"bench-{tag}.json")
-    fx.job_file(jobs, jf)
-    cmd = [a.bin, "bench", "--jobs", jf, "--runtime", f"{a.runtime}s", "--ramp_time", "1s",
-           "--no_progress", "--cpus", "0", "--json", out, "--log", "warn"]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if not os.path.exists(out):
-        sys.exit(f"replicas: bench {tag} failed ({r.returncode}) without results:\n{r.stdout[-2000:]}")
-    res = {j["name"]: j for j in json.load(open(out))["jobs"]}
-    if r.returncode != 0:
-        errs = "; ".join(f"{n}: {j.get('first_error')}" for n, j in res.items() if j["errors"])
-        print(f"replicas: bench {tag}: I/O errors: {errs}", flush=True)
-    return res
-
-
 def summary(rs):
     app = [r["app"] for r in rs]
     reads = [[x["reads"] for x in j["replicas"]] for j in app]
@@ -117,7 +100,7 @@ def main():
             for r in range(a.reps):
                 order = MODES if r % 2 == 0 else MODES[::-1]
                 for m in order:
-                    runs[m].append(bench(a, resolve(jobs, addr, m), work, f"{m}-{r}"))
+                    runs[m].append(fx.bench(a, resolve(jobs, addr, m), work, f"{m}-{r}", own_targets=True))
         finally:
             late = t.stop()
     doc = {"profile": fx.PROFILE, "time_scale": a.time_scale, "runtime_s": a.runtime,
