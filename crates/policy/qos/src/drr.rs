@@ -125,11 +125,7 @@ impl Drr {
 
     /// `max(1, ⌊S × w / W_active⌋)`, at most S; S when no tenant is active [G], [R] weights.
     fn slot_limit(&self, weight: u32) -> i32 {
-        let s = self.slots_per_ssd as u64;
-        if self.w_active == 0 {
-            return s as i32;
-        }
-        (s * weight as u64 / self.w_active).clamp(1, s) as i32
+        slot_limit_of(self.slots_per_ssd, weight, self.w_active)
     }
 
     fn count(&mut self, tenant: u16, on: bool) {
@@ -311,11 +307,23 @@ impl Drr {
         }
     }
 
-    /// I/O credits of `tenant`, in I/Os: min(65535, slot limit × I/Os per slot) [G] (§1.e).
-    /// None for a tenant id outside the table.
+    /// I/O credits of `tenant`, in I/Os: min(65535, slot limit × I/Os per slot) [G] (§1.e),
+    /// with the slot limit of the tenant *as an active tenant*. None for an id outside
+    /// the table.
+    ///
+    /// [R] Departure from [G], whose credit is read after the slot release: when that
+    /// release was the tenant's last I/O, the tenant is no longer counted in W_active,
+    /// so the credit is the allowance of a drive it does not share. A host with little
+    /// in flight then sees its credit flip with its own activity (77 while it had reads
+    /// in flight at a shared drive, 165 whenever its last one completed, in the replica
+    /// run of docs/bench.md), and a replica balancer keeps returning to the busy
+    /// replica. The credit is an allowance for I/Os the host will have in flight, and
+    /// while it has them it is counted, so we count it here too.
     pub fn io_credits(&self, tenant: u16) -> Option<u32> {
         let t = self.tenants.get(tenant as usize)?;
-        Some((self.slot_limit(t.weight) as u32 * t.io_credits_per_vslot).min(65535))
+        let w_active = self.w_active + if t.counted { 0 } else { t.weight as u64 };
+        let limit = slot_limit_of(self.slots_per_ssd, t.weight, w_active) as u32;
+        Some((limit * t.io_credits_per_vslot).min(65535))
     }
 
     /// (queued, in flight, weight) of `tenant`, or None outside the table.
@@ -323,6 +331,15 @@ impl Drr {
         let t = self.tenants.get(tenant as usize)?;
         Some((t.queue.len(), t.io_processing, t.weight))
     }
+}
+
+/// `max(1, ⌊S × w / W_active⌋)`, at most S; S when no tenant is active.
+fn slot_limit_of(slots_per_ssd: u32, weight: u32, w_active: u64) -> i32 {
+    let s = slots_per_ssd as u64;
+    if w_active == 0 {
+        return s as i32;
+    }
+    (s * weight as u64 / w_active).clamp(1, s) as i32
 }
 
 /// An unused slot entry: one more entry than slots in use, so one always exists.

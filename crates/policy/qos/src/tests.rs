@@ -235,6 +235,38 @@ fn credits_follow_slot_sizes() {
 }
 
 #[test]
+fn a_tenants_credit_does_not_jump_when_its_last_io_completes() {
+    // Tenant 1 keeps the drive busy; tenant 0 has one read. While it is in flight
+    // N_active = 2 (vqmaxqd 4, credit 4 × 32); when it completes, tenant 0 is idle and
+    // no longer counted, but its credit stays the allowance of an active tenant: the
+    // credit it will hold when it sends again (docs/gimbal.md §1.e, departure [R]).
+    let mut drr = drr4();
+    for _ in 0..100 {
+        drr.enqueue(1, req(IoDir::Read, 4096)).unwrap();
+    }
+    drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+    let mut mine = None;
+    while mine.is_none() {
+        let (t, _, s) = drr.dequeue(1024).unwrap();
+        if t == 0 {
+            mine = Some(s);
+        }
+    }
+    assert_eq!(drr.n_active(), 2);
+    let while_active = drr.io_credits(0).unwrap();
+    assert_eq!(while_active, 4 * 32);
+    drr.release(0, mine.unwrap());
+    assert_eq!(
+        drr.n_active(),
+        1,
+        "tenant 0 went idle with its last completion"
+    );
+    assert_eq!(drr.io_credits(0), Some(while_active));
+    // A tenant idle from the start is offered the share it would get on arrival.
+    assert_eq!(drr.io_credits(2), Some(4 * 32));
+}
+
+#[test]
 fn token_split_and_overflow_examples() {
     // Ex 1.d-1: 100,000 B at wc = 4.0 → 80,000 read / 20,000 write.
     let mut b = DualTokenBucket::new(262_144, 0);
