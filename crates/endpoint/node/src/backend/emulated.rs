@@ -41,8 +41,9 @@ pub const PRECONDITION_SEED: u64 = 1;
 /// Pending completions each queue pre-allocates room for. Past it the heap
 /// grows (a rare doubling, logged once), never per I/O.
 pub const QUEUE_PREALLOC: usize = 4096;
-/// Above this lateness p99 the target CPU, not the drive, set the pace: the
-/// issue's bound for a target that is not CPU-bound (20 µs).
+/// Above this lateness p99 the shutdown log warns: completions did not follow
+/// the model closely (the bound for a target that is not CPU-bound, 20 µs).
+/// The warning names the two causes, told apart by the reactor's busy %.
 pub const CPU_BOUND_LATENESS_P99_NS: u64 = 20_000;
 /// Highest lateness the histograms track (larger values are clamped).
 const LATENESS_MAX_NS: u64 = 60_000_000_000;
@@ -177,7 +178,7 @@ impl Drop for Drive {
         );
         if l.p99_us * 1000.0 > CPU_BOUND_LATENESS_P99_NS as f64 {
             tracing::warn!(
-                "emulated {}: completions ran late (lateness p99 {:.1} µs > {} µs): the target's reactor was busy when they fell due, so the target CPU, not the drive, set those times (see the reactor's busy % line); raise time_scale (now {}) or lower the load",
+                "emulated {}: completions ran late (lateness p99 {:.1} µs > {} µs): the reactor noticed them late. With the reactor's busy % (its own line) near 100 %, the target CPU, not the drive, set those times: raise time_scale (now {}) or lower the load; at a low busy % the delay is the reactor's long loops (sends) and host stalls (docs/ssd-model.md, Lateness)",
                 self.name,
                 l.p99_us,
                 CPU_BOUND_LATENESS_P99_NS / 1000,
