@@ -105,6 +105,20 @@ pub struct JobOpts {
     #[arg(long = "replica-read", alias = "replica_read")]
     #[serde(alias = "replica-read")]
     pub replica_read: Option<String>,
+    /// A multipath volume: one namespace (--nqn, --nsid) reached at two or
+    /// more addresses of the same subsystem, comma-separated HOST:PORT
+    /// (instead of --addr). Every path must report the same namespace
+    /// identity (NGUID or EUI-64). Each read and write goes to one path; when
+    /// a path fails, its commands in flight are re-sent on another and the
+    /// job goes on while one path lives.
+    #[arg(long)]
+    pub paths: Option<String>,
+    /// Which path serves each command: round-robin (default) or queue-depth
+    /// (the path with the fewest commands in flight, Linux's iopolicy of that
+    /// name).
+    #[arg(long = "path-policy", alias = "path_policy")]
+    #[serde(alias = "path-policy")]
+    pub path_policy: Option<String>,
 }
 
 fn bool_or_string<'de, D: Deserializer<'de>>(
@@ -155,7 +169,9 @@ impl JobOpts {
             seed,
             credits,
             replicas,
-            replica_read
+            replica_read,
+            paths,
+            path_policy
         );
         self
     }
@@ -213,9 +229,13 @@ pub struct JobSpec {
     /// at `addr`. See [`replica_target`].
     pub replicas: Vec<String>,
     pub replica_read: ReplicaRead,
+    /// `replicas` are paths to one namespace (`--paths`), not copies: every
+    /// command goes to one of them, and a failed path's commands move.
+    pub multipath: bool,
 }
 
-/// How a replicated volume picks the replica of a read.
+/// How a replicated volume picks the replica of a read (and a multipath
+/// volume the path of every command).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReplicaRead {
@@ -225,6 +245,9 @@ pub enum ReplicaRead {
     /// flight, then the next in turn (algorithms §1.f, Gimbal's "least load
     /// … the number of allocated credits").
     Headroom,
+    /// The fewest commands in flight, ties in turn (Linux's queue-depth
+    /// iopolicy; multipath volumes).
+    QueueDepth,
 }
 
 impl ReplicaRead {
@@ -232,6 +255,7 @@ impl ReplicaRead {
         match self {
             ReplicaRead::RoundRobin => "round-robin",
             ReplicaRead::Headroom => "headroom",
+            ReplicaRead::QueueDepth => "queue-depth",
         }
     }
 }
@@ -369,7 +393,19 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
             format!("nqn.2026-11.io.trellis:tenant:{tenant}")
         }
     });
-    let (replicas, replica_read) = parse_replicas(&o)?;
+    let (replicas, replica_read, multipath) = match o.paths.as_deref() {
+        Some(list) => {
+            let (paths, policy) = parse_paths(&o, list)?;
+            (paths, policy, true)
+        }
+        None => {
+            if let Some(p) = &o.path_policy {
+                bail!("--path-policy {p:?} needs --paths HOST:PORT,HOST:PORT");
+            }
+            let (r, read) = parse_replicas(&o)?;
+            (r, read, false)
+        }
+    };
     let class = match o.class.as_deref().unwrap_or("throughput") {
         "latency" | "L" | "l" => Class::Latency,
         "throughput" | "T" | "t" => Class::Throughput,
@@ -409,10 +445,41 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         data_digest,
         nsid: o.nsid.unwrap_or(1),
         seed: o.seed.unwrap_or(0x007e_1115),
-        credits: o.credits.unwrap_or(false) || replica_read == ReplicaRead::Headroom,
+        credits: o.credits.unwrap_or(false)
+            || (!multipath && replica_read == ReplicaRead::Headroom),
         replicas,
         replica_read,
+        multipath,
     })
+}
+
+/// `--paths` and `--path-policy`: 2 to MAX_REPLICAS distinct HOST:PORT of one
+/// subsystem (--nqn), not with --addr or --replicas.
+fn parse_paths(o: &JobOpts, list: &str) -> Result<(Vec<String>, ReplicaRead)> {
+    if o.addr.is_some() || o.replicas.is_some() {
+        bail!("--paths with --addr or --replicas: name every address of the volume in --paths");
+    }
+    if o.replica_read.is_some() {
+        bail!("--replica-read is for --replicas; a multipath volume takes --path-policy");
+    }
+    let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).collect();
+    if addrs.len() < 2 || addrs.len() > MAX_REPLICAS || addrs.iter().any(String::is_empty) {
+        bail!("--paths {list:?}: give 2 to {MAX_REPLICAS} comma-separated HOST:PORT addresses");
+    }
+    if let Some(a) = addrs.iter().find(|a| a.contains('/')) {
+        bail!("--paths {list:?}: {a:?} names a subsystem; every path reaches --nqn's, so give HOST:PORT only");
+    }
+    for (i, a) in addrs.iter().enumerate() {
+        if addrs[..i].contains(a) {
+            bail!("--paths {list:?} names {a} twice: each path is a different address");
+        }
+    }
+    let policy = match o.path_policy.as_deref().unwrap_or("round-robin") {
+        "round-robin" | "rr" => ReplicaRead::RoundRobin,
+        "queue-depth" | "qd" => ReplicaRead::QueueDepth,
+        other => bail!("--path-policy {other:?}: use round-robin or queue-depth"),
+    };
+    Ok((addrs, policy))
 }
 
 /// `--replicas` and `--replica-read`: at least two distinct addresses, and

@@ -90,6 +90,27 @@ pub struct JobReport {
     pub replica_read: Option<ReplicaRead>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaReport>,
+    /// A multipath volume (`--paths`): the policy, each path with the
+    /// commands it carried and whether it failed, and the failover counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_policy: Option<ReplicaRead>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathReport>,
+    /// Paths that failed during the run, commands re-sent on another path,
+    /// and the first failure's reason.
+    pub path_failures: u64,
+    pub path_retries: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_path_error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PathReport {
+    pub addr: String,
+    /// Commands first sent on it (every phase; re-sent ones count again).
+    pub ios: u64,
+    /// It failed during the run (a worker saw its queue fail).
+    pub failed: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -176,6 +197,12 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
             (a, b) => a.or(b),
         };
         acc.io_credits_last = r.io_credits_last.or(acc.io_credits_last);
+        acc.path_failures += r.path_failures;
+        acc.path_retries += r.path_retries;
+        if acc.first_path_error.is_none() {
+            acc.first_path_error = r.first_path_error;
+        }
+        acc.failed_paths.extend(r.failed_paths);
         acc.replica_reads
             .resize(acc.replica_reads.len().max(r.replica_reads.len()), 0);
         for (a, n) in acc.replica_reads.iter_mut().zip(&r.replica_reads) {
@@ -223,17 +250,37 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         credit_busy: acc.credit_busy,
         io_credits_min: acc.io_credits_min,
         io_credits_last: acc.io_credits_last,
-        replica_read: (!job.replicas.is_empty()).then_some(job.replica_read),
-        replicas: job
-            .replicas
-            .iter()
-            .enumerate()
-            .map(|(i, addr)| ReplicaReport {
-                addr: addr.clone(),
-                reads: acc.replica_reads.get(i).copied().unwrap_or(0),
-                io_credits_last: acc.replica_credits_last.get(i).copied().flatten(),
-            })
-            .collect(),
+        replica_read: (!job.replicas.is_empty() && !job.multipath).then_some(job.replica_read),
+        path_policy: job.multipath.then_some(job.replica_read),
+        paths: if job.multipath {
+            job.replicas
+                .iter()
+                .enumerate()
+                .map(|(i, addr)| PathReport {
+                    addr: addr.clone(),
+                    ios: acc.replica_reads.get(i).copied().unwrap_or(0),
+                    failed: acc.failed_paths.contains(&(i as u32)),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        },
+        path_failures: acc.path_failures,
+        path_retries: acc.path_retries,
+        first_path_error: acc.first_path_error,
+        replicas: if job.multipath {
+            &[][..]
+        } else {
+            &job.replicas[..]
+        }
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| ReplicaReport {
+            addr: addr.clone(),
+            reads: acc.replica_reads.get(i).copied().unwrap_or(0),
+            io_credits_last: acc.replica_credits_last.get(i).copied().flatten(),
+        })
+        .collect(),
     }
 }
 
@@ -324,6 +371,32 @@ pub fn human_table(r: &RunReport) -> String {
                 j.name
             ),
         });
+    }
+    for j in r.jobs.iter().filter(|j| !j.paths.is_empty()) {
+        let carried: Vec<String> = j
+            .paths
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {} I/Os{}",
+                    p.addr,
+                    p.ios,
+                    if p.failed { " (failed)" } else { "" }
+                )
+            })
+            .collect();
+        s.push_str(&format!(
+            "{}: paths ({}): {}\n",
+            j.name,
+            j.path_policy.unwrap_or(ReplicaRead::RoundRobin).label(),
+            carried.join(", ")
+        ));
+        if let Some(e) = &j.first_path_error {
+            s.push_str(&format!(
+                "{}: {} path failure(s), {} command(s) re-sent on another path; first: {}\n",
+                j.name, j.path_failures, j.path_retries, e
+            ));
+        }
     }
     for j in r.jobs.iter().filter(|j| !j.replicas.is_empty()) {
         let served: Vec<String> = j

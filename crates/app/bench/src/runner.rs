@@ -223,6 +223,7 @@ fn volume_geometry(
     ctrls: &mut BTreeMap<CtrlKey, Controller>,
 ) -> Result<(u32, u64)> {
     let mut geometry: Option<(u32, u64)> = None;
+    let mut identity: Option<(String, Vec<u8>)> = None;
     for k in keys {
         let ctrl = ctrls.get_mut(k).expect("connected above");
         let ns = ctrl
@@ -230,6 +231,9 @@ fn volume_geometry(
             .with_context(|| format!("identify namespace {} at {}", job.nsid, k.0))?;
         check_transfer(job, ctrl.id.max_transfer_bytes())?;
         let (bsz, nsze) = (ns.block_size(), ns.nsze);
+        if job.multipath {
+            check_same_namespace(job, k, &ns, &mut identity)?;
+        }
         geometry = match geometry {
             None => Some((bsz, nsze)),
             Some((b, _)) if b != bsz => bail!(
@@ -241,6 +245,40 @@ fn volume_geometry(
         };
     }
     geometry.context("a job with no target")
+}
+
+/// A multipath volume's paths must reach one namespace: the same NGUID (or
+/// EUI-64), as Linux's native multipath groups paths. A namespace that reports
+/// neither cannot be told apart from another, so it is refused too.
+fn check_same_namespace(
+    job: &JobSpec,
+    k: &CtrlKey,
+    ns: &trellis_nvme::identify::IdNs,
+    first: &mut Option<(String, Vec<u8>)>,
+) -> Result<()> {
+    let Some(id) = ns.identity() else {
+        bail!(
+            "path {} reports no NGUID or EUI-64 for namespace {}: paths to it cannot be verified to reach one namespace",
+            k.0,
+            job.nsid
+        );
+    };
+    match first {
+        None => *first = Some((k.0.clone(), id)),
+        Some((a, f)) if *f != id => bail!(
+            "path {} reaches a different namespace {} (identity {}) than path {a} ({}): --paths must name addresses of one namespace",
+            k.0,
+            job.nsid,
+            hex(&id),
+            hex(f)
+        ),
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Refuses, before any I/O, a block size the controller would fail on every
@@ -348,15 +386,32 @@ fn watch(
     });
     let start = Instant::now();
     let mut last = (Instant::now(), vec![0u64; progress.len()]);
+    // Controllers that are paths of a multipath volume, and those that failed.
+    let path_keys: std::collections::BTreeSet<CtrlKey> =
+        jobs.iter().filter(|j| j.multipath).flat_map(keys).collect();
+    let mut dead = std::collections::BTreeSet::new();
     while !handles.iter().all(|(_, h)| h.is_finished()) {
         std::thread::sleep(Duration::from_millis(100));
         if opts.interrupted.load(Ordering::Relaxed) {
             stop.store(true, Ordering::Relaxed);
         }
-        for c in ctrls.values_mut() {
+        for (k, c) in ctrls.iter_mut() {
+            if dead.contains(k) {
+                continue;
+            }
             if let Err(e) = c.tick() {
-                stop.store(true, Ordering::Relaxed);
-                eprintln!("keep alive failed: {e}");
+                // A path of a multipath volume may die: its workers move its
+                // I/O to the other paths. Any other controller ends the run.
+                if path_keys.contains(k) {
+                    eprintln!(
+                        "path {}: keep alive failed: {e}; its I/O moves to the other paths",
+                        k.0
+                    );
+                    dead.insert(k.clone());
+                } else {
+                    stop.store(true, Ordering::Relaxed);
+                    eprintln!("keep alive failed: {e}");
+                }
             }
         }
         if let Some(b) = &bar {

@@ -99,6 +99,12 @@ pub struct WorkerResult {
     pub replica_reads: Vec<u64>,
     /// The latest I/O credits each replica granted (None: it sent none).
     pub replica_credits_last: Vec<Option<u32>>,
+    /// Multipath: paths that failed, commands re-sent, the first failure,
+    /// and which paths (0-based) failed.
+    pub path_failures: u64,
+    pub path_retries: u64,
+    pub first_path_error: Option<String>,
+    pub failed_paths: Vec<u32>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -117,6 +123,10 @@ struct Worker {
     /// without replicas); the job's depth applies to a group's I/Os.
     groups: Vec<Group>,
     replicas: usize,
+    /// The "replicas" are paths to one namespace (`--paths`).
+    multipath: bool,
+    /// I/Os of a failed path waiting for a live one: (group, I/O).
+    retry: Vec<(usize, Io)>,
     /// Replicated writes in flight, and the free entries.
     writes: Vec<ReplicatedWrite>,
     free_writes: Vec<u32>,
@@ -145,6 +155,11 @@ struct QueueCtx {
     depth: u32,
     inflight: u32,
     ios: Vec<Io>,
+    /// Per slot: a command of ours is on the wire (its I/O moves if the
+    /// path fails).
+    busy: Vec<bool>,
+    /// A multipath volume's path that failed: never polled or chosen again.
+    down: bool,
 }
 
 /// One I/O stream over the replicas: reads go to one member, writes to all.
@@ -221,6 +236,10 @@ pub fn empty_result() -> WorkerResult {
         io_credits_last: None,
         replica_reads: Vec::new(),
         replica_credits_last: Vec::new(),
+        path_failures: 0,
+        path_retries: 0,
+        first_path_error: None,
+        failed_paths: Vec::new(),
     }
 }
 
@@ -254,6 +273,8 @@ impl Worker {
                         };
                         n
                     ],
+                    busy: vec![false; n],
+                    down: false,
                 }
             })
             .collect::<Vec<QueueCtx>>();
@@ -266,11 +287,12 @@ impl Worker {
                 chooser: ReplicaChooser::new(match job.replica_read {
                     ReplicaRead::RoundRobin => ReadPolicy::RoundRobin,
                     ReplicaRead::Headroom => ReadPolicy::Headroom,
+                    ReplicaRead::QueueDepth => ReadPolicy::QueueDepth,
                 }),
                 next_op: None,
             })
             .collect();
-        let write_slots: u32 = if replicas > 1 {
+        let write_slots: u32 = if replicas > 1 && !job.multipath {
             groups.iter().map(|g| g.depth).sum()
         } else {
             0
@@ -281,6 +303,8 @@ impl Worker {
         Worker {
             groups,
             replicas,
+            multipath: job.multipath,
+            retry: Vec::new(),
             writes: vec![
                 ReplicatedWrite {
                     parts_left: 0,
@@ -356,10 +380,21 @@ impl Worker {
             let n = self.groups.len();
             for g in 0..n {
                 for r in 0..self.replicas {
-                    done += self.poll_queue(r * n + g, phase, now)?;
+                    let qi = r * n + g;
+                    if self.queues[qi].down {
+                        continue;
+                    }
+                    match self.poll_queue(qi, phase, now) {
+                        Ok(k) => done += k,
+                        Err(e) if self.multipath => self.fail_path(qi, e)?,
+                        Err(e) => return Err(e),
+                    }
                 }
                 if issuing {
                     self.top_up(g, phase)?;
+                } else if self.multipath {
+                    // Winding down: I/Os moved off a failed path still go out.
+                    self.resend_moved(g)?;
                 }
                 inflight += self.groups[g].inflight;
             }
@@ -413,6 +448,7 @@ impl Worker {
         let qc = &mut self.queues[qi];
         let io = qc.ios[c.slot as usize];
         qc.inflight -= 1;
+        qc.busy[c.slot as usize] = false;
         let part_ok = c.status.is_success();
         if !part_ok {
             self.res.errors += 1;
@@ -547,6 +583,9 @@ impl Worker {
     fn top_up_replicated(&mut self, g: usize, phase: Phase) -> Result<(), String> {
         let t0 = Instant::now();
         let n = self.groups.len();
+        if self.multipath && !self.resend_moved(g)? {
+            return Ok(());
+        }
         while self.groups[g].inflight < self.groups[g].depth {
             if phase == Phase::Main && !self.rate_allows(self.job.min_bs() as u64) {
                 return Ok(());
@@ -557,6 +596,7 @@ impl Worker {
             };
             let target = match op {
                 Op::Read => self.pick_replica(g),
+                Op::Write if self.multipath => self.pick_replica(g),
                 Op::Write => (0..self.replicas)
                     .all(|r| self.queues[r * n + g].q.engine().may_submit())
                     .then_some(g),
@@ -576,7 +616,7 @@ impl Worker {
                 t0,
                 write: NO_WRITE,
             };
-            if op == Op::Read {
+            if op == Op::Read || self.multipath {
                 self.res.replica_reads[qi / n] += 1;
                 self.issue(qi, io)?;
             } else {
@@ -613,7 +653,7 @@ impl Worker {
             let qc = &self.queues[r * n + g];
             let e = qc.q.engine();
             *s = ReplicaState {
-                may_submit: e.may_submit(),
+                may_submit: !qc.down && e.may_submit(),
                 credit_limit: e.credit_limit(),
                 depth: qc.depth,
                 inflight: qc.inflight,
@@ -621,6 +661,57 @@ impl Worker {
         }
         let r = self.groups[g].chooser.choose(&states[..self.replicas])?;
         Some(r * n + g)
+    }
+
+    /// Path `qi` of a multipath volume failed (`why`): it is never used
+    /// again, and its commands in flight wait in `retry` for a live path of
+    /// their group. Re-sending is safe: a read has no effect, and a write's
+    /// blocks stay reserved while it is out (no other command touches them),
+    /// so writing the same data again leaves what a completed first attempt
+    /// would have. Err only when no path of the group is left.
+    fn fail_path(&mut self, qi: usize, why: String) -> Result<(), String> {
+        let n = self.groups.len();
+        let g = qi % n;
+        let qc = &mut self.queues[qi];
+        qc.down = true;
+        let mut moved = 0;
+        for (slot, busy) in qc.busy.iter_mut().enumerate() {
+            if std::mem::take(busy) {
+                self.retry.push((g, qc.ios[slot]));
+                moved += 1;
+            }
+        }
+        qc.inflight = 0;
+        self.res.path_failures += 1;
+        let path = qi / n;
+        self.res.first_path_error.get_or_insert_with(|| {
+            format!("path {} failed: {why}; {moved} commands moved", path + 1)
+        });
+        self.res.failed_paths.push(path as u32);
+        let live = (0..self.replicas).any(|r| !self.queues[r * n + g].down);
+        if !live {
+            return Err(format!("every path failed; the last: {why}"));
+        }
+        Ok(())
+    }
+
+    /// Re-sends the moved I/Os of group `g` on live paths; false while some
+    /// still wait (then nothing new is issued before them).
+    fn resend_moved(&mut self, g: usize) -> Result<bool, String> {
+        let mut k = 0;
+        while k < self.retry.len() {
+            if self.retry[k].0 != g {
+                k += 1;
+                continue;
+            }
+            let Some(qi) = self.pick_replica(g) else {
+                return Ok(false);
+            };
+            let (_, io) = self.retry.swap_remove(k);
+            self.res.path_retries += 1;
+            self.issue(qi, io)?;
+        }
+        Ok(true)
     }
 
     fn issue(&mut self, qi: usize, io: Io) -> Result<(), String> {
@@ -643,6 +734,7 @@ impl Worker {
             }
         }
         qc.ios[slot as usize] = io;
+        qc.busy[slot as usize] = true;
         qc.inflight += 1;
         qc.q.submit(slot, rw_sqe(opc, self.job.nsid, io.lba, io.nlb), x, io.t0)
             .map_err(|e| e.to_string())

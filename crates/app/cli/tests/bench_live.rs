@@ -397,3 +397,232 @@ fn headroom_reads_go_to_the_replica_with_room_and_round_robin_alternates() {
     let (ra, rb, j) = run("round-robin");
     assert!(ra.abs_diff(rb) <= 1, "round-robin: A {ra} vs B {rb}: {j}");
 }
+
+/// A TCP forwarder standing in for one network path to a target: every
+/// connection to `addr` is relayed to `upstream` until [`PathProxy::cut`],
+/// which closes every relayed connection and refuses new ones (a pulled
+/// cable, as the host sees it).
+struct PathProxy {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl PathProxy {
+    fn start(upstream: std::net::SocketAddr) -> PathProxy {
+        use std::sync::atomic::Ordering;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c2, k2) = (cut.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(down) = s else { continue };
+                if c2.load(Ordering::SeqCst) {
+                    continue; // dropped: the connection is refused
+                }
+                let Ok(up) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let _ = (down.set_nodelay(true), up.set_nodelay(true));
+                let mut k = k2.lock().unwrap();
+                k.push(down.try_clone().unwrap());
+                k.push(up.try_clone().unwrap());
+                drop(k);
+                for (mut a, mut b) in [
+                    (down.try_clone().unwrap(), up.try_clone().unwrap()),
+                    (up, down),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut a, &mut b);
+                        let _ = b.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        PathProxy { addr, cut, conns }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for s in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+#[test]
+fn a_multipath_volume_spreads_commands_over_its_paths_and_verifies() {
+    let t = LiveTarget::start(&["--ram", "64M"]);
+    let (p1, p2) = (PathProxy::start(t.addr), PathProxy::start(t.addr));
+    let paths = format!("{},{}", p1.addr, p2.addr);
+    for policy in ["round-robin", "queue-depth"] {
+        let j = bench_json(&[
+            "--paths",
+            &paths,
+            "--path-policy",
+            policy,
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+            "--size",
+            "8m",
+            "--iodepth",
+            "16",
+            "--verify",
+            "--runtime",
+            "500ms",
+        ]);
+        assert_eq!(
+            (j["errors"].as_u64(), j["verify_failures"].as_u64()),
+            (Some(0), Some(0)),
+            "{j}"
+        );
+        assert!(j["verified_blocks"].as_u64().unwrap() > 0, "{j}");
+        assert_eq!(j["path_policy"], policy, "{j}");
+        let ios: Vec<u64> = (0..2)
+            .map(|i| j["paths"][i]["ios"].as_u64().unwrap())
+            .collect();
+        assert!(
+            ios[0] > 100 && ios[1] > 100,
+            "{policy}: a path carried nothing: {j}"
+        );
+        assert_eq!(j["path_failures"], 0, "{j}");
+        assert!(j.get("replicas").is_none(), "paths are not replicas: {j}");
+    }
+}
+
+#[test]
+fn losing_a_path_under_verified_load_moves_its_commands_and_loses_nothing() {
+    let t = LiveTarget::start(&["--ram", "64M"]);
+    let (p1, p2) = (PathProxy::start(t.addr), PathProxy::start(t.addr));
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("r.json");
+    let paths = format!("{},{}", p1.addr, p2.addr);
+    let child = Command::new(bin())
+        .args([
+            "bench",
+            "--no-progress",
+            "--json",
+            json.to_str().unwrap(),
+            "--paths",
+            &paths,
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+            "--size",
+            "8m",
+            "--iodepth",
+            "32",
+            "--verify",
+            "--runtime",
+            "2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    p2.cut();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "the run failed although a path lived: {}",
+        stderr(&o)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let j = &v["jobs"][0];
+    assert_eq!(
+        (j["errors"].as_u64(), j["verify_failures"].as_u64()),
+        (Some(0), Some(0)),
+        "{j}"
+    );
+    assert!(j["verified_blocks"].as_u64().unwrap() > 0, "{j}");
+    assert_eq!(j["paths"][1]["failed"], true, "{j}");
+    assert_eq!(j["paths"][0]["failed"], false, "{j}");
+    assert!(j["path_failures"].as_u64().unwrap() >= 1, "{j}");
+    // QD32 over two paths: the cut path had commands out, and they were re-sent.
+    assert!(j["path_retries"].as_u64().unwrap() > 0, "{j}");
+    assert!(
+        stdout(&o).contains("re-sent on another path"),
+        "{}",
+        stdout(&o)
+    );
+    // Cutting the only other path ends the run with an error, not a hang.
+    let o = trellis_within(
+        &[
+            "bench",
+            "--no-progress",
+            "--paths",
+            &format!("{},{}", p1.addr, p2.addr),
+            "--runtime",
+            "1",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(
+        !o.status.success(),
+        "a dead path at the start is refused: {}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn paths_to_different_namespaces_are_refused_before_any_io() {
+    let (a, b) = (
+        LiveTarget::start(&["--ram", "64M"]),
+        LiveTarget::start(&["--ram", "64M"]),
+    );
+    let o = trellis(&[
+        "bench",
+        "--paths",
+        &format!("{},{}", a.addr(), b.addr()),
+        "--runtime",
+        "1",
+    ]);
+    assert_refused(
+        &o,
+        &[
+            "reaches a different namespace",
+            "--paths must name addresses of one namespace",
+        ],
+    );
+    for (args, want) in [
+        (vec!["--paths", "127.0.0.1:1"], "give 2 to 8"),
+        (
+            vec!["--paths", "127.0.0.1:1,127.0.0.1:1"],
+            "names 127.0.0.1:1 twice",
+        ),
+        (
+            vec!["--paths", "127.0.0.1:1,127.0.0.1:2/nqn.x"],
+            "names a subsystem",
+        ),
+        (
+            vec![
+                "--paths",
+                "127.0.0.1:1,127.0.0.1:2",
+                "--path-policy",
+                "fastest",
+            ],
+            "--path-policy \"fastest\"",
+        ),
+        (vec!["--path-policy", "queue-depth"], "needs --paths"),
+        (
+            vec![
+                "--paths",
+                "127.0.0.1:1,127.0.0.1:2",
+                "--addr",
+                "127.0.0.1:3",
+            ],
+            "--paths with --addr",
+        ),
+    ] {
+        let mut a = vec!["bench"];
+        a.extend(args.iter().copied());
+        assert_refused(&trellis(&a), &[want]);
+    }
+}

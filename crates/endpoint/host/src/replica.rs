@@ -19,6 +19,9 @@
 pub enum ReadPolicy {
     RoundRobin,
     Headroom,
+    /// The fewest commands in flight, ties in turn: Linux's `queue-depth`
+    /// multipath iopolicy (for paths to one namespace rather than replicas).
+    QueueDepth,
 }
 
 /// One replica's state as the chooser sees it.
@@ -76,7 +79,12 @@ impl ReplicaChooser {
                 best = Some((0, 0, i));
                 break;
             }
-            let room = r.room();
+            // Queue depth: only the commands in flight count (room ties at 0).
+            let room = if self.policy == ReadPolicy::QueueDepth {
+                0
+            } else {
+                r.room()
+            };
             if best.is_none_or(|(b, f, _)| room > b || (room == b && r.inflight < f)) {
                 best = Some((room, r.inflight, i));
             }
@@ -116,6 +124,19 @@ mod tests {
         assert_eq!(c.choose(&r), Some(1));
         let r = [st(false, Some(165), 0), st(false, Some(10), 9)];
         assert_eq!(c.choose(&r), None);
+    }
+
+    #[test]
+    fn queue_depth_takes_the_fewest_in_flight_whatever_the_credits() {
+        let mut c = ReplicaChooser::new(ReadPolicy::QueueDepth);
+        let r = [st(true, Some(165), 3), st(true, Some(10), 1)];
+        assert_eq!(c.choose(&r), Some(1));
+        // Ties rotate.
+        let r = [st(true, None, 2), st(true, None, 2)];
+        let a = c.choose(&r).unwrap();
+        assert_ne!(c.choose(&r), Some(a));
+        let r = [st(true, None, 9), st(false, None, 0)];
+        assert_eq!(c.choose(&r), Some(0));
     }
 
     #[test]

@@ -189,16 +189,38 @@ pub struct IdNs {
     pub ncap: u64,
     pub lbads: u8,
     pub read_only: bool,
+    /// Namespace Globally Unique Identifier (bytes 104..120; zero: not reported).
+    pub nguid: [u8; 16],
+    /// IEEE Extended Unique Identifier (bytes 120..128; zero: not reported).
+    pub eui64: [u8; 8],
 }
 
 impl IdNs {
     pub fn decode(b: &[u8]) -> IdNs {
         let fmt = (b[26] & 0xf) as usize;
+        let mut nguid = [0u8; 16];
+        nguid.copy_from_slice(&b[104..120]);
+        let mut eui64 = [0u8; 8];
+        eui64.copy_from_slice(&b[120..128]);
         IdNs {
             nsze: le64(b, 0),
             ncap: le64(b, 8),
             lbads: b[128 + fmt * 4 + 2],
             read_only: b[99] & 1 != 0,
+            nguid,
+            eui64,
+        }
+    }
+
+    /// The namespace's identity for grouping paths (as Linux's native
+    /// multipath does): its NGUID, else its EUI-64; None when it reports neither.
+    pub fn identity(&self) -> Option<Vec<u8>> {
+        if self.nguid != [0; 16] {
+            Some(self.nguid.to_vec())
+        } else if self.eui64 != [0; 8] {
+            Some(self.eui64.to_vec())
+        } else {
+            None
         }
     }
     pub fn block_size(&self) -> u32 {
