@@ -111,6 +111,11 @@ pub struct PathReport {
     pub ios: u64,
     /// It failed during the run (a worker saw its queue fail).
     pub failed: bool,
+    /// Times a worker re-opened it after a failure and put it back in use,
+    /// and the commands it carried since the last re-open (after a failure
+    /// with no re-open: 0).
+    pub reconnects: u64,
+    pub ios_since_reconnect: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -203,6 +208,20 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
             acc.first_path_error = r.first_path_error;
         }
         acc.failed_paths.extend(r.failed_paths);
+        acc.path_reconnects.extend(r.path_reconnects);
+        acc.path_ios_since_reopen.resize(
+            acc.path_ios_since_reopen
+                .len()
+                .max(r.path_ios_since_reopen.len()),
+            0,
+        );
+        for (a, n) in acc
+            .path_ios_since_reopen
+            .iter_mut()
+            .zip(&r.path_ios_since_reopen)
+        {
+            *a += n;
+        }
         acc.replica_reads
             .resize(acc.replica_reads.len().max(r.replica_reads.len()), 0);
         for (a, n) in acc.replica_reads.iter_mut().zip(&r.replica_reads) {
@@ -260,6 +279,12 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
                     addr: addr.clone(),
                     ios: acc.replica_reads.get(i).copied().unwrap_or(0),
                     failed: acc.failed_paths.contains(&(i as u32)),
+                    reconnects: acc
+                        .path_reconnects
+                        .iter()
+                        .filter(|&&p| p == i as u32)
+                        .count() as u64,
+                    ios_since_reconnect: acc.path_ios_since_reopen.get(i).copied().unwrap_or(0),
                 })
                 .collect()
         } else {
@@ -377,12 +402,15 @@ pub fn human_table(r: &RunReport) -> String {
             .paths
             .iter()
             .map(|p| {
-                format!(
-                    "{} {} I/Os{}",
-                    p.addr,
-                    p.ios,
-                    if p.failed { " (failed)" } else { "" }
-                )
+                let state = match (p.failed, p.reconnects) {
+                    (false, _) => String::new(),
+                    (true, 0) => " (failed)".into(),
+                    (true, k) => format!(
+                        " (failed, re-opened {k}×, {} I/Os since)",
+                        p.ios_since_reconnect
+                    ),
+                };
+                format!("{} {} I/Os{state}", p.addr, p.ios)
             })
             .collect();
         s.push_str(&format!(

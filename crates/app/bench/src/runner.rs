@@ -99,7 +99,22 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
                 let ctrl = ctrls.get_mut(k).expect("connected above");
                 queues.extend(open_queues(ctrl, &job)?);
             }
+            let reconnect = if job.multipath {
+                job_keys
+                    .iter()
+                    .map(|k| {
+                        Arc::new(PathConnector {
+                            key: k.clone(),
+                            cfg: host_config(k, job.queues, opts),
+                            job: job.clone(),
+                        })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let plan = WorkerPlan {
+                reconnect,
                 job: job.clone(),
                 index: w,
                 queues,
@@ -153,24 +168,7 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
     }
     let mut out = BTreeMap::new();
     for (k, nq) in need {
-        let cfg = HostConfig {
-            hostnqn: k.2.clone(),
-            hostid: trellis_host::ctrl::hostid_from(&k.2),
-            digests: Digests {
-                header: k.3,
-                data: k.4,
-            },
-            kato_ms: opts.kato_ms,
-            command_timeout: opts.command_timeout,
-            connect_timeout: opts.connect_timeout,
-            credit_token: k
-                .5
-                .then(|| std::num::NonZeroU16::new(CREDIT_TOKEN))
-                .flatten(),
-            // Every queue of this tenant to this subsystem shares its credits.
-            credit_share: nq.min(u16::MAX as u32) as u16,
-            ..Default::default()
-        };
+        let cfg = host_config(&k, nq, opts);
         let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {
             let hint = connect_hint(&e, &k.0, &k.2);
             anyhow::Error::new(e)
@@ -186,6 +184,51 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
         out.insert(k, c);
     }
     Ok(out)
+}
+
+/// The host settings of controller `k`, which `nq` I/O queues will share.
+fn host_config(k: &CtrlKey, nq: u32, opts: &RunOpts) -> HostConfig {
+    HostConfig {
+        hostnqn: k.2.clone(),
+        hostid: trellis_host::ctrl::hostid_from(&k.2),
+        digests: Digests {
+            header: k.3,
+            data: k.4,
+        },
+        kato_ms: opts.kato_ms,
+        command_timeout: opts.command_timeout,
+        connect_timeout: opts.connect_timeout,
+        credit_token: k
+            .5
+            .then(|| std::num::NonZeroU16::new(CREDIT_TOKEN))
+            .flatten(),
+        // Every queue of this tenant to this subsystem shares its credits.
+        credit_share: nq.min(u16::MAX as u32) as u16,
+        ..Default::default()
+    }
+}
+
+/// Re-opens one path of a multipath volume for one worker: a controller of
+/// its own and the worker's queues on it (the worker keeps both).
+pub struct PathConnector {
+    key: CtrlKey,
+    cfg: HostConfig,
+    job: Arc<JobSpec>,
+}
+
+impl PathConnector {
+    pub fn addr(&self) -> &str {
+        &self.key.0
+    }
+
+    pub fn connect(&self) -> Result<(Controller, Vec<(trellis_host::Queue, u32)>), String> {
+        let mut c =
+            Controller::connect(&self.key.0, &self.key.1, &self.cfg).map_err(|e| e.to_string())?;
+        c.set_num_queues(self.job.queues.min(u16::MAX as u32) as u16)
+            .map_err(|e| e.to_string())?;
+        let qs = open_queues(&mut c, &self.job).map_err(|e| format!("{e:#}"))?;
+        Ok((c, qs))
+    }
 }
 
 /// What a refused Connect most likely means, as the fix to try: the status

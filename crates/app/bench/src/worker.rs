@@ -72,6 +72,36 @@ pub struct WorkerPlan {
     pub progress: Arc<AtomicU64>,
     pub stop: Arc<AtomicBool>,
     pub cpu: Option<usize>,
+    /// Multipath: how to re-open each path (one per path; empty otherwise).
+    pub reconnect: Vec<Arc<crate::runner::PathConnector>>,
+}
+
+/// First wait before re-opening a failed path, doubled after each failed
+/// attempt up to [`RECONNECT_BACKOFF_MAX`]. Bench runs last seconds, so these
+/// are far below Linux's nvme-tcp `reconnect_delay` of 10 s.
+pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How often a re-opened path's own controller is given a chance to send a
+/// Keep Alive (it sends one only every KATO/2).
+const PATH_TICK: Duration = Duration::from_millis(100);
+
+type Reopened = Result<(trellis_host::Controller, Vec<(Queue, u32)>), String>;
+
+/// A path of a multipath volume, as one worker sees it.
+struct PathState {
+    connector: Arc<crate::runner::PathConnector>,
+    /// The controller this worker opened when it re-opened the path (the
+    /// first one belongs to the runner).
+    ctrl: Option<trellis_host::Controller>,
+    down: bool,
+    backoff: Duration,
+    next_try: Instant,
+    /// A re-open in progress on a helper thread: connecting may take up to
+    /// the connect timeout, and the other paths must keep going meanwhile.
+    pending: Option<std::sync::mpsc::Receiver<Reopened>>,
+    last_tick: Instant,
+    /// Commands sent on the path since it was last re-opened.
+    ios_since_reopen: u64,
 }
 
 pub struct WorkerResult {
@@ -105,6 +135,11 @@ pub struct WorkerResult {
     pub path_retries: u64,
     pub first_path_error: Option<String>,
     pub failed_paths: Vec<u32>,
+    /// Paths (0-based) re-opened and put back in use, once per re-open.
+    pub path_reconnects: Vec<u32>,
+    /// Per path: commands sent on it since its last re-open (all of them
+    /// when it never failed).
+    pub path_ios_since_reopen: Vec<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -127,6 +162,8 @@ struct Worker {
     multipath: bool,
     /// I/Os of a failed path waiting for a live one: (group, I/O).
     retry: Vec<(usize, Io)>,
+    /// Multipath: each path's state (empty otherwise).
+    paths: Vec<PathState>,
     /// Replicated writes in flight, and the free entries.
     writes: Vec<ReplicatedWrite>,
     free_writes: Vec<u32>,
@@ -160,6 +197,28 @@ struct QueueCtx {
     busy: Vec<bool>,
     /// A multipath volume's path that failed: never polled or chosen again.
     down: bool,
+}
+
+impl QueueCtx {
+    fn new(q: Queue, depth: u32) -> QueueCtx {
+        let depth = depth.min(q.engine().queue_size() as u32).max(1);
+        let n = q.engine().queue_size() as usize;
+        let io = Io {
+            op: Op::Read,
+            lba: 0,
+            nlb: 0,
+            t0: Instant::now(),
+            write: NO_WRITE,
+        };
+        QueueCtx {
+            q,
+            depth,
+            inflight: 0,
+            ios: vec![io; n],
+            busy: vec![false; n],
+            down: false,
+        }
+    }
 }
 
 /// One I/O stream over the replicas: reads go to one member, writes to all.
@@ -196,6 +255,12 @@ pub fn run(plan: WorkerPlan) -> WorkerResult {
             break;
         }
     }
+    for p in &mut w.paths {
+        if let Some(c) = p.ctrl.take() {
+            let _ = c.shutdown();
+        }
+    }
+    w.res.path_ios_since_reopen = w.paths.iter().map(|p| p.ios_since_reopen).collect();
     let per_replica = w.groups.len().max(1);
     w.res.replica_credits_last = w
         .queues
@@ -240,6 +305,8 @@ pub fn empty_result() -> WorkerResult {
         path_retries: 0,
         first_path_error: None,
         failed_paths: Vec::new(),
+        path_reconnects: Vec::new(),
+        path_ios_since_reopen: Vec::new(),
     }
 }
 
@@ -255,28 +322,7 @@ impl Worker {
         let queues = p
             .queues
             .into_iter()
-            .map(|(q, depth)| {
-                let depth = depth.min(q.engine().queue_size() as u32).max(1);
-                let n = q.engine().queue_size() as usize;
-                let now = Instant::now();
-                QueueCtx {
-                    q,
-                    depth,
-                    inflight: 0,
-                    ios: vec![
-                        Io {
-                            op: Op::Read,
-                            lba: 0,
-                            nlb: 0,
-                            t0: now,
-                            write: NO_WRITE,
-                        };
-                        n
-                    ],
-                    busy: vec![false; n],
-                    down: false,
-                }
-            })
+            .map(|(q, depth)| QueueCtx::new(q, depth))
             .collect::<Vec<QueueCtx>>();
         let replicas = p.replicas.max(1) as usize;
         let groups: Vec<Group> = queues[..queues.len() / replicas]
@@ -305,6 +351,20 @@ impl Worker {
             replicas,
             multipath: job.multipath,
             retry: Vec::new(),
+            paths: p
+                .reconnect
+                .into_iter()
+                .map(|connector| PathState {
+                    connector,
+                    ctrl: None,
+                    down: false,
+                    backoff: RECONNECT_BACKOFF_MIN,
+                    next_try: Instant::now(),
+                    pending: None,
+                    last_tick: Instant::now(),
+                    ios_since_reopen: 0,
+                })
+                .collect(),
             writes: vec![
                 ReplicatedWrite {
                     parts_left: 0,
@@ -369,6 +429,9 @@ impl Worker {
             if phase == Phase::Main && !self.measuring && now >= measure_from {
                 self.measuring = true;
                 *measure_start = now;
+            }
+            if self.multipath {
+                self.tend_paths(now)?;
             }
             let issuing = !self.stop.load(Ordering::Relaxed)
                 && match phase {
@@ -618,6 +681,9 @@ impl Worker {
             };
             if op == Op::Read || self.multipath {
                 self.res.replica_reads[qi / n] += 1;
+                if let Some(p) = self.paths.get_mut(qi / n) {
+                    p.ios_since_reopen += 1;
+                }
                 self.issue(qi, io)?;
             } else {
                 let id = self
@@ -671,26 +737,89 @@ impl Worker {
     /// would have. Err only when no path of the group is left.
     fn fail_path(&mut self, qi: usize, why: String) -> Result<(), String> {
         let n = self.groups.len();
-        let g = qi % n;
-        let qc = &mut self.queues[qi];
-        qc.down = true;
-        let mut moved = 0;
-        for (slot, busy) in qc.busy.iter_mut().enumerate() {
-            if std::mem::take(busy) {
-                self.retry.push((g, qc.ios[slot]));
-                moved += 1;
-            }
-        }
-        qc.inflight = 0;
-        self.res.path_failures += 1;
         let path = qi / n;
+        // The path goes down as a whole: its other queues share its link.
+        let mut moved = 0;
+        for g in 0..n {
+            let qc = &mut self.queues[path * n + g];
+            qc.down = true;
+            for (slot, busy) in qc.busy.iter_mut().enumerate() {
+                if std::mem::take(busy) {
+                    self.retry.push((g, qc.ios[slot]));
+                    moved += 1;
+                }
+            }
+            qc.inflight = 0;
+        }
+        self.res.path_failures += 1;
         self.res.first_path_error.get_or_insert_with(|| {
             format!("path {} failed: {why}; {moved} commands moved", path + 1)
         });
-        self.res.failed_paths.push(path as u32);
-        let live = (0..self.replicas).any(|r| !self.queues[r * n + g].down);
+        if !self.res.failed_paths.contains(&(path as u32)) {
+            self.res.failed_paths.push(path as u32);
+        }
+        if let Some(p) = self.paths.get_mut(path) {
+            p.down = true;
+            p.ctrl = None;
+            p.backoff = RECONNECT_BACKOFF_MIN;
+            p.next_try = Instant::now() + RECONNECT_BACKOFF_MIN;
+        }
+        let live = (0..self.replicas).any(|r| !self.queues[r * n].down);
         if !live {
             return Err(format!("every path failed; the last: {why}"));
+        }
+        Ok(())
+    }
+
+    /// Re-opens failed paths in the background (backoff from
+    /// RECONNECT_BACKOFF_MIN doubling to RECONNECT_BACKOFF_MAX), puts a
+    /// re-opened path back in use, and lets re-opened controllers send their
+    /// Keep Alives. A Keep Alive failure takes the path down again.
+    fn tend_paths(&mut self, now: Instant) -> Result<(), String> {
+        let n = self.groups.len();
+        for r in 0..self.paths.len() {
+            let p = &mut self.paths[r];
+            if !p.down {
+                if now.saturating_duration_since(p.last_tick) >= PATH_TICK {
+                    p.last_tick = now;
+                    if let Some(Err(e)) = p.ctrl.as_mut().map(|c| c.tick()) {
+                        self.fail_path(r * n, format!("keep alive: {e}"))?;
+                    }
+                }
+                continue;
+            }
+            if let Some(rx) = &p.pending {
+                match rx.try_recv() {
+                    Err(std::sync::mpsc::TryRecvError::Empty) => continue,
+                    Ok(Ok((ctrl, qs))) if qs.len() == n => {
+                        p.pending = None;
+                        p.down = false;
+                        p.ctrl = Some(ctrl);
+                        p.last_tick = now;
+                        for (g, (q, depth)) in qs.into_iter().enumerate() {
+                            self.queues[r * n + g] = QueueCtx::new(q, depth);
+                        }
+                        p.ios_since_reopen = 0;
+                        self.res.path_reconnects.push(r as u32);
+                        continue;
+                    }
+                    _ => {
+                        // Failed (or the helper died): wait longer.
+                        p.pending = None;
+                        p.backoff = (p.backoff * 2).min(RECONNECT_BACKOFF_MAX);
+                        p.next_try = now + p.backoff;
+                        continue;
+                    }
+                }
+            }
+            if now >= p.next_try {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let c = p.connector.clone();
+                std::thread::spawn(move || {
+                    let _ = tx.send(c.connect());
+                });
+                p.pending = Some(rx);
+            }
         }
         Ok(())
     }

@@ -450,6 +450,11 @@ impl PathProxy {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
+
+    /// The cable is back: new connections are relayed again.
+    fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 #[test]
@@ -495,7 +500,7 @@ fn a_multipath_volume_spreads_commands_over_its_paths_and_verifies() {
 }
 
 #[test]
-fn losing_a_path_under_verified_load_moves_its_commands_and_loses_nothing() {
+fn losing_a_path_under_verified_load_moves_its_commands_loses_nothing_and_reopens_it() {
     let t = LiveTarget::start(&["--ram", "64M"]);
     let (p1, p2) = (PathProxy::start(t.addr), PathProxy::start(t.addr));
     let d = tempfile::tempdir().unwrap();
@@ -519,14 +524,16 @@ fn losing_a_path_under_verified_load_moves_its_commands_and_loses_nothing() {
             "32",
             "--verify",
             "--runtime",
-            "2",
+            "3",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(Duration::from_millis(1000));
     p2.cut();
+    std::thread::sleep(Duration::from_millis(600));
+    p2.restore();
     let o = child.wait_with_output().unwrap();
     assert!(
         o.status.success(),
@@ -552,6 +559,14 @@ fn losing_a_path_under_verified_load_moves_its_commands_and_loses_nothing() {
         "{}",
         stdout(&o)
     );
+    // The restored path was re-opened in the background and carried I/O again.
+    assert!(j["paths"][1]["reconnects"].as_u64().unwrap() >= 1, "{j}");
+    assert!(
+        j["paths"][1]["ios_since_reconnect"].as_u64().unwrap() > 100,
+        "{j}"
+    );
+    assert!(stdout(&o).contains("re-opened"), "{}", stdout(&o));
+    p2.cut();
     // Cutting the only other path ends the run with an error, not a hang.
     let o = trellis_within(
         &[
