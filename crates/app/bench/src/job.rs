@@ -462,17 +462,14 @@ fn parse_paths(o: &JobOpts, list: &str) -> Result<(Vec<String>, ReplicaRead)> {
     if o.replica_read.is_some() {
         bail!("--replica-read is for --replicas; a multipath volume takes --path-policy");
     }
-    let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).collect();
-    if addrs.len() < 2 || addrs.len() > MAX_REPLICAS || addrs.iter().any(String::is_empty) {
-        bail!("--paths {list:?}: give 2 to {MAX_REPLICAS} comma-separated HOST:PORT addresses");
-    }
+    let addrs = address_list(
+        "--paths",
+        list,
+        "HOST:PORT addresses",
+        "path is a different address",
+    )?;
     if let Some(a) = addrs.iter().find(|a| a.contains('/')) {
         bail!("--paths {list:?}: {a:?} names a subsystem; every path reaches --nqn's, so give HOST:PORT only");
-    }
-    for (i, a) in addrs.iter().enumerate() {
-        if addrs[..i].contains(a) {
-            bail!("--paths {list:?} names {a} twice: each path is a different address");
-        }
     }
     let policy = match o.path_policy.as_deref().unwrap_or("round-robin") {
         "round-robin" | "rr" => ReplicaRead::RoundRobin,
@@ -494,22 +491,17 @@ fn parse_replicas(o: &JobOpts) -> Result<(Vec<String>, ReplicaRead)> {
     if o.addr.is_some() {
         bail!("--replicas and --addr both given: name every target in --replicas (the first is listed as the job's address)");
     }
-    let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).collect();
-    if addrs.len() < 2 || addrs.len() > MAX_REPLICAS || addrs.iter().any(String::is_empty) {
-        bail!(
-            "--replicas {list:?}: give 2 to {MAX_REPLICAS} comma-separated HOST:PORT[/NQN] targets"
-        );
-    }
+    let addrs = address_list(
+        "--replicas",
+        list,
+        "HOST:PORT[/NQN] targets",
+        "replica is a different target",
+    )?;
     if let Some(a) = addrs
         .iter()
         .find(|a| a.ends_with('/') || a.starts_with('/'))
     {
         bail!("--replicas {list:?}: {a:?} is not HOST:PORT or HOST:PORT/NQN");
-    }
-    for (i, a) in addrs.iter().enumerate() {
-        if addrs[..i].contains(a) {
-            bail!("--replicas {list:?} names {a} twice: each replica is a different target");
-        }
     }
     let read = match o.replica_read.as_deref().unwrap_or("headroom") {
         "headroom" | "credits" => ReplicaRead::Headroom,
@@ -517,6 +509,21 @@ fn parse_replicas(o: &JobOpts) -> Result<(Vec<String>, ReplicaRead)> {
         other => bail!("--replica-read {other:?}: use headroom or round-robin"),
     };
     Ok((addrs, read))
+}
+
+/// The comma-separated list of `flag`: 2 to MAX_REPLICAS non-empty entries
+/// (`what`, for the message), none twice ("each {each}").
+fn address_list(flag: &str, list: &str, what: &str, each: &str) -> Result<Vec<String>> {
+    let addrs: Vec<String> = list.split(',').map(|a| a.trim().to_string()).collect();
+    if addrs.len() < 2 || addrs.len() > MAX_REPLICAS || addrs.iter().any(String::is_empty) {
+        bail!("{flag} {list:?}: give 2 to {MAX_REPLICAS} comma-separated {what}");
+    }
+    for (i, a) in addrs.iter().enumerate() {
+        if addrs[..i].contains(a) {
+            bail!("{flag} {list:?} names {a} twice: each {each}");
+        }
+    }
+    Ok(addrs)
 }
 
 pub fn parse_digest(s: &str) -> Result<(bool, bool)> {
