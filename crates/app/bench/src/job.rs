@@ -113,9 +113,10 @@ pub struct JobOpts {
     /// job goes on while one path lives.
     #[arg(long)]
     pub paths: Option<String>,
-    /// Which path serves each command: round-robin (default) or queue-depth
+    /// Which path serves each command: round-robin (default), queue-depth
     /// (the path with the fewest commands in flight, Linux's iopolicy of that
-    /// name).
+    /// name) or isr (the shortest expected delay from each path's measured
+    /// round trip and commands in flight: NSDI'26 ISR at the end host).
     #[arg(long = "path-policy", alias = "path_policy")]
     #[serde(alias = "path-policy")]
     pub path_policy: Option<String>,
@@ -248,6 +249,10 @@ pub enum ReplicaRead {
     /// The fewest commands in flight, ties in turn (Linux's queue-depth
     /// iopolicy; multipath volumes).
     QueueDepth,
+    /// ISR at the end host: shortest expected delay from each path's
+    /// round-trip EWMA and commands in flight (`trellis_host::replica::IsrPaths`;
+    /// multipath volumes).
+    Isr,
 }
 
 impl ReplicaRead {
@@ -256,6 +261,7 @@ impl ReplicaRead {
             ReplicaRead::RoundRobin => "round-robin",
             ReplicaRead::Headroom => "headroom",
             ReplicaRead::QueueDepth => "queue-depth",
+            ReplicaRead::Isr => "isr",
         }
     }
 }
@@ -474,7 +480,8 @@ fn parse_paths(o: &JobOpts, list: &str) -> Result<(Vec<String>, ReplicaRead)> {
     let policy = match o.path_policy.as_deref().unwrap_or("round-robin") {
         "round-robin" | "rr" => ReplicaRead::RoundRobin,
         "queue-depth" | "qd" => ReplicaRead::QueueDepth,
-        other => bail!("--path-policy {other:?}: use round-robin or queue-depth"),
+        "isr" => ReplicaRead::Isr,
+        other => bail!("--path-policy {other:?}: use round-robin, queue-depth or isr"),
     };
     Ok((addrs, policy))
 }

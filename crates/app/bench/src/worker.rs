@@ -18,7 +18,7 @@ use trellis_nvme::sqe::io;
 
 use crate::job::{JobSpec, ReplicaRead, MAX_REPLICAS};
 use crate::verify::{check_block, fill_block, VerifyFailure};
-use trellis_host::replica::{ReadPolicy, ReplicaChooser, ReplicaState};
+use trellis_host::replica::{IsrPaths, ReadPolicy, ReplicaChooser, ReplicaState};
 
 /// Verification state per block: generation, with the top bit marking a
 /// block that has an I/O in flight (no overlapping I/O while verifying).
@@ -164,6 +164,10 @@ struct Worker {
     retry: Vec<(usize, Io)>,
     /// Multipath: each path's state (empty otherwise).
     paths: Vec<PathState>,
+    /// `--path-policy isr`: per-path round-trip telemetry and the choice.
+    isr: Option<IsrPaths>,
+    /// Zero of the ns clock `isr` runs on.
+    t_start: Instant,
     /// Replicated writes in flight, and the free entries.
     writes: Vec<ReplicatedWrite>,
     free_writes: Vec<u32>,
@@ -277,6 +281,10 @@ pub fn run(plan: WorkerPlan) -> WorkerResult {
     w.res
 }
 
+fn ns_since(t0: Instant) -> u64 {
+    t0.elapsed().as_nanos() as u64
+}
+
 fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(100, HIST_MAX_NS, 3).expect("valid histogram bounds")
 }
@@ -334,6 +342,8 @@ impl Worker {
                     ReplicaRead::RoundRobin => ReadPolicy::RoundRobin,
                     ReplicaRead::Headroom => ReadPolicy::Headroom,
                     ReplicaRead::QueueDepth => ReadPolicy::QueueDepth,
+                    // Chosen by `isr` below; the chooser is the fallback.
+                    ReplicaRead::Isr => ReadPolicy::QueueDepth,
                 }),
                 next_op: None,
             })
@@ -351,6 +361,9 @@ impl Worker {
             replicas,
             multipath: job.multipath,
             retry: Vec::new(),
+            isr: (job.multipath && job.replica_read == ReplicaRead::Isr)
+                .then(|| IsrPaths::new(replicas.min(trellis_host::replica::MAX_PATHS))),
+            t_start: Instant::now(),
             paths: p
                 .reconnect
                 .into_iter()
@@ -512,6 +525,11 @@ impl Worker {
         let io = qc.ios[c.slot as usize];
         qc.inflight -= 1;
         qc.busy[c.slot as usize] = false;
+        if let Some(isr) = self.isr.as_mut() {
+            let path = qi / self.groups.len();
+            let rtt = now.saturating_duration_since(io.t0).as_nanos() as u64;
+            isr.on_completion(path, rtt, ns_since(self.t_start));
+        }
         let part_ok = c.status.is_success();
         if !part_ok {
             self.res.errors += 1;
@@ -725,7 +743,10 @@ impl Worker {
                 inflight: qc.inflight,
             };
         }
-        let r = self.groups[g].chooser.choose(&states[..self.replicas])?;
+        let r = match self.isr.as_mut() {
+            Some(isr) => isr.choose(&states[..self.replicas], ns_since(self.t_start)),
+            None => self.groups[g].chooser.choose(&states[..self.replicas]),
+        }?;
         Some(r * n + g)
     }
 

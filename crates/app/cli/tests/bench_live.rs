@@ -410,6 +410,12 @@ struct PathProxy {
 
 impl PathProxy {
     fn start(upstream: std::net::SocketAddr) -> PathProxy {
+        Self::start_delayed(upstream, Duration::ZERO)
+    }
+
+    /// As `start`, with every chunk of the target's responses held for
+    /// `delay` (a longer or busier path).
+    fn start_delayed(upstream: std::net::SocketAddr, delay: Duration) -> PathProxy {
         use std::sync::atomic::Ordering;
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
@@ -430,12 +436,25 @@ impl PathProxy {
                 k.push(down.try_clone().unwrap());
                 k.push(up.try_clone().unwrap());
                 drop(k);
-                for (mut a, mut b) in [
-                    (down.try_clone().unwrap(), up.try_clone().unwrap()),
-                    (up, down),
+                for (mut a, mut b, d) in [
+                    (
+                        down.try_clone().unwrap(),
+                        up.try_clone().unwrap(),
+                        Duration::ZERO,
+                    ),
+                    (up, down, delay),
                 ] {
                     std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut a, &mut b);
+                        use std::io::{Read, Write};
+                        let mut buf = vec![0u8; 1 << 16];
+                        while let Ok(n @ 1..) = a.read(&mut buf) {
+                            if !d.is_zero() {
+                                std::thread::sleep(d);
+                            }
+                            if b.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
                         let _ = b.shutdown(std::net::Shutdown::Both);
                     });
                 }
@@ -640,4 +659,54 @@ fn paths_to_different_namespaces_are_refused_before_any_io() {
         a.extend(args.iter().copied());
         assert_refused(&trellis(&a), &[want]);
     }
+}
+
+#[test]
+fn isr_path_choice_sends_less_to_the_slower_path_than_round_robin() {
+    // Path 2's relay holds each chunk of responses 300 µs: round-robin still
+    // splits commands evenly, ISR (shortest expected delay from measured round
+    // trips) sends most of them to the fast path, and both verify clean.
+    let t = LiveTarget::start(&["--ram", "64M"]);
+    let fast = PathProxy::start(t.addr);
+    let slow = PathProxy::start_delayed(t.addr, Duration::from_micros(300));
+    let paths = format!("{},{}", fast.addr, slow.addr);
+    let share = |policy: &str| {
+        let j = bench_json(&[
+            "--paths",
+            &paths,
+            "--path-policy",
+            policy,
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+            "--size",
+            "8m",
+            "--iodepth",
+            "16",
+            "--verify",
+            "--runtime",
+            "1",
+        ]);
+        assert_eq!(
+            (j["errors"].as_u64(), j["verify_failures"].as_u64()),
+            (Some(0), Some(0)),
+            "{j}"
+        );
+        let ios: Vec<f64> = (0..2)
+            .map(|i| j["paths"][i]["ios"].as_f64().unwrap())
+            .collect();
+        (ios[1] / (ios[0] + ios[1]), j)
+    };
+    let (rr, j) = share("round-robin");
+    assert!(
+        (rr - 0.5).abs() < 0.02,
+        "round-robin share of the slow path {rr}: {j}"
+    );
+    let (isr, j) = share("isr");
+    assert!(
+        isr < 0.3 && isr > 0.0,
+        "isr share of the slow path {isr}: {j}"
+    );
+    assert_eq!(j["path_policy"], "isr", "{j}");
 }

@@ -163,3 +163,102 @@ mod tests {
         assert_eq!(picks, [0, 2, 0, 2]);
     }
 }
+
+/// ISR path choice at the end host (NSDI'26 §3.1, docs/isr.md), on the same
+/// sans-IO core the simulator's switches use ([`trellis_fabric::isr::IsrTable`]).
+///
+/// The host is an ISR node whose ports are its paths and whose one target is
+/// the namespace. Where the end-host version differs from the in-network one:
+/// - the telemetry is the command's round trip on the path, measured by the
+///   host itself (no INT header rides our NVMe/TCP PDUs), and no ECN;
+/// - the local queueing delay is the host's own work on the path, its commands
+///   in flight times the path's round-trip EWMA. In a switch it is the egress
+///   backlog; a host sends at once, so its backlog is what it has out, and
+///   counting it is what keeps every command between two completions from
+///   herding onto the path that looked best last. The score is then
+///   `(in flight + 1) × round trip`, the shortest-expected-delay rule;
+/// - a path with no fresh sample (the table's staleness, 10 ms) scores its
+///   local part only, so an idle path is tried again.
+pub struct IsrPaths {
+    table: trellis_fabric::isr::IsrTable,
+    paths: usize,
+    tie: u64,
+}
+
+/// Most paths [`IsrPaths`] tracks.
+pub const MAX_PATHS: usize = 8;
+
+impl IsrPaths {
+    pub fn new(paths: usize) -> Self {
+        assert!((1..=MAX_PATHS).contains(&paths), "1 to {MAX_PATHS} paths");
+        IsrPaths {
+            table: trellis_fabric::isr::IsrTable::new(Default::default(), 1, paths),
+            paths,
+            tie: 0,
+        }
+    }
+
+    /// A command completed on `path` after `round_trip_ns`.
+    pub fn on_completion(&mut self, path: usize, round_trip_ns: u64, now_ns: u64) {
+        if path < self.paths {
+            self.table
+                .update(0, path as u8, round_trip_ns, false, now_ns);
+        }
+    }
+
+    /// The path for the next command, None when none may take one. `paths`
+    /// describes each path now (its `credit_limit` and `depth` are not used).
+    pub fn choose(&mut self, paths: &[ReplicaState], now_ns: u64) -> Option<usize> {
+        let mut cand = [0u8; MAX_PATHS];
+        let mut n = 0;
+        for (i, p) in paths.iter().enumerate().take(self.paths) {
+            if p.may_submit {
+                cand[n] = i as u8;
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+        self.tie = self.tie.wrapping_add(1);
+        let table = &self.table;
+        let local = |p: u8| paths[p as usize].inflight as u64 * table.delay_ns(0, p);
+        Some(table.choose(0, &cand[..n], local, now_ns, self.tie) as usize)
+    }
+}
+
+#[cfg(test)]
+mod isr_tests {
+    use super::*;
+
+    fn st(inflight: u32) -> ReplicaState {
+        ReplicaState {
+            may_submit: true,
+            credit_limit: None,
+            depth: 32,
+            inflight,
+        }
+    }
+
+    #[test]
+    fn isr_prefers_the_faster_path_until_its_own_load_evens_the_expected_delay() {
+        let mut c = IsrPaths::new(2);
+        // Path 0 answers in 100 µs, path 1 in 400 µs.
+        for k in 0..16 {
+            c.on_completion(0, 100_000, k * 1_000);
+            c.on_completion(1, 400_000, k * 1_000);
+        }
+        let now = 20_000;
+        assert_eq!(c.choose(&[st(0), st(0)], now), Some(0));
+        // (2 + 1) × 100 < (0 + 1) × 400: still path 0; (4 + 1) × 100 > 400: path 1.
+        assert_eq!(c.choose(&[st(2), st(0)], now), Some(0));
+        assert_eq!(c.choose(&[st(4), st(0)], now), Some(1));
+        // A path that may not take a command is never chosen.
+        let mut busy = st(0);
+        busy.may_submit = false;
+        assert_eq!(c.choose(&[busy, st(9)], now), Some(1));
+        assert_eq!(c.choose(&[busy, busy], now), None);
+        // After 10 ms without samples path 1 scores its local part only: tried again.
+        assert_eq!(c.choose(&[st(1), st(0)], 20_000_000), Some(1));
+    }
+}
