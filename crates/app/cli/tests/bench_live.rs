@@ -393,7 +393,10 @@ fn headroom_reads_go_to_the_replica_with_room_and_round_robin_alternates() {
     };
     let (ra, rb, j) = run("headroom");
     assert_eq!(j["credits"], true, "headroom asks for credits: {j}");
-    assert!(ra > 4 * rb && rb > 0, "headroom: A {ra} vs B {rb}: {j}");
+    // About 10:1 on a quiet machine; with two test runs at once on two vCPUs
+    // the null replica is CPU-starved too and it fell to 3.97:1 once, so the
+    // bound is 2:1, still far from round-robin's exact alternation below.
+    assert!(ra > 2 * rb && rb > 0, "headroom: A {ra} vs B {rb}: {j}");
     let (ra, rb, j) = run("round-robin");
     assert!(ra.abs_diff(rb) <= 1, "round-robin: A {ra} vs B {rb}: {j}");
 }
