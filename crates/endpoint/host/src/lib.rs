@@ -5,6 +5,8 @@
 //!   thread that owns it (one gathered `sendmsg` and one `recv` per poll).
 //! - [`ctrl`]: admin queue, controller enable/identify, I/O queue creation,
 //!   Keep Alive, discovery.
+//! - [`switch`]: blk-switch on the compute node: per-(core, class) egress queues,
+//!   latency before throughput, i10 caravans, request and application steering.
 //! - [`replica`]: which replica of a replicated volume serves a read (round-robin,
 //!   or Gimbal's credit headroom).
 //!
@@ -19,6 +21,7 @@ pub mod engine;
 pub mod error;
 pub mod queue;
 pub mod replica;
+pub mod switch;
 
 pub use ctrl::{discover, Controller, HostConfig};
 pub use engine::{Completion, Engine, EngineConfig, Xfer};
