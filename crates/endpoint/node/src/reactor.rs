@@ -608,6 +608,7 @@ impl Reactor {
     /// parsing that stopped for lack of tx room, and closes finished ones.
     fn flush_all(&mut self, now: u64) -> bool {
         let mut work = false;
+        let budget = self.shared.reg.limits.send_budget.0 as usize;
         for idx in 0..self.conns.len() {
             let Some(e) = self.conns[idx].as_mut() else {
                 continue;
@@ -621,6 +622,7 @@ impl Reactor {
                 // io_uring: queue the send; the completion advances tx.
                 if e.conn.has_output() && !e.zombie && !e.send_armed {
                     e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
+                    cap_iovecs(&mut e.iov, budget);
                     e.msg.msg_iov = e.iov.as_mut_ptr();
                     e.msg.msg_iovlen = e.iov.len() as _;
                     match u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg) {
@@ -633,13 +635,13 @@ impl Reactor {
                     work = true;
                 }
             } else if e.conn.has_output() && !e.zombie {
-                work |= send(e, &mut self.iov, self.epfd, idx);
+                work |= send(e, &mut self.iov, self.epfd, idx, budget);
                 if e.conn.rx_pending() {
                     let mut ctx =
                         Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
                     e.conn.process(&mut ctx);
                     if e.conn.has_output() {
-                        send(e, &mut self.iov, self.epfd, idx);
+                        send(e, &mut self.iov, self.epfd, idx, budget);
                     }
                 }
             }
@@ -1034,10 +1036,29 @@ impl Reactor {
     }
 }
 
-/// One gathered sendmsg of everything queued (up to MAX_IOV pieces).
-/// Returns whether bytes moved.
-fn send(e: &mut Entry, iov: &mut Vec<libc::iovec>, epfd: RawFd, idx: usize) -> bool {
+/// Cuts `iov` after `budget` bytes (0: no bound); the rest stays queued for
+/// the connection's next turn.
+fn cap_iovecs(iov: &mut Vec<libc::iovec>, budget: usize) {
+    if budget == 0 {
+        return;
+    }
+    let mut sum = 0usize;
+    for i in 0..iov.len() {
+        let len = iov[i].iov_len;
+        if sum + len >= budget {
+            iov[i].iov_len = budget - sum;
+            iov.truncate(i + 1);
+            return;
+        }
+        sum += len;
+    }
+}
+
+/// One gathered sendmsg of everything queued (up to MAX_IOV pieces and
+/// `budget` bytes). Returns whether bytes moved.
+fn send(e: &mut Entry, iov: &mut Vec<libc::iovec>, epfd: RawFd, idx: usize, budget: usize) -> bool {
     e.conn.tx_iovecs(iov, MAX_IOV);
+    cap_iovecs(iov, budget);
     if iov.is_empty() {
         return false;
     }
