@@ -38,6 +38,23 @@ pub struct BenchArgs {
     /// CPUs to pin worker threads to, e.g. 1 or 2,3 (round-robin).
     #[arg(long, value_delimiter = ',')]
     pub cpus: Vec<usize>,
+    /// Host stack: `plain` (a thread per worker, today's stack) or
+    /// `blk-switch` (per-core, per-class queues; latency-class jobs first;
+    /// steering; docs/host.md "Class isolation").
+    #[arg(long, default_value = "plain")]
+    pub stack: String,
+    /// With --stack blk-switch: priority, request-steering or app-steering
+    /// (blk-switch's `blk_switch_on` 0, 1, 2).
+    #[arg(
+        long = "switch-level",
+        alias = "switch_level",
+        default_value = "app-steering"
+    )]
+    pub switch_level: String,
+    /// With --stack blk-switch: i10 doorbell delay of throughput caravans in
+    /// µs (below 25: no batching).
+    #[arg(long = "doorbell-us", alias = "doorbell_us", default_value_t = 50)]
+    pub doorbell_us: u64,
     /// Never show the live progress line (it is shown only on a terminal anyway).
     #[arg(long = "no-progress", alias = "no_progress")]
     pub no_progress: bool,
@@ -133,6 +150,7 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         kato_ms: args.kato_ms,
         command_timeout: Duration::from_millis(args.cmd_timeout_ms),
         cpus: args.cpus.clone(),
+        stack: stack_opts(&args)?,
         ..Default::default()
     };
     if args.no_progress {
@@ -178,6 +196,27 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         bail!("a job completed no I/O");
     }
     Ok(())
+}
+
+/// `--stack`, `--switch-level`, `--doorbell-us`.
+fn stack_opts(args: &BenchArgs) -> Result<Option<crate::switch_run::SwitchOpts>> {
+    const DOORBELL_US_MAX: u64 = 10_000;
+    match args.stack.as_str() {
+        "plain" => Ok(None),
+        "blk-switch" => {
+            if args.doorbell_us > DOORBELL_US_MAX {
+                bail!(
+                    "--doorbell-us {} is too long: at most {DOORBELL_US_MAX} (i10 uses 50)",
+                    args.doorbell_us
+                );
+            }
+            Ok(Some(crate::switch_run::SwitchOpts {
+                level: crate::switch_run::parse_level(&args.switch_level)?,
+                doorbell_us: args.doorbell_us,
+            }))
+        }
+        other => bail!("--stack {other:?} is not a host stack: use plain or blk-switch"),
+    }
 }
 
 /// Fails, naming the path, if the results could not be written there: the

@@ -4,6 +4,8 @@
 //! - [`cli`]: flags and subcommands (`suite`, `baseline-server`, `baseline-client`).
 //! - [`job`]: job options from flags or a TOML job file.
 //! - [`worker`]: one reactor thread per worker, owning its queue pairs.
+//! - [`switch_run`]: `--stack blk-switch`, the jobs as apps on per-core,
+//!   per-class queues (`trellis_host::switch`).
 //! - [`verify`]: per-block header (LBA, generation, checksum).
 //! - [`report`]: HDR histograms, the human table and the JSON.
 //! - [`baseline`], [`suite`]: the raw TCP baseline and the suite runner.
@@ -16,5 +18,6 @@ pub mod job;
 pub mod report;
 pub mod runner;
 pub mod suite;
+pub mod switch_run;
 pub mod verify;
 pub mod worker;

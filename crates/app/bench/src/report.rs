@@ -145,6 +145,25 @@ pub struct RunReport {
     pub partial: bool,
     /// Stopped by SIGINT or SIGTERM.
     pub interrupted: bool,
+    /// The host stack the jobs ran on: "plain" (a thread per worker) or
+    /// "blk-switch" (`--stack`).
+    pub stack: &'static str,
+    /// With `--stack blk-switch`: what the switch did.
+    pub switch: Option<SwitchReport>,
+}
+
+/// The blk-switch host stack's counters over the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct SwitchReport {
+    pub level: String,
+    pub cores: usize,
+    pub doorbell_us: u64,
+    pub caravans: u64,
+    pub doorbell_timeouts: u64,
+    pub steered_requests: u64,
+    pub app_moves: u64,
+    /// Per app (job order, then worker): the core it lived on at the end.
+    pub app_cores: Vec<usize>,
 }
 
 /// `x` per second over `secs`; 0 when nothing was measured (a run stopped
@@ -372,6 +391,13 @@ pub fn human_table(r: &RunReport) -> String {
         ));
     }
     s.push_str("latency columns in microseconds (completion latency seen by the application)\n");
+    if let Some(w) = &r.switch {
+        s.push_str(&format!(
+            "stack blk-switch ({}, {} core(s), doorbell {} us): {} caravans ({} on the timer), {} requests steered, {} app moves, apps end on cores {:?}\n",
+            w.level, w.cores, w.doorbell_us, w.caravans, w.doorbell_timeouts,
+            w.steered_requests, w.app_moves, w.app_cores
+        ));
+    }
     if r.interrupted {
         s.push_str("PARTIAL: interrupted; figures cover the I/O done until then\n");
     }

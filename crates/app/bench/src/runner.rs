@@ -27,6 +27,9 @@ pub struct RunOpts {
     /// Set (by a SIGINT/SIGTERM handler) to stop the run early; the report
     /// then covers what was done and is marked partial.
     pub interrupted: Arc<AtomicBool>,
+    /// `--stack blk-switch`: run the jobs as apps on the switch host stack
+    /// (None: the plain stack, a thread per worker).
+    pub stack: Option<crate::switch_run::SwitchOpts>,
 }
 
 impl Default for RunOpts {
@@ -38,6 +41,7 @@ impl Default for RunOpts {
             cpus: Vec::new(),
             progress: std::io::stderr().is_terminal(),
             interrupted: Arc::new(AtomicBool::new(false)),
+            stack: None,
         }
     }
 }
@@ -79,6 +83,9 @@ fn key_for(j: &JobSpec, addr: &str, nqn: &str) -> CtrlKey {
 const CREDIT_TOKEN: u16 = 0x7e11;
 
 pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
+    if let Some(sw) = &opts.stack {
+        return run_switch(jobs, opts, sw);
+    }
     let cpu0 = cpu_time();
     let mut ctrls = connect_all(jobs, opts)?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -156,6 +163,147 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
         jobs: reports,
         bench_cpu: cpu_delta(&cpu0, &cpu_time()),
         ok,
+        stack: "plain",
+        switch: None,
+    })
+}
+
+/// `--cpus` for blk-switch: one reactor per core, so each CPU once, and one
+/// this process may run on (pinning elsewhere would silently not happen).
+fn switch_cpus(cpus: &[usize], allowed: &[usize]) -> Result<Vec<usize>> {
+    for (i, c) in cpus.iter().enumerate() {
+        if !allowed.contains(c) {
+            bail!(
+                "--cpus {c}: this process may not run on CPU {c} (allowed: {allowed:?}); --stack blk-switch runs one reactor per listed CPU"
+            );
+        }
+        if cpus[..i].contains(c) {
+            bail!("--cpus lists CPU {c} twice: --stack blk-switch runs one reactor per core");
+        }
+    }
+    Ok(cpus.to_vec())
+}
+
+/// What `--stack blk-switch` cannot run yet, as the one-line refusal.
+fn switch_refusal(jobs: &[JobSpec]) -> Option<String> {
+    let first = key_at(&jobs[0], &jobs[0].addr);
+    for j in jobs {
+        let what = if !j.replicas.is_empty() {
+            "--replicas/--paths"
+        } else if j.verify {
+            "--verify"
+        } else if j.credits {
+            "--credits"
+        } else if j.rate_iops > 0 || j.rate_bytes > 0 {
+            "--rate_iops/--rate"
+        } else if key_at(j, &j.addr) != first {
+            "jobs on different targets, subsystems, host NQNs or digests"
+        } else {
+            continue;
+        };
+        return Some(format!(
+            "--stack blk-switch does not support {what} (job {}): run it with --stack plain, or drop that option",
+            j.name
+        ));
+    }
+    None
+}
+
+/// `--stack blk-switch`: one controller, two I/O queues per core, the jobs'
+/// workers as apps on the switch (crate::switch_run).
+fn run_switch(
+    jobs: &[JobSpec],
+    opts: &RunOpts,
+    sw: &crate::switch_run::SwitchOpts,
+) -> Result<RunReport> {
+    if jobs.is_empty() {
+        bail!("no jobs to run");
+    }
+    if let Some(why) = switch_refusal(jobs) {
+        bail!(why);
+    }
+    let cpu0 = cpu_time();
+    let allowed: Vec<usize> = core_affinity::get_core_ids()
+        .map(|v| v.into_iter().map(|c| c.id).collect())
+        .unwrap_or_else(|| vec![0]);
+    let cpus = if opts.cpus.is_empty() {
+        allowed
+    } else {
+        switch_cpus(&opts.cpus, &allowed)?
+    };
+    let k = key_at(&jobs[0], &jobs[0].addr);
+    let nq = 2 * cpus.len() as u32;
+    let cfg = host_config(&k, nq, opts);
+    let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {
+        let hint = connect_hint(&e, &k.0, &k.2);
+        anyhow::Error::new(e).context(format!("connecting to {} at {} as {}{hint}", k.1, k.0, k.2))
+    })?;
+    let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
+    if (granted as u32) < nq {
+        bail!(
+            "the controller at {} granted {granted} I/O queues, --stack blk-switch needs {nq} (two per core of --cpus): use fewer CPUs, or raise the target's max_io_queues",
+            k.0
+        );
+    }
+    let mut ctrls = BTreeMap::new();
+    ctrls.insert(k.clone(), c);
+    let geometry = volume_geometry(&jobs[0], std::slice::from_ref(&k), &mut ctrls)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress: Vec<_> = jobs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let ctrl = ctrls.get_mut(&k).expect("inserted above");
+    let (threads, shared) = crate::switch_run::run(
+        jobs,
+        ctrl,
+        &cpus,
+        sw,
+        geometry,
+        stop.clone(),
+        progress.clone(),
+    )?;
+    let handles: Vec<_> = threads.into_iter().map(|h| (0usize, h)).collect();
+    watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
+    let mut reactor_errors = Vec::new();
+    let mut polls = (0, 0);
+    for (_, h) in handles {
+        let r = h.join().map_err(|_| anyhow::anyhow!("reactor panicked"))?;
+        polls.0 += r.polls;
+        polls.1 += r.idle_polls;
+        if let Some(e) = r.first_error {
+            reactor_errors.push(e);
+        }
+    }
+    for (_, c) in ctrls {
+        let _ = c.shutdown();
+    }
+    let (mut per_job, report) = crate::switch_run::results(&shared, jobs.len());
+    // The reactors' own figures (polls; a failed queue) go with the first
+    // app: the job report adds them up.
+    if let Some(r) = per_job.first_mut().and_then(|v| v.first_mut()) {
+        r.polls += polls.0;
+        r.idle_polls += polls.1;
+        if let Some(e) = reactor_errors.first() {
+            r.fatal = true;
+            r.errors += 1;
+            r.first_error.get_or_insert(e.clone());
+        }
+    }
+    let reports: Vec<_> = jobs
+        .iter()
+        .zip(per_job)
+        .map(|(j, r)| job_report(j, r))
+        .collect();
+    let ok = reports
+        .iter()
+        .all(|r| r.errors == 0 && r.verify_failures == 0);
+    let interrupted = opts.interrupted.load(Ordering::Relaxed);
+    Ok(RunReport {
+        partial: interrupted || reports.iter().any(|r| r.partial),
+        interrupted,
+        jobs: reports,
+        bench_cpu: cpu_delta(&cpu0, &cpu_time()),
+        ok,
+        stack: "blk-switch",
+        switch: Some(report),
     })
 }
 
@@ -341,7 +489,7 @@ fn check_transfer(job: &JobSpec, mdts: Option<u64>) -> Result<()> {
 /// The job's LBA range: [offset, offset + size), aligned to the largest I/O
 /// so workers split it evenly. A range past the namespace's end is refused,
 /// not clipped: the report would describe a different run than the one asked.
-fn range_blocks(job: &JobSpec, nsze: u64, bsz: u32) -> Result<(u64, u64)> {
+pub(crate) fn range_blocks(job: &JobSpec, nsze: u64, bsz: u32) -> Result<(u64, u64)> {
     let align = (job.max_bs() / bsz).max(1) as u64;
     let first = job.offset_bytes / bsz as u64;
     let ns_bytes = nsze.saturating_mul(bsz as u64);

@@ -34,6 +34,10 @@ pub struct Queue {
     sock: TcpStream,
     iov: Vec<libc::iovec>,
     last_timeout_check: Instant,
+    /// Most bytes one poll receives (usize::MAX: whatever the engine has
+    /// room for). A reactor that serves other queues between polls bounds
+    /// this one's turn with it.
+    recv_max: usize,
     pub stats: PollStats,
 }
 
@@ -76,6 +80,7 @@ impl Queue {
             sock,
             iov: Vec::with_capacity(MAX_IOV),
             last_timeout_check: Instant::now(),
+            recv_max: usize::MAX,
             stats: PollStats::default(),
         };
         q.engine.start();
@@ -88,6 +93,11 @@ impl Queue {
             std::thread::yield_now();
         }
         Ok(q)
+    }
+
+    /// Bounds the bytes one poll receives (at least one PDU header's worth).
+    pub fn set_recv_max(&mut self, bytes: usize) {
+        self.recv_max = bytes.max(128);
     }
 
     pub fn engine(&self) -> &Engine {
@@ -173,12 +183,14 @@ impl Queue {
     fn recv(&mut self, now: Instant) -> Result<usize> {
         let fd = self.sock.as_raw_fd();
         let space = self.engine.recv_space();
-        // SAFETY: `space` is a valid writable slice for its length.
+        let space_len = space.len().min(self.recv_max);
+        // SAFETY: `space` is a valid writable slice for its length, and
+        // `space_len` is at most that.
         let n = unsafe {
             libc::recv(
                 fd,
                 space.as_mut_ptr() as *mut libc::c_void,
-                space.len(),
+                space_len,
                 libc::MSG_DONTWAIT,
             )
         };
