@@ -38,5 +38,14 @@ for digest in none header,data; do
     bench_case "nvmet-randrw-128k-digest-${digest/,/+}" "${common[@]}" --rw randrw --bs 128k --iodepth 4 --digest "$digest"
 done
 
+# The blk-switch host stack against a stock target (issue 14 (a)): an L-app
+# and a T-app on per-core class queues; nvmet knows nothing of classes.
+jobs=$LOG_DIR/blkswitch.toml
+printf '%s\n' '[[job]]' 'name = "lapp"' 'class = "latency"' 'rw = "randread"' 'bs = "4k"' \
+    'iodepth = 1' 'size = "8m"' '' '[[job]]' 'name = "tapp"' 'class = "throughput"' \
+    'rw = "randread"' 'bs = "128k"' 'iodepth = 8' 'offset = "8m"' 'size = "16m"' >"$jobs"
+bench_case "nvmet-blk-switch" --addr "127.0.0.1:$PORT" --nqn nqn.2026-11.io.trellis:linux-nvmet \
+    --runtime "$RUNTIME" --cmd_timeout_ms 30000 --jobs "$jobs" --stack blk-switch
+
 echo "logs: $LOG_DIR"
 if [ "$FAILED" -eq 0 ]; then echo "RESULT: PASS"; else echo "RESULT: FAIL"; exit 1; fi

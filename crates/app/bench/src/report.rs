@@ -16,7 +16,16 @@ pub struct Latency {
     pub lat_us_p99_9: f64,
     pub lat_us_p99_99: f64,
     pub lat_us_max: f64,
+    /// The latency CDF as (quantile, µs) points, for plots: every 5 % up
+    /// to 95 %, then the tail (99, 99.5, 99.9, 99.95, 99.99 %) and the max.
+    pub lat_us_cdf: Vec<(f64, f64)>,
 }
+
+/// Quantiles of [`Latency::lat_us_cdf`].
+const CDF_QUANTILES: [f64; 25] = [
+    0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75,
+    0.80, 0.85, 0.90, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999,
+];
 
 impl Latency {
     pub fn from_hist(h: &Histogram<u64>) -> Latency {
@@ -31,6 +40,11 @@ impl Latency {
             lat_us_p99_9: us(h.value_at_quantile(0.999)),
             lat_us_p99_99: us(h.value_at_quantile(0.9999)),
             lat_us_max: us(h.max()),
+            lat_us_cdf: CDF_QUANTILES
+                .iter()
+                .map(|&q| (q, us(h.value_at_quantile(q))))
+                .chain(std::iter::once((1.0, us(h.max()))))
+                .collect(),
         }
     }
 }
