@@ -763,6 +763,12 @@ impl Worker {
         let mut moved = 0;
         for g in 0..n {
             let qc = &mut self.queues[path * n + g];
+            // Reset the connection, dropping what the kernel has not sent:
+            // a write re-sent below must not be overtaken later by its stale
+            // original once the link is back.
+            if !qc.down {
+                qc.q.abort();
+            }
             qc.down = true;
             for (slot, busy) in qc.busy.iter_mut().enumerate() {
                 if std::mem::take(busy) {

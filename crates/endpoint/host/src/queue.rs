@@ -95,6 +95,49 @@ impl Queue {
         Ok(q)
     }
 
+    /// Ends the connection at once and discards what the kernel still holds
+    /// to send. Multipath failover needs this before it re-sends a path's
+    /// commands elsewhere: a plain close would let the kernel go on
+    /// delivering queued bytes (a write command and its data) once the link
+    /// returns, and that stale write would land after newer ones sent on
+    /// another path. SO_LINGER 0 makes the close a reset that drops the send
+    /// queue; the descriptor is then pointed at a fresh unconnected socket,
+    /// so later calls on this queue fail instead of reaching anything.
+    pub fn abort(&mut self) {
+        let fd = self.sock.as_raw_fd();
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt with a valid linger struct and its size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                &linger as *const libc::linger as *const libc::c_void,
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        // SAFETY: socket(2) creates a new descriptor we own; dup2 atomically
+        // closes our connected socket (the reset, send queue dropped) and
+        // reuses its number for the fresh one, which the TcpStream then owns
+        // and closes on drop; the temporary descriptor is closed here.
+        unsafe {
+            let fresh = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            if fresh >= 0 {
+                libc::dup2(fresh, fd);
+                libc::close(fresh);
+            } else {
+                // Out of descriptors: at least stop both directions.
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+        let _ = self
+            .engine
+            .fail_with(Error::protocol("queue aborted by its owner"));
+    }
+
     /// Bounds the bytes one poll receives (at least one PDU header's worth).
     pub fn set_recv_max(&mut self, bytes: usize) {
         self.recv_max = bytes.max(128);
