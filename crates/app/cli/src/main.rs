@@ -1,5 +1,5 @@
-//! `trellis`: one binary for the storage node daemon, the load generator and
-//! the SAN simulator.
+//! `trellis`: one binary for the storage node daemon, the load generator,
+//! the SAN simulator and the emulated SAN.
 
 mod target_cmd;
 
@@ -25,6 +25,9 @@ enum Cmd {
     Bench(trellis_bench::cli::BenchArgs),
     /// Discrete-event SAN simulator: switched vs switchless, mechanisms, cost.
     Sim(trellis_sim::cli::SimArgs),
+    /// Emulated SAN on this machine (network namespaces, root): the 4-node
+    /// testbed switched or as a 2x2 torus, a target in every storage node.
+    San(trellis_san::cli::SanArgs),
 }
 
 fn main() {
@@ -40,6 +43,7 @@ fn main() {
     let r = match cli.cmd {
         Cmd::Target(a) => target_cmd::run(a),
         Cmd::Bench(a) => trellis_bench::cli::run(a),
+        Cmd::San(a) => trellis_san::cli::run(a),
         Cmd::Sim(a) => {
             // The simulator only prints reports and writes files: like other
             // Unix report tools, `trellis sim ... | head` ends quietly when
