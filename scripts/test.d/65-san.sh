@@ -12,6 +12,9 @@ command -v python3 >/dev/null || { echo "skipped: python3 missing (it checks the
 probe=tsan-probe-$$
 if ! ip netns add "$probe" 2>/dev/null; then echo "skipped: cannot create network namespaces here"; exit 77; fi
 ip netns del "$probe"
+# The namespaces have fixed names (tsan-*): two test runs at once take turns.
+exec 9>"${TMPDIR:-/tmp}/trellis-san-test.lock"
+flock 9
 dir=$(mktemp -d "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/san.XXXXXX")
 san() { "$TRELLIS" san --state-dir "$dir/state" "$@"; }
 trap 'san down >/dev/null 2>&1 || true' EXIT
