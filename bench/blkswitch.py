@@ -157,7 +157,7 @@ def summarise(reps):
     return out
 
 
-def svg_cdf(curves, path):
+def svg_cdf(curves, path, xlabel="L-app latency (µs, log scale)"):
     """Latency CDFs, one polyline per curve: log-x µs, and y in "nines"
     (-log10(1 - q)) so that the tail, where the stacks differ, is visible."""
     w, h, m = 640, 400, 60
@@ -172,7 +172,7 @@ def svg_cdf(curves, path):
           f'<rect width="{w}" height="{h}" fill="white"/>',
           f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
           f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
-          f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">L-app latency (µs, log scale)</text>',
+          f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">{xlabel}</text>',
           f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">fraction of I/Os at or below (log tail scale)</text>']
     for d in range(math.floor(lo), math.ceil(hi) + 1):
         if lo <= d <= hi:

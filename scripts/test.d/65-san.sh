@@ -51,3 +51,22 @@ PY
 san down
 ip netns list | grep -q '^tsan-' && { echo "FAIL: namespaces left after down"; ip netns list; exit 1; }
 echo "san: switched and torus2d up, verified I/O, a link failure with 0 errors, down clean"
+
+# The path-choice study at its smallest (bench/san.sh): a second tenant on one
+# path; single path, round-robin and ISR all run and write their figures.
+# For breakage only: CI never judges the figures (timing).
+TRELLIS="$TRELLIS" bench/san.sh --quick --runtime 1 --out "$dir/study" >"$dir/study.log" 2>&1 \
+  || { cat "$dir/study.log"; exit 1; }
+python3 - "$dir/study/san.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for m in ("single", "round-robin", "isr"):
+    x = d["modes"][m]
+    assert x["iops"] > 0 and x["lat_us_p99_9"] > 0 and x["errors"] == 0, (m, x)
+assert d["modes"]["single"]["share_on_loaded_path"] == 1.0
+assert len(d["checks"]) == 3
+print("san.json: single, round-robin and isr ran with no errors")
+PY
+cat "$dir/study/san.md"
+ip netns list | grep -q '^tsan-' && { echo "FAIL: namespaces left after the study"; ip netns list; exit 1; }
+echo "san study: ok"
