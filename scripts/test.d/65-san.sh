@@ -13,7 +13,9 @@ probe=tsan-probe-$$
 if ! ip netns add "$probe" 2>/dev/null; then echo "skipped: cannot create network namespaces here"; exit 77; fi
 ip netns del "$probe"
 # The namespaces have fixed names (tsan-*): two test runs at once take turns.
-exec 9>"${TMPDIR:-/tmp}/trellis-san-test.lock"
+# A fixed lock path: each test run has its own TMPDIR.
+lockdir=/run/lock; [ -d "$lockdir" ] && [ -w "$lockdir" ] || lockdir=/tmp
+exec 9>"$lockdir/trellis-san-test.lock"
 flock 9
 dir=$(mktemp -d "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/san.XXXXXX")
 san() { "$TRELLIS" san --state-dir "$dir/state" "$@"; }
