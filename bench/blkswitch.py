@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,9 @@ import tempfile
 import time
 import tomllib
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fairness as fx  # noqa: E402  (Target, job_file: the same runner)
 
 L_P99_RATIO_MAX = 1.5
 T_KEEP_MIN = 0.90
@@ -50,45 +52,18 @@ def args():
     return p.parse_args()
 
 
-def job_file(jobs, path, glob):
-    def val(v):
-        return str(v).lower() if isinstance(v, bool) else (
-            str(v) if isinstance(v, (int, float)) else json.dumps(v))
-    lines = ["[global]"] + [f"{k} = {val(v)}" for k, v in glob.items()]
-    for j in jobs:
-        lines += ["", "[[job]]"] + [f"{k} = {val(v)}" for k, v in j.items()]
-    open(path, "w").write("\n".join(lines) + "\n")
-
-
-def wait_port(port, proc, secs=10):
-    end = time.time() + secs
-    while time.time() < end:
-        if proc.poll() is not None:
-            return False
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return True
-        except OSError:
-            time.sleep(0.05)
-    return False
-
-
 def start_target(a, work):
-    cfg = os.path.join(work, "target.toml")
-    open(cfg, "w").write(
-        f'[target]\nreactors = 1\ncpus = [1]\nsend_budget = "{a.send_budget}"\n'
-        f'state_dir = "{work}"\n\n'
-        f'[metrics]\nlisten = "127.0.0.1:{a.port + 1}"\n\n'
-        f'[[listener]]\naddr = "127.0.0.1:{a.port}"\n\n'
-        f'[[subsystem]]\nnqn = "{NQN}"\n\n'
-        f'[[subsystem.namespace]]\nbackend = "ram"\nsize = "1G"\n')
-    log = os.path.join(a.out, "target.log")
-    proc = subprocess.Popen([a.bin, "target", "-c", cfg, "--log", "info"],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    if not wait_port(a.port, proc):
-        proc.kill()
-        sys.exit(f"blkswitch: the target did not start; see {log}")
-    return proc
+    """A fresh `trellis target` (fairness.Target) with one RAM namespace, the
+    send budget asked, and /metrics for the reactor's busy time."""
+    def write(path):
+        open(path, "w").write(
+            f'[target]\nreactors = 1\ncpus = [1]\nsend_budget = "{a.send_budget}"\n'
+            f'state_dir = "{work}"\n\n'
+            f'[metrics]\nlisten = "127.0.0.1:{a.port + 1}"\n\n'
+            f'[[listener]]\naddr = "127.0.0.1:{a.port}"\n\n'
+            f'[[subsystem]]\nnqn = "{NQN}"\n\n'
+            f'[[subsystem.namespace]]\nbackend = "ram"\nsize = "1G"\n')
+    return fx.Target(a, "off", [], work, "blkswitch", write_config=write)
 
 
 def target_busy_s(a):
@@ -103,7 +78,7 @@ def target_busy_s(a):
 def bench(a, jobs, glob, stack, work, tag):
     jf = os.path.join(work, f"jobs-{tag}.toml")
     out = os.path.join(a.out, f"bench-{tag}.json")
-    job_file(jobs, jf, glob)
+    fx.job_file([dict(glob, **j) for j in jobs], jf)
     cmd = [a.bin, "bench", "--jobs", jf, "--stack", stack, "--cpus", "0",
            "--runtime", f"{a.runtime}s", "--ramp_time", "1s", "--no_progress",
            "--json", out, "--log", "warn"]
@@ -243,8 +218,7 @@ def main():
                     runs[st].append(one_rep(a, lapp, tapps, glob, st, work, r))
         finally:
             if t:
-                t.send_signal(2)
-                t.wait(timeout=30)
+                t.stop()
     doc = {"paper": PAPER, "tapps": a.tapps, "reps": a.reps, "runtime_s": a.runtime,
            "target": a.addr or "trellis target (ram)", "send_budget": None if a.addr else a.send_budget,
            "stacks": {st: summarise(rs) for st, rs in runs.items()},
