@@ -114,6 +114,10 @@ pub struct JobReport {
     /// and the first failure's reason.
     pub path_failures: u64,
     pub path_retries: u64,
+    /// (ms since the workers started, I/Os completed in the measured window
+    /// so far), sampled about every 100 ms by the main thread: throughput over
+    /// time, e.g. around a path failure. At most `TIMELINE_SAMPLES_MAX` points.
+    pub ios_timeline: Vec<(u64, u64)>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_path_error: Option<String>,
 }
@@ -323,6 +327,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         } else {
             Vec::new()
         },
+        ios_timeline: Vec::new(),
         path_failures: acc.path_failures,
         path_retries: acc.path_retries,
         first_path_error: acc.first_path_error,

@@ -140,7 +140,7 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
             handles.push((ji, h));
         }
     }
-    watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
+    let timelines = watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
     let mut per_job: Vec<Vec<_>> = jobs.iter().map(|_| Vec::new()).collect();
     for (ji, h) in handles {
         per_job[ji].push(h.join().map_err(|_| anyhow::anyhow!("worker panicked"))?);
@@ -148,11 +148,7 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     for (_, c) in ctrls {
         let _ = c.shutdown();
     }
-    let reports: Vec<_> = jobs
-        .iter()
-        .zip(per_job)
-        .map(|(j, r)| job_report(j, r))
-        .collect();
+    let reports = reports_with_timelines(jobs, per_job, timelines);
     let ok = reports
         .iter()
         .all(|r| r.errors == 0 && r.verify_failures == 0);
@@ -261,7 +257,7 @@ fn run_switch(
         progress.clone(),
     )?;
     let handles: Vec<_> = threads.into_iter().map(|h| (0usize, h)).collect();
-    watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
+    let timelines = watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
     let mut reactor_errors = Vec::new();
     let mut polls = (0, 0);
     for (_, h) in handles {
@@ -287,11 +283,7 @@ fn run_switch(
             r.first_error.get_or_insert(e.clone());
         }
     }
-    let reports: Vec<_> = jobs
-        .iter()
-        .zip(per_job)
-        .map(|(j, r)| job_report(j, r))
-        .collect();
+    let reports = reports_with_timelines(jobs, per_job, timelines);
     let ok = reports
         .iter()
         .all(|r| r.errors == 0 && r.verify_failures == 0);
@@ -552,8 +544,28 @@ fn open_queues(c: &mut Controller, job: &JobSpec) -> Result<Vec<(trellis_host::Q
     Ok(v)
 }
 
+/// Job reports from the workers' results, each with its I/O timeline.
+fn reports_with_timelines(
+    jobs: &[JobSpec],
+    per_job: Vec<Vec<worker::WorkerResult>>,
+    timelines: Vec<Vec<(u64, u64)>>,
+) -> Vec<crate::report::JobReport> {
+    jobs.iter()
+        .zip(per_job)
+        .zip(timelines)
+        .map(|((j, r), t)| {
+            let mut rep = job_report(j, r);
+            rep.ios_timeline = t;
+            rep
+        })
+        .collect()
+}
+
+/// Most points of a job's `ios_timeline` (100 ms apart: 2.8 hours).
+const TIMELINE_SAMPLES_MAX: usize = 100_000;
+
 /// Main thread while workers run: Keep Alive, live progress, Ctrl-C-free stop
-/// on worker failure.
+/// on worker failure, and each job's I/O timeline (returned).
 fn watch(
     jobs: &[JobSpec],
     handles: &[(usize, std::thread::JoinHandle<worker::WorkerResult>)],
@@ -561,7 +573,8 @@ fn watch(
     ctrls: &mut BTreeMap<CtrlKey, Controller>,
     opts: &RunOpts,
     stop: &Arc<AtomicBool>,
-) -> Result<()> {
+) -> Result<Vec<Vec<(u64, u64)>>> {
+    let mut timelines: Vec<Vec<(u64, u64)>> = jobs.iter().map(|_| Vec::new()).collect();
     let total = jobs
         .iter()
         .map(|j| j.ramp + j.runtime)
@@ -583,6 +596,12 @@ fn watch(
     let mut dead = std::collections::BTreeSet::new();
     while !handles.iter().all(|(_, h)| h.is_finished()) {
         std::thread::sleep(Duration::from_millis(100));
+        let t_ms = start.elapsed().as_millis() as u64;
+        for (t, p) in timelines.iter_mut().zip(progress) {
+            if t.len() < TIMELINE_SAMPLES_MAX {
+                t.push((t_ms, p.load(Ordering::Relaxed)));
+            }
+        }
         if opts.interrupted.load(Ordering::Relaxed) {
             stop.store(true, Ordering::Relaxed);
         }
@@ -621,5 +640,5 @@ fn watch(
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    Ok(())
+    Ok(timelines)
 }

@@ -97,6 +97,7 @@ fn blk_switch_runs_latency_and_throughput_apps_over_per_core_class_queues() {
     for j in v["jobs"].as_array().unwrap() {
         assert!(j["ios"].as_u64().unwrap() > 100, "{j}");
         assert_eq!(j["errors"], 0, "{j}");
+        check_timeline(j);
     }
     assert!(
         stdout(&o).contains("stack blk-switch (app-steering, 2 core(s)"),
@@ -119,6 +120,51 @@ fn blk_switch_runs_latency_and_throughput_apps_over_per_core_class_queues() {
     assert_eq!(v["switch"]["level"], "priority");
     assert_eq!(v["switch"]["steered_requests"], 0);
     assert_eq!(v["switch"]["doorbell_timeouts"], 0);
+}
+
+/// A job's `ios_timeline`: points about 100 ms apart over a 1 s run, time
+/// and count never going back, and the count never above the job's total.
+fn check_timeline(j: &serde_json::Value) {
+    let t = j["ios_timeline"].as_array().unwrap();
+    assert!(t.len() >= 5, "{} points: {t:?}", t.len());
+    let pts: Vec<(u64, u64)> = t
+        .iter()
+        .map(|p| (p[0].as_u64().unwrap(), p[1].as_u64().unwrap()))
+        .collect();
+    assert!(
+        pts.windows(2).all(|w| w[1].0 > w[0].0 && w[1].1 >= w[0].1),
+        "{pts:?}"
+    );
+    assert!(
+        pts.last().unwrap().1 <= j["ios"].as_u64().unwrap(),
+        "{pts:?}"
+    );
+    assert!(pts.iter().any(|p| p.1 > 0), "{pts:?}");
+}
+
+#[test]
+fn the_plain_stack_reports_an_io_timeline_too() {
+    let t = LiveTarget::start(&["--null", "64M"]);
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("out.json");
+    let addr = t.addr();
+    let o = trellis(&[
+        "bench",
+        "--addr",
+        &addr,
+        "--no-progress",
+        "--runtime",
+        "1",
+        "--ramp_time",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["stack"], "plain");
+    check_timeline(&v["jobs"][0]);
 }
 
 #[test]
