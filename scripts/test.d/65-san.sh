@@ -50,6 +50,24 @@ assert j["path_failures"] >= 1, "the link went down under load but no path faile
 print(f"torus: 4 paths, {j['path_failures']} path failure(s), {j['path_retries']} re-sent, 0 errors, verify clean;",
       "per path:", [(p["addr"], p["ios"], p["reconnects"]) for p in paths])
 PY
+
+# A path down when the run starts: the run starts on the other three, and
+# uses the fourth once its link comes up.
+san link h0 st3 down
+san exec h0 -- "$TRELLIS" bench --paths "$paths" --nqn "$nqn" --runtime 3 --rw randrw \
+  --bs 4k --iodepth 16 --verify --no-progress --cmd-timeout-ms 500 --json "$dir/late.json" &
+bench=$!
+sleep 1.5
+san link h0 st3 up
+wait "$bench"
+python3 - "$dir/late.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+assert j["errors"] == 0 and j["verify_failures"] == 0, j
+p0 = j["paths"][0]
+assert p0["reconnects"] >= 1 and p0["ios"] > 0, p0
+print(f"path down at the start: opened once its link came up, then carried {p0['ios']} I/Os; 0 errors")
+PY
 san down
 ip netns list | grep -q '^tsan-' && { echo "FAIL: namespaces left after down"; ip netns list; exit 1; }
 echo "san: switched and torus2d up, verified I/O, a link failure with 0 errors, down clean"

@@ -87,7 +87,7 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
         return run_switch(jobs, opts, sw);
     }
     let cpu0 = cpu_time();
-    let mut ctrls = connect_all(jobs, opts)?;
+    let (mut ctrls, down) = connect_all(jobs, opts)?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     let mut progress = Vec::new();
@@ -95,7 +95,16 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     for (ji, job) in jobs.iter().enumerate() {
         let job = Arc::new(job.clone());
         let job_keys = keys(&job);
-        let (bsz, nsze) = volume_geometry(&job, &job_keys, &mut ctrls)?;
+        let live: Vec<CtrlKey> = job_keys
+            .iter()
+            .filter(|k| !down.contains_key(*k))
+            .cloned()
+            .collect();
+        if live.is_empty() {
+            let (k, why) = down.iter().next().expect("only down keys are missing");
+            bail!("every path of job {} is down: {} ({why})", job.name, k.0);
+        }
+        let (bsz, nsze, identity) = volume_geometry(&job, &live, &mut ctrls)?;
         let (first, count) = range_blocks(&job, nsze, bsz)?;
         let per = count / job.numjobs as u64;
         let counter = Arc::new(AtomicU64::new(0));
@@ -103,8 +112,12 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
         for w in 0..job.numjobs {
             let mut queues = Vec::new();
             for k in &job_keys {
-                let ctrl = ctrls.get_mut(k).expect("connected above");
-                queues.extend(open_queues(ctrl, &job)?);
+                match ctrls.get_mut(k) {
+                    Some(ctrl) => queues.extend(open_queues(ctrl, &job)?),
+                    // A path down at the start: place holders the worker
+                    // replaces when it opens the path.
+                    None => queues.extend(dead_queues(&job)?),
+                }
             }
             let reconnect = if job.multipath {
                 job_keys
@@ -114,6 +127,8 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
                             key: k.clone(),
                             cfg: host_config(k, job.queues, opts),
                             job: job.clone(),
+                            identity: identity.clone(),
+                            down_at_start: down.contains_key(k),
                         })
                     })
                     .collect()
@@ -243,7 +258,8 @@ fn run_switch(
     }
     let mut ctrls = BTreeMap::new();
     ctrls.insert(k.clone(), c);
-    let geometry = volume_geometry(&jobs[0], std::slice::from_ref(&k), &mut ctrls)?;
+    let (bsz, nsze, _) = volume_geometry(&jobs[0], std::slice::from_ref(&k), &mut ctrls)?;
+    let geometry = (bsz, nsze);
     let stop = Arc::new(AtomicBool::new(false));
     let progress: Vec<_> = jobs.iter().map(|_| Arc::new(AtomicU64::new(0))).collect();
     let ctrl = ctrls.get_mut(&k).expect("inserted above");
@@ -299,21 +315,39 @@ fn run_switch(
     })
 }
 
-fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Controller>> {
+/// Controllers of every key, and the multipath paths that could not be
+/// reached (a path down at the start: its job starts on the others and keeps
+/// trying it, as Linux's native multipath does).
+type Connected = (BTreeMap<CtrlKey, Controller>, BTreeMap<CtrlKey, String>);
+
+fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<Connected> {
     let mut need: BTreeMap<CtrlKey, u32> = BTreeMap::new();
+    // Keys only multipath jobs use may be down at the start.
+    let mut may_be_down: BTreeMap<CtrlKey, bool> = BTreeMap::new();
     for j in jobs {
         for k in keys(j) {
-            *need.entry(k).or_default() += j.numjobs * j.queues;
+            *need.entry(k.clone()).or_default() += j.numjobs * j.queues;
+            let e = may_be_down.entry(k).or_insert(true);
+            *e &= j.multipath;
         }
     }
     let mut out = BTreeMap::new();
+    let mut down = BTreeMap::new();
     for (k, nq) in need {
         let cfg = host_config(&k, nq, opts);
-        let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {
-            let hint = connect_hint(&e, &k.0, &k.2);
-            anyhow::Error::new(e)
-                .context(format!("connecting to {} at {} as {}{hint}", k.1, k.0, k.2))
-        })?;
+        let mut c = match Controller::connect(&k.0, &k.1, &cfg) {
+            Ok(c) => c,
+            Err(e) if may_be_down[&k] => {
+                eprintln!("path {} is down at the start ({e}): the run starts on the other paths and keeps trying it", k.0);
+                down.insert(k, e.to_string());
+                continue;
+            }
+            Err(e) => {
+                let hint = connect_hint(&e, &k.0, &k.2);
+                return Err(anyhow::Error::new(e)
+                    .context(format!("connecting to {} at {} as {}{hint}", k.1, k.0, k.2)));
+            }
+        };
         let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
         if (granted as u32) < nq {
             bail!(
@@ -323,7 +357,7 @@ fn connect_all(jobs: &[JobSpec], opts: &RunOpts) -> Result<BTreeMap<CtrlKey, Con
         }
         out.insert(k, c);
     }
-    Ok(out)
+    Ok((out, down))
 }
 
 /// The host settings of controller `k`, which `nq` I/O queues will share.
@@ -354,6 +388,11 @@ pub struct PathConnector {
     key: CtrlKey,
     cfg: HostConfig,
     job: Arc<JobSpec>,
+    /// The namespace identity the live paths reported at the start: a path
+    /// opened later must reach the same namespace.
+    identity: Option<Vec<u8>>,
+    /// The path could not be reached when the run started.
+    pub down_at_start: bool,
 }
 
 impl PathConnector {
@@ -366,6 +405,17 @@ impl PathConnector {
             Controller::connect(&self.key.0, &self.key.1, &self.cfg).map_err(|e| e.to_string())?;
         c.set_num_queues(self.job.queues.min(u16::MAX as u32) as u16)
             .map_err(|e| e.to_string())?;
+        if let Some(want) = &self.identity {
+            let ns = c.identify_ns(self.job.nsid).map_err(|e| e.to_string())?;
+            if ns.identity().as_ref() != Some(want) {
+                return Err(format!(
+                    "path {} now reaches a different namespace {} than the volume's ({}): not used",
+                    self.key.0,
+                    self.job.nsid,
+                    hex(want)
+                ));
+            }
+        }
         let qs = open_queues(&mut c, &self.job).map_err(|e| format!("{e:#}"))?;
         Ok((c, qs))
     }
@@ -400,11 +450,14 @@ fn connect_hint(e: &trellis_host::Error, addr: &str, hostnqn: &str) -> String {
 
 /// (LBA size, usable blocks) of the job's namespace; for a replicated volume
 /// every replica must have the same LBA size, and the smallest sets the size.
+/// Block size, usable blocks, and (multipath) the namespace identity.
+type Geometry = (u32, u64, Option<Vec<u8>>);
+
 fn volume_geometry(
     job: &JobSpec,
     keys: &[CtrlKey],
     ctrls: &mut BTreeMap<CtrlKey, Controller>,
-) -> Result<(u32, u64)> {
+) -> Result<Geometry> {
     let mut geometry: Option<(u32, u64)> = None;
     let mut identity: Option<(String, Vec<u8>)> = None;
     for k in keys {
@@ -427,7 +480,8 @@ fn volume_geometry(
             Some((b, n)) => Some((b, n.min(nsze))),
         };
     }
-    geometry.context("a job with no target")
+    let (bsz, nsze) = geometry.context("a job with no target")?;
+    Ok((bsz, nsze, identity.map(|(_, id)| id)))
 }
 
 /// A multipath volume's paths must reach one namespace: the same NGUID (or
@@ -563,6 +617,18 @@ fn reports_with_timelines(
 
 /// Most points of a job's `ios_timeline` (100 ms apart: 2.8 hours).
 const TIMELINE_SAMPLES_MAX: usize = 100_000;
+
+/// Place-holder queues for a path down at the start, one per queue the job
+/// would open, at the depth it would keep on each.
+fn dead_queues(job: &JobSpec) -> Result<Vec<(trellis_host::Queue, u32)>> {
+    (0..job.queues)
+        .map(|i| {
+            let depth = job.iodepth / job.queues + u32::from(i < job.iodepth % job.queues);
+            let size = depth.min(trellis_host::engine::MAX_QUEUE_SIZE as u32) as u16;
+            Ok((trellis_host::Queue::dead(size)?, depth))
+        })
+        .collect()
+}
 
 /// Main thread while workers run: Keep Alive, live progress, Ctrl-C-free stop
 /// on worker failure, and each job's I/O timeline (returned).

@@ -241,6 +241,7 @@ pub fn run(plan: WorkerPlan) -> WorkerResult {
         pin_current_thread(cpu);
     }
     let mut w = Worker::new(plan);
+    w.mark_down_at_start();
     let phases: &[Phase] = match (w.job.verify, w.job.read_pct) {
         (false, _) => &[Phase::Main],
         (true, 0) => &[Phase::Main, Phase::Readback],
@@ -368,9 +369,9 @@ impl Worker {
                 .reconnect
                 .into_iter()
                 .map(|connector| PathState {
+                    down: connector.down_at_start,
                     connector,
                     ctrl: None,
-                    down: false,
                     backoff: RECONNECT_BACKOFF_MIN,
                     next_try: Instant::now(),
                     pending: None,
@@ -796,6 +797,22 @@ impl Worker {
             return Err(format!("every path failed; the last: {why}"));
         }
         Ok(())
+    }
+
+    /// Paths that were down when the run started: their place-holder queues
+    /// are never polled, and `tend_paths` opens them as soon as it can.
+    fn mark_down_at_start(&mut self) {
+        let n = self.groups.len();
+        for r in 0..self.paths.len() {
+            if self.paths[r].down {
+                for g in 0..n {
+                    self.queues[r * n + g].down = true;
+                }
+                if !self.res.failed_paths.contains(&(r as u32)) {
+                    self.res.failed_paths.push(r as u32);
+                }
+            }
+        }
     }
 
     /// Re-opens failed paths in the background (backoff from

@@ -95,6 +95,40 @@ impl Queue {
         Ok(q)
     }
 
+    /// A queue that never connected, failed from the start: a place holder
+    /// for a path that is down when its owner starts, which replaces it once
+    /// the path comes up. `queue_size` slots (tiny buffers), no peer.
+    pub fn dead(queue_size: u16) -> Result<Queue> {
+        // SAFETY: socket(2) returns a new descriptor that the TcpStream then
+        // owns (and closes); an unconnected socket makes every call fail.
+        let sock = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            if fd < 0 {
+                return Err(Error::Transport(io::Error::last_os_error()));
+            }
+            <TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd)
+        };
+        let cfg = EngineConfig {
+            queue_size: queue_size.max(2),
+            buf_bytes: 4096,
+            staging_bytes: 4096,
+            max_pdu_bytes: 4096 + 512,
+            ..EngineConfig::default()
+        };
+        let mut q = Queue {
+            engine: Engine::new(cfg),
+            sock,
+            iov: Vec::new(),
+            last_timeout_check: Instant::now(),
+            recv_max: usize::MAX,
+            stats: PollStats::default(),
+        };
+        let _ = q
+            .engine
+            .fail_with(Error::protocol("path down since the start"));
+        Ok(q)
+    }
+
     /// Ends the connection at once and discards what the kernel still holds
     /// to send. Multipath failover needs this before it re-sends a path's
     /// commands elsewhere: a plain close would let the kernel go on
