@@ -164,19 +164,30 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
         let _ = c.shutdown();
     }
     let reports = reports_with_timelines(jobs, per_job, timelines);
+    Ok(run_report(reports, opts, &cpu0, "plain", None))
+}
+
+/// The run's report from its job reports: overall ok, partial, bench CPU.
+fn run_report(
+    reports: Vec<crate::report::JobReport>,
+    opts: &RunOpts,
+    cpu0: &crate::report::CpuTime,
+    stack: &'static str,
+    switch: Option<crate::report::SwitchReport>,
+) -> RunReport {
     let ok = reports
         .iter()
         .all(|r| r.errors == 0 && r.verify_failures == 0);
     let interrupted = opts.interrupted.load(Ordering::Relaxed);
-    Ok(RunReport {
+    RunReport {
         partial: interrupted || reports.iter().any(|r| r.partial),
         interrupted,
         jobs: reports,
-        bench_cpu: cpu_delta(&cpu0, &cpu_time()),
+        bench_cpu: cpu_delta(cpu0, &cpu_time()),
         ok,
-        stack: "plain",
-        switch: None,
-    })
+        stack,
+        switch,
+    }
 }
 
 /// `--cpus` for blk-switch: one reactor per core, so each CPU once, and one
@@ -300,19 +311,7 @@ fn run_switch(
         }
     }
     let reports = reports_with_timelines(jobs, per_job, timelines);
-    let ok = reports
-        .iter()
-        .all(|r| r.errors == 0 && r.verify_failures == 0);
-    let interrupted = opts.interrupted.load(Ordering::Relaxed);
-    Ok(RunReport {
-        partial: interrupted || reports.iter().any(|r| r.partial),
-        interrupted,
-        jobs: reports,
-        bench_cpu: cpu_delta(&cpu0, &cpu_time()),
-        ok,
-        stack: "blk-switch",
-        switch: Some(report),
-    })
+    Ok(run_report(reports, opts, &cpu0, "blk-switch", Some(report)))
 }
 
 /// Controllers of every key, and the multipath paths that could not be
