@@ -435,6 +435,10 @@ fn new_connections_after_a_failure_are_refused_not_swallowed() {
     assert!(closed_within(&mut c.admin.s, Duration::from_secs(10)));
     let t0 = Instant::now();
     while let Ok(mut s) = TcpStream::connect(addr) {
+        // Speak first, as a host does (ICReq): a connection whose handshake
+        // raced the listener's close is half-open on our side only, and
+        // learns so (a reset) only when it sends; a silent read would wait.
+        let _ = s.write_all(&[0u8; 8]);
         assert!(closed_within(&mut s, Duration::from_secs(5)));
         assert!(t0.elapsed() < Duration::from_secs(5), "the listener closes");
     }
