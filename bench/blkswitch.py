@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fairness as fx  # noqa: E402  (Target, job_file: the same runner)
 
 L_P99_RATIO_MAX = 1.5
+METRICS_WAIT_S = 5.0
 T_KEEP_MIN = 0.90
 NQN = "nqn.2026-11.io.trellis:default"
 PAPER = ("blk-switch (OSDI'21, Fig. 8): L-app p99 stays at tens of µs beside T-apps, "
@@ -43,6 +44,7 @@ def args():
     p.add_argument("--bin", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--metrics-port", type=int, required=True)
     p.add_argument("--runtime", type=float, required=True)
     p.add_argument("--reps", type=int, required=True)
     p.add_argument("--tapps", type=int, choices=[1, 2], default=2)
@@ -59,7 +61,7 @@ def start_target(a, work):
         open(path, "w").write(
             f'[target]\nreactors = 1\ncpus = [1]\nsend_budget = "{a.send_budget}"\n'
             f'state_dir = "{work}"\n\n'
-            f'[metrics]\nlisten = "127.0.0.1:{a.port + 1}"\n\n'
+            f'[metrics]\nlisten = "127.0.0.1:{a.metrics_port}"\n\n'
             f'[[listener]]\naddr = "127.0.0.1:{a.port}"\n\n'
             f'[[subsystem]]\nnqn = "{NQN}"\n\n'
             f'[[subsystem.namespace]]\nbackend = "ram"\nsize = "1G"\n')
@@ -67,10 +69,20 @@ def start_target(a, work):
 
 
 def target_busy_s(a):
-    """The target reactor's busy seconds so far (None: an external target)."""
+    """The target reactor's busy seconds so far (None: an external target).
+    The metrics endpoint comes up just after the NVMe listener: retried for
+    up to METRICS_WAIT_S."""
     if a.addr:
         return None
-    text = urllib.request.urlopen(f"http://127.0.0.1:{a.port + 1}/metrics", timeout=5).read().decode()
+    deadline = time.monotonic() + METRICS_WAIT_S
+    while True:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{a.metrics_port}/metrics", timeout=5).read().decode()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith("trellis_reactor_busy_seconds"))
 

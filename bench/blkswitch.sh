@@ -33,5 +33,6 @@ mkdir -p "$out"
 # shellcheck source=../tests/bench-lib.sh
 . tests/bench-lib.sh
 port=$(free_port 15520)
-exec python3 bench/blkswitch.py --bin "$bin" --out "$out" --port "$port" \
+metrics_port=$(free_port 15521)
+exec python3 bench/blkswitch.py --bin "$bin" --out "$out" --port "$port" --metrics-port "$metrics_port" \
   --runtime "$runtime" --reps "$reps" ${extra[@]+"${extra[@]}"}
