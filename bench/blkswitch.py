@@ -177,6 +177,14 @@ def svg_cdf(curves, path, xlabel="L-app latency (µs, log scale)"):
     open(path, "w").write("\n".join(el) + "\n")
 
 
+def checks_md(checks):
+    """The checks as Markdown table lines (a blank line first)."""
+    lines = ["", "| check | measured | |", "|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c['rule']} | {c['measured']:.3f} | {'pass' if c['pass'] else 'FAIL'} |")
+    return lines
+
+
 def markdown(doc):
     s = doc["stacks"]
     lines = [f"# blk-switch interference ({doc['tapps']} T-app(s), {doc['reps']} interleaved reps of "
@@ -200,9 +208,7 @@ def markdown(doc):
             x = s[st]
             lines.append(f"| {st} | {x['target_busy_l_alone']:.2f} | {x['target_busy_t_alone']:.2f} | "
                          f"{x['target_busy_together']:.2f} |")
-    lines += ["", "| check | measured | |", "|---|---|---|"]
-    for c in doc["checks"]:
-        lines.append(f"| {c['rule']} | {c['measured']:.3f} | {'pass' if c['pass'] else 'FAIL'} |")
+    lines += checks_md(doc["checks"])
     return "\n".join(lines) + "\n"
 
 

@@ -128,9 +128,7 @@ def main():
         x = d[m]
         lines.append(f"| {m} | {x['iops']:.0f} | {x['lat_us_p50']:.1f} | {x['lat_us_p99']:.1f} | "
                      f"{x['lat_us_p99_9']:.1f} | {x['share_on_loaded_path']:.2f} |")
-    lines += ["", "| check | measured | |", "|---|---|---|"]
-    for c in doc["checks"]:
-        lines.append(f"| {c['rule']} | {c['measured']:.3f} | {'pass' if c['pass'] else 'FAIL'} |")
+    lines += bx.checks_md(doc["checks"])
     md = "\n".join(lines) + "\n"
     open(os.path.join(a.out, "san.md"), "w").write(md)
     print(md)
