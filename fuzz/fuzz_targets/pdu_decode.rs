@@ -1,11 +1,13 @@
 //! Every decoder in trellis-nvme on arbitrary bytes: layout validation
 //! must never return parts outside PLEN, and no decoder may panic once the
-//! layout says the bytes are there.
+//! layout says the bytes are there; nor may the ANA log decoder on any bytes.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use trellis_nvme::pdu::{self, CommonHeader, Digests};
 
 fuzz_target!(|data: &[u8]| {
+    // Log pages a host decodes: any bytes give a value or an error.
+    let _ = trellis_nvme::ana::AnaLog::decode(data);
     let Some(ch) = CommonHeader::decode(data) else { return };
     for bits in 0..4u8 {
         for (ctl, bic) in [(true, true), (true, false), (false, true), (false, false)] {

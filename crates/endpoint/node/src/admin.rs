@@ -316,6 +316,7 @@ impl Queue {
                 kas: 10,
                 aerl: AER_LIMIT as u8 - 1,
                 oaes: 0,
+                ana: None,
             },
             None => ControllerInfo {
                 kind: ControllerType::Discovery,
@@ -333,6 +334,7 @@ impl Queue {
                 kas: 10,
                 aerl: AER_LIMIT as u8 - 1,
                 oaes: 0,
+                ana: None,
             },
         }
     }

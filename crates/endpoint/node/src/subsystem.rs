@@ -349,6 +349,7 @@ fn open_namespace(
         uuid: ids.uuid,
         read_only: n.read_only,
         deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
+        anagrpid: 0,
     };
     tracing::info!(subsystem = %s.nqn, nsid, "namespace: {}; {ids}", backend.describe());
     // Measured here, at startup, not on a reactor's first I/O.

@@ -47,6 +47,21 @@ pub struct ControllerInfo {
     pub aerl: u8,
     /// Async event notices we may send (OAES).
     pub oaes: u32,
+    /// Asymmetric Namespace Access reporting; None: CMIC bit 3 clear.
+    pub ana: Option<AnaCaps>,
+}
+
+/// What an ANA-reporting controller advertises (NVMe Base 2.0 §8.1.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnaCaps {
+    /// ANATT: longest time a group stays in ANA Change, seconds.
+    pub anatt_s: u8,
+    /// ANACAP bits.
+    pub anacap: u8,
+    /// Largest ANAGRPID of the subsystem's namespaces.
+    pub anagrpmax: u32,
+    /// Number of ANA groups.
+    pub nanagrpid: u32,
 }
 
 /// Encodes Identify Controller (CNS 01h).
@@ -61,6 +76,15 @@ pub fn encode_controller(c: &ControllerInfo, b: &mut [u8]) {
     let io = c.kind == ControllerType::Io;
     // CMIC: multi-port and multi-controller subsystem (several hosts/paths).
     b[76] = if io { 0x03 } else { 0 };
+    if let (true, Some(a)) = (io, c.ana) {
+        b[76] |= crate::ana::id::CMIC_ANA;
+        b[crate::ana::id::ANATT] = a.anatt_s;
+        b[crate::ana::id::ANACAP] = a.anacap;
+        put32(b, crate::ana::id::ANAGRPMAX, a.anagrpmax);
+        put32(b, crate::ana::id::NANAGRPID, a.nanagrpid);
+        // MNAN = NN: Linux (multipath.c) refuses ANA with MNAN 0 or above NN.
+        put32(b, crate::ana::id::MNAN, c.nn);
+    }
     b[77] = c.mdts;
     put16(b, 78, c.cntlid);
     put32(b, 80, c.version);
@@ -119,6 +143,13 @@ pub struct IdCtrl {
     pub ioccsz: u32,
     pub cntrltype: u8,
     pub maxcmd: u16,
+    /// Controller Multi-Path I/O and Namespace Sharing Capabilities.
+    pub cmic: u8,
+    pub anatt_s: u8,
+    pub anacap: u8,
+    pub anagrpmax: u32,
+    pub nanagrpid: u32,
+    pub mnan: u32,
 }
 
 impl IdCtrl {
@@ -137,7 +168,17 @@ impl IdCtrl {
             ioccsz: le32(b, 1792),
             cntrltype: b[111],
             maxcmd: le16(b, 514),
+            cmic: b[76],
+            anatt_s: b[crate::ana::id::ANATT],
+            anacap: b[crate::ana::id::ANACAP],
+            anagrpmax: le32(b, crate::ana::id::ANAGRPMAX),
+            nanagrpid: le32(b, crate::ana::id::NANAGRPID),
+            mnan: le32(b, crate::ana::id::MNAN),
         }
+    }
+    /// CMIC bit 3: the controller reports Asymmetric Namespace Access.
+    pub fn reports_ana(&self) -> bool {
+        self.cmic & crate::ana::id::CMIC_ANA != 0
     }
     /// Largest data transfer in bytes (None = no limit).
     pub fn max_transfer_bytes(&self) -> Option<u64> {
@@ -161,6 +202,8 @@ pub struct NamespaceInfo {
     pub read_only: bool,
     /// Deallocated blocks read back as zeroes (DLFEAT), enabling DEAC.
     pub deallocate_reads_zeroes: bool,
+    /// ANA group (ANAGRPID); 0: the controller does not report ANA.
+    pub anagrpid: u32,
 }
 
 /// Encodes Identify Namespace (CNS 00h).
@@ -175,6 +218,7 @@ pub fn encode_namespace(n: &NamespaceInfo, b: &mut [u8]) {
     b[26] = 0; // FLBAS: format 0, no metadata
     b[30] = 1; // NMIC: may be shared by several controllers (multipath)
     b[33] = if n.deallocate_reads_zeroes { 0x09 } else { 0 }; // DLFEAT: reads zeroes + WZ DEAC
+    put32(b, crate::ana::id::NS_ANAGRPID, n.anagrpid);
     b[99] = n.read_only as u8; // NSATTR bit 0: write protected
     b[104..120].copy_from_slice(&n.nguid);
     b[120..128].copy_from_slice(&n.eui64);
@@ -193,6 +237,8 @@ pub struct IdNs {
     pub nguid: [u8; 16],
     /// IEEE Extended Unique Identifier (bytes 120..128; zero: not reported).
     pub eui64: [u8; 8],
+    /// ANA group identifier (0: not reported).
+    pub anagrpid: u32,
 }
 
 impl IdNs {
@@ -209,6 +255,7 @@ impl IdNs {
             read_only: b[99] & 1 != 0,
             nguid,
             eui64,
+            anagrpid: le32(b, crate::ana::id::NS_ANAGRPID),
         }
     }
 
@@ -282,6 +329,7 @@ mod tests {
             kas: 10,
             aerl: 3,
             oaes: 0x100,
+            ana: None,
         }
     }
 
@@ -339,6 +387,7 @@ mod tests {
             uuid: [9; 16],
             read_only: false,
             deallocate_reads_zeroes: true,
+            anagrpid: 4,
         };
         encode_ns_descriptors(&ns, &mut b);
         assert_eq!(
@@ -351,5 +400,36 @@ mod tests {
         encode_namespace(&ns, &mut b);
         let n = IdNs::decode(&b);
         assert_eq!((n.nsze, n.ncap, n.block_size()), (100, 100, 512));
+        assert_eq!(n.anagrpid, 4);
+    }
+
+    #[test]
+    fn ana_fields_are_advertised_only_when_reported() {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        encode_controller(&ctrl(), &mut b);
+        let d = IdCtrl::decode(&b);
+        assert!(!d.reports_ana());
+        assert_eq!((d.anagrpmax, d.nanagrpid, d.mnan), (0, 0, 0));
+        let a = AnaCaps {
+            anatt_s: 10,
+            anacap: 0x5F,
+            anagrpmax: 7,
+            nanagrpid: 2,
+        };
+        encode_controller(
+            &ControllerInfo {
+                ana: Some(a),
+                ..ctrl()
+            },
+            &mut b,
+        );
+        let d = IdCtrl::decode(&b);
+        assert!(d.reports_ana());
+        assert_eq!(d.cmic, 0x0B);
+        assert_eq!(
+            (d.anatt_s, d.anacap, d.anagrpmax, d.nanagrpid),
+            (10, 0x5F, 7, 2)
+        );
+        assert_eq!(d.mnan, d.nn, "Linux needs 0 < MNAN <= NN");
     }
 }

@@ -11,6 +11,7 @@
 //! in their source ([Linux nvme], [SPDK] in docs/sources.md; docs/target.md).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod ana;
 pub mod crc;
 pub mod fabrics;
 pub mod framing;

@@ -10,6 +10,8 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const CHANGED_NS_LIST: u8 = 0x04;
     pub const COMMANDS_EFFECTS: u8 = 0x05;
+    /// Asymmetric Namespace Access (see [`crate::ana`]).
+    pub const ANA: u8 = 0x0C;
     pub const DISCOVERY: u8 = 0x70;
 }
 

@@ -74,7 +74,9 @@ impl Status {
             (2, 0x81) => "Unrecovered Read Error",
             (2, 0x86) => "Access Denied",
             (3, 0x00) => "Internal Path Error",
+            (3, 0x01) => "Asymmetric Access Persistent Loss",
             (3, 0x02) => "Asymmetric Access Inaccessible",
+            (3, 0x03) => "Asymmetric Access Transition",
             _ => "Unknown Status",
         }
     }
@@ -136,6 +138,16 @@ pub mod media {
     use super::Status;
     pub const WRITE_FAULT: Status = Status::new(2, 0x80);
     pub const UNRECOVERED_READ_ERROR: Status = Status::new(2, 0x81);
+}
+
+/// Path related status (SCT 3; NVMe Base 2.0, Figure 104): the command
+/// failed on this path only, so hosts retry it on another (Linux
+/// `nvme_is_path_error`) and re-read the ANA log.
+pub mod path {
+    use super::Status;
+    pub const ANA_PERSISTENT_LOSS: Status = Status::new(3, 0x01);
+    pub const ANA_INACCESSIBLE: Status = Status::new(3, 0x02);
+    pub const ANA_TRANSITION: Status = Status::new(3, 0x03);
 }
 
 #[cfg(test)]
