@@ -144,6 +144,60 @@ def summarise(reps):
     return out
 
 
+def svg_frame(w, h, m, xlabel, ylabel):
+    """The opening of every bench SVG: canvas, both axes and their labels."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+            f'<rect width="{w}" height="{h}" fill="white"/>',
+            f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
+            f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
+            f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">{xlabel}</text>',
+            f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">{ylabel}</text>']
+
+
+def svg_log_ticks_x(lo, hi, fx, h, m):
+    """Tick marks and labels at every power of ten in [lo, hi] (log10) on the x axis."""
+    el = []
+    for d in range(math.floor(lo), math.ceil(hi) + 1):
+        if lo <= d <= hi:
+            x = fx(10 ** d)
+            el.append(f'<line x1="{x:.1f}" y1="{h - m}" x2="{x:.1f}" y2="{h - m + 5}" stroke="black"/>')
+            el.append(f'<text x="{x:.1f}" y="{h - m + 18}" text-anchor="middle">{10 ** d:g}</text>')
+    return el
+
+
+def svg_xy(curves, path, xlabel, ylabel, w=720, h=460, m=70):
+    """Log-log curves through points, e.g. latency against throughput over a
+    queue-depth sweep. curves: (name, colour, dashed, [(x, y, label), ...]);
+    every point is marked, and labelled with its label (e.g. the QD) if any."""
+    xs = [x for *_, pts in curves for x, _, _ in pts if x > 0]
+    ys = [y for *_, pts in curves for _, y, _ in pts if y > 0]
+    lx, hx = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
+    ly, hy = math.log10(min(ys) / 1.3), math.log10(max(ys) * 1.3)
+    fx = lambda v: m + (math.log10(max(v, 1e-9)) - lx) / (hx - lx) * (w - 2 * m)  # noqa: E731
+    fy = lambda v: h - m - (math.log10(max(v, 1e-9)) - ly) / (hy - ly) * (h - 2 * m)  # noqa: E731
+    el = svg_frame(w, h, m, xlabel, ylabel) + svg_log_ticks_x(lx, hx, fx, h, m)
+    for d in range(math.floor(ly), math.ceil(hy) + 1):
+        for k in (1, 2, 5):
+            v = k * 10 ** d
+            if ly <= math.log10(v) <= hy:
+                y = fy(v)
+                el.append(f'<line x1="{m - 5}" y1="{y:.1f}" x2="{m}" y2="{y:.1f}" stroke="black"/>')
+                el.append(f'<text x="{m - 8}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+    for i, (name, colour, dashed, pts) in enumerate(curves):
+        dash = ' stroke-dasharray="6,4"' if dashed else ""
+        poly = " ".join(f"{fx(x):.1f},{fy(y):.1f}" for x, y, _ in pts)
+        el.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{poly}"/>')
+        for x, y, label in pts:
+            el.append(f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="3" fill="{colour}"/>')
+            if label:
+                el.append(f'<text x="{fx(x) + 5:.1f}" y="{fy(y) - 5:.1f}" font-size="9" fill="{colour}">{label}</text>')
+        y = m + 15 * i
+        el.append(f'<line x1="{m + 10}" y1="{y - 4}" x2="{m + 35}" y2="{y - 4}" stroke="{colour}" stroke-width="2"{dash}/>')
+        el.append(f'<text x="{m + 40}" y="{y}" fill="{colour}">{name}</text>')
+    el.append("</svg>")
+    open(path, "w").write("\n".join(el) + "\n")
+
+
 def svg_cdf(curves, path, xlabel="L-app latency (µs, log scale)"):
     """Latency CDFs, one polyline per curve: log-x µs, and y in "nines"
     (-log10(1 - q)) so that the tail, where the stacks differ, is visible."""
@@ -155,17 +209,8 @@ def svg_cdf(curves, path, xlabel="L-app latency (µs, log scale)"):
     nines_max = 4.5  # q = 1 (the max) is drawn just above 99.99 %
     nines = lambda q: min(-math.log10(max(1.0 - q, 1e-12)), nines_max)  # noqa: E731
     fy = lambda q: h - m - nines(q) / nines_max * (h - 2 * m)  # noqa: E731
-    el = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-          f'<rect width="{w}" height="{h}" fill="white"/>',
-          f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
-          f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
-          f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">{xlabel}</text>',
-          f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">fraction of I/Os at or below (log tail scale)</text>']
-    for d in range(math.floor(lo), math.ceil(hi) + 1):
-        if lo <= d <= hi:
-            x = fx(10 ** d)
-            el.append(f'<line x1="{x:.1f}" y1="{h - m}" x2="{x:.1f}" y2="{h - m + 5}" stroke="black"/>')
-            el.append(f'<text x="{x:.1f}" y="{h - m + 18}" text-anchor="middle">{10 ** d:g}</text>')
+    el = svg_frame(w, h, m, xlabel, "fraction of I/Os at or below (log tail scale)")
+    el += svg_log_ticks_x(lo, hi, fx, h, m)
     for q in (0.0, 0.9, 0.99, 0.999, 0.9999):
         el.append(f'<text x="{m - 5}" y="{fy(q) + 4:.1f}" text-anchor="end">{q:g}</text>')
     for i, (name, pts) in enumerate(curves):
