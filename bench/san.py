@@ -53,8 +53,10 @@ def in_h0(a, argv, **kw):
     return [a.bin, "san", "--state-dir", os.path.join(a.out, "state"), "exec", "h0", "--", *argv]
 
 
-def noisy(a, secs):
-    cmd = in_h0(a, [a.bin, "bench", "--addr", PATHS[0], "--nqn", NQN, "--rw", "read", "--bs", "128k",
+def noisy(a, secs, addr=PATHS[0]):
+    """The second tenant: 128 KiB sequential reads (QD16) for secs over addr
+    (default path 0 of st3 on the torus), in the client namespace."""
+    cmd = in_h0(a, [a.bin, "bench", "--addr", addr, "--nqn", NQN, "--rw", "read", "--bs", "128k",
                     "--iodepth", "16", "--runtime", f"{secs}s", "--ramp_time", "0", "--no_progress",
                     "--json", os.path.join(a.out, "noisy.json"), "--log", "warn"])
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -45,6 +45,26 @@ def sh(cmd, check=True):
     return r
 
 
+def client_where(topo):
+    """`trellis bench` arguments that reach st<TARGET> from h0: the switched
+    SAN's one path, or the torus's 4 paths with ISR."""
+    if topo == "switched":
+        return ["--addr", f"10.81.1.{TARGET + 1}:4420"]
+    paths = ",".join(f"10.83.{k}.{TARGET + 1}:4420" for k in range(4))
+    return ["--paths", paths, "--path-policy", "isr"]
+
+
+def emu_bench(a, topo, qd, tag, rw="randread", bs="4k"):
+    """One `trellis bench` run from h0 on the SAN that is up; its JSON is
+    --out/san-TAG.json; returns its job."""
+    san = [a.bin, "san", "--state-dir", os.path.join(a.out, "state")]
+    out = os.path.join(a.out, f"san-{tag}.json")
+    sh(san + ["exec", "h0", "--", a.bin, "bench", *client_where(topo), "--nqn", NQN, "--rw", rw,
+              "--bs", bs, "--iodepth", str(qd), "--runtime", f"{a.runtime}s", "--ramp_time", "1s",
+              "--no_progress", "--json", out, "--log", "warn"])
+    return json.load(open(out))["jobs"][0]
+
+
 def emulated(a, topo, qds):
     st = os.path.join(a.out, "state")
     san = [a.bin, "san", "--state-dir", st]
@@ -52,16 +72,7 @@ def emulated(a, topo, qds):
     rows = {}
     try:
         for qd in qds:
-            if topo == "switched":
-                where = ["--addr", f"10.81.1.{TARGET + 1}:4420"]
-            else:
-                paths = ",".join(f"10.83.{k}.{TARGET + 1}:4420" for k in range(4))
-                where = ["--paths", paths, "--path-policy", "isr"]
-            out = os.path.join(a.out, f"san-{topo}-qd{qd}.json")
-            sh(san + ["exec", "h0", "--", a.bin, "bench", *where, "--nqn", NQN, "--rw", "randread",
-                      "--bs", "4k", "--iodepth", str(qd), "--runtime", f"{a.runtime}s", "--ramp_time", "1s",
-                      "--no_progress", "--json", out, "--log", "warn"])
-            j = json.load(open(out))["jobs"][0]
+            j = emu_bench(a, topo, qd, f"{topo}-qd{qd}")
             rows[qd] = {"kiops": j["iops"] / 1000, "lat_avg_us": j["lat_us_mean"],
                         "lat_p999_us": j["lat_us_p99_9"]}
     finally:
@@ -69,7 +80,9 @@ def emulated(a, topo, qds):
     return rows
 
 
-def simulated(a, topo, qds):
+def sim_config(a, topo):
+    """`trellis sim`'s testbed preset with the emulated SAN's parameters (see
+    the module doc): a dict to edit and pass to sim_run."""
     preset = "testbed-switched" if topo == "switched" else "testbed-switchless"
     base = sh([a.bin, "sim", "config", preset]).stdout
     import tomllib
@@ -87,17 +100,27 @@ def simulated(a, topo, qds):
     t["switch_hop_ns"] = 1250
     cfg["ssd"]["per_node"] = 1
     cfg["mechanisms"] = {"isr": topo != "switched", "reservation": False, "credits": False, "gimbal": False}
+    return cfg
+
+
+def sim_run(a, cfg, tag, duration_ms=200):
+    """Runs cfg as --out/sim-TAG; returns its results.json."""
+    path = os.path.join(a.out, f"sim-{tag}.json")
+    json.dump(cfg, open(path, "w"))
+    out = os.path.join(a.out, f"sim-{tag}")
+    sh([a.bin, "sim", "run", "--config", path, "--out", out, "--duration-ms", str(duration_ms), "--no-progress",
+        "--log", "warn"])
+    return json.load(open(os.path.join(out, "results.json")))
+
+
+def simulated(a, topo, qds):
+    cfg = sim_config(a, topo)
     rows = {}
     for qd in qds:
         job = cfg["workload"]["jobs"][0]
         job["qd"] = qd
         job["targets"] = {"one": TARGET}
-        path = os.path.join(a.out, f"sim-{topo}-qd{qd}.json")
-        json.dump(cfg, open(path, "w"))
-        out = os.path.join(a.out, f"sim-{topo}-qd{qd}")
-        sh([a.bin, "sim", "run", "--config", path, "--out", out, "--duration-ms", "200", "--no-progress",
-            "--log", "warn"])
-        r = json.load(open(os.path.join(out, "results.json")))["read"]
+        r = sim_run(a, cfg, f"{topo}-qd{qd}")["read"]
         rows[qd] = {"kiops": r["kiops"], "lat_avg_us": r["lat_avg_us"], "lat_p999_us": r["lat_p999_us"]}
     return rows
 
