@@ -120,6 +120,14 @@ pub struct JobOpts {
     #[arg(long = "path-policy", alias = "path_policy")]
     #[serde(alias = "path-policy")]
     pub path_policy: Option<String>,
+    /// Eager bandwidth reservation at the host (NSDI'26 §3.2) for a
+    /// multipath volume: each path's rate toward the host, as tc writes it
+    /// (e.g. 1gbit). A read reserves its response's rate on its path before
+    /// it is sent; a path that cannot grant it does not take it, and a read
+    /// that fits on no path waits for a completion. Off by default.
+    #[arg(long = "path-rate", alias = "path_rate")]
+    #[serde(alias = "path-rate")]
+    pub path_rate: Option<String>,
 }
 
 fn bool_or_string<'de, D: Deserializer<'de>>(
@@ -172,7 +180,8 @@ impl JobOpts {
             replicas,
             replica_read,
             paths,
-            path_policy
+            path_policy,
+            path_rate
         );
         self
     }
@@ -233,6 +242,9 @@ pub struct JobSpec {
     /// `replicas` are paths to one namespace (`--paths`), not copies: every
     /// command goes to one of them, and a failed path's commands move.
     pub multipath: bool,
+    /// `--path-rate` in bytes/s: reserve each read's response rate on its
+    /// path (0: no reservation).
+    pub path_rate_bytes_per_s: u64,
 }
 
 /// How a replicated volume picks the replica of a read (and a multipath
@@ -453,10 +465,31 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         seed: o.seed.unwrap_or(0x007e_1115),
         credits: o.credits.unwrap_or(false)
             || (!multipath && replica_read == ReplicaRead::Headroom),
+        path_rate_bytes_per_s: parse_path_rate(&o, multipath)?,
         replicas,
         replica_read,
         multipath,
     })
+}
+
+/// Slowest and fastest `--path-rate`: a path below 1 Mbit/s is no SAN path,
+/// and 400 Gbit/s is the fastest Ethernet port sold today.
+const PATH_RATE_BITS_MIN: u64 = 1_000_000;
+const PATH_RATE_BITS_MAX: u64 = 400_000_000_000;
+
+/// `--path-rate RATE` (multipath only) in bytes/s; 0 when not given.
+fn parse_path_rate(o: &JobOpts, multipath: bool) -> Result<u64> {
+    let Some(r) = o.path_rate.as_deref() else {
+        return Ok(0);
+    };
+    if !multipath {
+        bail!("--path-rate {r:?} reserves bandwidth on the paths of a multipath volume: give --paths HOST:PORT,HOST:PORT too");
+    }
+    let bits = trellis_units::parse_bit_rate(r).map_err(|e| anyhow::anyhow!("--path-rate: {e}"))?;
+    if !(PATH_RATE_BITS_MIN..=PATH_RATE_BITS_MAX).contains(&bits) {
+        bail!("--path-rate {r:?} is out of range: give 1mbit to 400gbit");
+    }
+    Ok(bits / 8)
 }
 
 /// `--paths` and `--path-policy`: 2 to MAX_REPLICAS distinct HOST:PORT of one

@@ -114,6 +114,13 @@ pub struct JobReport {
     /// and the first failure's reason.
     pub path_failures: u64,
     pub path_retries: u64,
+    /// `--path-rate`: each path's rate (bytes/s) reads reserved their
+    /// responses on, and how often a read found no path with room and
+    /// waited in the host. Absent without `--path-rate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_rate_bytes_per_s: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserve_waits: Option<u64>,
     /// (ms since the workers started, I/Os completed in the measured window
     /// so far), sampled about every 100 ms by the main thread: throughput over
     /// time, e.g. around a path failure. At most `TIMELINE_SAMPLES_MAX` points.
@@ -241,6 +248,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         acc.io_credits_last = r.io_credits_last.or(acc.io_credits_last);
         acc.path_failures += r.path_failures;
         acc.path_retries += r.path_retries;
+        acc.reserve_waits += r.reserve_waits;
         if acc.first_path_error.is_none() {
             acc.first_path_error = r.first_path_error;
         }
@@ -330,6 +338,8 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         ios_timeline: Vec::new(),
         path_failures: acc.path_failures,
         path_retries: acc.path_retries,
+        path_rate_bytes_per_s: (job.path_rate_bytes_per_s > 0).then_some(job.path_rate_bytes_per_s),
+        reserve_waits: (job.path_rate_bytes_per_s > 0).then_some(acc.reserve_waits),
         first_path_error: acc.first_path_error,
         replicas: if job.multipath {
             &[][..]
@@ -464,6 +474,13 @@ pub fn human_table(r: &RunReport) -> String {
             j.path_policy.unwrap_or(ReplicaRead::RoundRobin).label(),
             carried.join(", ")
         ));
+        if let (Some(rate), Some(waits)) = (j.path_rate_bytes_per_s, j.reserve_waits) {
+            s.push_str(&format!(
+                "{}: responses reserved at {:.0} Mbit/s per path; reads that waited for room: {waits}\n",
+                j.name,
+                rate as f64 * 8.0 / 1e6
+            ));
+        }
         if let Some(e) = &j.first_path_error {
             s.push_str(&format!(
                 "{}: {} path failure(s), {} command(s) re-sent on another path; first: {}\n",

@@ -19,6 +19,7 @@ use trellis_nvme::sqe::io;
 use crate::job::{JobSpec, ReplicaRead, MAX_REPLICAS};
 use crate::verify::{check_block, fill_block, VerifyFailure};
 use trellis_host::replica::{IsrPaths, ReadPolicy, ReplicaChooser, ReplicaState};
+use trellis_host::reserve::PathReservations;
 
 /// Verification state per block: generation, with the top bit marking a
 /// block that has an I/O in flight (no overlapping I/O while verifying).
@@ -44,9 +45,16 @@ struct Io {
     op: Op,
     lba: u64,
     nlb: u32,
+    /// When the I/O was drawn (its latency counts from here, including any
+    /// wait in the host for a path or a credit).
     t0: Instant,
+    /// When its command went out on its path (round trips count from here).
+    sent: Instant,
     /// A replicated write's entry in `Worker::writes`, or `NO_WRITE`.
     write: u32,
+    /// The response rate this read reserved on its path, bytes/s
+    /// (`--path-rate`; 0 otherwise).
+    grant: u64,
 }
 
 const NO_WRITE: u32 = u32::MAX;
@@ -133,6 +141,8 @@ pub struct WorkerResult {
     /// and which paths (0-based) failed.
     pub path_failures: u64,
     pub path_retries: u64,
+    /// `--path-rate`: reads that found no path with room (per try).
+    pub reserve_waits: u64,
     pub first_path_error: Option<String>,
     pub failed_paths: Vec<u32>,
     /// Paths (0-based) re-opened and put back in use, once per re-open.
@@ -166,6 +176,8 @@ struct Worker {
     paths: Vec<PathState>,
     /// `--path-policy isr`: per-path round-trip telemetry and the choice.
     isr: Option<IsrPaths>,
+    /// `--path-rate`: each path's response reservations.
+    reserve: Option<PathReservations>,
     /// Zero of the ns clock `isr` runs on.
     t_start: Instant,
     /// Replicated writes in flight, and the free entries.
@@ -212,7 +224,9 @@ impl QueueCtx {
             lba: 0,
             nlb: 0,
             t0: Instant::now(),
+            sent: Instant::now(),
             write: NO_WRITE,
+            grant: 0,
         };
         QueueCtx {
             q,
@@ -232,8 +246,9 @@ struct Group {
     inflight: u32,
     /// Picks the replica of each read (round-robin or headroom).
     chooser: ReplicaChooser,
-    /// An operation drawn while no replica could take it.
-    next_op: Option<Op>,
+    /// An operation drawn while no replica could take it: (operation, its
+    /// blocks, when it was drawn).
+    next_op: Option<(Op, u32, Instant)>,
 }
 
 pub fn run(plan: WorkerPlan) -> WorkerResult {
@@ -266,6 +281,7 @@ pub fn run(plan: WorkerPlan) -> WorkerResult {
         }
     }
     w.res.path_ios_since_reopen = w.paths.iter().map(|p| p.ios_since_reopen).collect();
+    w.res.reserve_waits = w.reserve.as_ref().map_or(0, |r| r.waits);
     let per_replica = w.groups.len().max(1);
     w.res.replica_credits_last = w
         .queues
@@ -312,6 +328,7 @@ pub fn empty_result() -> WorkerResult {
         replica_credits_last: Vec::new(),
         path_failures: 0,
         path_retries: 0,
+        reserve_waits: 0,
         first_path_error: None,
         failed_paths: Vec::new(),
         path_reconnects: Vec::new(),
@@ -364,6 +381,12 @@ impl Worker {
             retry: Vec::new(),
             isr: (job.multipath && job.replica_read == ReplicaRead::Isr)
                 .then(|| IsrPaths::new(replicas.min(trellis_host::replica::MAX_PATHS))),
+            reserve: (job.multipath && job.path_rate_bytes_per_s > 0).then(|| {
+                PathReservations::new(
+                    replicas.min(trellis_host::replica::MAX_PATHS),
+                    job.path_rate_bytes_per_s,
+                )
+            }),
             t_start: Instant::now(),
             paths: p
                 .reconnect
@@ -526,10 +549,13 @@ impl Worker {
         let io = qc.ios[c.slot as usize];
         qc.inflight -= 1;
         qc.busy[c.slot as usize] = false;
+        let path = qi / self.groups.len();
+        let rtt = now.saturating_duration_since(io.sent).as_nanos() as u64;
         if let Some(isr) = self.isr.as_mut() {
-            let path = qi / self.groups.len();
-            let rtt = now.saturating_duration_since(io.t0).as_nanos() as u64;
             isr.on_completion(path, rtt, ns_since(self.t_start));
+        }
+        if let (Some(r), Op::Read) = (self.reserve.as_mut(), io.op) {
+            r.release(path, io.grant, io.nlb * self.block_size, rtt);
         }
         let part_ok = c.status.is_success();
         if !part_ok {
@@ -644,7 +670,9 @@ impl Worker {
                 lba,
                 nlb,
                 t0,
+                sent: t0,
                 write: NO_WRITE,
+                grant: 0,
             };
             self.issue(g, io)?;
             self.count_issued(g, nlb);
@@ -672,37 +700,43 @@ impl Worker {
             if phase == Phase::Main && !self.rate_allows(self.job.min_bs() as u64) {
                 return Ok(());
             }
-            let op = match self.groups[g].next_op.take() {
-                Some(op) => op,
-                None => self.phase_op(phase),
+            let (op, nlb, drawn) = match self.groups[g].next_op.take() {
+                Some(held) => held,
+                None => {
+                    let op = self.phase_op(phase);
+                    (op, self.draw_nlb(phase), t0)
+                }
             };
             let target = match op {
-                Op::Read => self.pick_replica(g),
-                Op::Write if self.multipath => self.pick_replica(g),
+                Op::Read => self.pick_replica(g, op, nlb),
+                Op::Write if self.multipath => self.pick_replica(g, op, nlb),
                 Op::Write => (0..self.replicas)
                     .all(|r| self.queues[r * n + g].q.engine().may_submit())
                     .then_some(g),
             };
             let Some(qi) = target else {
-                self.groups[g].next_op = Some(op);
+                self.groups[g].next_op = Some((op, nlb, drawn));
                 self.res.credit_busy += 1;
                 return Ok(());
             };
-            let Some((op, lba, nlb)) = self.next_io_as(phase, op) else {
+            let Some((op, lba, nlb)) = self.next_io_sized(phase, op, nlb) else {
                 return Ok(());
             };
             let mut io = Io {
                 op,
                 lba,
                 nlb,
-                t0,
+                t0: drawn,
+                sent: t0,
                 write: NO_WRITE,
+                grant: 0,
             };
             if op == Op::Read || self.multipath {
                 self.res.replica_reads[qi / n] += 1;
                 if let Some(p) = self.paths.get_mut(qi / n) {
                     p.ios_since_reopen += 1;
                 }
+                io.grant = self.reserve_for(qi / n, &io);
                 self.issue(qi, io)?;
             } else {
                 let id = self
@@ -726,7 +760,7 @@ impl Worker {
     /// The queue (of group `g`) a read goes to, None when no replica may take
     /// one now: the group's `ReplicaChooser` (trellis_host::replica) decides
     /// from each replica's credits, depth and commands in flight.
-    fn pick_replica(&mut self, g: usize) -> Option<usize> {
+    fn pick_replica(&mut self, g: usize, op: Op, nlb: u32) -> Option<usize> {
         let n = self.groups.len();
         let mut states = [ReplicaState {
             may_submit: false,
@@ -737,8 +771,12 @@ impl Worker {
         for (r, s) in states.iter_mut().enumerate().take(self.replicas) {
             let qc = &self.queues[r * n + g];
             let e = qc.q.engine();
+            let fits = match (&self.reserve, op) {
+                (Some(res), Op::Read) => res.fits(r, nlb * self.block_size),
+                _ => true,
+            };
             *s = ReplicaState {
-                may_submit: !qc.down && e.may_submit(),
+                may_submit: !qc.down && e.may_submit() && fits,
                 credit_limit: e.credit_limit(),
                 depth: qc.depth,
                 inflight: qc.inflight,
@@ -747,8 +785,22 @@ impl Worker {
         let r = match self.isr.as_mut() {
             Some(isr) => isr.choose(&states[..self.replicas], ns_since(self.t_start)),
             None => self.groups[g].chooser.choose(&states[..self.replicas]),
-        }?;
-        Some(r * n + g)
+        };
+        if r.is_none() && op == Op::Read {
+            if let Some(res) = self.reserve.as_mut() {
+                res.waits += 1;
+            }
+        }
+        Some(r? * n + g)
+    }
+
+    /// `--path-rate`: reserves a read's response rate on `path` (0 for
+    /// writes and without reservation). `pick_replica` checked that it fits.
+    fn reserve_for(&mut self, path: usize, io: &Io) -> u64 {
+        match (self.reserve.as_mut(), io.op) {
+            (Some(r), Op::Read) => r.reserve(path, io.nlb * self.block_size),
+            _ => 0,
+        }
     }
 
     /// Path `qi` of a multipath volume failed (`why`): it is never used
@@ -773,11 +825,21 @@ impl Worker {
             qc.down = true;
             for (slot, busy) in qc.busy.iter_mut().enumerate() {
                 if std::mem::take(busy) {
-                    self.retry.push((g, qc.ios[slot]));
+                    // Its grant dies with the path; it reserves again where it goes.
+                    self.retry.push((
+                        g,
+                        Io {
+                            grant: 0,
+                            ..qc.ios[slot]
+                        },
+                    ));
                     moved += 1;
                 }
             }
             qc.inflight = 0;
+        }
+        if let Some(r) = self.reserve.as_mut() {
+            r.reset(path);
         }
         self.res.path_failures += 1;
         self.res.first_path_error.get_or_insert_with(|| {
@@ -872,16 +934,20 @@ impl Worker {
     /// still wait (then nothing new is issued before them).
     fn resend_moved(&mut self, g: usize) -> Result<bool, String> {
         let mut k = 0;
+        let now = Instant::now();
         while k < self.retry.len() {
             if self.retry[k].0 != g {
                 k += 1;
                 continue;
             }
-            let Some(qi) = self.pick_replica(g) else {
+            let (op, nlb) = (self.retry[k].1.op, self.retry[k].1.nlb);
+            let Some(qi) = self.pick_replica(g, op, nlb) else {
                 return Ok(false);
             };
-            let (_, io) = self.retry.swap_remove(k);
+            let (_, mut io) = self.retry.swap_remove(k);
             self.res.path_retries += 1;
+            io.sent = now;
+            io.grant = self.reserve_for(qi / self.groups.len(), &io);
             self.issue(qi, io)?;
         }
         Ok(true)
@@ -909,7 +975,7 @@ impl Worker {
         qc.ios[slot as usize] = io;
         qc.busy[slot as usize] = true;
         qc.inflight += 1;
-        qc.q.submit(slot, rw_sqe(opc, self.job.nsid, io.lba, io.nlb), x, io.t0)
+        qc.q.submit(slot, rw_sqe(opc, self.job.nsid, io.lba, io.nlb), x, io.sent)
             .map_err(|e| e.to_string())
     }
 
@@ -931,11 +997,21 @@ impl Worker {
 
     /// `next_io` with the operation already drawn.
     fn next_io_as(&mut self, phase: Phase, op: Op) -> Option<(Op, u64, u32)> {
+        let nlb = self.draw_nlb(phase);
+        self.next_io_sized(phase, op, nlb)
+    }
+
+    /// The blocks of the next I/O of `phase`.
+    fn draw_nlb(&mut self, phase: Phase) -> u32 {
         let nlb = match phase {
             Phase::Main => self.pick_nlb(),
             _ => self.chunk_blocks(),
         };
-        let nlb = nlb.min(self.nblocks as u32);
+        nlb.min(self.nblocks as u32)
+    }
+
+    /// `next_io` with the operation and its size already drawn.
+    fn next_io_sized(&mut self, phase: Phase, op: Op, nlb: u32) -> Option<(Op, u64, u32)> {
         let tries = if self.job.verify { 8 } else { 1 };
         for _ in 0..tries {
             let off = self.pick_offset(phase, nlb)?;

@@ -676,6 +676,20 @@ fn paths_to_different_namespaces_are_refused_before_any_io() {
             "--path-policy \"fastest\"",
         ),
         (vec!["--path-policy", "queue-depth"], "needs --paths"),
+        (vec!["--path-rate", "1gbit"], "give --paths"),
+        (
+            vec!["--paths", "127.0.0.1:1,127.0.0.1:2", "--path-rate", "1g"],
+            "kbit, mbit or gbit",
+        ),
+        (
+            vec![
+                "--paths",
+                "127.0.0.1:1,127.0.0.1:2",
+                "--path-rate",
+                "500kbit",
+            ],
+            "give 1mbit to 400gbit",
+        ),
         (
             vec![
                 "--paths",
@@ -743,4 +757,65 @@ fn isr_path_choice_sends_less_to_the_slower_path_than_round_robin() {
     );
     assert_eq!(j["path_policy"], "isr", "{j}");
     eprintln!("slow-path share: round-robin {rr:.3}, isr {isr:.3}");
+}
+
+#[test]
+fn path_rate_reserves_read_responses_and_holds_reads_only_when_the_paths_are_full() {
+    // Two 10 Mbit/s paths admit about one 4 KiB read each at a time (its
+    // response needs 3.3 ms of the path), so at depth 32 reads wait in the
+    // host; at 400 Gbit/s the same load always finds room. Either way every
+    // read is verified and both paths carry reads.
+    let t = LiveTarget::start(&["--ram", "64M"]);
+    let (p1, p2) = (PathProxy::start(t.addr), PathProxy::start(t.addr));
+    let paths = format!("{},{}", p1.addr, p2.addr);
+    let run = |rate: &str| {
+        let j = bench_json(&[
+            "--paths",
+            &paths,
+            "--path-policy",
+            "isr",
+            "--path-rate",
+            rate,
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+            "--size",
+            "8m",
+            "--iodepth",
+            "32",
+            "--verify",
+            "--runtime",
+            "500ms",
+        ]);
+        assert_eq!(
+            (j["errors"].as_u64(), j["verify_failures"].as_u64()),
+            (Some(0), Some(0)),
+            "{j}"
+        );
+        assert!(j["verified_blocks"].as_u64().unwrap() > 0, "{j}");
+        for i in 0..2 {
+            assert!(
+                j["paths"][i]["ios"].as_u64().unwrap() > 0,
+                "path {i} idle: {j}"
+            );
+        }
+        j
+    };
+    let slow = run("10mbit");
+    assert_eq!(slow["path_rate_bytes_per_s"], 1_250_000, "{slow}");
+    assert!(slow["reserve_waits"].as_u64().unwrap() > 0, "{slow}");
+    let fast = run("400gbit");
+    assert_eq!(fast["reserve_waits"], 0, "{fast}");
+    let plain = bench_json(&[
+        "--paths",
+        &paths,
+        "--bs",
+        "4k",
+        "--size",
+        "8m",
+        "--runtime",
+        "200ms",
+    ]);
+    assert!(plain.get("reserve_waits").is_none(), "{plain}");
 }

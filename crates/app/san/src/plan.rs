@@ -29,22 +29,8 @@ pub fn parse_rate(s: &str) -> Result<Option<Rate>, String> {
     if s == "off" {
         return Ok(None);
     }
-    let (num, mult) = [
-        ("gbit", 1_000_000_000u64),
-        ("mbit", 1_000_000),
-        ("kbit", 1_000),
-    ]
-    .iter()
-    .find_map(|(u, m)| s.strip_suffix(u).map(|n| (n, *m)))
-    .ok_or_else(|| {
-        format!("rate {s:?}: give a number with kbit, mbit or gbit (e.g. 1gbit), or off")
-    })?;
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("rate {s:?}: {num:?} is not a whole number (e.g. 1gbit, 500mbit)"))?;
-    let bits = n
-        .checked_mul(mult)
-        .filter(|&b| (1_000_000..=100_000_000_000).contains(&b));
+    let bits = trellis_units::parse_bit_rate(s).map_err(|e| format!("{e}, or off"))?;
+    let bits = Some(bits).filter(|&b| (1_000_000..=100_000_000_000).contains(&b));
     bits.map(|bits_per_s| Some(Rate { bits_per_s }))
         .ok_or_else(|| format!("rate {s:?} is out of range: 1mbit to 100gbit"))
 }

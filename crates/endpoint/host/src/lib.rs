@@ -9,6 +9,8 @@
 //!   latency before throughput, i10 caravans, request and application steering.
 //! - [`replica`]: which replica of a replicated volume serves a read (round-robin,
 //!   or Gimbal's credit headroom).
+//! - [`reserve`]: eager bandwidth reservation at the host edge: each path's
+//!   response rate reserved before a read goes out (NSDI'26 §3.2).
 //!
 //! Every encode and decode goes through `trellis-nvme`, the same crate the
 //! target uses. See `docs/host.md` for the design and API walk-through.
@@ -21,6 +23,7 @@ pub mod engine;
 pub mod error;
 pub mod queue;
 pub mod replica;
+pub mod reserve;
 pub mod switch;
 
 pub use ctrl::{discover, Controller, HostConfig};

@@ -178,7 +178,15 @@ mod tests {
 ///   herding onto the path that looked best last. The score is then
 ///   `(in flight + 1) × round trip`, the shortest-expected-delay rule;
 /// - a path with no fresh sample (the table's staleness, 10 ms) scores its
-///   local part only, so an idle path is tried again.
+///   local part only, so an idle path is tried again;
+/// - the SSD credits that completions carry (Gimbal's, `--credits`) are the
+///   storage's half of the telemetry. Every path reaches the same namespace
+///   as the same tenant, so a credit is the tenant's allowance at the drive,
+///   not a path's: each path's controller learns the whole of it. ISR
+///   therefore holds a command while the commands in flight over all the
+///   paths it is given reach the smallest credit any of them reports
+///   (per-path credit checks alone would let n paths send n times the
+///   credit). In the network, hops rank packets by the credit instead.
 pub struct IsrPaths {
     table: trellis_fabric::isr::IsrTable,
     paths: usize,
@@ -206,12 +214,20 @@ impl IsrPaths {
         }
     }
 
-    /// The path for the next command, None when none may take one. `paths`
-    /// describes each path now (its `credit_limit` and `depth` are not used).
+    /// The path for the next command, None when none may take one or the
+    /// paths together have the tenant's credit in flight. `paths` describes
+    /// each path now (`depth` is not used).
     pub fn choose(&mut self, paths: &[ReplicaState], now_ns: u64) -> Option<usize> {
+        let paths = &paths[..paths.len().min(self.paths)];
+        if let Some(credit) = paths.iter().filter_map(|p| p.credit_limit).min() {
+            let inflight: u64 = paths.iter().map(|p| p.inflight as u64).sum();
+            if inflight >= credit as u64 {
+                return None;
+            }
+        }
         let mut cand = [0u8; MAX_PATHS];
         let mut n = 0;
-        for (i, p) in paths.iter().enumerate().take(self.paths) {
+        for (i, p) in paths.iter().enumerate() {
             if p.may_submit {
                 cand[n] = i as u8;
                 n += 1;
@@ -260,5 +276,22 @@ mod isr_tests {
         assert_eq!(c.choose(&[busy, busy], now), None);
         // After 10 ms without samples path 1 scores its local part only: tried again.
         assert_eq!(c.choose(&[st(1), st(0)], 20_000_000), Some(1));
+    }
+
+    #[test]
+    fn isr_keeps_the_paths_together_within_the_tenants_credit() {
+        let mut c = IsrPaths::new(2);
+        let cr = |inflight, credit| ReplicaState {
+            credit_limit: credit,
+            ..st(inflight)
+        };
+        // Credit 8 at the drive: 5 + 2 in flight leaves room for one more...
+        assert!(c.choose(&[cr(5, Some(8)), cr(2, Some(8))], 0).is_some());
+        // ...5 + 3 is the whole credit, although each path alone is under it.
+        assert_eq!(c.choose(&[cr(5, Some(8)), cr(3, Some(8))], 0), None);
+        // The smallest credit reported counts (the drive got busier).
+        assert_eq!(c.choose(&[cr(3, Some(4)), cr(1, Some(8))], 0), None);
+        // Without credits only the paths' own limits apply.
+        assert!(c.choose(&[cr(30, None), cr(30, None)], 0).is_some());
     }
 }

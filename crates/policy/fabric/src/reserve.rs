@@ -121,6 +121,12 @@ impl PortReservation {
         self.reserved_bytes_per_s
     }
 
+    /// What a new reservation could still be granted: the admitted share of
+    /// the port's capacity less what is reserved.
+    pub fn room_bytes_per_s(&self) -> u64 {
+        self.capacity_bytes_per_s - self.reserved_bytes_per_s
+    }
+
     /// Does a response packet of `bytes` conform to the reserved rate now? Conformant
     /// packets use the reserved queue; the rest fall back to best effort.
     pub fn conform(&mut self, bytes: u64, now_ns: Nanos) -> bool {
@@ -180,7 +186,9 @@ mod tests {
     fn reservations_never_exceed_port_capacity() {
         let mut port = PortReservation::new(1_000, 0, 1000);
         assert_eq!(port.reserve(700), 700);
+        assert_eq!(port.room_bytes_per_s(), 300);
         assert_eq!(port.reserve(700), 300);
+        assert_eq!(port.room_bytes_per_s(), 0);
         assert_eq!(port.reserve(1), 0);
     }
 

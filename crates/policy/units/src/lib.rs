@@ -52,3 +52,43 @@ pub struct DeviceModel {
     /// Host-interface bandwidth, bytes per second; 0 when unknown.
     pub link_bytes_per_s: u64,
 }
+
+/// Parses a link rate as `tc` writes it: a whole number with `kbit`, `mbit` or
+/// `gbit` (decimal units, bits per second), e.g. "1gbit", "500mbit". Returns
+/// bits per second; the caller checks the range it accepts.
+pub fn parse_bit_rate(s: &str) -> Result<u64, String> {
+    let (num, mult) = [
+        ("gbit", 1_000_000_000u64),
+        ("mbit", 1_000_000),
+        ("kbit", 1_000),
+    ]
+    .iter()
+    .find_map(|(u, m)| s.strip_suffix(u).map(|n| (n, *m)))
+    .ok_or_else(|| format!("rate {s:?}: give a number with kbit, mbit or gbit (e.g. 1gbit)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("rate {s:?}: {num:?} is not a whole number (e.g. 1gbit, 500mbit)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("rate {s:?} is too large"))
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::parse_bit_rate;
+
+    #[test]
+    fn bit_rates_parse_in_decimal_units_and_bad_ones_say_why() {
+        assert_eq!(parse_bit_rate("1gbit"), Ok(1_000_000_000));
+        assert_eq!(parse_bit_rate("500mbit"), Ok(500_000_000));
+        assert_eq!(parse_bit_rate("100kbit"), Ok(100_000));
+        assert!(parse_bit_rate("1g")
+            .unwrap_err()
+            .contains("kbit, mbit or gbit"));
+        assert!(parse_bit_rate("1.5gbit")
+            .unwrap_err()
+            .contains("whole number"));
+        assert!(parse_bit_rate("99999999999999gbit")
+            .unwrap_err()
+            .contains("too large"));
+    }
+}
