@@ -18,8 +18,8 @@ use trellis_nvme::sqe::io;
 
 use crate::job::{JobSpec, ReplicaRead, MAX_REPLICAS};
 use crate::verify::{check_block, fill_block, VerifyFailure};
-use trellis_host::replica::{IsrPaths, ReadPolicy, ReplicaChooser, ReplicaState};
-use trellis_host::reserve::PathReservations;
+use trellis_host::multipath::{PathPolicy, PathSet};
+use trellis_host::replica::{ReadPolicy, ReplicaChooser, ReplicaState};
 
 /// Verification state per block: generation, with the top bit marking a
 /// block that has an I/O in flight (no overlapping I/O while verifying).
@@ -174,10 +174,9 @@ struct Worker {
     retry: Vec<(usize, Io)>,
     /// Multipath: each path's state (empty otherwise).
     paths: Vec<PathState>,
-    /// `--path-policy isr`: per-path round-trip telemetry and the choice.
-    isr: Option<IsrPaths>,
-    /// `--path-rate`: each path's response reservations.
-    reserve: Option<PathReservations>,
+    /// Multipath: the paths' states (up, ANA, reservations) and the policy
+    /// that picks each command's path (trellis_host::multipath).
+    pathset: Option<PathSet>,
     /// Zero of the ns clock `isr` runs on.
     t_start: Instant,
     /// Replicated writes in flight, and the free entries.
@@ -251,6 +250,17 @@ struct Group {
     next_op: Option<(Op, u32, Instant)>,
 }
 
+/// A multipath volume's paths, as `--path-policy` and `--path-rate` say.
+fn path_set(job: &JobSpec, paths: usize) -> PathSet {
+    let policy = match job.replica_read {
+        ReplicaRead::Isr => PathPolicy::Isr,
+        ReplicaRead::QueueDepth => PathPolicy::QueueDepth,
+        ReplicaRead::RoundRobin | ReplicaRead::Headroom => PathPolicy::RoundRobin,
+    };
+    let rate = (job.path_rate_bytes_per_s > 0).then_some(job.path_rate_bytes_per_s);
+    PathSet::new(paths.min(trellis_host::replica::MAX_PATHS), policy, rate)
+}
+
 pub fn run(plan: WorkerPlan) -> WorkerResult {
     if let Some(cpu) = plan.cpu {
         pin_current_thread(cpu);
@@ -281,7 +291,7 @@ pub fn run(plan: WorkerPlan) -> WorkerResult {
         }
     }
     w.res.path_ios_since_reopen = w.paths.iter().map(|p| p.ios_since_reopen).collect();
-    w.res.reserve_waits = w.reserve.as_ref().map_or(0, |r| r.waits);
+    w.res.reserve_waits = w.pathset.as_ref().map_or(0, |ps| ps.reserve_waits());
     let per_replica = w.groups.len().max(1);
     w.res.replica_credits_last = w
         .queues
@@ -379,14 +389,7 @@ impl Worker {
             replicas,
             multipath: job.multipath,
             retry: Vec::new(),
-            isr: (job.multipath && job.replica_read == ReplicaRead::Isr)
-                .then(|| IsrPaths::new(replicas.min(trellis_host::replica::MAX_PATHS))),
-            reserve: (job.multipath && job.path_rate_bytes_per_s > 0).then(|| {
-                PathReservations::new(
-                    replicas.min(trellis_host::replica::MAX_PATHS),
-                    job.path_rate_bytes_per_s,
-                )
-            }),
+            pathset: job.multipath.then(|| path_set(&job, replicas)),
             t_start: Instant::now(),
             paths: p
                 .reconnect
@@ -549,13 +552,11 @@ impl Worker {
         let io = qc.ios[c.slot as usize];
         qc.inflight -= 1;
         qc.busy[c.slot as usize] = false;
-        let path = qi / self.groups.len();
-        let rtt = now.saturating_duration_since(io.sent).as_nanos() as u64;
-        if let Some(isr) = self.isr.as_mut() {
-            isr.on_completion(path, rtt, ns_since(self.t_start));
-        }
-        if let (Some(r), Op::Read) = (self.reserve.as_mut(), io.op) {
-            r.release(path, io.grant, io.nlb * self.block_size, rtt);
+        if let Some(ps) = self.pathset.as_mut() {
+            let rtt = now.saturating_duration_since(io.sent).as_nanos() as u64;
+            let read_len = (io.op == Op::Read).then_some(io.nlb * self.block_size);
+            let t = ns_since(self.t_start);
+            ps.on_completion(qi / self.groups.len(), read_len, io.grant, rtt, t);
         }
         let part_ok = c.status.is_success();
         if !part_ok {
@@ -771,36 +772,29 @@ impl Worker {
         for (r, s) in states.iter_mut().enumerate().take(self.replicas) {
             let qc = &self.queues[r * n + g];
             let e = qc.q.engine();
-            let fits = match (&self.reserve, op) {
-                (Some(res), Op::Read) => res.fits(r, nlb * self.block_size),
-                _ => true,
-            };
             *s = ReplicaState {
-                may_submit: !qc.down && e.may_submit() && fits,
+                may_submit: !qc.down && e.may_submit(),
                 credit_limit: e.credit_limit(),
                 depth: qc.depth,
                 inflight: qc.inflight,
             };
         }
-        let r = match self.isr.as_mut() {
-            Some(isr) => isr.choose(&states[..self.replicas], ns_since(self.t_start)),
+        let read_len = (op == Op::Read).then_some(nlb * self.block_size);
+        let now = ns_since(self.t_start);
+        let r = match self.pathset.as_mut() {
+            Some(ps) => ps.choose(&states[..self.replicas], read_len, now),
             None => self.groups[g].chooser.choose(&states[..self.replicas]),
-        };
-        if r.is_none() && op == Op::Read {
-            if let Some(res) = self.reserve.as_mut() {
-                res.waits += 1;
-            }
-        }
-        Some(r? * n + g)
+        }?;
+        Some(r * n + g)
     }
 
-    /// `--path-rate`: reserves a read's response rate on `path` (0 for
-    /// writes and without reservation). `pick_replica` checked that it fits.
+    /// Multipath: reserves a read's response rate on `path` (`--path-rate`;
+    /// 0 otherwise). `pick_replica` checked that it fits.
     fn reserve_for(&mut self, path: usize, io: &Io) -> u64 {
-        match (self.reserve.as_mut(), io.op) {
-            (Some(r), Op::Read) => r.reserve(path, io.nlb * self.block_size),
-            _ => 0,
-        }
+        let read_len = (io.op == Op::Read).then_some(io.nlb * self.block_size);
+        self.pathset
+            .as_mut()
+            .map_or(0, |ps| ps.reserve(path, read_len))
     }
 
     /// Path `qi` of a multipath volume failed (`why`): it is never used
@@ -838,8 +832,8 @@ impl Worker {
             }
             qc.inflight = 0;
         }
-        if let Some(r) = self.reserve.as_mut() {
-            r.reset(path);
+        if let Some(ps) = self.pathset.as_mut() {
+            ps.set_down(path, true);
         }
         self.res.path_failures += 1;
         self.res.first_path_error.get_or_insert_with(|| {
@@ -869,6 +863,9 @@ impl Worker {
             if self.paths[r].down {
                 for g in 0..n {
                     self.queues[r * n + g].down = true;
+                }
+                if let Some(ps) = self.pathset.as_mut() {
+                    ps.set_down(r, true);
                 }
                 if !self.res.failed_paths.contains(&(r as u32)) {
                     self.res.failed_paths.push(r as u32);
@@ -906,6 +903,9 @@ impl Worker {
                             self.queues[r * n + g] = QueueCtx::new(q, depth);
                         }
                         p.ios_since_reopen = 0;
+                        if let Some(ps) = self.pathset.as_mut() {
+                            ps.set_down(r, false);
+                        }
                         self.res.path_reconnects.push(r as u32);
                         continue;
                     }

@@ -9,6 +9,8 @@
 //!   latency before throughput, i10 caravans, request and application steering.
 //! - [`replica`]: which replica of a replicated volume serves a read (round-robin,
 //!   or Gimbal's credit headroom).
+//! - [`multipath`]: the paths of a multipath volume: ANA states, reservations
+//!   and the path policy (round-robin, queue-depth, ISR) in one sans-IO core.
 //! - [`reserve`]: eager bandwidth reservation at the host edge: each path's
 //!   response rate reserved before a read goes out (NSDI'26 §3.2).
 //!
@@ -21,6 +23,7 @@
 pub mod ctrl;
 pub mod engine;
 pub mod error;
+pub mod multipath;
 pub mod queue;
 pub mod replica;
 pub mod reserve;
