@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use trellis_nvme::ana::{self, AnaLog, AnaLogError, AnaState};
 use trellis_nvme::fabrics::{self, prop, ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN};
 use trellis_nvme::identify::{cns, IdCtrl, IdNs, IDENTIFY_LEN};
 use trellis_nvme::log::{self, DiscoveryEntry, GetLogPage, DISC_ENTRY_LEN, DISC_HDR_LEN};
@@ -249,17 +250,88 @@ impl Controller {
     }
 
     fn get_log(&mut self, lid: u8, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.get_log_with(lid, 0, true, offset, out)
+    }
+
+    fn get_log_with(
+        &mut self,
+        lid: u8,
+        lsp: u8,
+        rae: bool,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let nsid = if lid == log::lid::ANA { 0xFFFF_FFFF } else { 0 };
         let sqe = GetLogPage {
             lid,
-            lsp: 0,
-            rae: true,
+            lsp,
+            rae,
             len_bytes: out.len() as u64,
             offset_bytes: offset,
         }
-        .to_sqe(0, 0);
+        .to_sqe(0, nsid);
         self.admin
             .exec_ok(sqe, Xfer::FromCtrl(out.len() as u32), &[], out)?;
         Ok(())
+    }
+
+    /// Identify Controller CMIC bit 3: the controller reports Asymmetric
+    /// Namespace Access (NVMe Base 2.0 §8.1.1), so [`Controller::ana_log`]
+    /// may be read and I/O may fail with path-related status (SCT 3h).
+    pub fn reports_ana(&self) -> bool {
+        self.id.reports_ana()
+    }
+
+    /// Reads and decodes the ANA log page (LID 0Ch): every ANA group with
+    /// its state, and its NSIDs unless `groups_only` (RGO). Read in 4 KiB
+    /// chunks up to the size Identify allows (16 + NANAGRPID × 32 + MNAN × 4
+    /// bytes, as Linux sizes it; at most [`MAX_ANA_LOG_BYTES`]); read again
+    /// if the change count moved between chunks. RAE is clear, as Linux
+    /// reads it, which re-arms the target's ANA change event.
+    pub fn ana_log(&mut self, groups_only: bool) -> Result<AnaLog> {
+        if !self.reports_ana() {
+            return Err(Error::protocol(
+                "the controller does not report ANA (Identify Controller CMIC bit 3 clear)",
+            ));
+        }
+        let lsp = if groups_only { ana::LSP_RGO } else { 0 };
+        let max = ana_log_max_bytes(&self.id);
+        for _ in 0..ANA_LOG_ATTEMPTS {
+            let (log, chunks) = self.ana_log_once(lsp, max)?;
+            if chunks == 1 || self.ana_log_once(lsp, 4096)?.0.chgcnt == log.chgcnt {
+                return Ok(log);
+            }
+        }
+        Err(Error::protocol(format!(
+            "the ANA log kept changing during {ANA_LOG_ATTEMPTS} reads"
+        )))
+    }
+
+    /// One read of the ANA log, chunk by chunk until it decodes. Returns the
+    /// log and how many chunks it took.
+    fn ana_log_once(&mut self, lsp: u8, max: usize) -> Result<(AnaLog, usize)> {
+        let mut chunk = vec![0u8; 4096];
+        let mut whole = Vec::new();
+        loop {
+            self.get_log_with(log::lid::ANA, lsp, false, whole.len() as u64, &mut chunk)?;
+            whole.extend_from_slice(&chunk);
+            match AnaLog::decode(&whole) {
+                Ok(l) => return Ok((l, whole.len() / chunk.len())),
+                Err(AnaLogError::ShortDescriptor { .. }) if whole.len() < max => continue,
+                Err(e) => return Err(Error::protocol(format!("ANA log: {e}"))),
+            }
+        }
+    }
+
+    /// The ANA state of namespace `nsid` through this controller; None when
+    /// no ANA group lists it.
+    pub fn ana_state(&mut self, nsid: u32) -> Result<Option<AnaState>> {
+        let log = self.ana_log(false)?;
+        Ok(log
+            .groups
+            .iter()
+            .find(|g| g.nsids.contains(&nsid))
+            .map(|g| g.state))
     }
 
     /// Normal shutdown (CC.SHN = 01), waiting briefly for CSTS.SHST = complete.
@@ -277,6 +349,20 @@ impl Controller {
         }
         Err(Error::Timeout("controller shutdown (CSTS.SHST)".into()))
     }
+}
+
+/// Largest ANA log read ([`Controller::ana_log`]), whatever Identify says.
+pub const MAX_ANA_LOG_BYTES: usize = 1 << 20;
+/// Reads of the ANA log before giving up on one that keeps changing.
+const ANA_LOG_ATTEMPTS: usize = 3;
+
+/// The ANA log's largest size for this controller (Linux's
+/// `nvme_mpath_init_identify` formula), bounded by [`MAX_ANA_LOG_BYTES`].
+fn ana_log_max_bytes(id: &IdCtrl) -> usize {
+    let n = ana::HDR_LEN as u64
+        + id.nanagrpid as u64 * ana::DESC_LEN as u64
+        + id.mnan.max(id.nn) as u64 * 4;
+    n.min(MAX_ANA_LOG_BYTES as u64) as usize
 }
 
 /// Connects to a discovery controller and returns its log entries.
