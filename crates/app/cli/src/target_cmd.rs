@@ -74,6 +74,10 @@ pub struct TargetArgs {
     /// 127.0.0.1:9464 or localhost:9464); overrides `[metrics] listen`.
     #[arg(long, value_name = "HOST:PORT")]
     metrics: Option<String>,
+    /// Serve the management socket (JSON-RPC 2.0, `trellis ctl`) at this
+    /// Unix socket path; overrides `[ctl] socket`. Off by default.
+    #[arg(long, value_name = "PATH")]
+    ctl_socket: Option<std::path::PathBuf>,
     /// Check everything starting would (files included, without creating
     /// them), print the effective configuration as TOML (a valid --config
     /// file) and the identities, and exit.
@@ -176,6 +180,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
                 Ok(ListenerConfig {
                     addr: resolve_host_port(s).map_err(|e| anyhow::anyhow!("--listen: {e}"))?,
                     kind: None,
+                    ana_state: None,
                 })
             })
             .collect::<anyhow::Result<_>>()?;
@@ -195,6 +200,9 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     if let Some(m) = &a.metrics {
         let addr = resolve_host_port(m).map_err(|e| anyhow::anyhow!("--metrics: {e}"))?;
         cfg.metrics.listen = Some(addr);
+    }
+    if let Some(p) = &a.ctl_socket {
+        cfg.ctl.socket = Some(p.clone());
     }
     if let Some(e) = a.engine {
         cfg.target.socket_engine = e;

@@ -8,6 +8,7 @@ use crate::subsystem::{Controller, Features, Subsystem};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use trellis_nvme::ana;
 use trellis_nvme::fabrics::{self, cc, csts, ipo, ConnectCmd, ConnectData, PropertyCmd};
 use trellis_nvme::identify::{self, cns, ControllerInfo, ControllerType};
 use trellis_nvme::log::{self, lid, DiscoveryEntry, GetLogPage, Smart};
@@ -153,6 +154,9 @@ impl Queue {
             connected_qids: Mutex::new(HashSet::from([0])),
             dead: AtomicBool::new(false),
             async_event_config: AtomicU32::new(0),
+            portid: self.portid,
+            aen_pending: AtomicU32::new(0),
+            aen_masked: AtomicU32::new(0),
             features: Mutex::new(Features::default()),
             errors: Mutex::new(Default::default()),
             tenant: match &sub {
@@ -315,8 +319,12 @@ impl Queue {
                 vwc: true,
                 kas: 10,
                 aerl: AER_LIMIT as u8 - 1,
-                oaes: 0,
-                ana: None,
+                // OAES bit 11: ANA change notices, sent where ANA is reported.
+                oaes: match sub.ana_caps() {
+                    Some(_) => ana::id::AEN_ANA_CHANGE,
+                    None => 0,
+                },
+                ana: sub.ana_caps(),
             },
             None => ControllerInfo {
                 kind: ControllerType::Discovery,
@@ -409,6 +417,10 @@ impl Queue {
             }
             (None, _) => Err(generic::INVALID_FIELD.dnr()),
             (Some(_), lid::DISCOVERY) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(sub), lid::ANA) => {
+                self.ana_log(sub, ctrl, &lp, &mut page);
+                Ok(())
+            }
             (Some(sub), crate::qos::VIEW_LID) => {
                 crate::qos::view_log(ctx, sub, ctrl.tenant, sqe.nsid(), &mut page)
             }
@@ -437,7 +449,7 @@ impl Queue {
         match l {
             lid::SUPPORTED_LOGS => {
                 page.resize(1024, 0);
-                let lids = [
+                let mut lids = vec![
                     lid::SUPPORTED_LOGS,
                     lid::ERROR,
                     lid::SMART,
@@ -446,6 +458,9 @@ impl Queue {
                     lid::COMMANDS_EFFECTS,
                     crate::qos::VIEW_LID,
                 ];
+                if sub.ana_caps().is_some() {
+                    lids.push(lid::ANA);
+                }
                 log::encode_supported_logs(&lids, page);
             }
             lid::ERROR => {
@@ -473,6 +488,20 @@ impl Queue {
             _ => return Err(generic::INVALID_FIELD.dnr()),
         }
         Ok(())
+    }
+
+    /// The ANA log (LID 0Ch) as this controller's listener reports it:
+    /// every ANA group of the subsystem, with its NSIDs unless the host set
+    /// RGO. Reading it with RAE clear re-arms the ANA change event.
+    fn ana_log(&self, sub: &Subsystem, ctrl: &Controller, lp: &GetLogPage, page: &mut Vec<u8>) {
+        let rgo = lp.lsp & ana::LSP_RGO != 0;
+        self.reg
+            .ana
+            .log(ctrl.portid, &sub.ana_groups)
+            .encode(rgo, page);
+        if !lp.rae {
+            ctrl.aen_masked.fetch_and(!ana::id::AEN_ANA_CHANGE, Relaxed);
+        }
     }
 
     /// SMART / health from the live counters: all namespaces for NSID 0 or
@@ -658,8 +687,22 @@ impl Queue {
         if self.aers.len() >= AER_LIMIT {
             return Exec::Done(specific::AER_LIMIT_EXCEEDED);
         }
+        if let Some(dw0) = self.take_event() {
+            return Exec::DoneWith(Status::SUCCESS, dw0, 0);
+        }
         self.aers.push(req.slot());
         Exec::Held
+    }
+
+    /// The completion DW0 of an asynchronous event raised on this queue's
+    /// controller and not yet sent (`Controller::raise_event`), taking it.
+    pub(crate) fn take_event(&self) -> Option<u32> {
+        let ctrl = &self.q.as_ref()?.ctrl;
+        let bit = ana::id::AEN_ANA_CHANGE;
+        if ctrl.aen_pending.load(Relaxed) & bit == 0 {
+            return None;
+        }
+        (ctrl.aen_pending.fetch_and(!bit, Relaxed) & bit != 0).then_some(ana::AEN_ANA_CHANGE_DW0)
     }
 }
 

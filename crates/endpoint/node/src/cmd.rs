@@ -309,6 +309,14 @@ pub fn parse(q: &Queue, req: &mut Request) -> Result<(), Status> {
         .namespace(req.sqe.nsid())
         .ok_or(generic::INVALID_NAMESPACE.dnr())?;
     req.ns_uid = ns.uid as u32;
+    // ANA (NVMe Base 2.0 §8.1.1): I/O through a listener whose path to the
+    // namespace's group is inaccessible, lost or changing fails with a path
+    // status and does no I/O; admin commands still run. One relaxed load.
+    if cmd.on & on::IO != 0 {
+        if let Some(st) = q.reg.ana.state(q.portid, ns.ana_idx).io_status() {
+            return Err(st);
+        }
+    }
     if cmd.media_write && ns.read_only {
         return Err(generic::NS_WRITE_PROTECTED.dnr());
     }

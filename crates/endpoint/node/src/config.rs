@@ -36,6 +36,19 @@ pub struct Config {
     /// Prometheus `/metrics` endpoint (off unless `listen` is set).
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Management socket (JSON-RPC 2.0; `trellis ctl`), off unless `socket` is set.
+    #[serde(default)]
+    pub ctl: CtlConfig,
+}
+
+/// `[ctl]`: where the management socket (`trellis ctl`) listens.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CtlConfig {
+    /// Unix socket path, e.g. "/run/trellis/ctl.sock". None: no socket.
+    /// Off by default: no default path is writable by every user, and two
+    /// targets on one machine (tests, `trellis san`) would fight over one.
+    pub socket: Option<std::path::PathBuf>,
 }
 
 /// `[metrics]`: where to serve Prometheus text-format metrics over HTTP.
@@ -228,6 +241,50 @@ pub struct ListenerConfig {
     pub addr: SocketAddr,
     /// Default: discovery-only on port 8009, both elsewhere.
     pub kind: Option<ListenerKind>,
+    /// ANA state of every ANA group reached through this listener at start
+    /// ("optimized", "non-optimized", "inaccessible", "persistent-loss";
+    /// default optimized). `trellis ctl ana set` changes it while running.
+    #[serde(
+        default,
+        deserialize_with = "ana_state_name",
+        serialize_with = "ana_state_write",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ana_state: Option<trellis_nvme::ana::AnaState>,
+}
+
+/// The configurable ANA states: ANA Change is transient, for `trellis ctl` only.
+pub const ANA_CONFIG_STATES: &str =
+    "\"optimized\", \"non-optimized\", \"inaccessible\" or \"persistent-loss\"";
+
+/// An ANA state by name, as the config and `trellis ctl` write it.
+pub fn parse_ana_state(s: &str) -> anyhow::Result<trellis_nvme::ana::AnaState> {
+    use trellis_nvme::ana::AnaState;
+    match AnaState::from_name(s) {
+        Some(AnaState::Change) | None => {
+            anyhow::bail!("unknown ANA state {s:?}: use {ANA_CONFIG_STATES}")
+        }
+        Some(st) => Ok(st),
+    }
+}
+
+fn ana_state_name<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<trellis_nvme::ana::AnaState>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_ana_state(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn ana_state_write<S: serde::Serializer>(
+    st: &Option<trellis_nvme::ana::AnaState>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match st {
+        Some(st) => s.serialize_str(st.name()),
+        None => s.serialize_none(),
+    }
 }
 
 fn host_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
@@ -344,6 +401,10 @@ pub struct NamespaceConfig {
     pub nguid: Option<String>,
     #[serde(default)]
     pub eui64: Option<String>,
+    /// ANA group (ANAGRPID, ≥ 1); default: the NSID. Namespaces of one
+    /// group change ANA state together (docs/target.md "ANA").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ana_group: Option<u32>,
 }
 
 /// The `[qos]` table, written from the qos module's fields (its types are
@@ -465,10 +526,12 @@ impl Config {
                 ListenerConfig {
                     addr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420)),
                     kind: None,
+                    ana_state: None,
                 },
                 ListenerConfig {
                     addr: std::net::SocketAddr::from(([127, 0, 0, 1], 8009)),
                     kind: None,
+                    ana_state: None,
                 },
             ],
             subsystems: vec![SubsystemConfig {
@@ -482,6 +545,7 @@ impl Config {
             qos: Default::default(),
             tenants: Vec::new(),
             metrics: MetricsConfig::default(),
+            ctl: CtlConfig::default(),
         };
         // Checked by a unit test; `Target::start` validates again anyway.
         debug_assert!(c.validate().is_ok(), "embedded default is valid");
@@ -550,6 +614,11 @@ impl Config {
             for (i, n) in s.namespaces.iter().enumerate() {
                 let id = n.nsid.unwrap_or(i as u32 + 1);
                 ensure!((1..0xFFFF_FFFE).contains(&id), "nsid {id} out of range");
+                ensure!(
+                    n.ana_group != Some(0),
+                    "namespace {id} of {}: ana_group 0 is reserved: use 1 or more, or leave it out (the NSID)",
+                    s.nqn
+                );
                 ensure!(ids.insert(id), "duplicate nsid {id} in {}", s.nqn);
                 ensure!(
                     n.block_size == 512 || n.block_size == 4096,
@@ -626,6 +695,7 @@ impl NamespaceConfig {
             uuid: None,
             nguid: None,
             eui64: None,
+            ana_group: None,
         }
     }
 }

@@ -950,10 +950,21 @@ impl Conn {
                 .created_ns
                 .saturating_add(l.connect_timeout_ms * 1_000_000),
             Some(q) if q.kind == QueueKind::Io => self.now_ns.saturating_add(CTRL_CHECK_NS),
-            Some(q) => match self.kato_limit_ns(&q.ctrl) {
-                Some(limit) => q.ctrl.last_keepalive_ns.load(Relaxed).saturating_add(limit),
-                None => u64::MAX,
-            },
+            Some(q) => {
+                let kato = match self.kato_limit_ns(&q.ctrl) {
+                    Some(limit) => q.ctrl.last_keepalive_ns.load(Relaxed).saturating_add(limit),
+                    None => u64::MAX,
+                };
+                // Once the host enabled ANA change events (Set Features,
+                // which queues output and so re-arms this timer), the admin
+                // queue looks for raised events this often: the control
+                // path sets a flag and never touches the reactor.
+                let aec = q.ctrl.async_event_config.load(Relaxed);
+                match aec & trellis_nvme::ana::id::AEN_ANA_CHANGE != 0 && !q.ctrl.is_discovery() {
+                    true => kato.min(self.now_ns.saturating_add(CTRL_CHECK_NS)),
+                    false => kato,
+                }
+            }
         };
         Some(own.min(stats)).filter(|&t| t != u64::MAX)
     }
@@ -997,6 +1008,8 @@ impl Conn {
         if q.kind != QueueKind::Admin {
             return;
         }
+        self.deliver_event();
+        let Some(q) = &self.queue.q else { return };
         let idle_ns = now_ns.saturating_sub(q.ctrl.last_keepalive_ns.load(Relaxed));
         if self
             .kato_limit_ns(&q.ctrl)
@@ -1005,6 +1018,27 @@ impl Conn {
             q.ctrl.kill("keep-alive timeout");
             self.close_as(CloseKind::Timeout, "keep-alive timeout");
         }
+    }
+
+    /// Completes the oldest held AER with a raised asynchronous event, if
+    /// both exist.
+    fn deliver_event(&mut self) {
+        let Some(&s) = self.queue.aers.first() else {
+            return;
+        };
+        if self.slots.get(s as usize).map(|x| x.phase) != Some(Phase::Held) {
+            self.queue.aers.remove(0); // not an AER any more (cannot happen)
+            return;
+        }
+        let Some(dw0) = self.queue.take_event() else {
+            return;
+        };
+        self.queue.aers.remove(0);
+        let slot = &mut self.slots[s as usize];
+        slot.req.dw0 = dw0;
+        slot.req.dw1 = 0;
+        tracing::debug!(cid = slot.req.sqe.cid(), "AER completed: {dw0:#010x}");
+        self.finish(s, Status::SUCCESS);
     }
 
     /// The socket failed: nothing queued will be sent, so free its slots now.

@@ -21,6 +21,7 @@ fn registry() -> Arc<Registry> {
     cfg.listeners = vec![ListenerConfig {
         addr: "127.0.0.1:4420".parse().unwrap(),
         kind: None,
+        ana_state: None,
     }];
     cfg.subsystems[0].nqn = NQN.into();
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 20)];

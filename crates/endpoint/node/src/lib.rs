@@ -12,11 +12,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod admin;
+pub mod ana;
 pub mod backend;
 pub mod buf;
 pub mod cmd;
 pub mod config;
 pub mod conn;
+pub mod ctl;
 pub mod exec;
 pub mod fault;
 #[doc(hidden)]

@@ -23,6 +23,8 @@ pub struct Target {
     /// Where `/metrics` is served, when `[metrics] listen` is set.
     pub metrics_addr: Option<SocketAddr>,
     metrics: Option<std::thread::JoinHandle<()>>,
+    /// The management socket's thread, when `[ctl] socket` is set.
+    ctl: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Target {
@@ -57,6 +59,16 @@ impl Target {
                 (Some(a), Some(t))
             }
             None => (None, None),
+        };
+        let ctl = match &cfg.ctl.socket {
+            Some(path) => match crate::ctl::spawn(path, reg.clone(), shutdown.clone()) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    shutdown.store(true, Ordering::SeqCst); // stops the metrics thread
+                    return Err(e);
+                }
+            },
+            None => None,
         };
         let mut reactors = Vec::new();
         for i in 0..cfg.target.reactors {
@@ -105,6 +117,7 @@ impl Target {
             local_addrs,
             metrics_addr,
             metrics,
+            ctl,
         })
     }
 
@@ -132,6 +145,11 @@ impl Target {
         if let Some(m) = self.metrics.take() {
             if m.join().is_err() {
                 self.note_failure("the metrics thread panicked".into());
+            }
+        }
+        if let Some(c) = self.ctl.take() {
+            if c.join().is_err() {
+                self.note_failure("the management socket thread panicked".into());
             }
         }
         for r in self.reactors.iter() {

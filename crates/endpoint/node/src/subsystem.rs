@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use trellis_nvme::ana::AnaState;
 use trellis_nvme::identify::NamespaceInfo;
 use trellis_nvme::log::ErrorEntry;
 
@@ -54,6 +55,9 @@ pub struct Namespace {
     /// Writes may hand the backend the receive buffer itself: the backend
     /// completes inside `submit` and no scheduler holds the request.
     pub write_in_place: bool,
+    /// ANA group (ANAGRPID) and its index in `Registry::ana`.
+    pub anagrpid: u32,
+    pub ana_idx: usize,
 }
 
 pub struct Subsystem {
@@ -65,6 +69,9 @@ pub struct Subsystem {
     /// Sorted by NSID.
     pub namespaces: Vec<Arc<Namespace>>,
     pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    /// (ANAGRPID, its NSIDs here), ascending by ANAGRPID: the groups this
+    /// subsystem's ANA log lists.
+    pub ana_groups: Vec<(u32, Vec<u32>)>,
 }
 
 impl Subsystem {
@@ -80,6 +87,26 @@ impl Subsystem {
     pub fn max_nsid(&self) -> u32 {
         self.namespaces.last().map_or(0, |n| n.nsid)
     }
+    /// What Identify Controller advertises for ANA; None without
+    /// namespaces (Linux refuses ANA with MNAN 0, and MNAN ≤ NN).
+    pub fn ana_caps(&self) -> Option<trellis_nvme::identify::AnaCaps> {
+        let max = self.ana_groups.last()?.0;
+        Some(trellis_nvme::identify::AnaCaps {
+            anatt_s: crate::ana::ANATT_S,
+            anacap: crate::ana::ANACAP,
+            anagrpmax: max,
+            nanagrpid: self.ana_groups.len() as u32,
+        })
+    }
+}
+
+/// (ANAGRPID, NSIDs) of `nss`, ascending by ANAGRPID then NSID.
+fn ana_groups(nss: &[Arc<Namespace>]) -> Vec<(u32, Vec<u32>)> {
+    let mut m: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+    for n in nss {
+        m.entry(n.anagrpid).or_default().push(n.nsid);
+    }
+    m.into_iter().collect()
 }
 
 /// Per-controller error log: a ring of the last 64 failed commands.
@@ -136,6 +163,15 @@ pub struct Controller {
     /// Set once: every queue of the controller must close.
     pub dead: AtomicBool,
     pub async_event_config: AtomicU32,
+    /// Listener (portid) the admin queue connected through: ANA states
+    /// and ANA change events are per listener.
+    pub portid: u16,
+    /// Asynchronous events (by Asynchronous Event Configuration bit) to
+    /// complete on the next AER; set by the control path.
+    pub aen_pending: AtomicU32,
+    /// Events sent and not yet acknowledged by reading their log page with
+    /// RAE clear: masked, as the spec requires (and nvmet's `aen_masked`).
+    pub aen_masked: AtomicU32,
     pub features: Mutex<Features>,
     pub errors: Mutex<ErrorLog>,
     /// The host's QoS tenant, mapped once at Connect (`Registry::tenants`).
@@ -155,6 +191,18 @@ impl Controller {
             self.csts
                 .fetch_or(trellis_nvme::fabrics::csts::CFS, Relaxed);
         }
+    }
+    /// Raises asynchronous event `bit` (an Asynchronous Event Configuration
+    /// bit) if the host enabled it and has not yet been told: the admin
+    /// queue completes an AER with it within its next check.
+    pub fn raise_event(&self, bit: u32) -> bool {
+        if self.async_event_config.load(Relaxed) & bit == 0
+            || self.aen_masked.fetch_or(bit, Relaxed) & bit != 0
+        {
+            return false;
+        }
+        self.aen_pending.fetch_or(bit, Relaxed);
+        true
     }
     pub fn record_error(&self, e: ErrorEntry) {
         let mut log = crate::lock(&self.errors);
@@ -201,6 +249,8 @@ pub struct Registry {
     pub reactor_loop_hist: Vec<[AtomicU64; crate::exec::LAT_BUCKETS]>,
     /// Connections closed, by `CloseKind` (indexed by its discriminant).
     pub conn_closed: [AtomicU64; crate::conn::CloseKind::ALL.len()],
+    /// ANA state per (listener, group).
+    pub ana: crate::ana::AnaTable,
 }
 
 impl Registry {
@@ -216,13 +266,22 @@ impl Registry {
         let mut all_ns = Vec::new();
         let mut subsystems = Vec::new();
         let mut seen = HashMap::new();
+        let ana = crate::ana::AnaTable::new(
+            cfg.subsystems
+                .iter()
+                .flat_map(|s| s.namespaces.iter().enumerate().map(|(i, n)| anagrpid(n, i))),
+            &cfg.listeners
+                .iter()
+                .map(|l| l.ana_state.unwrap_or(AnaState::Optimized))
+                .collect::<Vec<_>>(),
+        );
         for s in &cfg.subsystems {
             let serial = node.serial(s);
             tracing::info!(subsystem = %s.nqn, "serial {serial}");
             unique(&mut seen, format!("serial {serial}"), &s.nqn)?;
             let mut nss = Vec::new();
             for (i, n) in s.namespaces.iter().enumerate() {
-                let ns = open_namespace(&node, s, i, n, all_ns.len())?;
+                let ns = open_namespace(&node, s, i, n, all_ns.len(), &ana)?;
                 let hex = crate::identity::hex;
                 for key in [
                     format!("uuid {}", hex(&ns.info.uuid)),
@@ -241,6 +300,7 @@ impl Registry {
                 model: s.model.clone(),
                 allow_any: s.allow_any(),
                 allowed_hosts: s.allowed_hosts.iter().cloned().collect(),
+                ana_groups: ana_groups(&nss),
                 namespaces: nss,
                 controllers: Mutex::new(HashMap::new()),
             }));
@@ -278,6 +338,7 @@ impl Registry {
             reactor_loop_hist: (0..cfg.target.reactors)
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
+            ana,
         })
     }
 
@@ -330,8 +391,13 @@ fn open_namespace(
     i: usize,
     n: &NamespaceConfig,
     uid: usize,
+    ana: &crate::ana::AnaTable,
 ) -> anyhow::Result<Arc<Namespace>> {
     let nsid = n.nsid.unwrap_or(i as u32 + 1);
+    let grpid = anagrpid(n, i);
+    let ana_idx = ana
+        .index_of(grpid)
+        .ok_or_else(|| anyhow::anyhow!("ANA group {grpid} missing from the table (a bug)"))?;
     let backend = backend::open(n)?;
     let bs = n.block_size;
     let size_blocks = backend.size_bytes() / bs as u64;
@@ -349,7 +415,7 @@ fn open_namespace(
         uuid: ids.uuid,
         read_only: n.read_only,
         deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
-        anagrpid: 0,
+        anagrpid: grpid,
     };
     tracing::info!(subsystem = %s.nqn, nsid, "namespace: {}; {ids}", backend.describe());
     // Measured here, at startup, not on a reactor's first I/O.
@@ -392,7 +458,14 @@ fn open_namespace(
         qos: n.qos,
         device_model,
         qos_board: Default::default(),
+        anagrpid: grpid,
+        ana_idx,
     }))
+}
+
+/// The ANA group of namespace `i` of a subsystem: `ana_group`, else its NSID.
+fn anagrpid(n: &NamespaceConfig, i: usize) -> u32 {
+    n.ana_group.unwrap_or(n.nsid.unwrap_or(i as u32 + 1))
 }
 
 #[cfg(test)]

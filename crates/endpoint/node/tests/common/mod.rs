@@ -39,6 +39,7 @@ pub fn test_config(ns: NamespaceConfig) -> Config {
     cfg.listeners = vec![ListenerConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
+        ana_state: None,
     }];
     cfg.subsystems = vec![SubsystemConfig {
         nqn: NQN.into(),

@@ -1,0 +1,153 @@
+//! Asymmetric Namespace Access state (NVM Express Base Specification 2.0,
+//! §8.1.1): one ANA group per namespace by default (ANAGRPID = NSID, or the
+//! namespace's `ana_group`), and a state per (listener, group).
+//!
+//! Group identifiers are node-wide, as Linux nvmet's ANA groups are per
+//! port and span subsystems: namespaces of two subsystems with the same
+//! ANAGRPID change state together. The I/O path reads one relaxed atomic
+//! byte per command ([`AnaTable::state`]); the control path (config at
+//! start, `trellis ctl ana set`) writes them.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use trellis_nvme::ana::{AnaGroup, AnaLog, AnaState};
+
+/// ANA Transition Time advertised in Identify Controller (ANATT), seconds:
+/// how long a host waits in ANA Change before it gives up on the path. We
+/// never stay in Change on our own (only `ana set ... change` puts a group
+/// there), so this is the Linux nvmet value.
+pub const ANATT_S: u8 = 10;
+
+/// ANACAP: every state may be reported, and a namespace's ANAGRPID never
+/// changes while the target runs.
+pub const ANACAP: u8 =
+    trellis_nvme::ana::id::ANACAP_ALL_STATES | trellis_nvme::ana::id::ANACAP_GRPID_STATIC;
+
+/// The state of every (listener, group) pair, and the change count.
+pub struct AnaTable {
+    /// Distinct ANAGRPIDs, ascending; a group's index is its position.
+    groups: Vec<u32>,
+    /// `states[listener * groups.len() + group]`: an `AnaState` as u8.
+    states: Vec<AtomicU8>,
+    /// Incremented on every change (the log's change count; 0 is never
+    /// reported, as the spec reserves it for "no change count").
+    chgcnt: AtomicU64,
+}
+
+impl AnaTable {
+    /// `groups`: the ANAGRPIDs in use (any order, duplicates allowed);
+    /// `initial`: each listener's starting state, in listener order.
+    pub fn new(groups: impl IntoIterator<Item = u32>, initial: &[AnaState]) -> AnaTable {
+        let mut g: Vec<u32> = groups.into_iter().collect();
+        g.sort_unstable();
+        g.dedup();
+        let states = initial
+            .iter()
+            .flat_map(|&s| g.iter().map(move |_| AtomicU8::new(s as u8)))
+            .collect();
+        AnaTable {
+            groups: g,
+            states,
+            chgcnt: AtomicU64::new(1),
+        }
+    }
+
+    /// The dense index of ANAGRPID `grpid`.
+    pub fn index_of(&self, grpid: u32) -> Option<usize> {
+        self.groups.binary_search(&grpid).ok()
+    }
+
+    /// Every ANAGRPID in use, ascending.
+    pub fn groups(&self) -> &[u32] {
+        &self.groups
+    }
+
+    pub fn listeners(&self) -> usize {
+        self.states
+            .len()
+            .checked_div(self.groups.len())
+            .unwrap_or(0)
+    }
+
+    /// The state of group index `g` on listener `portid` (1-based, as the
+    /// registry numbers listeners). Out of range: Optimized, so a queue
+    /// that belongs to no listener (fuzzing, tests) is never refused.
+    #[inline]
+    pub fn state(&self, portid: u16, g: usize) -> AnaState {
+        match self.slot(portid, g) {
+            Some(a) => AnaState::from_u8(a.load(Relaxed)).unwrap_or(AnaState::Optimized),
+            None => AnaState::Optimized,
+        }
+    }
+
+    #[inline]
+    fn slot(&self, portid: u16, g: usize) -> Option<&AtomicU8> {
+        let l = (portid as usize).checked_sub(1)?;
+        if g >= self.groups.len() {
+            return None;
+        }
+        // l < 65536 and g < groups.len(): no overflow.
+        self.states.get(l * self.groups.len() + g)
+    }
+
+    /// Sets group index `g` on listener `portid`; true if it changed.
+    pub fn set(&self, portid: u16, g: usize, st: AnaState) -> bool {
+        let Some(a) = self.slot(portid, g) else {
+            return false;
+        };
+        let changed = a.swap(st as u8, Relaxed) != st as u8;
+        if changed {
+            self.chgcnt.fetch_add(1, Relaxed);
+        }
+        changed
+    }
+
+    pub fn change_count(&self) -> u64 {
+        self.chgcnt.load(Relaxed)
+    }
+
+    /// The ANA log as listener `portid` reports it for `groups` (a
+    /// subsystem's (ANAGRPID, NSIDs), ascending by ANAGRPID).
+    pub fn log(&self, portid: u16, groups: &[(u32, Vec<u32>)]) -> AnaLog {
+        let chgcnt = self.change_count();
+        let groups = groups
+            .iter()
+            .map(|(grpid, nsids)| AnaGroup {
+                grpid: *grpid,
+                chgcnt,
+                state: self
+                    .index_of(*grpid)
+                    .map_or(AnaState::Optimized, |g| self.state(portid, g)),
+                nsids: nsids.clone(),
+            })
+            .collect();
+        AnaLog { chgcnt, groups }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_are_per_listener_and_group() {
+        let t = AnaTable::new([5, 1, 5], &[AnaState::Optimized, AnaState::NonOptimized]);
+        assert_eq!(t.groups(), &[1, 5]);
+        assert_eq!(t.listeners(), 2);
+        let g5 = t.index_of(5).unwrap();
+        assert_eq!(t.state(2, g5), AnaState::NonOptimized);
+        let c = t.change_count();
+        assert!(t.set(1, g5, AnaState::Inaccessible));
+        assert!(!t.set(1, g5, AnaState::Inaccessible), "no change, no count");
+        assert_eq!(t.change_count(), c + 1);
+        assert_eq!(t.state(1, g5), AnaState::Inaccessible);
+        assert_eq!(t.state(1, 0), AnaState::Optimized);
+        assert_eq!(t.state(2, g5), AnaState::NonOptimized);
+        // Outside the table: served, never a panic.
+        assert_eq!(t.state(0, 0), AnaState::Optimized);
+        assert_eq!(t.state(9, 1), AnaState::Optimized);
+        assert!(!t.set(0, 0, AnaState::Change));
+        let log = t.log(1, &[(1, vec![1]), (5, vec![2, 3])]);
+        assert_eq!(log.groups[1].state, AnaState::Inaccessible);
+        assert_eq!(log.groups[1].nsids, vec![2, 3]);
+    }
+}

@@ -1,0 +1,337 @@
+//! The management socket: JSON-RPC 2.0 (<https://www.jsonrpc.org/specification>)
+//! over a Unix stream socket, as SPDK's `rpc.py` talks to its target (issue 11).
+//! `trellis ctl` is its command-line client.
+//!
+//! One request per line (or one object followed by the client closing its
+//! write side), one response line each. Requests are bounded in size, clients
+//! in number and idle time; the socket is created mode 0600, since whoever
+//! can write to it changes what hosts see. Methods:
+//!
+//! - `ana_get`: the ANA state of every (I/O listener, ANA group);
+//! - `ana_set {listener, group, state}`: changes it and raises the ANA change
+//!   event on every controller connected through that listener (their admin
+//!   queues complete an outstanding AER within 100 ms).
+
+use crate::config::ListenerKind;
+use crate::subsystem::Registry;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use trellis_nvme::ana::{id::AEN_ANA_CHANGE, AnaState};
+
+/// Largest request line accepted; larger ones get an error and the
+/// connection closes (no method needs more than a few hundred bytes).
+pub const MAX_REQUEST_BYTES: usize = 64 << 10;
+/// Clients served at once; more are answered with an error and closed.
+pub const MAX_CLIENTS: usize = 8;
+/// A client silent this long is disconnected.
+pub const CLIENT_IDLE: Duration = Duration::from_secs(30);
+/// How often the accept loop looks at the shutdown flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(50);
+
+/// JSON-RPC 2.0 error codes.
+mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    /// Server busy (implementation-defined range): too many clients.
+    pub const BUSY: i64 = -32000;
+}
+
+/// Binds `path` (replacing a stale socket left by a crash, refusing one a
+/// live process serves) and serves it on a thread until `shutdown`.
+pub fn spawn(
+    path: &Path,
+    reg: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let listener = bind(path)?;
+    listener.set_nonblocking(true)?;
+    tracing::info!("management socket on {} (trellis ctl)", path.display());
+    let path = path.to_path_buf();
+    Ok(std::thread::Builder::new()
+        .name("ctl".into())
+        .spawn(move || accept_loop(listener, path, reg, shutdown))?)
+}
+
+fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let fail = |e: std::io::Error| anyhow::anyhow!("management socket {}: {e}", path.display());
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            anyhow::bail!(
+                "management socket {}: a file that is not a socket is in the way: remove it or choose another [ctl] socket",
+                path.display()
+            );
+        }
+        if UnixStream::connect(path).is_ok() {
+            anyhow::bail!(
+                "management socket {}: another process serves it: stop it or choose another [ctl] socket / --ctl-socket",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path).map_err(fail)?; // stale, from a crash
+    }
+    let l = UnixListener::bind(path).map_err(fail)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    Ok(l)
+}
+
+fn accept_loop(l: UnixListener, path: PathBuf, reg: Arc<Registry>, shutdown: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    while !shutdown.load(Ordering::Relaxed) {
+        match l.accept() {
+            Ok((s, _)) => admit(s, &reg, &active),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+            Err(e) => {
+                tracing::warn!("management socket: accept: {e}");
+                std::thread::sleep(ACCEPT_POLL);
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Serves `s` on its own thread, or refuses it when `MAX_CLIENTS` are served.
+fn admit(mut s: UnixStream, reg: &Arc<Registry>, active: &Arc<AtomicUsize>) {
+    if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+        active.fetch_sub(1, Ordering::AcqRel);
+        let msg = format!("{MAX_CLIENTS} clients are connected (the limit): retry later");
+        let _ = writeln!(s, "{}", error(Value::Null, code::BUSY, &msg));
+        return;
+    }
+    let (reg, active) = (reg.clone(), active.clone());
+    let spawned = std::thread::Builder::new()
+        .name("ctl-client".into())
+        .spawn(move || {
+            if let Err(e) = serve_client(s, &reg) {
+                tracing::debug!("management client: {e}");
+            }
+            active.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("management socket: cannot start a client thread: {e}");
+    }
+}
+
+fn serve_client(s: UnixStream, reg: &Registry) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(CLIENT_IDLE))?;
+    s.set_write_timeout(Some(CLIENT_IDLE))?;
+    let mut w = s.try_clone()?;
+    let mut r = BufReader::new(s);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = r
+            .by_ref()
+            .take(MAX_REQUEST_BYTES as u64 + 1)
+            .read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if line.len() > MAX_REQUEST_BYTES {
+            let msg = format!("request longer than {MAX_REQUEST_BYTES} bytes");
+            writeln!(w, "{}", error(Value::Null, code::INVALID_REQUEST, &msg))?;
+            return Ok(());
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if let Some(resp) = handle(reg, &line) {
+            writeln!(w, "{resp}")?;
+        }
+    }
+}
+
+/// One JSON-RPC request to its response (None for a notification).
+pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
+    let req: Value = match serde_json::from_slice(text) {
+        Ok(v) => v,
+        Err(e) => {
+            return Some(error(
+                Value::Null,
+                code::PARSE_ERROR,
+                &format!("not JSON: {e}"),
+            ))
+        }
+    };
+    let id = req.get("id").cloned();
+    let reply_id = id.clone().unwrap_or(Value::Null);
+    let method = req.get("method").and_then(Value::as_str);
+    let (true, Some(method)) = (req.get("jsonrpc") == Some(&json!("2.0")), method) else {
+        let msg =
+            "not a JSON-RPC 2.0 request: send {\"jsonrpc\":\"2.0\",\"method\":...,\"id\":...}";
+        return Some(error(reply_id, code::INVALID_REQUEST, msg));
+    };
+    let params = req.get("params").cloned().unwrap_or(Value::Null);
+    let r = match method {
+        "ana_get" => Ok(ana_get(reg)),
+        "ana_set" => ana_set(reg, &params),
+        _ => Err((
+            code::METHOD_NOT_FOUND,
+            format!("unknown method {method:?}: the methods are ana_get and ana_set"),
+        )),
+    };
+    id?; // a notification: no response
+    Some(match r {
+        Ok(result) => json!({"jsonrpc": "2.0", "result": result, "id": reply_id}),
+        Err((c, msg)) => error(reply_id, c, &msg),
+    })
+}
+
+fn error(id: Value, c: i64, msg: &str) -> Value {
+    json!({"jsonrpc": "2.0", "error": {"code": c, "message": msg}, "id": id})
+}
+
+/// Every (I/O listener, ANA group) with its state and namespaces.
+fn ana_get(reg: &Registry) -> Value {
+    let mut rows = Vec::new();
+    for l in reg
+        .listeners
+        .iter()
+        .filter(|l| l.kind == ListenerKind::Both)
+    {
+        for (g, &grpid) in reg.ana.groups().iter().enumerate() {
+            let nss: Vec<Value> = reg
+                .subsystems
+                .iter()
+                .flat_map(|s| s.namespaces.iter().map(move |n| (s, n)))
+                .filter(|(_, n)| n.anagrpid == grpid)
+                .map(|(s, n)| json!({"subsystem": s.nqn, "nsid": n.nsid}))
+                .collect();
+            rows.push(json!({
+                "listener": l.addr.to_string(),
+                "group": grpid,
+                "state": reg.ana.state(l.portid, g).name(),
+                "namespaces": nss,
+            }));
+        }
+    }
+    json!({"change_count": reg.ana.change_count(), "groups": rows})
+}
+
+type RpcError = (i64, String);
+
+fn invalid(msg: String) -> RpcError {
+    (code::INVALID_PARAMS, msg)
+}
+
+/// `{listener: "addr:port", group: N | "all", state: "..."}`.
+fn ana_set(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
+    let (portid, addr) = listener_param(reg, p.get("listener"))?;
+    let groups = group_param(reg, p.get("group"))?;
+    let state = state_param(p.get("state"))?;
+    let mut changed = Vec::new();
+    for g in groups {
+        let grpid = reg.ana.groups()[g];
+        let old = reg.ana.state(portid, g);
+        if reg.ana.set(portid, g, state) {
+            tracing::info!(
+                "ANA group {grpid} on listener {addr}: {} -> {}",
+                old.name(),
+                state.name()
+            );
+            changed.push(grpid);
+        }
+    }
+    let notified = notify(reg, portid, &changed);
+    Ok(json!({"changed": changed, "notified_controllers": notified}))
+}
+
+fn listener_param(reg: &Registry, v: Option<&Value>) -> Result<(u16, String), RpcError> {
+    let io: Vec<_> = reg
+        .listeners
+        .iter()
+        .filter(|l| l.kind == ListenerKind::Both)
+        .collect();
+    let known = || {
+        io.iter()
+            .map(|l| l.addr.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(s) = v.and_then(Value::as_str) else {
+        return Err(invalid(format!(
+            "missing \"listener\": give one of the I/O listeners ({})",
+            known()
+        )));
+    };
+    let want: Option<std::net::SocketAddr> = s.parse().ok();
+    match io.iter().find(|l| Some(l.addr) == want) {
+        Some(l) => Ok((l.portid, l.addr.to_string())),
+        None => Err(invalid(format!(
+            "unknown listener {s:?}: use one of the I/O listeners ({}), written as HOST:PORT",
+            known()
+        ))),
+    }
+}
+
+/// Group indexes named by `v`: an ANAGRPID, or "all".
+fn group_param(reg: &Registry, v: Option<&Value>) -> Result<Vec<usize>, RpcError> {
+    let all = reg.ana.groups();
+    let known = || {
+        all.iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match v {
+        Some(Value::String(s)) if s == "all" => Ok((0..all.len()).collect()),
+        Some(Value::Number(n)) => {
+            let g = n.as_u64().and_then(|g| u32::try_from(g).ok());
+            match g.and_then(|g| reg.ana.index_of(g)) {
+                Some(i) => Ok(vec![i]),
+                None => Err(invalid(format!(
+                    "unknown ANA group {n}: use one of {} or \"all\"",
+                    known()
+                ))),
+            }
+        }
+        other => Err(invalid(format!(
+            "bad \"group\" {}: give an ANA group number ({}) or \"all\"",
+            other.map_or("(missing)".to_string(), Value::to_string),
+            known()
+        ))),
+    }
+}
+
+fn state_param(v: Option<&Value>) -> Result<AnaState, RpcError> {
+    let names = AnaState::ALL.map(AnaState::name).join(", ");
+    let s = v.and_then(Value::as_str);
+    s.and_then(AnaState::from_name).ok_or_else(|| {
+        invalid(format!(
+            "unknown ANA state {}: use one of {names}",
+            v.map_or("(missing)".to_string(), Value::to_string)
+        ))
+    })
+}
+
+/// Raises the ANA change event on every controller connected through
+/// listener `portid` whose subsystem has one of `groups`. Returns how many
+/// had the event enabled (Asynchronous Event Configuration bit 11).
+fn notify(reg: &Registry, portid: u16, groups: &[u32]) -> usize {
+    if groups.is_empty() {
+        return 0;
+    }
+    let mut n = 0;
+    for sub in &reg.subsystems {
+        if !sub.ana_groups.iter().any(|(g, _)| groups.contains(g)) {
+            continue;
+        }
+        for c in crate::lock(&sub.controllers).values() {
+            if c.portid == portid && c.raise_event(AEN_ANA_CHANGE) {
+                n += 1;
+            }
+        }
+    }
+    n
+}
