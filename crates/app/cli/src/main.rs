@@ -1,6 +1,7 @@
 //! `trellis`: one binary for the storage node daemon, the load generator,
 //! the SAN simulator and the emulated SAN.
 
+mod ctl_cmd;
 mod target_cmd;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,9 @@ enum Cmd {
     /// Emulated SAN on this machine (network namespaces, root): the 4-node
     /// testbed switched or as a 2x2 torus, a target in every storage node.
     San(trellis_san::cli::SanArgs),
+    /// Manage a running target over its management socket (JSON-RPC 2.0):
+    /// `trellis ctl ana get`, `trellis ctl ana set --listener ... --group ... --state ...`.
+    Ctl(ctl_cmd::CtlArgs),
 }
 
 fn main() {
@@ -44,6 +48,7 @@ fn main() {
         Cmd::Target(a) => target_cmd::run(a),
         Cmd::Bench(a) => trellis_bench::cli::run(a),
         Cmd::San(a) => trellis_san::cli::run(a),
+        Cmd::Ctl(a) => ctl_cmd::run(a),
         Cmd::Sim(a) => {
             // The simulator only prints reports and writes files: like other
             // Unix report tools, `trellis sim ... | head` ends quietly when

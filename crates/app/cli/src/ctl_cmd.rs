@@ -1,0 +1,162 @@
+//! `trellis ctl`: the management socket's client (JSON-RPC 2.0 over a Unix
+//! socket; the server is `trellis_target::ctl`, docs/target.md "Management
+//! socket").
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+/// Largest response read; `ana_get` of a large node is a few KiB.
+const MAX_RESPONSE_BYTES: u64 = 4 << 20;
+/// How long a call may take before `trellis ctl` gives up.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// The target's management socket (`[ctl] socket` or `trellis target --ctl-socket`).
+    #[arg(
+        long,
+        env = "TRELLIS_CTL_SOCKET",
+        default_value = "/run/trellis/ctl.sock"
+    )]
+    socket: std::path::PathBuf,
+    /// Print the JSON-RPC result as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: CtlCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum CtlCmd {
+    /// Asymmetric Namespace Access: the state of each listener's ANA groups.
+    Ana {
+        #[command(subcommand)]
+        cmd: AnaCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AnaCmd {
+    /// Every I/O listener × ANA group with its state and namespaces.
+    Get,
+    /// Change one listener's group (or all its groups) to a state; hosts
+    /// connected through it get an ANA change event.
+    Set {
+        /// The listener, HOST:PORT as the target listens (see `ana get`).
+        #[arg(long)]
+        listener: String,
+        /// An ANA group number (default: a namespace's NSID), or "all".
+        #[arg(long)]
+        group: String,
+        /// optimized, non-optimized, inaccessible, persistent-loss or change.
+        #[arg(long)]
+        state: String,
+    },
+}
+
+pub fn run(a: CtlArgs) -> anyhow::Result<()> {
+    let (method, params) = match &a.cmd {
+        CtlCmd::Ana { cmd: AnaCmd::Get } => ("ana_get", json!({})),
+        CtlCmd::Ana {
+            cmd:
+                AnaCmd::Set {
+                    listener,
+                    group,
+                    state,
+                },
+        } => (
+            "ana_set",
+            json!({"listener": listener, "group": group_value(group)?, "state": state}),
+        ),
+    };
+    let result = call(&a.socket, method, params)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else if method == "ana_get" {
+        print!("{}", ana_table(&result));
+    } else {
+        println!("{}", set_summary(&result));
+    }
+    Ok(())
+}
+
+fn group_value(g: &str) -> anyhow::Result<Value> {
+    if g == "all" {
+        return Ok(json!("all"));
+    }
+    let n: u32 = g
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--group {g:?}: give an ANA group number or \"all\""))?;
+    Ok(json!(n))
+}
+
+/// One request, one response line; a JSON-RPC error becomes an Err with
+/// its message.
+fn call(socket: &std::path::Path, method: &str, params: Value) -> anyhow::Result<Value> {
+    let mut s = UnixStream::connect(socket).with_context(|| {
+        format!(
+            "cannot reach the management socket {}: start the target with --ctl-socket PATH (or [ctl] socket), then give the same path with --socket",
+            socket.display()
+        )
+    })?;
+    s.set_read_timeout(Some(CALL_TIMEOUT))?;
+    s.set_write_timeout(Some(CALL_TIMEOUT))?;
+    let req = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    writeln!(s, "{req}")?;
+    let mut line = String::new();
+    BufReader::new(s)
+        .take(MAX_RESPONSE_BYTES)
+        .read_line(&mut line)
+        .context("reading the target's answer")?;
+    let resp: Value = serde_json::from_str(&line)
+        .with_context(|| format!("the target's answer is not JSON: {line:?}"))?;
+    if let Some(e) = resp.get("error") {
+        let msg = e.get("message").and_then(Value::as_str).unwrap_or("?");
+        anyhow::bail!("ctl {method}: {msg}");
+    }
+    resp.get("result")
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("ctl {method}: the answer has neither result nor error"))
+}
+
+fn ana_table(r: &Value) -> String {
+    let mut out = format!(
+        "{:<24} {:>6}  {:<16} namespaces\n",
+        "listener", "group", "state"
+    );
+    for g in r["groups"].as_array().into_iter().flatten() {
+        let nss: Vec<String> = g["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| format!("{} nsid {}", str_of(&n["subsystem"]), n["nsid"]))
+            .collect();
+        out.push_str(&format!(
+            "{:<24} {:>6}  {:<16} {}\n",
+            str_of(&g["listener"]),
+            g["group"],
+            str_of(&g["state"]),
+            nss.join(", ")
+        ));
+    }
+    out
+}
+
+fn set_summary(r: &Value) -> String {
+    let changed = r["changed"].as_array().map_or(0, Vec::len);
+    if changed == 0 {
+        return "no change (already in that state)".into();
+    }
+    format!(
+        "changed ANA group(s) {}; {} controller(s) sent an ANA change event",
+        r["changed"], r["notified_controllers"]
+    )
+}
+
+fn str_of(v: &Value) -> &str {
+    v.as_str().unwrap_or("?")
+}
