@@ -1,5 +1,5 @@
 //! Asymmetric Namespace Access (NVM Express Base Specification 2.0, §8.1.1
-//! "Asymmetric Namespace Access Reporting"; the ANA log page, LID 0Ch, §5.16.1.13).
+//! "Asymmetric Namespace Access Reporting"; the ANA log page, LID 0Ch).
 //!
 //! The log is a 16-byte header (change count, number of group descriptors)
 //! followed by one 32-byte descriptor per ANA group, each followed by its
@@ -16,18 +16,21 @@ pub const DESC_LEN: usize = 32;
 /// LSP bit 0 of Get Log Page for LID 0Ch: Return Groups Only.
 pub const LSP_RGO: u8 = 0x01;
 
-/// Identify Controller fields for ANA (NVMe Base 2.0, Figure 275).
+/// Identify Controller fields for ANA (NVMe Base 2.0, Identify Controller data structure; the
+/// offsets are those of Linux's `struct nvme_id_ctrl` and nvme-cli, which
+/// the Linux VM test reads back: ANATT 342, ANACAP 343, ANAGRPMAX 347:344,
+/// NANAGRPID 351:348, PELS 355:352).
 pub mod id {
     /// CMIC bit 3: the controller reports ANA.
     pub const CMIC_ANA: u8 = 1 << 3;
     /// Byte offset of ANATT (ANA Transition Time, seconds).
-    pub const ANATT: usize = 343;
+    pub const ANATT: usize = 342;
     /// Byte offset of ANACAP (ANA Capabilities).
-    pub const ANACAP: usize = 344;
+    pub const ANACAP: usize = 343;
     /// Byte offset of ANAGRPMAX (largest ANA group identifier), 4 bytes.
-    pub const ANAGRPMAX: usize = 348;
+    pub const ANAGRPMAX: usize = 344;
     /// Byte offset of NANAGRPID (number of ANA group identifiers), 4 bytes.
-    pub const NANAGRPID: usize = 352;
+    pub const NANAGRPID: usize = 348;
     /// Byte offset of MNAN (maximum number of allowed namespaces), 4 bytes:
     /// Linux refuses an ANA controller whose MNAN is 0 or above NN.
     pub const MNAN: usize = 540;
@@ -86,8 +89,9 @@ impl AnaState {
     }
 
     /// What an I/O command gets on a namespace in this state (NVMe Base 2.0
-    /// §8.1.1.3-8.1.1.6): None where I/O is served. DNR stays clear, as in
-    /// Linux nvmet (`nvmet_check_ana_state`): another path may serve it.
+    /// §8.1.1): None where I/O is served. DNR stays clear (Linux nvmet's
+    /// `nvmet_check_ana_state` sets none for inaccessible and change): another
+    /// path may serve the command.
     pub fn io_status(self) -> Option<crate::Status> {
         use crate::status::path;
         match self {
@@ -141,7 +145,7 @@ impl AnaLog {
     }
 
     /// Appends the log to `out` (cleared first). With `rgo`, NNSIDs is 0 and
-    /// no NSID lists follow (NVMe Base 2.0, Figure 220).
+    /// no NSID lists follow (NVMe Base 2.0, ANA log page).
     pub fn encode(&self, rgo: bool, out: &mut Vec<u8>) {
         out.clear();
         out.resize(self.encoded_len(rgo), 0);

@@ -431,5 +431,13 @@ mod tests {
             (10, 0x5F, 7, 2)
         );
         assert_eq!(d.mnan, d.nn, "Linux needs 0 < MNAN <= NN");
+        // Where Linux's struct nvme_id_ctrl (and nvme-cli) reads them.
+        assert_eq!((b[342], b[343]), (10, 0x5F), "ANATT, ANACAP");
+        assert_eq!(
+            (le32(&b, 344), le32(&b, 348)),
+            (7, 2),
+            "ANAGRPMAX, NANAGRPID"
+        );
+        assert_eq!(le32(&b, 540), 2, "MNAN");
     }
 }

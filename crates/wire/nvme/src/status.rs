@@ -140,7 +140,7 @@ pub mod media {
     pub const UNRECOVERED_READ_ERROR: Status = Status::new(2, 0x81);
 }
 
-/// Path related status (SCT 3; NVMe Base 2.0, Figure 104): the command
+/// Path related status (SCT 3; NVMe Base 2.0, Path Related Status): the command
 /// failed on this path only, so hosts retry it on another (Linux
 /// `nvme_is_path_error`) and re-read the ANA log.
 pub mod path {
