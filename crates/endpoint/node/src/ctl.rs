@@ -335,3 +335,49 @@ fn notify(reg: &Registry, portid: u16, groups: &[u32]) -> usize {
     }
     n
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BackendKind, Config, NamespaceConfig};
+
+    fn registry() -> Registry {
+        let mut cfg = Config::embedded_default();
+        cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Null, 1 << 20)];
+        let node = crate::identity::NodeId::in_memory(uuid::Uuid::from_u128(0xC71));
+        Registry::build_with(&cfg, node).unwrap()
+    }
+
+    fn call(reg: &Registry, text: &str) -> Value {
+        handle(reg, text.as_bytes()).expect("a response")
+    }
+
+    #[test]
+    fn malformed_requests_get_json_rpc_errors_and_notifications_none() {
+        let reg = registry();
+        assert_eq!(call(&reg, "{nope")["error"]["code"], json!(-32700));
+        let r = call(&reg, r#"{"method":"ana_get","id":3}"#);
+        assert_eq!(
+            (r["error"]["code"].clone(), r["id"].clone()),
+            (json!(-32600), json!(3))
+        );
+        let r = call(&reg, r#"{"jsonrpc":"2.0","method":"ana_get","id":"x"}"#);
+        assert_eq!(r["id"], json!("x"));
+        // Only the I/O listener (4420) is listed, not the discovery-only 8009.
+        assert_eq!(r["result"]["groups"].as_array().unwrap().len(), 1);
+        let set = r#"{"jsonrpc":"2.0","method":"ana_set","params":{"listener":"127.0.0.1:4420","group":1,"state":"inaccessible"}}"#;
+        assert!(handle(&reg, set.as_bytes()).is_none(), "a notification");
+        assert_eq!(reg.ana.state(1, 0), AnaState::Inaccessible, "but it ran");
+        let disc = r#"{"jsonrpc":"2.0","method":"ana_set","id":1,"params":{"listener":"127.0.0.1:8009","group":"all","state":"optimized"}}"#;
+        let r = call(&reg, disc);
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("127.0.0.1:4420"),
+            "{r}"
+        );
+        let bad = r#"{"jsonrpc":"2.0","method":"ana_set","id":1,"params":{"listener":"127.0.0.1:4420","group":-1,"state":"optimized"}}"#;
+        assert_eq!(call(&reg, bad)["error"]["code"], json!(-32602));
+    }
+}
