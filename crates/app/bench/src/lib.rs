@@ -12,6 +12,7 @@
 //!
 //! See `docs/bench.md`.
 
+pub mod ana;
 pub mod baseline;
 pub mod cli;
 pub mod job;

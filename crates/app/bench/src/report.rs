@@ -121,6 +121,10 @@ pub struct JobReport {
     pub path_rate_bytes_per_s: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserve_waits: Option<u64>,
+    /// Multipath: commands a path refused with an ANA (path-related) status
+    /// and that went to another path instead. Absent without `--paths`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ana_moves: Option<u64>,
     /// (ms since the workers started, I/Os completed in the measured window
     /// so far), sampled about every 100 ms by the main thread: throughput over
     /// time, e.g. around a path failure. At most `TIMELINE_SAMPLES_MAX` points.
@@ -141,6 +145,10 @@ pub struct PathReport {
     /// with no re-open: 0).
     pub reconnects: u64,
     pub ios_since_reconnect: u64,
+    /// The path's ANA state for the namespace as last read (absent when its
+    /// controller reports no ANA or was lost).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ana_state: Option<&'static str>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -249,6 +257,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         acc.path_failures += r.path_failures;
         acc.path_retries += r.path_retries;
         acc.reserve_waits += r.reserve_waits;
+        acc.ana_moves += r.ana_moves;
         if acc.first_path_error.is_none() {
             acc.first_path_error = r.first_path_error;
         }
@@ -330,6 +339,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
                         .filter(|&&p| p == i as u32)
                         .count() as u64,
                     ios_since_reconnect: acc.path_ios_since_reopen.get(i).copied().unwrap_or(0),
+                    ana_state: None,
                 })
                 .collect()
         } else {
@@ -340,6 +350,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         path_retries: acc.path_retries,
         path_rate_bytes_per_s: (job.path_rate_bytes_per_s > 0).then_some(job.path_rate_bytes_per_s),
         reserve_waits: (job.path_rate_bytes_per_s > 0).then_some(acc.reserve_waits),
+        ana_moves: job.multipath.then_some(acc.ana_moves),
         first_path_error: acc.first_path_error,
         replicas: if job.multipath {
             &[][..]
@@ -474,6 +485,12 @@ pub fn human_table(r: &RunReport) -> String {
             j.path_policy.unwrap_or(ReplicaRead::RoundRobin).label(),
             carried.join(", ")
         ));
+        if let Some(k @ 1..) = j.ana_moves {
+            s.push_str(&format!(
+                "{}: {k} command(s) refused by a path's ANA state (inaccessible, persistent loss or transition) went to another path\n",
+                j.name
+            ));
+        }
         if let (Some(rate), Some(waits)) = (j.path_rate_bytes_per_s, j.reserve_waits) {
             s.push_str(&format!(
                 "{}: responses reserved at {:.0} Mbit/s per path; reads that waited for room: {waits}\n",

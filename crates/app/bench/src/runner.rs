@@ -92,9 +92,22 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     let mut handles = Vec::new();
     let mut progress = Vec::new();
     let mut wi = 0usize;
+    let mut boards: Vec<AnaWatch> = Vec::new();
     for (ji, job) in jobs.iter().enumerate() {
         let job = Arc::new(job.clone());
         let job_keys = keys(&job);
+        let ana = job.multipath.then(|| {
+            let b = Arc::new(crate::ana::AnaBoard::new(job_keys.len()));
+            let w = AnaWatch {
+                job: ji,
+                keys: job_keys.clone(),
+                nsid: job.nsid,
+                board: b.clone(),
+            };
+            w.refresh(&mut ctrls, &Default::default());
+            boards.push(w);
+            b
+        });
         let live: Vec<CtrlKey> = job_keys
             .iter()
             .filter(|k| !down.contains_key(*k))
@@ -137,6 +150,7 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
             };
             let plan = WorkerPlan {
                 reconnect,
+                ana: ana.clone(),
                 job: job.clone(),
                 index: w,
                 queues,
@@ -155,7 +169,7 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
             handles.push((ji, h));
         }
     }
-    let timelines = watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
+    let timelines = watch(jobs, &handles, &progress, &mut ctrls, &boards, opts, &stop)?;
     let mut per_job: Vec<Vec<_>> = jobs.iter().map(|_| Vec::new()).collect();
     for (ji, h) in handles {
         per_job[ji].push(h.join().map_err(|_| anyhow::anyhow!("worker panicked"))?);
@@ -163,7 +177,12 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     for (_, c) in ctrls {
         let _ = c.shutdown();
     }
-    let reports = reports_with_timelines(jobs, per_job, timelines);
+    let mut reports = reports_with_timelines(jobs, per_job, timelines);
+    for w in &boards {
+        for (i, p) in reports[w.job].paths.iter_mut().enumerate() {
+            p.ana_state = w.board.state(i).map(|a| a.name());
+        }
+    }
     Ok(run_report(reports, opts, &cpu0, "plain", None))
 }
 
@@ -284,7 +303,7 @@ fn run_switch(
         progress.clone(),
     )?;
     let handles: Vec<_> = threads.into_iter().map(|h| (0usize, h)).collect();
-    let timelines = watch(jobs, &handles, &progress, &mut ctrls, opts, &stop)?;
+    let timelines = watch(jobs, &handles, &progress, &mut ctrls, &[], opts, &stop)?;
     let mut reactor_errors = Vec::new();
     let mut polls = (0, 0);
     for (_, h) in handles {
@@ -399,7 +418,9 @@ impl PathConnector {
         &self.key.0
     }
 
-    pub fn connect(&self) -> Result<(Controller, Vec<(trellis_host::Queue, u32)>), String> {
+    /// A new controller, the worker's queues on it, and its ANA state for
+    /// the namespace (None when it reports none).
+    pub fn connect(&self) -> Result<Reopened, String> {
         let mut c =
             Controller::connect(&self.key.0, &self.key.1, &self.cfg).map_err(|e| e.to_string())?;
         c.set_num_queues(self.job.queues.min(u16::MAX as u32) as u16)
@@ -416,9 +437,17 @@ impl PathConnector {
             }
         }
         let qs = open_queues(&mut c, &self.job).map_err(|e| format!("{e:#}"))?;
-        Ok((c, qs))
+        let ana = crate::ana::read_state(&mut c, self.job.nsid);
+        Ok((c, qs, ana))
     }
 }
+
+/// What [`PathConnector::connect`] gives a worker.
+pub type Reopened = (
+    Controller,
+    Vec<(trellis_host::Queue, u32)>,
+    Option<trellis_nvme::ana::AnaState>,
+);
 
 /// What a refused Connect most likely means, as the fix to try: the status
 /// alone ("Connect Invalid Parameters") does not say.
@@ -631,11 +660,40 @@ fn dead_queues(job: &JobSpec) -> Result<Vec<(trellis_host::Queue, u32)>> {
 
 /// Main thread while workers run: Keep Alive, live progress, Ctrl-C-free stop
 /// on worker failure, and each job's I/O timeline (returned).
+/// A multipath job's ANA board and the controllers that feed it.
+struct AnaWatch {
+    job: usize,
+    keys: Vec<CtrlKey>,
+    nsid: u32,
+    board: Arc<crate::ana::AnaBoard>,
+}
+
+impl AnaWatch {
+    /// Re-reads every live path's ANA state and publishes them; a path
+    /// without a live controller here is published as not known.
+    fn refresh(
+        &self,
+        ctrls: &mut BTreeMap<CtrlKey, Controller>,
+        dead: &std::collections::BTreeSet<CtrlKey>,
+    ) {
+        for (i, k) in self.keys.iter().enumerate() {
+            let st = match ctrls.get_mut(k) {
+                Some(c) if !dead.contains(k) => crate::ana::read_state(c, self.nsid),
+                _ => None,
+            };
+            self.board.set(i, st);
+        }
+        self.board.publish();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn watch(
     jobs: &[JobSpec],
     handles: &[(usize, std::thread::JoinHandle<worker::WorkerResult>)],
     progress: &[Arc<AtomicU64>],
     ctrls: &mut BTreeMap<CtrlKey, Controller>,
+    boards: &[AnaWatch],
     opts: &RunOpts,
     stop: &Arc<AtomicBool>,
 ) -> Result<Vec<Vec<(u64, u64)>>> {
@@ -659,7 +717,12 @@ fn watch(
     let path_keys: std::collections::BTreeSet<CtrlKey> =
         jobs.iter().filter(|j| j.multipath).flat_map(keys).collect();
     let mut dead = std::collections::BTreeSet::new();
+    let mut ana_at = Instant::now();
     while !handles.iter().all(|(_, h)| h.is_finished()) {
+        if ana_at.elapsed() >= crate::ana::ANA_REFRESH {
+            ana_at = Instant::now();
+            boards.iter().for_each(|w| w.refresh(ctrls, &dead));
+        }
         std::thread::sleep(Duration::from_millis(100));
         let t_ms = start.elapsed().as_millis() as u64;
         for (t, p) in timelines.iter_mut().zip(progress) {

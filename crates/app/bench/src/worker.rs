@@ -20,6 +20,7 @@ use crate::job::{JobSpec, ReplicaRead, MAX_REPLICAS};
 use crate::verify::{check_block, fill_block, VerifyFailure};
 use trellis_host::multipath::{PathPolicy, PathSet};
 use trellis_host::replica::{ReadPolicy, ReplicaChooser, ReplicaState};
+use trellis_nvme::ana::AnaState;
 
 /// Verification state per block: generation, with the top bit marking a
 /// block that has an I/O in flight (no overlapping I/O while verifying).
@@ -82,6 +83,8 @@ pub struct WorkerPlan {
     pub cpu: Option<usize>,
     /// Multipath: how to re-open each path (one per path; empty otherwise).
     pub reconnect: Vec<Arc<crate::runner::PathConnector>>,
+    /// Multipath: the paths' ANA states as the main thread reads them.
+    pub ana: Option<Arc<crate::ana::AnaBoard>>,
 }
 
 /// First wait before re-opening a failed path, doubled after each failed
@@ -93,7 +96,7 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Keep Alive (it sends one only every KATO/2).
 const PATH_TICK: Duration = Duration::from_millis(100);
 
-type Reopened = Result<(trellis_host::Controller, Vec<(Queue, u32)>), String>;
+type Reopened = Result<crate::runner::Reopened, String>;
 
 /// A path of a multipath volume, as one worker sees it.
 struct PathState {
@@ -143,6 +146,9 @@ pub struct WorkerResult {
     pub path_retries: u64,
     /// `--path-rate`: reads that found no path with room (per try).
     pub reserve_waits: u64,
+    /// Multipath: commands a path refused with an ANA status (inaccessible,
+    /// persistent loss, transition) and that moved to another path.
+    pub ana_moves: u64,
     pub first_path_error: Option<String>,
     pub failed_paths: Vec<u32>,
     /// Paths (0-based) re-opened and put back in use, once per re-open.
@@ -177,6 +183,9 @@ struct Worker {
     /// Multipath: the paths' states (up, ANA, reservations) and the policy
     /// that picks each command's path (trellis_host::multipath).
     pathset: Option<PathSet>,
+    /// The ANA board and the refresh of it last applied to `pathset`.
+    ana: Option<Arc<crate::ana::AnaBoard>>,
+    ana_seq: u64,
     /// Zero of the ns clock `isr` runs on.
     t_start: Instant,
     /// Replicated writes in flight, and the free entries.
@@ -248,6 +257,20 @@ struct Group {
     /// An operation drawn while no replica could take it: (operation, its
     /// blocks, when it was drawn).
     next_op: Option<(Op, u32, Instant)>,
+}
+
+/// The ANA state a path-related completion status implies (SCT 3h), None for
+/// any other status.
+fn ana_state_of(st: trellis_nvme::Status) -> Option<AnaState> {
+    use trellis_nvme::status::path;
+    [
+        (path::ANA_INACCESSIBLE, AnaState::Inaccessible),
+        (path::ANA_PERSISTENT_LOSS, AnaState::PersistentLoss),
+        (path::ANA_TRANSITION, AnaState::Change),
+    ]
+    .into_iter()
+    .find(|(p, _)| (p.sct(), p.sc()) == (st.sct(), st.sc()))
+    .map(|(_, a)| a)
 }
 
 /// A multipath volume's paths, as `--path-policy` and `--path-rate` say.
@@ -339,6 +362,7 @@ pub fn empty_result() -> WorkerResult {
         path_failures: 0,
         path_retries: 0,
         reserve_waits: 0,
+        ana_moves: 0,
         first_path_error: None,
         failed_paths: Vec::new(),
         path_reconnects: Vec::new(),
@@ -390,6 +414,8 @@ impl Worker {
             multipath: job.multipath,
             retry: Vec::new(),
             pathset: job.multipath.then(|| path_set(&job, replicas)),
+            ana: p.ana,
+            ana_seq: 0,
             t_start: Instant::now(),
             paths: p
                 .reconnect
@@ -545,6 +571,22 @@ impl Worker {
         Ok(n)
     }
 
+    /// A multipath command ended with a path-related status (NVMe Base 2.0
+    /// §8.1.1: the namespace is not accessible through this controller now):
+    /// the path takes the ANA state the status implies, and the command goes
+    /// to another path, as Linux's `nvme_failover_req` does. Not an error: no
+    /// data moved, and another path may serve it.
+    fn move_off_path(&mut self, qi: usize, slot: u16, io: Io, state: AnaState) -> bool {
+        let n = self.groups.len();
+        if let Some(ps) = self.pathset.as_mut() {
+            ps.set_ana(qi / n, state);
+        }
+        self.queues[qi].q.free(slot);
+        self.retry.push((qi % n, Io { grant: 0, ..io }));
+        self.res.ana_moves += 1;
+        false
+    }
+
     /// Handles one command's completion; true when it finished an I/O (a
     /// replicated write finishes with its last part).
     fn complete(&mut self, qi: usize, c: Completion, phase: Phase, now: Instant) -> bool {
@@ -557,6 +599,9 @@ impl Worker {
             let read_len = (io.op == Op::Read).then_some(io.nlb * self.block_size);
             let t = ns_since(self.t_start);
             ps.on_completion(qi / self.groups.len(), read_len, io.grant, rtt, t);
+            if let Some(state) = ana_state_of(c.status) {
+                return self.move_off_path(qi, c.slot, io, state);
+            }
         }
         let part_ok = c.status.is_success();
         if !part_ok {
@@ -879,6 +924,7 @@ impl Worker {
     /// re-opened path back in use, and lets re-opened controllers send their
     /// Keep Alives. A Keep Alive failure takes the path down again.
     fn tend_paths(&mut self, now: Instant) -> Result<(), String> {
+        self.sync_ana();
         let n = self.groups.len();
         for r in 0..self.paths.len() {
             let p = &mut self.paths[r];
@@ -894,7 +940,10 @@ impl Worker {
             if let Some(rx) = &p.pending {
                 match rx.try_recv() {
                     Err(std::sync::mpsc::TryRecvError::Empty) => continue,
-                    Ok(Ok((ctrl, qs))) if qs.len() == n => {
+                    Ok(Ok((ctrl, qs, ana))) if qs.len() == n => {
+                        if let (Some(ps), Some(a)) = (self.pathset.as_mut(), ana) {
+                            ps.set_ana(r, a);
+                        }
                         p.pending = None;
                         p.down = false;
                         p.ctrl = Some(ctrl);
@@ -928,6 +977,25 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Applies the main thread's latest reading of the paths' ANA states
+    /// (known ones only: a path whose controller the main thread lost keeps
+    /// the state this worker saw when it re-opened it).
+    fn sync_ana(&mut self) {
+        let (Some(board), Some(ps)) = (self.ana.as_ref(), self.pathset.as_mut()) else {
+            return;
+        };
+        let seq = board.seq();
+        if seq == self.ana_seq {
+            return;
+        }
+        self.ana_seq = seq;
+        for p in 0..board.paths().min(ps.paths()) {
+            if let Some(a) = board.state(p) {
+                ps.set_ana(p, a);
+            }
+        }
     }
 
     /// Re-sends the moved I/Os of group `g` on live paths; false while some

@@ -186,6 +186,16 @@ impl LiveTarget {
     pub fn addr(&self) -> String {
         self.addr.to_string()
     }
+
+    /// Every address the target logged "listening on", in order.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn listeners(&self) -> Vec<SocketAddr> {
+        let log = self.log.lock().unwrap().clone();
+        log.lines()
+            .filter_map(|l| l.split("listening on ").nth(1))
+            .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
 }
 
 impl Drop for LiveTarget {
