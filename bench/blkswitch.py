@@ -144,13 +144,15 @@ def summarise(reps):
     return out
 
 
-def svg_frame(w, h, m, xlabel, ylabel):
-    """The opening of every bench SVG: canvas, both axes and their labels."""
+def svg_frame(w, h, m, xlabel, ylabel, right=None):
+    """The opening of every bench SVG: canvas, both axes and their labels;
+    the x axis ends at right (default w - m: room for a legend beyond)."""
+    right = w - m if right is None else right
     return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
             f'<rect width="{w}" height="{h}" fill="white"/>',
-            f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
+            f'<line x1="{m}" y1="{h - m}" x2="{right}" y2="{h - m}" stroke="black"/>',
             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="black"/>',
-            f'<text x="{w / 2}" y="{h - 20}" text-anchor="middle">{xlabel}</text>',
+            f'<text x="{(m + right) / 2}" y="{h - 20}" text-anchor="middle">{xlabel}</text>',
             f'<text x="15" y="{h / 2}" transform="rotate(-90 15 {h / 2})" text-anchor="middle">{ylabel}</text>']
 
 
@@ -165,17 +167,19 @@ def svg_log_ticks_x(lo, hi, fx, h, m):
     return el
 
 
-def svg_xy(curves, path, xlabel, ylabel, w=720, h=460, m=70):
+def svg_xy(curves, path, xlabel, ylabel, w=1000, h=480, m=70, legend_w=300):
     """Log-log curves through points, e.g. latency against throughput over a
     queue-depth sweep. curves: (name, colour, dashed, [(x, y, label), ...]);
-    every point is marked, and labelled with its label (e.g. the QD) if any."""
+    every point is marked, and labelled with its label (e.g. the QD) if any;
+    the legend is right of the plot."""
+    right = w - legend_w
     xs = [x for *_, pts in curves for x, _, _ in pts if x > 0]
     ys = [y for *_, pts in curves for _, y, _ in pts if y > 0]
     lx, hx = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
     ly, hy = math.log10(min(ys) / 1.3), math.log10(max(ys) * 1.3)
-    fx = lambda v: m + (math.log10(max(v, 1e-9)) - lx) / (hx - lx) * (w - 2 * m)  # noqa: E731
+    fx = lambda v: m + (math.log10(max(v, 1e-9)) - lx) / (hx - lx) * (right - m)  # noqa: E731
     fy = lambda v: h - m - (math.log10(max(v, 1e-9)) - ly) / (hy - ly) * (h - 2 * m)  # noqa: E731
-    el = svg_frame(w, h, m, xlabel, ylabel) + svg_log_ticks_x(lx, hx, fx, h, m)
+    el = svg_frame(w, h, m, xlabel, ylabel, right) + svg_log_ticks_x(lx, hx, fx, h, m)
     for d in range(math.floor(ly), math.ceil(hy) + 1):
         for k in (1, 2, 5):
             v = k * 10 ** d
@@ -191,9 +195,9 @@ def svg_xy(curves, path, xlabel, ylabel, w=720, h=460, m=70):
             el.append(f'<circle cx="{fx(x):.1f}" cy="{fy(y):.1f}" r="3" fill="{colour}"/>')
             if label:
                 el.append(f'<text x="{fx(x) + 5:.1f}" y="{fy(y) - 5:.1f}" font-size="9" fill="{colour}">{label}</text>')
-        y = m + 15 * i
-        el.append(f'<line x1="{m + 10}" y1="{y - 4}" x2="{m + 35}" y2="{y - 4}" stroke="{colour}" stroke-width="2"{dash}/>')
-        el.append(f'<text x="{m + 40}" y="{y}" fill="{colour}">{name}</text>')
+        y = m + 18 * i
+        el.append(f'<line x1="{right + 15}" y1="{y - 4}" x2="{right + 40}" y2="{y - 4}" stroke="{colour}" stroke-width="2"{dash}/>')
+        el.append(f'<text x="{right + 45}" y="{y}" fill="{colour}">{name}</text>')
     el.append("</svg>")
     open(path, "w").write("\n".join(el) + "\n")
 

@@ -54,14 +54,14 @@ def client_where(topo):
     return ["--paths", paths, "--path-policy", "isr"]
 
 
-def emu_bench(a, topo, qd, tag, rw="randread", bs="4k"):
-    """One `trellis bench` run from h0 on the SAN that is up; its JSON is
-    --out/san-TAG.json; returns its job."""
+def emu_bench(a, topo, qd, tag, rw="randread", bs="4k", extra=()):
+    """One `trellis bench` run from h0 on the SAN that is up (extra: more
+    bench arguments); its JSON is --out/san-TAG.json; returns its job."""
     san = [a.bin, "san", "--state-dir", os.path.join(a.out, "state")]
     out = os.path.join(a.out, f"san-{tag}.json")
     sh(san + ["exec", "h0", "--", a.bin, "bench", *client_where(topo), "--nqn", NQN, "--rw", rw,
               "--bs", bs, "--iodepth", str(qd), "--runtime", f"{a.runtime}s", "--ramp_time", "1s",
-              "--no_progress", "--json", out, "--log", "warn"])
+              "--no_progress", "--json", out, "--log", "warn", *extra])
     return json.load(open(out))["jobs"][0]
 
 
