@@ -17,10 +17,11 @@ use trellis_nvme::ana::{AnaGroup, AnaLog, AnaState};
 /// there), so this is the Linux nvmet value.
 pub const ANATT_S: u8 = 10;
 
-/// ANACAP: every state may be reported, and a namespace's ANAGRPID never
-/// changes while the target runs.
-pub const ANACAP: u8 =
-    trellis_nvme::ana::id::ANACAP_ALL_STATES | trellis_nvme::ana::id::ANACAP_GRPID_STATIC;
+/// ANACAP: every state may be reported (1Fh, as Linux nvmet). Bit 6 (the
+/// ANAGRPID never changes while attached) would be true, but nvme-cli's
+/// `ana-log` then sizes its buffer without the NSID lists (seen in the VM
+/// test: NSID 0 printed), so it stays clear, as in nvmet.
+pub const ANACAP: u8 = trellis_nvme::ana::id::ANACAP_ALL_STATES;
 
 /// The state of every (listener, group) pair, and the change count.
 pub struct AnaTable {
