@@ -10,7 +10,7 @@
 #                      [--time-scale N]  (emulated drives N times slower; see san_study.py)
 #
 # Default: 3 reps of 3 s, QD 1,4,16,64,128,256 (reads), 1,4,16,64,128 (writes),
-# 1 s simulated per point, about 14 minutes. --quick: QD 16 only, 1 rep of
+# 1 s simulated per point, about 12 minutes. --quick: QD 16 only, 1 rep of
 # 1 s, 50 ms simulated (CI: 66-san-study-quick.sh). Takes the SAN test lock
 # (/run/lock/trellis-san-test.lock) unless TRELLIS_SAN_LOCK_HELD=1 says the
 # caller holds it.
