@@ -80,6 +80,18 @@ impl AnaTable {
         }
     }
 
+    /// The path status an I/O command gets on group index `g` through
+    /// listener `portid`; None (the common case, decided on the raw byte)
+    /// where I/O is served.
+    #[inline]
+    pub fn io_status(&self, portid: u16, g: usize) -> Option<trellis_nvme::Status> {
+        let v = self.slot(portid, g)?.load(Relaxed);
+        if v <= AnaState::NonOptimized as u8 {
+            return None;
+        }
+        AnaState::from_u8(v).and_then(AnaState::io_status)
+    }
+
     #[inline]
     fn slot(&self, portid: u16, g: usize) -> Option<&AtomicU8> {
         let l = (portid as usize).checked_sub(1)?;
@@ -143,6 +155,10 @@ mod tests {
         assert_eq!(t.state(1, g5), AnaState::Inaccessible);
         assert_eq!(t.state(1, 0), AnaState::Optimized);
         assert_eq!(t.state(2, g5), AnaState::NonOptimized);
+        assert_eq!(t.io_status(2, g5), None);
+        let st = t.io_status(1, g5).unwrap();
+        assert_eq!((st.sct(), st.sc()), (3, 0x02));
+        assert_eq!(t.io_status(0, 0), None);
         // Outside the table: served, never a panic.
         assert_eq!(t.state(0, 0), AnaState::Optimized);
         assert_eq!(t.state(9, 1), AnaState::Optimized);

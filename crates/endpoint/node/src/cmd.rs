@@ -313,7 +313,7 @@ pub fn parse(q: &Queue, req: &mut Request) -> Result<(), Status> {
     // namespace's group is inaccessible, lost or changing fails with a path
     // status and does no I/O; admin commands still run. One relaxed load.
     if cmd.on & on::IO != 0 {
-        if let Some(st) = q.reg.ana.state(q.portid, ns.ana_idx).io_status() {
+        if let Some(st) = q.reg.ana.io_status(q.portid, ns.ana_idx) {
             return Err(st);
         }
     }
