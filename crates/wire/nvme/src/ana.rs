@@ -89,9 +89,9 @@ impl AnaState {
     }
 
     /// What an I/O command gets on a namespace in this state (NVMe Base 2.0
-    /// §8.1.1): None where I/O is served. DNR stays clear (Linux nvmet's
-    /// `nvmet_check_ana_state` sets none for inaccessible and change): another
-    /// path may serve the command.
+    /// §8.1.1): None where I/O is served. DNR stays clear on all three, as
+    /// Linux nvmet's `nvmet_check_ana_state` returns them: another path may
+    /// serve the command.
     pub fn io_status(self) -> Option<crate::Status> {
         use crate::status::path;
         match self {
