@@ -72,19 +72,21 @@ def args():
     return p.parse_args()
 
 
-def cpu_ticks():
+def cpu_ticks(out):
     """Jiffies so far: the machine's (busy, softirq, total) from /proc/stat,
-    and those of every `trellis` process (targets, benches, san exec)."""
+    and those of this study's `trellis` processes (the targets and the second
+    tenant: their command lines name files under out)."""
     f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
     own = 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 st = open(f"/proc/{pid}/stat").read()
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
             except OSError:
                 continue
             name, rest = st[st.index("(") + 1:st.rindex(")")], st[st.rindex(")") + 2:].split()
-            if name == "trellis":
+            if name == "trellis" and out in cmd:
                 own += int(rest[11]) + int(rest[12])  # utime, stime
     # Children this process has waited for (the measured bench, through
     # `trellis san exec`), which /proc no longer lists.
@@ -108,13 +110,13 @@ def emu_point(a, fabric, wl, qd, tenant2, tag):
         n = san.noisy(a, a.runtime + 2.5, TENANT_ADDR[fabric])
         time.sleep(1.0)
     load = os.getloadavg()[0]
-    c0 = cpu_ticks()
+    c0 = cpu_ticks(a.out)
     try:
         # The targets grant 128 commands per queue: deeper runs use more queues.
         queues = -(-qd // MAX_QUEUE_DEPTH)
         j = san_sim.emu_bench(a, FABRICS[fabric], qd, tag, rw=rw, bs=bs,
                               extra=["--queues", str(queues)] if queues > 1 else [])
-        c1 = cpu_ticks()
+        c1 = cpu_ticks(a.out)
     finally:
         if n:
             n.wait(timeout=a.runtime + 30)
@@ -231,7 +233,7 @@ def markdown(doc):
                      f"{'yes' if k['past_knee'] else 'NO'} |")
     if not doc["knees"]:
         lines += ["| (one QD only: no knee to tell) | | | | | | |"]
-    lines += ["", "## CPU during the emulated runs: machine busy / trellis processes / softirq (network "
+    lines += ["", "## CPU during the emulated runs: machine busy / the study's trellis processes / softirq (network "
               "forwarding), shares of both vCPUs, medians over reps", "",
               "| fabric | workload | second tenant | " + " | ".join(f"QD {q}" for q in doc["qds_all"]) + " |",
               "|---|---|---|" + "---|" * len(doc["qds_all"])]
