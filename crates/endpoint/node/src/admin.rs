@@ -157,6 +157,7 @@ impl Queue {
             portid: self.portid,
             aen_pending: AtomicU32::new(0),
             aen_masked: AtomicU32::new(0),
+            changed_ns: Mutex::new(Default::default()),
             features: Mutex::new(Features::default()),
             errors: Mutex::new(Default::default()),
             tenant: match &sub {
@@ -277,8 +278,8 @@ impl Queue {
         if shn_new != 0 && shn_old == 0 {
             // A shutdown notification: make every acknowledged write durable
             // before reporting shutdown complete.
-            if let Some(sub) = &ctrl.subsys {
-                for ns in &sub.namespaces {
+            if ctrl.subsys.is_some() {
+                for ns in &self.sub_ns().namespaces {
                     if let Err(e) = ns.backend.sync_all() {
                         tracing::error!("flush of nsid {} at shutdown failed: {e}", ns.nsid);
                     }
@@ -313,18 +314,15 @@ impl Queue {
                 version: fabrics::VS_1_4,
                 mdts,
                 subnqn: sub.nqn.clone(),
-                nn: sub.max_nsid(),
+                nn: self.reg.nn,
                 icd_bytes: l.in_capsule_data.0 as u32,
                 maxcmd: l.max_queue_depth,
                 vwc: true,
                 kas: 10,
                 aerl: AER_LIMIT as u8 - 1,
-                // OAES bit 11: ANA change notices, sent where ANA is reported.
-                oaes: match sub.ana_caps() {
-                    Some(_) => ana::id::AEN_ANA_CHANGE,
-                    None => 0,
-                },
-                ana: sub.ana_caps(),
+                // OAES bits 8 and 11: namespace attribute and ANA change notices.
+                oaes: crate::aen::SUPPORTED,
+                ana: Some(self.reg.ana_caps()),
             },
             None => ControllerInfo {
                 kind: ControllerType::Discovery,
@@ -365,20 +363,21 @@ impl Queue {
                 Ok(())
             }
             (None, _) => Err(generic::INVALID_FIELD.dnr()),
-            (Some(sub), cns::NAMESPACE) => match sub.namespace(nsid) {
+            (Some(_), cns::NAMESPACE) => match self.namespace(nsid) {
                 Some(ns) => {
                     identify::encode_namespace(&ns.info, &mut page);
                     Ok(())
                 }
                 // An inactive NSID within NN reads as zeroes (NCAP 0).
-                None if nsid != 0 && nsid <= sub.max_nsid() => Ok(()),
+                None if nsid != 0 && nsid <= self.reg.nn => Ok(()),
                 None => Err(generic::INVALID_NAMESPACE.dnr()),
             },
-            (Some(sub), cns::ACTIVE_NS_LIST) if nsid < 0xFFFF_FFFE => {
-                identify::encode_ns_list(sub.namespaces.iter().map(|n| n.nsid), nsid, &mut page);
+            (Some(_), cns::ACTIVE_NS_LIST) if nsid < 0xFFFF_FFFE => {
+                let nsids = self.sub_ns().namespaces.iter().map(|n| n.nsid);
+                identify::encode_ns_list(nsids, nsid, &mut page);
                 Ok(())
             }
-            (Some(sub), cns::NS_ID_DESCRIPTORS) => match sub.namespace(nsid) {
+            (Some(_), cns::NS_ID_DESCRIPTORS) => match self.namespace(nsid) {
                 Some(ns) => {
                     identify::encode_ns_descriptors(&ns.info, &mut page);
                     Ok(())
@@ -417,14 +416,24 @@ impl Queue {
             }
             (None, _) => Err(generic::INVALID_FIELD.dnr()),
             (Some(_), lid::DISCOVERY) => Err(generic::INVALID_FIELD.dnr()),
-            (Some(sub), lid::ANA) => {
-                self.ana_log(sub, ctrl, &lp, &mut page);
+            (Some(_), lid::ANA) => {
+                self.ana_log(ctrl, &lp, &mut page);
+                Ok(())
+            }
+            (Some(_), lid::CHANGED_NS_LIST) => {
+                // Cleared, and the notice unmasked, when read with RAE
+                // clear (NVMe Base 2.0 §5.16.1.5, §5.2).
+                crate::lock(&ctrl.changed_ns).encode(&mut page, !lp.rae);
+                if !lp.rae {
+                    crate::aen::acknowledge(ctrl, lid::CHANGED_NS_LIST);
+                }
                 Ok(())
             }
             (Some(sub), crate::qos::VIEW_LID) => {
-                crate::qos::view_log(ctx, sub, ctrl.tenant, sqe.nsid(), &mut page)
+                let nss = self.ns.clone();
+                crate::qos::view_log(ctx, nss.sub(sub.idx), ctrl.tenant, sqe.nsid(), &mut page)
             }
-            (Some(sub), l) => self.io_log(l, sqe.nsid(), sub, ctrl, &mut page),
+            (Some(_), l) => self.io_log(l, sqe.nsid(), ctrl, &mut page),
         };
         let e = match r {
             Ok(()) => {
@@ -442,7 +451,6 @@ impl Queue {
         &mut self,
         l: u8,
         nsid: u32,
-        sub: &Subsystem,
         ctrl: &Controller,
         page: &mut Vec<u8>,
     ) -> Result<(), Status> {
@@ -458,9 +466,7 @@ impl Queue {
                     lid::COMMANDS_EFFECTS,
                     crate::qos::VIEW_LID,
                 ];
-                if sub.ana_caps().is_some() {
-                    lids.push(lid::ANA);
-                }
+                lids.push(lid::ANA);
                 log::encode_supported_logs(&lids, page);
             }
             lid::ERROR => {
@@ -472,15 +478,13 @@ impl Queue {
             }
             lid::SMART => {
                 page.resize(log::SMART_LEN, 0);
-                self.smart(nsid, sub, ctrl)?.encode(page);
+                self.smart(nsid, ctrl)?.encode(page);
             }
             lid::FIRMWARE_SLOT => {
                 page.resize(512, 0);
                 page[0] = 1; // active firmware in slot 1
                 trellis_nvme::put_ascii_padded(&mut page[8..16], FIRMWARE);
             }
-            // Namespaces do not change while the target runs: the list is empty.
-            lid::CHANGED_NS_LIST => page.resize(4096, 0),
             lid::COMMANDS_EFFECTS => {
                 page.resize(4096, 0);
                 crate::cmd::effects_log(page);
@@ -493,25 +497,26 @@ impl Queue {
     /// The ANA log (LID 0Ch) as this controller's listener reports it:
     /// every ANA group of the subsystem, with its NSIDs unless the host set
     /// RGO. Reading it with RAE clear re-arms the ANA change event.
-    fn ana_log(&self, sub: &Subsystem, ctrl: &Controller, lp: &GetLogPage, page: &mut Vec<u8>) {
+    fn ana_log(&self, ctrl: &Controller, lp: &GetLogPage, page: &mut Vec<u8>) {
         let rgo = lp.lsp & ana::LSP_RGO != 0;
         self.reg
             .ana
-            .log(ctrl.portid, &sub.ana_groups)
+            .log(ctrl.portid, &self.sub_ns().ana_groups)
             .encode(rgo, page);
         if !lp.rae {
-            ctrl.aen_masked.fetch_and(!ana::id::AEN_ANA_CHANGE, Relaxed);
+            crate::aen::acknowledge(ctrl, lid::ANA);
         }
     }
 
     /// SMART / health from the live counters: all namespaces for NSID 0 or
     /// FFFFFFFFh, else the one named.
-    fn smart(&mut self, nsid: u32, sub: &Subsystem, ctrl: &Controller) -> Result<Smart, Status> {
+    fn smart(&mut self, nsid: u32, ctrl: &Controller) -> Result<Smart, Status> {
         self.flush_stats();
+        let sub_ns = self.sub_ns();
         let nss: Vec<_> = if nsid == 0 || nsid == 0xFFFF_FFFF {
-            sub.namespaces.iter().collect()
+            sub_ns.namespaces.iter().collect()
         } else {
-            vec![sub
+            vec![sub_ns
                 .namespace(nsid)
                 .ok_or(generic::INVALID_NAMESPACE.dnr())?]
         };
@@ -697,12 +702,7 @@ impl Queue {
     /// The completion DW0 of an asynchronous event raised on this queue's
     /// controller and not yet sent (`Controller::raise_event`), taking it.
     pub(crate) fn take_event(&self) -> Option<u32> {
-        let ctrl = &self.q.as_ref()?.ctrl;
-        let bit = ana::id::AEN_ANA_CHANGE;
-        if ctrl.aen_pending.load(Relaxed) & bit == 0 {
-            return None;
-        }
-        (ctrl.aen_pending.fetch_and(!bit, Relaxed) & bit != 0).then_some(ana::AEN_ANA_CHANGE_DW0)
+        crate::aen::take(&self.q.as_ref()?.ctrl)
     }
 }
 

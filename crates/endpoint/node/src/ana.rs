@@ -9,7 +9,15 @@
 //! start, `trellis ctl ana set`) writes them.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Mutex;
 use trellis_nvme::ana::{AnaGroup, AnaLog, AnaState};
+
+/// ANA groups the node can hold (NANAGRPID), and the largest ANAGRPID a
+/// namespace added while running may use (ANAGRPMAX, unless the config
+/// names a larger one): as Linux nvmet, the host sizes its ANA log buffer
+/// from these once, at connect, so they cannot grow later. 1024 matches
+/// `subsystem::MAX_NSID`, so the default group (the NSID) always fits.
+pub const MAX_ANA_GROUPS: usize = 1024;
 
 /// ANA Transition Time advertised in Identify Controller (ANATT), seconds:
 /// how long a host waits in ANA Change before it gives up on the path. We
@@ -25,9 +33,15 @@ pub const ANACAP: u8 = trellis_nvme::ana::id::ANACAP_ALL_STATES;
 
 /// The state of every (listener, group) pair, and the change count.
 pub struct AnaTable {
-    /// Distinct ANAGRPIDs, ascending; a group's index is its position.
-    groups: Vec<u32>,
-    /// `states[listener * groups.len() + group]`: an `AnaState` as u8.
+    /// Distinct ANAGRPIDs; a group's index is its position (the config's
+    /// groups ascending, then groups added while running, in order). Only
+    /// the control path locks it; the I/O path uses indexes.
+    groups: Mutex<Vec<u32>>,
+    /// Group slots per listener (fixed: the I/O path indexes without a lock).
+    cap: usize,
+    /// The largest ANAGRPID reported (ANAGRPMAX).
+    grpmax: u32,
+    /// `states[listener * cap + group]`: an `AnaState` as u8.
     states: Vec<AtomicU8>,
     /// Incremented on every change (the log's change count; 0 is never
     /// reported, as the spec reserves it for "no change count").
@@ -41,12 +55,17 @@ impl AnaTable {
         let mut g: Vec<u32> = groups.into_iter().collect();
         g.sort_unstable();
         g.dedup();
+        let cap = g.len().max(MAX_ANA_GROUPS);
+        // Every slot starts in its listener's initial state, so a group
+        // added later needs no initialisation the I/O path could race.
         let states = initial
             .iter()
-            .flat_map(|&s| g.iter().map(move |_| AtomicU8::new(s as u8)))
+            .flat_map(|&s| (0..cap).map(move |_| AtomicU8::new(s as u8)))
             .collect();
         AnaTable {
-            groups: g,
+            grpmax: g.last().copied().unwrap_or(0).max(MAX_ANA_GROUPS as u32),
+            groups: Mutex::new(g),
+            cap,
             states,
             chgcnt: AtomicU64::new(1),
         }
@@ -54,19 +73,37 @@ impl AnaTable {
 
     /// The dense index of ANAGRPID `grpid`.
     pub fn index_of(&self, grpid: u32) -> Option<usize> {
-        self.groups.binary_search(&grpid).ok()
+        crate::lock(&self.groups).iter().position(|&g| g == grpid)
     }
 
-    /// Every ANAGRPID in use, ascending.
-    pub fn groups(&self) -> &[u32] {
-        &self.groups
+    /// The index of `grpid`, adding the group if it is new; None when
+    /// every slot is taken or `grpid` is 0 or above ANAGRPMAX.
+    pub fn add_group(&self, grpid: u32) -> Option<usize> {
+        if grpid == 0 || grpid > self.grpmax {
+            return None;
+        }
+        let mut g = crate::lock(&self.groups);
+        if let Some(i) = g.iter().position(|&x| x == grpid) {
+            return Some(i);
+        }
+        (g.len() < self.cap).then(|| {
+            g.push(grpid);
+            g.len() - 1
+        })
+    }
+
+    /// Every ANAGRPID in use, by index.
+    pub fn groups(&self) -> Vec<u32> {
+        crate::lock(&self.groups).clone()
+    }
+
+    /// NANAGRPID and ANAGRPMAX as Identify Controller reports them.
+    pub fn limits(&self) -> (u32, u32) {
+        (self.cap as u32, self.grpmax)
     }
 
     pub fn listeners(&self) -> usize {
-        self.states
-            .len()
-            .checked_div(self.groups.len())
-            .unwrap_or(0)
+        self.states.len() / self.cap
     }
 
     /// The state of group index `g` on listener `portid` (1-based, as the
@@ -95,11 +132,11 @@ impl AnaTable {
     #[inline]
     fn slot(&self, portid: u16, g: usize) -> Option<&AtomicU8> {
         let l = (portid as usize).checked_sub(1)?;
-        if g >= self.groups.len() {
+        if g >= self.cap {
             return None;
         }
-        // l < 65536 and g < groups.len(): no overflow.
-        self.states.get(l * self.groups.len() + g)
+        // l < 65536 and g < cap: no overflow.
+        self.states.get(l * self.cap + g)
     }
 
     /// Sets group index `g` on listener `portid`; true if it changed.
@@ -144,7 +181,7 @@ mod tests {
     #[test]
     fn states_are_per_listener_and_group() {
         let t = AnaTable::new([5, 1, 5], &[AnaState::Optimized, AnaState::NonOptimized]);
-        assert_eq!(t.groups(), &[1, 5]);
+        assert_eq!(t.groups(), vec![1, 5]);
         assert_eq!(t.listeners(), 2);
         let g5 = t.index_of(5).unwrap();
         assert_eq!(t.state(2, g5), AnaState::NonOptimized);
@@ -163,6 +200,12 @@ mod tests {
         assert_eq!(t.state(0, 0), AnaState::Optimized);
         assert_eq!(t.state(9, 1), AnaState::Optimized);
         assert!(!t.set(0, 0, AnaState::Change));
+        // A group added while running starts in its listener's state.
+        assert_eq!(t.add_group(7), Some(2));
+        assert_eq!(t.add_group(5), Some(g5));
+        assert_eq!(t.state(2, 2), AnaState::NonOptimized);
+        assert_eq!(t.add_group(0), None);
+        assert_eq!(t.add_group(MAX_ANA_GROUPS as u32 + 1), None);
         let log = t.log(1, &[(1, vec![1]), (5, vec![2, 3])]);
         assert_eq!(log.groups[1].state, AnaState::Inaccessible);
         assert_eq!(log.groups[1].nsids, vec![2, 3]);

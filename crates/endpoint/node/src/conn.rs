@@ -297,6 +297,9 @@ impl Conn {
     /// Parses and handles every complete PDU in the receive buffer.
     pub fn process(&mut self, ctx: &mut Ctx) {
         self.now_ns = ctx.now_ns;
+        // Once per batch, not per command: namespaces added or removed
+        // since the last batch (`nsset`).
+        self.queue.refresh_ns();
         while self.state != State::Closing && self.tx.has_room() {
             if self.direct.is_some() && !self.end_direct(ctx) {
                 break;
@@ -772,9 +775,10 @@ impl Conn {
             lba: slot.req.sqe.slba(),
             nsid: slot.req.sqe.nsid(),
         });
-        if st.sct() == 2 && slot.req.ns_uid != crate::exec::NO_NS {
-            let ns = &self.queue.reg.namespaces[slot.req.ns_uid as usize];
-            ns.stats.media_errors.fetch_add(1, Relaxed);
+        if st.sct() == 2 {
+            if let Some(ns) = self.queue.ns.by_uid(slot.req.ns_uid) {
+                ns.stats.media_errors.fetch_add(1, Relaxed);
+            }
         }
         tracing::debug!(qid = q.qid, "command {:?} failed: {st}", slot.req.sqe);
     }
@@ -955,12 +959,12 @@ impl Conn {
                     Some(limit) => q.ctrl.last_keepalive_ns.load(Relaxed).saturating_add(limit),
                     None => u64::MAX,
                 };
-                // Once the host enabled ANA change events (Set Features,
+                // Once the host enabled an event we raise (Set Features,
                 // which queues output and so re-arms this timer), the admin
                 // queue looks for raised events this often: the control
                 // path sets a flag and never touches the reactor.
                 let aec = q.ctrl.async_event_config.load(Relaxed);
-                match aec & trellis_nvme::ana::id::AEN_ANA_CHANGE != 0 && !q.ctrl.is_discovery() {
+                match aec & crate::aen::SUPPORTED != 0 && !q.ctrl.is_discovery() {
                     true => kato.min(self.now_ns.saturating_add(CTRL_CHECK_NS)),
                     false => kato,
                 }
@@ -986,6 +990,8 @@ impl Conn {
     /// timeout, controller teardown, keep-alive.
     pub fn handle_timeout(&mut self, now_ns: u64) {
         self.now_ns = now_ns;
+        // An idle connection lets go of a removed namespace too.
+        self.queue.refresh_ns();
         if self.stats_since_ns != u64::MAX
             && now_ns >= self.stats_since_ns.saturating_add(STATS_FLUSH_NS)
         {

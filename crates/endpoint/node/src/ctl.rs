@@ -10,7 +10,10 @@
 //! - `ana_get`: the ANA state of every (I/O listener, ANA group);
 //! - `ana_set {listener, group, state}`: changes it and raises the ANA change
 //!   event on every controller connected through that listener (their admin
-//!   queues complete an outstanding AER within 100 ms).
+//!   queues complete an outstanding AER within 100 ms);
+//! - `namespace_add {nqn, ...}` (the keys of a `[[subsystem.namespace]]`
+//!   table) and `namespace_remove {nqn, nsid}`: live, with the Namespace
+//!   Attribute Changed notice to the subsystem's controllers (`live`).
 
 use crate::config::ListenerKind;
 use crate::subsystem::Registry;
@@ -176,9 +179,14 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
     let r = match method {
         "ana_get" => Ok(ana_get(reg)),
         "ana_set" => ana_set(reg, &params),
+        "namespace_add" => namespace_add(reg, &params),
+        "namespace_remove" => namespace_remove(reg, &params),
         _ => Err((
             code::METHOD_NOT_FOUND,
-            format!("unknown method {method:?}: the methods are ana_get and ana_set"),
+            format!(
+                "unknown method {method:?}: the methods are {}",
+                METHODS.join(", ")
+            ),
         )),
     };
     id?; // a notification: no response
@@ -187,6 +195,9 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
         Err((c, msg)) => error(reply_id, c, &msg),
     })
 }
+
+/// Every method, for the error naming them.
+const METHODS: [&str; 4] = ["ana_get", "ana_set", "namespace_add", "namespace_remove"];
 
 fn error(id: Value, c: i64, msg: &str) -> Value {
     json!({"jsonrpc": "2.0", "error": {"code": c, "message": msg}, "id": id})
@@ -200,11 +211,12 @@ fn ana_get(reg: &Registry) -> Value {
         .iter()
         .filter(|l| l.kind == ListenerKind::Both)
     {
+        let set = reg.ns.load();
         for (g, &grpid) in reg.ana.groups().iter().enumerate() {
             let nss: Vec<Value> = reg
                 .subsystems
                 .iter()
-                .flat_map(|s| s.namespaces.iter().map(move |n| (s, n)))
+                .flat_map(|s| set.sub(s.idx).namespaces.iter().map(move |n| (s, n)))
                 .filter(|(_, n)| n.anagrpid == grpid)
                 .map(|(s, n)| json!({"subsystem": s.nqn, "nsid": n.nsid}))
                 .collect();
@@ -323,8 +335,10 @@ fn notify(reg: &Registry, portid: u16, groups: &[u32]) -> usize {
         return 0;
     }
     let mut n = 0;
+    let set = reg.ns.load();
     for sub in &reg.subsystems {
-        if !sub.ana_groups.iter().any(|(g, _)| groups.contains(g)) {
+        let ana_groups = &set.sub(sub.idx).ana_groups;
+        if !ana_groups.iter().any(|(g, _)| groups.contains(g)) {
             continue;
         }
         for c in crate::lock(&sub.controllers).values() {
@@ -334,6 +348,64 @@ fn notify(reg: &Registry, portid: u16, groups: &[u32]) -> usize {
         }
     }
     n
+}
+
+/// The subsystem `v` names.
+fn subsystem_param<'a>(
+    reg: &'a Registry,
+    v: Option<&Value>,
+) -> Result<&'a Arc<crate::subsystem::Subsystem>, RpcError> {
+    let known = || {
+        let v: Vec<&str> = reg.subsystems.iter().map(|s| s.nqn.as_str()).collect();
+        v.join(", ")
+    };
+    let nqn = v.and_then(Value::as_str);
+    nqn.and_then(|n| reg.subsystem(n)).ok_or_else(|| {
+        invalid(format!(
+            "unknown subsystem {}: give \"nqn\" as one of {}",
+            v.map_or("(missing)".to_string(), Value::to_string),
+            known()
+        ))
+    })
+}
+
+/// `{nqn, nsid?, backend, size?, path?, ...}`: `nqn` and the keys of a
+/// `[[subsystem.namespace]]` table.
+fn namespace_add(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
+    let sub = subsystem_param(reg, p.get("nqn"))?;
+    let mut table = p.as_object().cloned().unwrap_or_default();
+    table.remove("nqn");
+    let n: crate::config::NamespaceConfig = serde_json::from_value(Value::Object(table))
+        .map_err(|e| {
+            invalid(format!(
+                "bad namespace: {e}: give the keys of a [[subsystem.namespace]] table, e.g. {{\"backend\":\"ram\",\"size\":\"64MiB\"}}"
+            ))
+        })?;
+    let c = reg
+        .add_namespace(sub, n)
+        .map_err(|e| invalid(format!("{e:#}")))?;
+    Ok(
+        json!({"subsystem": sub.nqn, "nsid": c.nsid, "notified_controllers": c.notified_controllers}),
+    )
+}
+
+/// `{nqn, nsid}`.
+fn namespace_remove(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
+    let sub = subsystem_param(reg, p.get("nqn"))?;
+    let nsid = p.get("nsid").and_then(Value::as_u64);
+    let Some(nsid) = nsid.and_then(|n| u32::try_from(n).ok()) else {
+        return Err(invalid(format!(
+            "bad \"nsid\" {}: give the NSID to remove (a number)",
+            p.get("nsid")
+                .map_or("(missing)".to_string(), Value::to_string)
+        )));
+    };
+    let c = reg
+        .remove_namespace(sub, nsid)
+        .map_err(|e| invalid(format!("{e:#}")))?;
+    Ok(
+        json!({"subsystem": sub.nqn, "nsid": c.nsid, "notified_controllers": c.notified_controllers}),
+    )
 }
 
 #[cfg(test)]

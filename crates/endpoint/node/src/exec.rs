@@ -314,6 +314,9 @@ pub struct Queue {
     pub q: Option<QueueCtx>,
     /// Requests (by slot) parked as AERs.
     pub aers: Vec<u16>,
+    /// The namespace set this queue resolves NSIDs and uids against,
+    /// refreshed once per received batch ([`Queue::refresh_ns`]).
+    pub ns: Arc<crate::nsset::NsSet>,
     /// Per-namespace (uid, [rd bytes, wr bytes, rd cmds, wr cmds]) not yet
     /// added to the shared counters.
     stats: Vec<(u32, [u64; 4])>,
@@ -341,6 +344,7 @@ impl Queue {
         portid: u16,
     ) -> Queue {
         Queue {
+            ns: reg.ns.load(),
             reg,
             peer,
             local,
@@ -353,15 +357,25 @@ impl Queue {
         }
     }
 
+    /// Takes the registry's namespace set if it changed since this queue
+    /// took one: one relaxed-cost load per call when it did not.
+    #[inline]
+    pub fn refresh_ns(&mut self) {
+        if self.reg.ns.gen() != self.ns.gen {
+            self.ns = self.reg.ns.load();
+        }
+    }
+
+    /// This queue's subsystem's namespaces (none before Connect or on a
+    /// discovery controller).
+    pub fn sub_ns(&self) -> &crate::nsset::SubNs {
+        let idx = self.q.as_ref().and_then(|q| q.ctrl.subsys.as_ref());
+        self.ns.sub(idx.map_or(usize::MAX, |s| s.idx))
+    }
+
     /// The active namespace `nsid` of this queue's subsystem.
     pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
-        self.q
-            .as_ref()?
-            .ctrl
-            .subsys
-            .as_ref()?
-            .namespace(nsid)
-            .map(|n| &**n)
+        self.sub_ns().namespace(nsid).map(|n| &**n)
     }
 
     /// Counts a successful Read or Write in the batched statistics; false
@@ -396,7 +410,11 @@ impl Queue {
     /// Adds batched statistics to the shared namespace counters.
     pub fn flush_stats(&mut self) {
         for ((uid, v), lat) in self.stats.drain(..).zip(self.lat.drain(..)) {
-            let st = &self.reg.namespaces[uid as usize].stats;
+            // A namespace removed since: its counters went with it.
+            let Some(ns) = self.ns.by_uid(uid) else {
+                continue;
+            };
+            let st = &ns.stats;
             st.read_bytes.fetch_add(v[0], Relaxed);
             st.write_bytes.fetch_add(v[1], Relaxed);
             st.read_cmds.fetch_add(v[2], Relaxed);

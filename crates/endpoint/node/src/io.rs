@@ -67,21 +67,32 @@ pub(crate) fn check_write_zeroes(ns: &Namespace, req: &mut Request) -> Result<()
     Ok(())
 }
 
-/// The namespace the parse step resolved.
-fn ns_of<'a>(ctx: &Ctx<'a>, req: &Request) -> &'a Namespace {
-    let reg = ctx.reg;
-    &reg.namespaces[req.ns_uid as usize]
+/// The namespace the parse step resolved, if this queue's namespace set
+/// still has it: one removed while its command waited for data (R2T) is
+/// gone from the set the queue took since, and the command fails with
+/// [`gone`].
+#[inline]
+fn ns_of<'a>(q: &'a Queue, req: &Request) -> Option<&'a Namespace> {
+    q.ns.by_uid(req.ns_uid)
+}
+
+/// The completion of a command whose namespace was removed under it.
+#[cold]
+fn gone() -> Exec {
+    Exec::Done(generic::INVALID_NAMESPACE.dnr())
 }
 
 /// Submits `io` for `req` to the reactor's queue for its namespace, through
 /// its scheduler when the namespace has one.
 fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
-    if ns_of(ctx, req).qos == QosMode::Off {
-        return submit_direct(ctx, req, io);
+    let Some(ns) = ns_of(queue, req) else {
+        return gone();
+    };
+    if ns.qos == QosMode::Off {
+        return submit_direct(queue, ctx, req, io);
     }
     let tenant = queue.q.as_ref().map_or(0, |q| q.ctrl.tenant);
     let now = ctx.now_ns;
-    let ns = ns_of(ctx, req);
     let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
         return Exec::Done(generic::INTERNAL_ERROR);
     };
@@ -100,8 +111,10 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
 }
 
 /// Submits `io` for `req` to the reactor's queue for its namespace.
-fn submit_direct(ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
-    let ns = ns_of(ctx, req);
+fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
+    let Some(ns) = ns_of(queue, req) else {
+        return gone();
+    };
     let Some(q) = ctx.queue(ns) else {
         return Exec::Done(generic::INTERNAL_ERROR);
     };
@@ -119,8 +132,10 @@ fn submit_direct(ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exec {
 pub(crate) fn read(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     if req.zero_data {
         // Null backend: no submit, no memset; the data comes from the shared zero buffer.
-        if ns_of(ctx, req).qos == QosMode::Off {
-            return Exec::Done(Status::SUCCESS);
+        match ns_of(q, req) {
+            Some(ns) if ns.qos == QosMode::Off => return Exec::Done(Status::SUCCESS),
+            Some(_) => {}
+            None => return gone(),
         }
         // Scheduled like any read of this length, but the backend has
         // nothing to write: a data-less request, the buffer left alone.
@@ -142,7 +157,7 @@ pub(crate) fn write(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let icd = ctx.icd;
     if icd.is_empty() {
         io.buf = req.buf.as_mut_ptr();
-    } else if ns_of(ctx, req).write_in_place {
+    } else if ns_of(q, req).is_some_and(|ns| ns.write_in_place) {
         // The backend reads the data inside submit; the receive buffer stays
         // put until then, so no copy.
         io.buf = icd.as_ptr() as *mut u8;
@@ -163,7 +178,9 @@ pub(crate) fn write_zeroes(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
         // The blocks are zeroed either way (DEAC is a hint): counted and
         // logged so a test can tell the host used it (Linux sets DEAC when
         // DLFEAT says deallocated blocks read as zeroes).
-        let ns = ns_of(ctx, req);
+        let Some(ns) = ns_of(q, req) else {
+            return gone();
+        };
         ns.stats.write_zeroes_deac.fetch_add(1, Relaxed);
         let (slba, nlb) = (req.sqe.slba(), req.sqe.nlb());
         tracing::debug!(
@@ -179,8 +196,11 @@ pub(crate) fn write_zeroes(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
 
 /// Deallocate (AD) each range; other attributes are hints we may ignore.
 /// Every range is checked before any is applied, so a bad range changes nothing.
-pub(crate) fn dataset_management(_q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
-    let ns = ns_of(ctx, req);
+pub(crate) fn dataset_management(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let q = &*q;
+    let Some(ns) = ns_of(q, req) else {
+        return gone();
+    };
     let nr = dsm_ranges(&req.sqe);
     let deallocate = req.sqe.cdw11() & DSM_DEALLOCATE != 0;
     let ranges = req.buf.slice(nr * DSM_RANGE_BYTES);
@@ -211,7 +231,7 @@ pub(crate) fn dataset_management(_q: &mut Queue, ctx: &mut Ctx, req: &mut Reques
             fua: false,
         };
         // Not scheduled: Discard is metadata work the handler needs done now.
-        match submit_direct(ctx, req, &io) {
+        match submit_direct(q, ctx, req, &io) {
             Exec::Done(st) if st.is_success() => {}
             Exec::Done(st) => return Exec::Done(st),
             // Discard is synchronous in every backend; see backend::file.

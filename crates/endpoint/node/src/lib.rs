@@ -12,6 +12,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod admin;
+pub mod aen;
 pub mod ana;
 pub mod backend;
 pub mod buf;
@@ -25,7 +26,9 @@ pub mod fault;
 pub mod fuzzing;
 pub mod identity;
 pub mod io;
+pub mod live;
 pub mod metrics;
+pub mod nsset;
 pub mod qos;
 pub mod reactor;
 pub mod ring;

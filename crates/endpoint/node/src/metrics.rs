@@ -169,8 +169,9 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
     );
     let size = Family::<NsLabels, Gauge>::default();
     prom.register("namespace_size_bytes", "Namespace capacity", size.clone());
+    let nss = reg.ns.load();
     for sub in &reg.subsystems {
-        for ns in &sub.namespaces {
+        for ns in &nss.sub(sub.idx).namespaces {
             let l = NsLabels {
                 subsystem: sub.nqn.clone(),
                 nsid: ns.nsid,
@@ -312,8 +313,9 @@ fn register_qos(prom: &mut Prom, reg: &Registry) {
         .iter()
         .map(|&id| (id as usize, reg.tenants.name_of(id)))
         .collect();
+    let nss = reg.ns.load();
     for sub in &reg.subsystems {
-        for ns in &sub.namespaces {
+        for ns in &nss.sub(sub.idx).namespaces {
             let board = crate::lock(&ns.qos_board).clone();
             for (r, p) in board.iter().enumerate() {
                 let l = QosLabels {

@@ -723,7 +723,7 @@ fn encode_view(nsid: u32, v: &sched::TenantView, e: &mut [u8]) {
 /// Layout: docs/gimbal.md "Virtual view log page".
 pub fn view_log(
     ctx: &mut crate::exec::Ctx,
-    sub: &crate::subsystem::Subsystem,
+    sub: &crate::nsset::SubNs,
     me: TenantId,
     nsid: u32,
     page: &mut Vec<u8>,

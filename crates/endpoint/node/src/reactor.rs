@@ -249,6 +249,8 @@ struct Reactor {
     conns: Vec<Option<Entry>>,
     free: Vec<u32>,
     queues: Vec<Option<Box<dyn BackendQueue>>>,
+    /// The namespace set generation `queues` was last pruned for.
+    ns_gen: u64,
     scratch: Vec<u8>,
     iov: Vec<libc::iovec>,
     done: Vec<(u64, Status)>,
@@ -292,6 +294,7 @@ impl Reactor {
             conns: Vec::new(),
             free: Vec::new(),
             queues: Vec::new(),
+            ns_gen: 0,
             scratch: Vec::with_capacity(SCRATCH_BYTES),
             iov: Vec::with_capacity(MAX_IOV),
             done: Vec::with_capacity(DONE_CAPACITY),
@@ -387,6 +390,7 @@ impl Reactor {
             prev_ns = now;
             if now >= next_publish_ns {
                 next_publish_ns = now + PUBLISH_NS;
+                self.drop_removed_queues();
                 if let Some(c) = self.shared.reg.reactor_busy_ns.get(self.id) {
                     c.0.store(busy_ns, Ordering::Relaxed);
                 }
@@ -426,6 +430,33 @@ impl Reactor {
                 self.last_work_ns = now;
             }
             prev_work = work;
+        }
+    }
+
+    /// Closes this reactor's backend queues of namespaces removed from the
+    /// set (`live`) once nothing is in flight on them, so a removed
+    /// namespace's backend goes away. Called about once a millisecond: one
+    /// load when nothing changed.
+    fn drop_removed_queues(&mut self) {
+        let gen = self.shared.reg.ns.gen();
+        if gen == self.ns_gen {
+            return;
+        }
+        let set = self.shared.reg.ns.load();
+        let mut busy = false;
+        for (uid, q) in self.queues.iter_mut().enumerate() {
+            let Some(bq) = q else { continue };
+            if set.by_uid(uid as u32).is_some() {
+                continue;
+            }
+            if bq.in_flight() == 0 {
+                *q = None;
+            } else {
+                busy = true; // looked at again next time
+            }
+        }
+        if !busy {
+            self.ns_gen = gen;
         }
     }
 

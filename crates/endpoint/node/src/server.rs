@@ -169,7 +169,7 @@ impl Target {
                 self.note_failure(format!("reactor {id} thread panicked outside its loop"));
             }
         }
-        for ns in &self.reg.namespaces {
+        for ns in self.reg.ns.load().all() {
             if let Err(e) = ns.backend.sync_all() {
                 tracing::error!("flush of nsid {} failed: {e}", ns.nsid);
             }

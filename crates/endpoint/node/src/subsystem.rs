@@ -3,13 +3,13 @@
 //! taken only on the control path (Connect, teardown, error log).
 
 use crate::backend::{self, Backend};
-use crate::config::{
-    Config, ListenerConfig, ListenerKind, NamespaceConfig, SubsystemConfig, TargetConfig,
-};
+use crate::config::{Config, ListenerConfig, ListenerKind, NamespaceConfig, TargetConfig};
 use crate::identity::NodeId;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,
+};
 use std::sync::{Arc, Mutex};
 use trellis_nvme::ana::AnaState;
 use trellis_nvme::identify::NamespaceInfo;
@@ -33,6 +33,8 @@ pub struct NsStats {
 
 pub struct Namespace {
     pub nsid: u32,
+    /// What it was made from (`trellis ctl save`), NSID filled in.
+    pub config: NamespaceConfig,
     /// Index into `Registry::namespaces`; reactors key their backend queues by it.
     pub uid: usize,
     pub backend: Arc<dyn Backend>,
@@ -66,47 +68,36 @@ pub struct Subsystem {
     pub model: String,
     pub allow_any: bool,
     pub allowed_hosts: HashSet<String>,
-    /// Sorted by NSID.
-    pub namespaces: Vec<Arc<Namespace>>,
+    /// Index in `Registry::subsystems` and in every `NsSet::subs`: its
+    /// namespaces live in the registry's namespace set, which changes.
+    pub idx: usize,
     pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
-    /// (ANAGRPID, its NSIDs here), ascending by ANAGRPID: the groups this
-    /// subsystem's ANA log lists.
-    pub ana_groups: Vec<(u32, Vec<u32>)>,
 }
+
+/// The NSIDs a subsystem may hold, and Identify Controller's NN and MNAN
+/// (unless the config uses a larger NSID): fixed for a controller's life,
+/// so that namespaces added while a host is connected are within them.
+/// 1024, as Linux nvmet's NVMET_MAX_NAMESPACES.
+pub const MAX_NSID: u32 = 1024;
 
 impl Subsystem {
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.allow_any || self.allowed_hosts.contains(hostnqn)
     }
-    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.namespaces
-            .binary_search_by_key(&nsid, |n| n.nsid)
-            .ok()
-            .map(|i| &self.namespaces[i])
-    }
-    pub fn max_nsid(&self) -> u32 {
-        self.namespaces.last().map_or(0, |n| n.nsid)
-    }
-    /// What Identify Controller advertises for ANA; None without
-    /// namespaces (Linux refuses ANA with MNAN 0, and MNAN ≤ NN).
-    pub fn ana_caps(&self) -> Option<trellis_nvme::identify::AnaCaps> {
-        let max = self.ana_groups.last()?.0;
-        Some(trellis_nvme::identify::AnaCaps {
-            anatt_s: crate::ana::ANATT_S,
-            anacap: crate::ana::ANACAP,
-            anagrpmax: max,
-            nanagrpid: self.ana_groups.len() as u32,
-        })
-    }
 }
 
-/// (ANAGRPID, NSIDs) of `nss`, ascending by ANAGRPID then NSID.
-fn ana_groups(nss: &[Arc<Namespace>]) -> Vec<(u32, Vec<u32>)> {
-    let mut m: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
-    for n in nss {
-        m.entry(n.anagrpid).or_default().push(n.nsid);
+impl Registry {
+    /// What Identify Controller advertises for ANA: fixed, whatever the
+    /// namespaces, since Linux sizes its ANA log buffer from it at connect.
+    pub fn ana_caps(&self) -> trellis_nvme::identify::AnaCaps {
+        let (nanagrpid, anagrpmax) = self.ana.limits();
+        trellis_nvme::identify::AnaCaps {
+            anatt_s: crate::ana::ANATT_S,
+            anacap: crate::ana::ANACAP,
+            anagrpmax,
+            nanagrpid,
+        }
     }
-    m.into_iter().collect()
 }
 
 /// Per-controller error log: a ring of the last 64 failed commands.
@@ -176,6 +167,8 @@ pub struct Controller {
     pub errors: Mutex<ErrorLog>,
     /// The host's QoS tenant, mapped once at Connect (`Registry::tenants`).
     pub tenant: trellis_qos::sched::TenantId,
+    /// The Changed Namespace List (log page 04h) not yet read.
+    pub changed_ns: Mutex<crate::aen::ChangedNs>,
 }
 
 impl Controller {
@@ -232,7 +225,12 @@ pub struct Registry {
     pub qos: crate::qos::QosConfig,
     pub tenants: crate::qos::Tenants,
     pub subsystems: Vec<Arc<Subsystem>>,
-    pub namespaces: Vec<Arc<Namespace>>,
+    /// Every namespace, by uid and by subsystem; changes while running.
+    pub ns: crate::nsset::NsCell,
+    /// NN and MNAN: `MAX_NSID`, or the config's largest NSID.
+    pub nn: u32,
+    /// The next namespace uid (never reused).
+    pub(crate) next_uid: AtomicUsize,
     pub listeners: Vec<ListenerInfo>,
     /// Discovery controllers live here (they belong to no subsystem).
     pub discovery_controllers: Mutex<HashMap<u16, Arc<Controller>>>,
@@ -275,13 +273,14 @@ impl Registry {
                 .map(|l| l.ana_state.unwrap_or(AnaState::Optimized))
                 .collect::<Vec<_>>(),
         );
-        for s in &cfg.subsystems {
+        let mut subs_ns = Vec::new();
+        for (idx, s) in cfg.subsystems.iter().enumerate() {
             let serial = node.serial(s);
             tracing::info!(subsystem = %s.nqn, "serial {serial}");
             unique(&mut seen, format!("serial {serial}"), &s.nqn)?;
             let mut nss = Vec::new();
             for (i, n) in s.namespaces.iter().enumerate() {
-                let ns = open_namespace(&node, s, i, n, all_ns.len(), &ana)?;
+                let ns = open_namespace(&node, &s.nqn, i, n, all_ns.len(), &ana)?;
                 let hex = crate::identity::hex;
                 for key in [
                     format!("uuid {}", hex(&ns.info.uuid)),
@@ -293,18 +292,23 @@ impl Registry {
                 all_ns.push(ns.clone());
                 nss.push(ns);
             }
-            nss.sort_by_key(|n| n.nsid);
+            subs_ns.push(crate::nsset::SubNs::new(nss));
             subsystems.push(Arc::new(Subsystem {
                 nqn: s.nqn.clone(),
                 serial,
                 model: s.model.clone(),
                 allow_any: s.allow_any(),
                 allowed_hosts: s.allowed_hosts.iter().cloned().collect(),
-                ana_groups: ana_groups(&nss),
-                namespaces: nss,
+                idx,
                 controllers: Mutex::new(HashMap::new()),
             }));
         }
+        let nn = cfg
+            .subsystems
+            .iter()
+            .flat_map(|s| s.namespaces.iter().enumerate())
+            .map(|(i, n)| n.nsid.unwrap_or(i as u32 + 1))
+            .fold(MAX_NSID, u32::max);
         let listeners = cfg
             .listeners
             .iter()
@@ -324,7 +328,13 @@ impl Registry {
             qos: cfg.qos.clone(),
             tenants: crate::qos::Tenants::new(&cfg.tenants, &cfg.qos.limits),
             subsystems,
-            namespaces: all_ns,
+            next_uid: AtomicUsize::new(all_ns.len()),
+            ns: crate::nsset::NsCell::new(crate::nsset::NsSet {
+                gen: 1,
+                by_uid: all_ns.into_iter().map(Some).collect(),
+                subs: subs_ns,
+            }),
+            nn,
             listeners,
             discovery_controllers: Mutex::new(HashMap::new()),
             next_cntlid: Mutex::new(1),
@@ -385,9 +395,9 @@ fn unique(seen: &mut HashMap<String, String>, key: String, owner: &str) -> anyho
 }
 
 /// Opens namespace `i` of subsystem `s` with its backend and identifiers.
-fn open_namespace(
+pub(crate) fn open_namespace(
     node: &NodeId,
-    s: &SubsystemConfig,
+    s: &str,
     i: usize,
     n: &NamespaceConfig,
     uid: usize,
@@ -395,18 +405,19 @@ fn open_namespace(
 ) -> anyhow::Result<Arc<Namespace>> {
     let nsid = n.nsid.unwrap_or(i as u32 + 1);
     let grpid = anagrpid(n, i);
-    let ana_idx = ana
-        .index_of(grpid)
-        .ok_or_else(|| anyhow::anyhow!("ANA group {grpid} missing from the table (a bug)"))?;
+    let ana_idx = ana.add_group(grpid).ok_or_else(|| {
+        let (slots, max) = ana.limits();
+        anyhow::anyhow!("ANA group {grpid}: use 1..={max}, with at most {slots} groups on the node")
+    })?;
     let backend = backend::open(n)?;
     let bs = n.block_size;
     let size_blocks = backend.size_bytes() / bs as u64;
     anyhow::ensure!(
         size_blocks > 0,
         "namespace {nsid} of {} is smaller than a block",
-        s.nqn
+        s
     );
-    let ids = node.namespace_ids(&s.nqn, nsid, n);
+    let ids = node.namespace_ids(s, nsid, n);
     let info = NamespaceInfo {
         size_blocks,
         lbads: bs.trailing_zeros() as u8,
@@ -417,7 +428,7 @@ fn open_namespace(
         deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
         anagrpid: grpid,
     };
-    tracing::info!(subsystem = %s.nqn, nsid, "namespace: {}; {ids}", backend.describe());
+    tracing::info!(subsystem = %s, nsid, "namespace: {}; {ids}", backend.describe());
     // Measured here, at startup, not on a reactor's first I/O.
     let device_model = (n.qos == crate::qos::QosMode::Gimbal)
         .then(|| backend.device_model())
@@ -425,7 +436,7 @@ fn open_namespace(
     if let Some(m) = &device_model {
         if m.read_4k_iops > 0 {
             tracing::info!(
-                subsystem = %s.nqn,
+                subsystem = %s,
                 nsid,
                 "drive model: 4 KiB random read {} IOPS, read {} MB/s, {} % of it at {} × 128 KiB in flight, link {} MB/s",
                 m.read_4k_iops,
@@ -436,15 +447,18 @@ fn open_namespace(
             );
         } else {
             tracing::info!(
-                subsystem = %s.nqn,
+                subsystem = %s,
                 nsid,
                 "drive: PCIe link {} MB/s (sysfs); Gimbal's per-I/O cost and slots stay as configured",
                 m.link_bytes_per_s / 1_000_000
             );
         }
     }
+    let mut config = n.clone();
+    config.nsid = Some(nsid);
     Ok(Arc::new(Namespace {
         nsid,
+        config,
         uid,
         reads_zero: backend.reads_zero(),
         write_in_place: backend.synchronous() && n.qos == crate::qos::QosMode::Off,
@@ -464,7 +478,7 @@ fn open_namespace(
 }
 
 /// The ANA group of namespace `i` of a subsystem: `ana_group`, else its NSID.
-fn anagrpid(n: &NamespaceConfig, i: usize) -> u32 {
+pub(crate) fn anagrpid(n: &NamespaceConfig, i: usize) -> u32 {
     n.ana_group.unwrap_or(n.nsid.unwrap_or(i as u32 + 1))
 }
 

@@ -490,7 +490,8 @@ fn write_zeroes_with_deallocate_zeroes_counts_and_is_advertised() {
     assert!(d[8 * 512..24 * 512].iter().all(|&b| b == 0), "range zeroed");
     assert_eq!(d[..8 * 512], pattern(0, 32, 4)[..8 * 512], "before intact");
     assert_eq!(d[24 * 512..], pattern(0, 32, 4)[24 * 512..], "after intact");
-    let n = &t.reg.namespaces[0].stats.write_zeroes_deac;
+    let set = t.reg.ns.load();
+    let n = &set.by_uid[0].as_ref().unwrap().stats.write_zeroes_deac;
     assert_eq!(
         n.load(std::sync::atomic::Ordering::Relaxed),
         1,
