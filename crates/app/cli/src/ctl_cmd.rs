@@ -37,6 +37,49 @@ enum CtlCmd {
         #[command(subcommand)]
         cmd: AnaCmd,
     },
+    /// Add or remove a namespace while hosts stay connected (they get a
+    /// Namespace Attribute Changed notice and rescan).
+    Namespace {
+        #[command(subcommand)]
+        cmd: NsCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NsCmd {
+    /// Add a namespace, as a [[subsystem.namespace]] table would.
+    Add {
+        /// The subsystem's NQN.
+        #[arg(long)]
+        nqn: String,
+        /// NSID (default: the lowest free one).
+        #[arg(long)]
+        nsid: Option<u32>,
+        /// null, ram, file or emulated.
+        #[arg(long)]
+        backend: String,
+        /// Size (null, ram, emulated; a file's size if it is created), e.g. 64MiB.
+        #[arg(long)]
+        size: Option<String>,
+        /// File or block device (file backend).
+        #[arg(long)]
+        path: Option<String>,
+        /// Logical block size: 512 or 4096.
+        #[arg(long)]
+        block_size: Option<u32>,
+        /// ANA group (default: the NSID).
+        #[arg(long)]
+        ana_group: Option<u32>,
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Remove a namespace; commands already sent to it finish.
+    Remove {
+        #[arg(long)]
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -72,16 +115,59 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             "ana_set",
             json!({"listener": listener, "group": group_value(group)?, "state": state}),
         ),
+        CtlCmd::Namespace { cmd } => ns_request(cmd),
     };
     let result = call(&a.socket, method, params)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else if method == "ana_get" {
         print!("{}", ana_table(&result));
+    } else if method.starts_with("namespace_") {
+        let verb = if method == "namespace_add" {
+            "added"
+        } else {
+            "removed"
+        };
+        println!(
+            "{} nsid {} {verb}; {} controller(s) sent a namespace change notice",
+            str_of(&result["subsystem"]),
+            result["nsid"],
+            result["notified_controllers"]
+        );
     } else {
         println!("{}", set_summary(&result));
     }
     Ok(())
+}
+
+fn ns_request(cmd: &NsCmd) -> (&'static str, Value) {
+    match cmd {
+        NsCmd::Add {
+            nqn,
+            nsid,
+            backend,
+            size,
+            path,
+            block_size,
+            ana_group,
+            read_only,
+        } => {
+            let mut p = json!({"nqn": nqn, "backend": backend, "read_only": read_only});
+            for (k, v) in [
+                ("nsid", nsid.map(Value::from)),
+                ("size", size.clone().map(Value::from)),
+                ("path", path.clone().map(Value::from)),
+                ("block_size", block_size.map(Value::from)),
+                ("ana_group", ana_group.map(Value::from)),
+            ] {
+                if let Some(v) = v {
+                    p[k] = v;
+                }
+            }
+            ("namespace_add", p)
+        }
+        NsCmd::Remove { nqn, nsid } => ("namespace_remove", json!({"nqn": nqn, "nsid": nsid})),
+    }
 }
 
 fn group_value(g: &str) -> anyhow::Result<Value> {
