@@ -15,7 +15,8 @@
 #   NR_IO_QUEUES [2]  MIN_IO_QUEUES [2] (fail if the controller ends up with fewer I/O queues)
 #   FIO_SIZE [32M]  FIO_IODEPTH [16]  FIO_ENGINE [libaio]  FIO_TIMEOUT [300]
 #   CTRL_LOSS_TMO [20]  (seconds the kernel keeps reconnecting after a connection loss)
-#   STEPS ["discover-io discover-8009 connect ana fio-4k fio-128k write-zeroes large-io ext4 digest-connect
+#   LIVE_NSID [2]  the NSID step ns-change adds and removes over the management socket
+#   STEPS ["discover-io discover-8009 connect ana ns-change fio-4k fio-128k write-zeroes large-io ext4 digest-connect
 #           digest-fio-4k digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
@@ -37,7 +38,8 @@ FIO_IODEPTH=${FIO_IODEPTH:-16}
 FIO_ENGINE=${FIO_ENGINE:-libaio}
 FIO_TIMEOUT=${FIO_TIMEOUT:-300}
 CTRL_LOSS_TMO=${CTRL_LOSS_TMO:-20}
-STEPS=${STEPS:-"discover-io discover-8009 connect ana fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
+LIVE_NSID=${LIVE_NSID:-2}
+STEPS=${STEPS:-"discover-io discover-8009 connect ana ns-change fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
@@ -75,6 +77,19 @@ find_ns() {
     [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$SUBNQN" ] || continue
     [ -b /dev/$n ] || continue
     [ "$(cat $b/size)" -gt 0 ] 2>/dev/null || continue
+    echo $n; return 0
+  done
+  return 1
+}
+# block device (multipath head) of namespace NSID of SUBNQN
+ns_dev() {
+  for b in /sys/block/nvme*n*; do
+    [ -e "$b" ] || continue
+    n=$(basename $b)
+    case "$n" in nvme*c*n*) continue;; esac
+    [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$SUBNQN" ] || continue
+    [ "$(cat $b/nsid 2>/dev/null)" = "$1" ] || continue
+    [ -b /dev/$n ] || continue
     echo $n; return 0
   done
   return 1
@@ -175,6 +190,40 @@ step_ana() {
     return 0
   done
   info "no per-path ana_state in sysfs (native multipath off): the log check above stands"
+}
+# Live namespace add and remove (docs/target.md "Management socket"). The guest cannot reach the
+# target's management socket: it prints an @@TRELLIS-CTL@@ line, which run-interop.sh (watching the
+# console) runs as `trellis ctl ...`. The kernel must find the namespace through the AEN alone
+# (Namespace Attribute Changed -> Changed Namespace List -> rescan), on the same controller
+# (same name, cntlid, state live) and with no reconnect or reset in the kernel log.
+ctl_request() { echo "@@TRELLIS-CTL@@ $*"; }
+step_ns_change() {
+  [ -n "$CTRL" ] || why "not connected" || return 1
+  if [ "$SELFTEST" = 1 ]; then info "selftest: the Linux target has no trellis management socket"; return 0; fi
+  _cntlid=$(cat /sys/class/nvme/$CTRL/cntlid)
+  kmsg
+  ns_dev $LIVE_NSID >/dev/null && { why "nsid $LIVE_NSID exists before the add"; return 1; }
+  ctl_request namespace add --nqn "$SUBNQN" --nsid "$LIVE_NSID" --backend ram --size 64MiB
+  _nd=$(wait_for 30 ns_dev $LIVE_NSID) || { kmsg; why "nsid $LIVE_NSID did not appear within 30 s of the add"; return 1; }
+  info "nsid $LIVE_NSID appeared as /dev/$_nd ($(( $(cat /sys/block/$_nd/size) / 2048 )) MiB)"
+  show nvme list || why "nvme list failed" || return 1
+  grep -q "/dev/$_nd" $W/out || why "nvme list does not show /dev/$_nd" || return 1
+  dd if=/dev/urandom of=$W/blk bs=4k count=16 2>/dev/null
+  dd if=$W/blk of=/dev/$_nd bs=4k count=16 oflag=direct 2>/dev/null || why "write to /dev/$_nd failed" || return 1
+  dd if=/dev/$_nd of=$W/blk2 bs=4k count=16 iflag=direct 2>/dev/null || why "read from /dev/$_nd failed" || return 1
+  cmp -s $W/blk $W/blk2 || why "/dev/$_nd read back differs from what was written" || return 1
+  ctl_request namespace remove --nqn "$SUBNQN" --nsid "$LIVE_NSID"
+  wait_for 30 sh -c '[ ! -e /sys/block/$0 ]' $_nd || { kmsg; why "/dev/$_nd still there 30 s after the remove"; return 1; }
+  info "/dev/$_nd is gone"
+  show nvme list || why "nvme list failed" || return 1
+  grep -q "/dev/$_nd " $W/out && { why "nvme list still shows /dev/$_nd"; return 1; }
+  [ "$(find_ctrl)" = "$CTRL" ] || why "controller $CTRL is no longer live" || return 1
+  [ "$(cat /sys/class/nvme/$CTRL/cntlid)" = "$_cntlid" ] || why "cntlid changed: a new controller" || return 1
+  [ "$(find_ns)" = "$DEV" ] || why "namespace 1 (/dev/$DEV) is gone" || return 1
+  dmesg -c > $W/dmesg.ns 2>/dev/null; cat $W/dmesg.ns >> $W/dmesg.all
+  sed 's/^/  | kernel: /' $W/dmesg.ns | grep -iE 'nvme' | tail -10
+  grep -qiE 'reconnect|resetting|error recovery|keep-alive' $W/dmesg.ns && { why "the kernel log shows a reconnect or reset"; return 1; }
+  return 0
 }
 step_fio_4k() { run_fio fio-4k 4k; }
 step_fio_128k() { run_fio fio-128k 128k; }

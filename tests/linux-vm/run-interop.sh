@@ -111,8 +111,9 @@ if [ "$SELFTEST" = 0 ]; then
   done
   echo "run-interop: starting $TRELLIS target --config $TCONFIG (from $CONFIG; I/O port $IO_PORT, discovery port $DISC_PORT) ${TARGS[*]:-}" >&2
   # The node identity file goes with the logs, not beside the config in the source tree.
+  CTL_SOCK=$LOGDIR/ctl.sock
   NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info,trellis_target::io=debug} "$TRELLIS" target --config "$TCONFIG" --state-dir "$LOGDIR/state" \
-    ${TARGS[@]+"${TARGS[@]}"} \
+    --ctl-socket "$CTL_SOCK" ${TARGS[@]+"${TARGS[@]}"} \
     > "$LOGDIR/target.log" 2>&1 < /dev/null &
   TPID=$!
   n=0
@@ -131,10 +132,36 @@ else
   GENV=(--env SELFTEST=1 ${GENV[@]+"${GENV[@]}"})
 fi
 
+# The guest's step ns-change asks for live namespace changes by printing
+# "@@TRELLIS-CTL@@ namespace add|remove ARGS" (it cannot reach the management socket); this runs
+# them as `trellis ctl` while the VM runs. Only `namespace` commands are accepted.
+WATCH_PID=""
+if [ "$SELFTEST" = 0 ]; then
+  (
+    seen=0
+    while :; do
+      n=$(wc -l < "$LOGDIR/console.log")
+      if [ "$n" -gt "$seen" ]; then
+        sed -n "$((seen + 1)),${n}p" "$LOGDIR/console.log" | grep '^@@TRELLIS-CTL@@ namespace ' |
+          while IFS= read -r line; do
+            # shellcheck disable=SC2086  # the guest's words are the arguments
+            set -- ${line#@@TRELLIS-CTL@@ }
+            echo "run-interop: trellis ctl $*" >> "$LOGDIR/ctl.log"
+            "$TRELLIS" ctl --socket "$CTL_SOCK" "$@" >> "$LOGDIR/ctl.log" 2>&1 ||
+              echo "run-interop: trellis ctl failed (exit $?)" >> "$LOGDIR/ctl.log"
+          done
+        seen=$n
+      fi
+      sleep 0.2
+    done
+  ) &
+  WATCH_PID=$!
+fi
 T_VM=$SECONDS
 "$DIR/vm.sh" --timeout "$TIMEOUT" --log "$LOGDIR/console.log" --add "$DIR/guest-nvmet.sh" \
   ${GENV[@]+"${GENV[@]}"} "$DIR/guest-initiator.sh" 2> >(tee "$LOGDIR/vm.err" >&2)
 VM_RC=$?
+if [ -n "$WATCH_PID" ]; then kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>/dev/null; fi
 sleep 0.3   # let the stderr tee finish
 T_VM=$((SECONDS - T_VM))
 TARGET_OK=1
@@ -159,6 +186,7 @@ fi
   echo "vm     : exit $VM_RC, ${T_VM}s ($(grep -o 'vm.sh: accel=.*' "$LOGDIR/vm.err" | tail -1))"
   [ "$SELFTEST" = 1 ] || echo "target : $TARGET_NOTE"
   [ -z "$DEAC_NOTE" ] || echo "deac   : $DEAC_NOTE"
+  [ ! -s "$LOGDIR/ctl.log" ] || echo "ctl    : $(grep -c '^run-interop: trellis ctl namespace' "$LOGDIR/ctl.log") request(s) from the guest: $(grep -v '^run-interop:' "$LOGDIR/ctl.log" | tr '\n' ';')"
   echo "total  : $((SECONDS - T0))s; logs in $LOGDIR"
 } | tee "$LOGDIR/summary.txt"
 if [ "$SELFTEST" = 0 ] && [ "$TARGET_OK" = 0 ]; then
