@@ -37,12 +37,25 @@ enum CtlCmd {
         #[command(subcommand)]
         cmd: AnaCmd,
     },
+    /// State of the running target: controllers or namespaces.
+    Get {
+        #[arg(value_enum)]
+        what: GetWhat,
+    },
     /// Add or remove a namespace while hosts stay connected (they get a
     /// Namespace Attribute Changed notice and rescan).
     Namespace {
         #[command(subcommand)]
         cmd: NsCmd,
     },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum GetWhat {
+    /// cntlid, host, subsystem, listener, queues, KATO.
+    Controllers,
+    /// backend, size, block size, I/O counters.
+    Namespaces,
 }
 
 #[derive(Subcommand, Debug)]
@@ -116,12 +129,22 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             json!({"listener": listener, "group": group_value(group)?, "state": state}),
         ),
         CtlCmd::Namespace { cmd } => ns_request(cmd),
+        CtlCmd::Get {
+            what: GetWhat::Controllers,
+        } => ("controllers_get", json!({})),
+        CtlCmd::Get {
+            what: GetWhat::Namespaces,
+        } => ("namespaces_get", json!({})),
     };
     let result = call(&a.socket, method, params)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else if method == "ana_get" {
         print!("{}", ana_table(&result));
+    } else if method == "controllers_get" {
+        print!("{}", controllers_table(&result));
+    } else if method == "namespaces_get" {
+        print!("{}", namespaces_table(&result));
     } else if method.starts_with("namespace_") {
         let verb = if method == "namespace_add" {
             "added"
@@ -227,6 +250,51 @@ fn ana_table(r: &Value) -> String {
             g["group"],
             str_of(&g["state"]),
             nss.join(", ")
+        ));
+    }
+    out
+}
+
+fn controllers_table(r: &Value) -> String {
+    let mut out = format!(
+        "{:>6}  {:<24} {:<8} {:>4} {:>7}  {:<32} host\n",
+        "cntlid", "listener", "state", "ioq", "kato_ms", "subsystem"
+    );
+    for c in r["controllers"].as_array().into_iter().flatten() {
+        let state = if c["ready"] == json!(true) {
+            "ready"
+        } else {
+            "-"
+        };
+        out.push_str(&format!(
+            "{:>6}  {:<24} {:<8} {:>4} {:>7}  {:<32} {}\n",
+            c["cntlid"].to_string(),
+            str_of(&c["listener"]),
+            state,
+            c["io_queues"].to_string(),
+            c["kato_ms"].to_string(),
+            str_of(&c["subsystem"]),
+            str_of(&c["host"])
+        ));
+    }
+    out
+}
+
+fn namespaces_table(r: &Value) -> String {
+    let mut out = format!(
+        "{:<32} {:>5} {:>12} {:>5} {:>12} {:>12}  backend\n",
+        "subsystem", "nsid", "size", "bs", "reads", "writes"
+    );
+    for n in r["namespaces"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<32} {:>5} {:>12} {:>5} {:>12} {:>12}  {}\n",
+            str_of(&n["subsystem"]),
+            n["nsid"].to_string(),
+            n["size_bytes"].to_string(),
+            n["block_size"].to_string(),
+            n["read_cmds"].to_string(),
+            n["write_cmds"].to_string(),
+            str_of(&n["backend"])
         ));
     }
     out

@@ -13,7 +13,8 @@
 //!   queues complete an outstanding AER within 100 ms);
 //! - `namespace_add {nqn, ...}` (the keys of a `[[subsystem.namespace]]`
 //!   table) and `namespace_remove {nqn, nsid}`: live, with the Namespace
-//!   Attribute Changed notice to the subsystem's controllers (`live`).
+//!   Attribute Changed notice to the subsystem's controllers (`live`);
+//! - `controllers_get`, `namespaces_get`: state (`ctl_state`).
 
 use crate::config::ListenerKind;
 use crate::subsystem::Registry;
@@ -181,6 +182,8 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
         "ana_set" => ana_set(reg, &params),
         "namespace_add" => namespace_add(reg, &params),
         "namespace_remove" => namespace_remove(reg, &params),
+        "controllers_get" => Ok(crate::ctl_state::controllers_get(reg)),
+        "namespaces_get" => Ok(crate::ctl_state::namespaces_get(reg)),
         _ => Err((
             code::METHOD_NOT_FOUND,
             format!(
@@ -197,7 +200,14 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
 }
 
 /// Every method, for the error naming them.
-const METHODS: [&str; 4] = ["ana_get", "ana_set", "namespace_add", "namespace_remove"];
+const METHODS: [&str; 6] = [
+    "ana_get",
+    "ana_set",
+    "namespace_add",
+    "namespace_remove",
+    "controllers_get",
+    "namespaces_get",
+];
 
 fn error(id: Value, c: i64, msg: &str) -> Value {
     json!({"jsonrpc": "2.0", "error": {"code": c, "message": msg}, "id": id})

@@ -20,6 +20,7 @@ pub mod cmd;
 pub mod config;
 pub mod conn;
 pub mod ctl;
+pub mod ctl_state;
 pub mod exec;
 pub mod fault;
 #[doc(hidden)]

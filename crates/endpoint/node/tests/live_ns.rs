@@ -214,3 +214,39 @@ fn bad_namespace_requests_name_the_value_and_the_fix() {
     assert!(e.contains("\"x\""), "{e}");
     t.stop().unwrap();
 }
+
+#[test]
+fn state_queries_list_controllers_and_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start(dir.path());
+    let mut a = controller(t.local_addrs[0], NQN, 2, NO, 5000);
+    let r = rpc(dir.path(), "controllers_get", json!({}));
+    let c = &r["result"]["controllers"][0];
+    assert_eq!(c["subsystem"], json!(NQN), "{r}");
+    assert_eq!(c["listener"], json!(t.local_addrs[0].to_string()));
+    assert_eq!(
+        (c["io_queues"].clone(), c["kato_ms"].clone()),
+        (json!(2), json!(5000))
+    );
+    assert_eq!(c["ready"], json!(true));
+    assert!(c["host"].as_str().unwrap().starts_with("nqn."), "{c}");
+    assert!(rw(&mut a.io[0], io::WRITE, 1).status.is_success());
+    let add = json!({"nqn": NQN, "backend": "null", "size": "2MiB", "block_size": 4096});
+    assert!(rpc(dir.path(), "namespace_add", add)["result"].is_object());
+    let r = rpc(dir.path(), "namespaces_get", json!({}));
+    let nss = r["result"]["namespaces"].as_array().unwrap();
+    assert_eq!(nss.len(), 2, "{r}");
+    assert_eq!(
+        (nss[0]["nsid"].clone(), nss[0]["size_bytes"].clone()),
+        (json!(1), json!(1 << 20))
+    );
+    assert!(
+        nss[0]["backend"].as_str().unwrap().starts_with("ram"),
+        "{r}"
+    );
+    assert_eq!(
+        (nss[1]["nsid"].clone(), nss[1]["block_size"].clone()),
+        (json!(2), json!(4096))
+    );
+    t.stop().unwrap();
+}
