@@ -37,6 +37,11 @@ enum CtlCmd {
         #[command(subcommand)]
         cmd: AnaCmd,
     },
+    /// QoS tenants: set a DRR weight on every scheduler, live.
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
     /// State of the running target: controllers or namespaces.
     Get {
         #[arg(value_enum)]
@@ -47,6 +52,18 @@ enum CtlCmd {
     Namespace {
         #[command(subcommand)]
         cmd: NsCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TenantCmd {
+    /// Set a tenant's weight (1..=1024) on every namespace's scheduler.
+    SetWeight {
+        /// A [[tenant]] name, or a host NQN.
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        weight: u32,
     },
 }
 
@@ -129,6 +146,12 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             json!({"listener": listener, "group": group_value(group)?, "state": state}),
         ),
         CtlCmd::Namespace { cmd } => ns_request(cmd),
+        CtlCmd::Tenant {
+            cmd: TenantCmd::SetWeight { tenant, weight },
+        } => (
+            "tenant_set_weight",
+            json!({"tenant": tenant, "weight": weight}),
+        ),
         CtlCmd::Get {
             what: GetWhat::Controllers,
         } => ("controllers_get", json!({})),
@@ -145,6 +168,13 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
         print!("{}", controllers_table(&result));
     } else if method == "namespaces_get" {
         print!("{}", namespaces_table(&result));
+    } else if method == "tenant_set_weight" {
+        println!(
+            "tenant {} (id {}): weight {}",
+            str_of(&result["tenant"]),
+            result["id"],
+            result["weight"]
+        );
     } else if method.starts_with("namespace_") {
         let verb = if method == "namespace_add" {
             "added"

@@ -14,7 +14,9 @@
 //! - `namespace_add {nqn, ...}` (the keys of a `[[subsystem.namespace]]`
 //!   table) and `namespace_remove {nqn, nsid}`: live, with the Namespace
 //!   Attribute Changed notice to the subsystem's controllers (`live`);
-//! - `controllers_get`, `namespaces_get`: state (`ctl_state`).
+//! - `controllers_get`, `namespaces_get`: state (`ctl_state`);
+//! - `tenant_set_weight {tenant, weight}`: a QoS tenant's DRR weight on
+//!   every scheduler, applied by each reactor within about a millisecond.
 
 use crate::config::ListenerKind;
 use crate::subsystem::Registry;
@@ -184,6 +186,7 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
         "namespace_remove" => namespace_remove(reg, &params),
         "controllers_get" => Ok(crate::ctl_state::controllers_get(reg)),
         "namespaces_get" => Ok(crate::ctl_state::namespaces_get(reg)),
+        "tenant_set_weight" => tenant_set_weight(reg, &params),
         _ => Err((
             code::METHOD_NOT_FOUND,
             format!(
@@ -200,13 +203,14 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
 }
 
 /// Every method, for the error naming them.
-const METHODS: [&str; 6] = [
+const METHODS: [&str; 7] = [
     "ana_get",
     "ana_set",
     "namespace_add",
     "namespace_remove",
     "controllers_get",
     "namespaces_get",
+    "tenant_set_weight",
 ];
 
 fn error(id: Value, c: i64, msg: &str) -> Value {
@@ -416,6 +420,30 @@ fn namespace_remove(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
     Ok(
         json!({"subsystem": sub.nqn, "nsid": c.nsid, "notified_controllers": c.notified_controllers}),
     )
+}
+
+/// `{tenant: name or host NQN, weight}`.
+fn tenant_set_weight(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
+    let who = p.get("tenant").and_then(Value::as_str);
+    let Some(t) = who.and_then(|w| reg.tenants.resolve(w)) else {
+        return Err(invalid(format!(
+            "unknown tenant {}: give \"tenant\" as a [[tenant]] name or a host NQN (nqn....)",
+            p.get("tenant")
+                .map_or("(missing)".to_string(), Value::to_string)
+        )));
+    };
+    let w = p.get("weight").and_then(Value::as_u64);
+    let Some(w) = w.and_then(|w| u32::try_from(w).ok()) else {
+        return Err(invalid(format!(
+            "bad \"weight\" {}: give a whole number in 1..={}",
+            p.get("weight")
+                .map_or("(missing)".to_string(), Value::to_string),
+            trellis_qos::sched::MAX_TENANT_WEIGHT
+        )));
+    };
+    reg.tenants.set_weight(t, w).map_err(invalid)?;
+    tracing::info!(tenant = t, weight = w, "tenant weight set");
+    Ok(json!({"tenant": reg.tenants.name_of(t), "id": t, "weight": w}))
 }
 
 #[cfg(test)]

@@ -148,6 +148,13 @@ pub struct Tenants {
     configured: Vec<TenantConfig>,
     max_tenants: TenantId,
     map: Mutex<TenantMap>,
+    /// Weights set while running (`trellis ctl tenant set-weight`), over
+    /// the configured ones; at most `max_tenants` entries.
+    live: Mutex<HashMap<TenantId, u32>>,
+    /// Bumped on every live weight change: reactors compare it about once
+    /// a millisecond and re-apply the weights to their schedulers, so no
+    /// lock is taken on the I/O path.
+    weights_gen: std::sync::atomic::AtomicU64,
 }
 
 struct TenantMap {
@@ -171,6 +178,8 @@ impl Tenants {
                 next: configured.len() as TenantId,
                 overflow_logged: false,
             }),
+            live: Mutex::new(HashMap::new()),
+            weights_gen: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -204,12 +213,49 @@ impl Tenants {
         self.catch_all()
     }
 
-    /// Configured weights, applied to each new scheduler.
-    pub fn weights(&self) -> impl Iterator<Item = (TenantId, u32)> + '_ {
-        self.configured
+    /// Configured weights with the live ones over them, applied to each
+    /// new scheduler and, after a change, to every scheduler.
+    pub fn weights(&self) -> Vec<(TenantId, u32)> {
+        let live = crate::lock(&self.live);
+        let mut v: Vec<(TenantId, u32)> = self
+            .configured
             .iter()
             .enumerate()
             .map(|(i, t)| (i as TenantId, t.weight))
+            .filter(|(i, _)| !live.contains_key(i))
+            .collect();
+        v.extend(live.iter().map(|(&t, &w)| (t, w)));
+        v
+    }
+
+    /// The generation of the weights (see `weights_gen`).
+    #[inline]
+    pub fn weights_gen(&self) -> u64 {
+        self.weights_gen.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The tenant `who` names: a `[[tenant]]` name, or a host NQN (given a
+    /// tenant id now if it has none, so the weight holds when it connects).
+    pub fn resolve(&self, who: &str) -> Option<TenantId> {
+        if let Some(i) = self.configured.iter().position(|t| t.name == who) {
+            return Some(i as TenantId);
+        }
+        who.starts_with("nqn.").then(|| self.tenant_of(who))
+    }
+
+    /// Sets `tenant`'s weight on every scheduler (applied by the reactors
+    /// within about a millisecond). The weight must be in 1..=MAX_TENANT_WEIGHT.
+    pub fn set_weight(&self, tenant: TenantId, weight: u32) -> Result<(), String> {
+        if !(1..=sched::MAX_TENANT_WEIGHT).contains(&weight) {
+            return Err(format!(
+                "weight {weight} is out of range: use 1..={}",
+                sched::MAX_TENANT_WEIGHT
+            ));
+        }
+        crate::lock(&self.live).insert(tenant, weight);
+        self.weights_gen
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// A tenant's name for `/metrics`: its `[[tenant]]` name, else the host
@@ -552,6 +598,15 @@ impl QosQueue {
     /// The scheduler, for the virtual-view log page.
     pub fn scheduler(&self) -> &dyn Scheduler {
         &*self.sched
+    }
+
+    /// Applies `weights` (the reactor, after a live change).
+    pub fn set_weights(&mut self, weights: &[(TenantId, u32)]) {
+        for &(t, w) in weights {
+            if let Err(e) = self.sched.set_weight(t, w) {
+                tracing::warn!("tenant {t} weight {w} not applied: {e:?}");
+            }
+        }
     }
 
     /// Counts a completion for `/metrics`; returns its I/O credits.

@@ -251,6 +251,8 @@ struct Reactor {
     queues: Vec<Option<Box<dyn BackendQueue>>>,
     /// The namespace set generation `queues` was last pruned for.
     ns_gen: u64,
+    /// The tenant weights generation the schedulers in `queues` have.
+    weights_gen: u64,
     scratch: Vec<u8>,
     iov: Vec<libc::iovec>,
     done: Vec<(u64, Status)>,
@@ -295,6 +297,7 @@ impl Reactor {
             free: Vec::new(),
             queues: Vec::new(),
             ns_gen: 0,
+            weights_gen: 0,
             scratch: Vec::with_capacity(SCRATCH_BYTES),
             iov: Vec::with_capacity(MAX_IOV),
             done: Vec::with_capacity(DONE_CAPACITY),
@@ -391,6 +394,7 @@ impl Reactor {
             if now >= next_publish_ns {
                 next_publish_ns = now + PUBLISH_NS;
                 self.drop_removed_queues();
+                self.apply_weights();
                 if let Some(c) = self.shared.reg.reactor_busy_ns.get(self.id) {
                     c.0.store(busy_ns, Ordering::Relaxed);
                 }
@@ -457,6 +461,23 @@ impl Reactor {
         }
         if !busy {
             self.ns_gen = gen;
+        }
+    }
+
+    /// Re-applies the tenant weights to this reactor's schedulers after a
+    /// live change (`tenant_set_weight`): one load when nothing changed.
+    fn apply_weights(&mut self) {
+        let tenants = &self.shared.reg.tenants;
+        let gen = tenants.weights_gen();
+        if gen == self.weights_gen {
+            return;
+        }
+        self.weights_gen = gen;
+        let w = tenants.weights();
+        for q in self.queues.iter_mut().flatten() {
+            if let Some(qq) = q.qos() {
+                qq.set_weights(&w);
+            }
         }
     }
 

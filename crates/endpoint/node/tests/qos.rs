@@ -186,3 +186,57 @@ fn gimbal_busy_answers_namespace_not_ready_without_dnr() {
     assert_eq!(read(&mut c.io[0], 0, 8).1, data);
     t.stop().unwrap();
 }
+
+/// `tenant_set_weight` over the management socket reaches a scheduler that
+/// already exists (the reactor re-applies the weights after the change).
+#[test]
+fn a_tenant_weight_set_live_reaches_the_running_scheduler() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(QosMode::Gimbal);
+    cfg.tenants = vec![TenantConfig {
+        host: HOST.into(),
+        name: "test-host".into(),
+        weight: 3,
+    }];
+    cfg.ctl.socket = Some(dir.path().join("ctl.sock"));
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    assert!(read(&mut c.io[0], 0, 8).0.status.is_success());
+    let weight = |c: &mut Ctrl| {
+        let (cqe, page) = get_log(&mut c.admin, VIEW_LID, 0xFFFF_FFFF, 4096);
+        assert!(cqe.status.is_success());
+        let (me, entries) = parse_view(&page);
+        entries.iter().find(|e| e.tenant == me).map(|e| e.weight)
+    };
+    assert_eq!(weight(&mut c), Some(3));
+    let rpc = |params: serde_json::Value| {
+        let mut s = std::os::unix::net::UnixStream::connect(dir.path().join("ctl.sock")).unwrap();
+        let req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tenant_set_weight", "params": params});
+        writeln!(s, "{req}").unwrap();
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        serde_json::from_str::<serde_json::Value>(&line).unwrap()
+    };
+    let r = rpc(serde_json::json!({"tenant": "test-host", "weight": 7}));
+    assert_eq!(r["result"]["weight"], serde_json::json!(7), "{r}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while weight(&mut c) != Some(7) {
+        assert!(std::time::Instant::now() < deadline, "weight not applied");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let r = rpc(serde_json::json!({"tenant": "test-host", "weight": 0}));
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("1..=1024"),
+        "{r}"
+    );
+    let r = rpc(serde_json::json!({"tenant": "nobody", "weight": 2}));
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"nobody\""),
+        "{r}"
+    );
+    t.stop().unwrap();
+}
