@@ -42,6 +42,12 @@ enum CtlCmd {
         #[command(subcommand)]
         cmd: TenantCmd,
     },
+    /// Write the live configuration (with the namespaces and tenant weights
+    /// changed since the start) as TOML, for `trellis target --config`.
+    Save {
+        /// Where to write it (replaced atomically).
+        path: std::path::PathBuf,
+    },
     /// State of the running target: controllers or namespaces.
     Get {
         #[arg(value_enum)]
@@ -133,6 +139,7 @@ enum AnaCmd {
 
 pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     let (method, params) = match &a.cmd {
+        CtlCmd::Save { path } => return save(&a.socket, path),
         CtlCmd::Ana { cmd: AnaCmd::Get } => ("ana_get", json!({})),
         CtlCmd::Ana {
             cmd:
@@ -190,6 +197,26 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     } else {
         println!("{}", set_summary(&result));
     }
+    Ok(())
+}
+
+/// `config_get`, written to `path` through a temporary file and a rename,
+/// so a reader never sees half a config.
+fn save(socket: &std::path::Path, path: &std::path::Path) -> anyhow::Result<()> {
+    let r = call(socket, "config_get", json!({}))?;
+    let toml = r["toml"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("ctl config_get: the answer has no \"toml\""))?;
+    let tmp = path.with_extension("toml.tmp");
+    let fail = |e: std::io::Error| {
+        anyhow::anyhow!(
+            "cannot write {}: {e}: choose a writable path",
+            path.display()
+        )
+    };
+    std::fs::write(&tmp, toml).map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(fail)?;
+    println!("wrote the live configuration to {}", path.display());
     Ok(())
 }
 

@@ -16,7 +16,8 @@
 //!   Attribute Changed notice to the subsystem's controllers (`live`);
 //! - `controllers_get`, `namespaces_get`: state (`ctl_state`);
 //! - `tenant_set_weight {tenant, weight}`: a QoS tenant's DRR weight on
-//!   every scheduler, applied by each reactor within about a millisecond.
+//!   every scheduler, applied by each reactor within about a millisecond;
+//! - `config_get`: the live configuration as TOML (`trellis ctl save`).
 
 use crate::config::ListenerKind;
 use crate::subsystem::Registry;
@@ -45,6 +46,7 @@ mod code {
     pub const INVALID_REQUEST: i64 = -32600;
     pub const METHOD_NOT_FOUND: i64 = -32601;
     pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
     /// Server busy (implementation-defined range): too many clients.
     pub const BUSY: i64 = -32000;
 }
@@ -187,6 +189,7 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
         "controllers_get" => Ok(crate::ctl_state::controllers_get(reg)),
         "namespaces_get" => Ok(crate::ctl_state::namespaces_get(reg)),
         "tenant_set_weight" => tenant_set_weight(reg, &params),
+        "config_get" => config_get(reg),
         _ => Err((
             code::METHOD_NOT_FOUND,
             format!(
@@ -203,7 +206,7 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
 }
 
 /// Every method, for the error naming them.
-const METHODS: [&str; 7] = [
+const METHODS: [&str; 8] = [
     "ana_get",
     "ana_set",
     "namespace_add",
@@ -211,6 +214,7 @@ const METHODS: [&str; 7] = [
     "controllers_get",
     "namespaces_get",
     "tenant_set_weight",
+    "config_get",
 ];
 
 fn error(id: Value, c: i64, msg: &str) -> Value {
@@ -420,6 +424,17 @@ fn namespace_remove(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
     Ok(
         json!({"subsystem": sub.nqn, "nsid": c.nsid, "notified_controllers": c.notified_controllers}),
     )
+}
+
+/// The live configuration as TOML (what `trellis target --config` reads).
+fn config_get(reg: &Registry) -> Result<Value, RpcError> {
+    let toml = reg.live_config().to_toml().map_err(|e| {
+        (
+            code::INTERNAL_ERROR,
+            format!("cannot write the config as TOML: {e}"),
+        )
+    })?;
+    Ok(json!({ "toml": toml }))
 }
 
 /// `{tenant: name or host NQN, weight}`.

@@ -95,6 +95,23 @@ impl Registry {
         })
     }
 
+    /// The configuration as it is now: the start's, with the namespaces and
+    /// tenant weights changed since (`trellis ctl save`).
+    pub fn live_config(&self) -> Config {
+        let mut c = self.config.clone();
+        let set = self.ns.load();
+        for (i, s) in c.subsystems.iter_mut().enumerate() {
+            s.namespaces = set
+                .sub(i)
+                .namespaces
+                .iter()
+                .map(|n| n.config.clone())
+                .collect();
+        }
+        c.tenants = self.tenants.configs();
+        c
+    }
+
     /// The checks of a new namespace against the config rules and the
     /// namespaces of `cur`.
     fn check_new(

@@ -228,6 +228,35 @@ impl Tenants {
         v
     }
 
+    /// The `[[tenant]]` tables as they are now: the configured ones with
+    /// live weights, then hosts given a weight live (named by their NQN).
+    pub fn configs(&self) -> Vec<TenantConfig> {
+        let live = crate::lock(&self.live).clone();
+        let mut v = self.configured.clone();
+        for (i, t) in v.iter_mut().enumerate() {
+            if let Some(&w) = live.get(&(i as TenantId)) {
+                t.weight = w;
+            }
+        }
+        let mut extra: Vec<_> = live
+            .iter()
+            .filter(|(&id, _)| id as usize >= self.configured.len())
+            .map(|(&id, &w)| (id, w))
+            .collect();
+        extra.sort_unstable();
+        for (id, w) in extra {
+            let host = self.name_of(id);
+            if host.starts_with("nqn.") {
+                v.push(TenantConfig {
+                    name: host.clone(),
+                    host,
+                    weight: w,
+                });
+            }
+        }
+        v
+    }
+
     /// The generation of the weights (see `weights_gen`).
     #[inline]
     pub fn weights_gen(&self) -> u64 {

@@ -216,6 +216,9 @@ pub struct ListenerInfo {
 }
 
 pub struct Registry {
+    /// The configuration the target started with (`live_config` adds the
+    /// changes made since).
+    pub config: Config,
     pub limits: TargetConfig,
     /// Held (locked) for the registry's life: see [`crate::identity`].
     pub node: NodeId,
@@ -320,6 +323,7 @@ impl Registry {
             })
             .collect();
         Ok(Registry {
+            config: cfg.clone(),
             limits: cfg.target.clone(),
             node,
             buffer_budget: Arc::new(crate::buf::BufferBudget::new(

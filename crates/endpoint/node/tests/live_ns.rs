@@ -250,3 +250,23 @@ fn state_queries_list_controllers_and_namespaces() {
     );
     t.stop().unwrap();
 }
+
+#[test]
+fn config_get_returns_the_live_config_as_toml_that_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start(dir.path());
+    let add = json!({"nqn": NQN, "nsid": 4, "backend": "ram", "size": "2MiB"});
+    assert!(rpc(dir.path(), "namespace_add", add)["result"].is_object());
+    let r = rpc(dir.path(), "config_get", json!({}));
+    let text = r["result"]["toml"].as_str().unwrap();
+    let cfg = trellis_target::Config::from_toml(text).unwrap();
+    let nss = &cfg.subsystems[0].namespaces;
+    assert_eq!(
+        nss.iter().map(|n| n.nsid).collect::<Vec<_>>(),
+        vec![Some(1), Some(4)],
+        "{text}"
+    );
+    assert_eq!(nss[1].size.map(|s| s.0), Some(2 << 20));
+    assert_eq!(cfg.ctl.socket, Some(dir.path().join("ctl.sock")));
+    t.stop().unwrap();
+}
