@@ -37,6 +37,11 @@ enum CtlCmd {
         #[command(subcommand)]
         cmd: AnaCmd,
     },
+    /// A subsystem's allowed hosts: add or remove one (connected hosts stay).
+    Host {
+        #[command(subcommand)]
+        cmd: HostCmd,
+    },
     /// QoS tenants: set a DRR weight on every scheduler, live.
     Tenant {
         #[command(subcommand)]
@@ -58,6 +63,24 @@ enum CtlCmd {
     Namespace {
         #[command(subcommand)]
         cmd: NsCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum HostCmd {
+    /// Allow a host NQN to connect.
+    Add {
+        #[arg(long)]
+        nqn: String,
+        #[arg(long)]
+        host: String,
+    },
+    /// Stop allowing a host NQN (its live connections stay).
+    Remove {
+        #[arg(long)]
+        nqn: String,
+        #[arg(long)]
+        host: String,
     },
 }
 
@@ -153,6 +176,12 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             json!({"listener": listener, "group": group_value(group)?, "state": state}),
         ),
         CtlCmd::Namespace { cmd } => ns_request(cmd),
+        CtlCmd::Host {
+            cmd: HostCmd::Add { nqn, host },
+        } => ("host_add", json!({"nqn": nqn, "host": host})),
+        CtlCmd::Host {
+            cmd: HostCmd::Remove { nqn, host },
+        } => ("host_remove", json!({"nqn": nqn, "host": host})),
         CtlCmd::Tenant {
             cmd: TenantCmd::SetWeight { tenant, weight },
         } => (
@@ -175,6 +204,18 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
         print!("{}", controllers_table(&result));
     } else if method == "namespaces_get" {
         print!("{}", namespaces_table(&result));
+    } else if method.starts_with("host_") {
+        let what = match (method == "host_add", result["changed"] == json!(true)) {
+            (true, true) => "now allowed",
+            (true, false) => "was already allowed",
+            (false, true) => "no longer allowed (connected controllers stay)",
+            (false, false) => "was not allowed",
+        };
+        println!(
+            "{}: {} {what}",
+            str_of(&result["subsystem"]),
+            str_of(&result["host"])
+        );
     } else if method == "tenant_set_weight" {
         println!(
             "tenant {} (id {}): weight {}",

@@ -17,7 +17,9 @@
 //! - `controllers_get`, `namespaces_get`: state (`ctl_state`);
 //! - `tenant_set_weight {tenant, weight}`: a QoS tenant's DRR weight on
 //!   every scheduler, applied by each reactor within about a millisecond;
-//! - `config_get`: the live configuration as TOML (`trellis ctl save`).
+//! - `config_get`: the live configuration as TOML (`trellis ctl save`);
+//! - `host_add` / `host_remove {nqn, host}`: the subsystem's allowed hosts
+//!   (hosts already connected stay connected).
 
 use crate::config::ListenerKind;
 use crate::subsystem::Registry;
@@ -190,6 +192,8 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
         "namespaces_get" => Ok(crate::ctl_state::namespaces_get(reg)),
         "tenant_set_weight" => tenant_set_weight(reg, &params),
         "config_get" => config_get(reg),
+        "host_add" => host_set(reg, &params, true),
+        "host_remove" => host_set(reg, &params, false),
         _ => Err((
             code::METHOD_NOT_FOUND,
             format!(
@@ -206,7 +210,7 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
 }
 
 /// Every method, for the error naming them.
-const METHODS: [&str; 8] = [
+const METHODS: [&str; 10] = [
     "ana_get",
     "ana_set",
     "namespace_add",
@@ -215,6 +219,8 @@ const METHODS: [&str; 8] = [
     "namespaces_get",
     "tenant_set_weight",
     "config_get",
+    "host_add",
+    "host_remove",
 ];
 
 fn error(id: Value, c: i64, msg: &str) -> Value {
@@ -424,6 +430,20 @@ fn namespace_remove(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
     Ok(
         json!({"subsystem": sub.nqn, "nsid": c.nsid, "notified_controllers": c.notified_controllers}),
     )
+}
+
+/// `{nqn, host}`: allows or stops allowing a host.
+fn host_set(reg: &Registry, p: &Value, allow: bool) -> Result<Value, RpcError> {
+    let sub = subsystem_param(reg, p.get("nqn"))?;
+    let Some(host) = p.get("host").and_then(Value::as_str) else {
+        return Err(invalid(
+            "missing \"host\": give the host NQN (nqn....)".to_string(),
+        ));
+    };
+    let changed = reg
+        .set_host_allowed(sub, host, allow)
+        .map_err(|e| invalid(format!("{e:#}")))?;
+    Ok(json!({"subsystem": sub.nqn, "host": host, "changed": changed}))
 }
 
 /// The live configuration as TOML (what `trellis target --config` reads).

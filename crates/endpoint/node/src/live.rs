@@ -12,6 +12,9 @@ use anyhow::{bail, ensure};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// What a namespace change did.
+/// Hosts one subsystem may list (`host add`).
+pub const MAX_ALLOWED_HOSTS: usize = 4096;
+
 pub struct Changed {
     pub nsid: u32,
     /// Controllers that were sent the notice (the others have it masked,
@@ -95,6 +98,46 @@ impl Registry {
         })
     }
 
+    /// Allows (`allow`) or stops allowing host `host` to connect to `sub`.
+    /// Controllers already connected stay (no connection drops); the
+    /// discovery log changes, so its generation counter moves. Returns
+    /// whether the list changed.
+    pub fn set_host_allowed(
+        &self,
+        sub: &Subsystem,
+        host: &str,
+        allow: bool,
+    ) -> anyhow::Result<bool> {
+        ensure!(
+            !sub.allow_any,
+            "{} allows any host (allow_any_host, or no allowed_hosts in the config): give it allow_any_host = false and an allowed_hosts list in the config to manage hosts live",
+            sub.nqn
+        );
+        crate::config::check_nqn(host)?;
+        let mut hosts = crate::lock(&sub.allowed_hosts);
+        let changed = if allow {
+            ensure!(
+                hosts.len() < MAX_ALLOWED_HOSTS || hosts.contains(host),
+                "{} already allows {MAX_ALLOWED_HOSTS} hosts (the limit): remove one first",
+                sub.nqn
+            );
+            hosts.insert(host.to_string())
+        } else {
+            ensure!(
+                hosts.len() > 1 || !hosts.contains(host),
+                "{host} is the last host {} allows: add another first (a subsystem that allows no host is refused in the config too)",
+                sub.nqn
+            );
+            hosts.remove(host)
+        };
+        drop(hosts);
+        if changed {
+            self.discovery_genctr.fetch_add(1, Relaxed);
+            tracing::info!(subsystem = %sub.nqn, host, allow, "allowed hosts changed");
+        }
+        Ok(changed)
+    }
+
     /// The configuration as it is now: the start's, with the namespaces and
     /// tenant weights changed since (`trellis ctl save`).
     pub fn live_config(&self) -> Config {
@@ -107,6 +150,12 @@ impl Registry {
                 .iter()
                 .map(|n| n.config.clone())
                 .collect();
+            if let Some(sub) = self.subsystems.get(i) {
+                let mut hosts: Vec<String> =
+                    crate::lock(&sub.allowed_hosts).iter().cloned().collect();
+                hosts.sort();
+                s.allowed_hosts = hosts;
+            }
         }
         c.tenants = self.tenants.configs();
         c

@@ -67,7 +67,9 @@ pub struct Subsystem {
     pub serial: String,
     pub model: String,
     pub allow_any: bool,
-    pub allowed_hosts: HashSet<String>,
+    /// Changed live (`trellis ctl host add|remove`); read at Connect and
+    /// for the discovery log, never on the I/O path.
+    pub allowed_hosts: Mutex<HashSet<String>>,
     /// Index in `Registry::subsystems` and in every `NsSet::subs`: its
     /// namespaces live in the registry's namespace set, which changes.
     pub idx: usize,
@@ -82,7 +84,7 @@ pub const MAX_NSID: u32 = 1024;
 
 impl Subsystem {
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.allow_any || self.allowed_hosts.contains(hostnqn)
+        self.allow_any || crate::lock(&self.allowed_hosts).contains(hostnqn)
     }
 }
 
@@ -301,7 +303,7 @@ impl Registry {
                 serial,
                 model: s.model.clone(),
                 allow_any: s.allow_any(),
-                allowed_hosts: s.allowed_hosts.iter().cloned().collect(),
+                allowed_hosts: Mutex::new(s.allowed_hosts.iter().cloned().collect()),
                 idx,
                 controllers: Mutex::new(HashMap::new()),
             }));

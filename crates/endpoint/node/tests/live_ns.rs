@@ -270,3 +270,35 @@ fn config_get_returns_the_live_config_as_toml_that_reads_back() {
     assert_eq!(cfg.ctl.socket, Some(dir.path().join("ctl.sock")));
     t.stop().unwrap();
 }
+
+#[test]
+fn hosts_added_and_removed_live_gate_new_connects_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start(dir.path());
+    let addr = t.local_addrs[0];
+    let other = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000002";
+    let connect = |host: &str| {
+        let mut q = Queue::open(addr, NO);
+        let c = q.fabrics_connect(0, 31, NQN, host, 0xFFFF, 5000);
+        c.status
+    };
+    assert!(!connect(other).is_success(), "not allowed yet");
+    let r = rpc(dir.path(), "host_add", json!({"nqn": NQN, "host": other}));
+    assert_eq!(r["result"]["changed"], json!(true), "{r}");
+    let mut b = controller_as(addr, NQN, other, 1, NO, 5000);
+    let r = rpc(
+        dir.path(),
+        "host_remove",
+        json!({"nqn": NQN, "host": other}),
+    );
+    assert_eq!(r["result"]["changed"], json!(true), "{r}");
+    // Connected: stays; a new Connect: refused.
+    assert!(rw(&mut b.io[0], io::READ, 1).status.is_success());
+    assert!(!connect(other).is_success());
+    let r = rpc(dir.path(), "host_remove", json!({"nqn": NQN, "host": HOST}));
+    let e = r["error"]["message"].as_str().unwrap();
+    assert!(e.contains("last host"), "{r}");
+    let r = rpc(dir.path(), "host_add", json!({"nqn": NQN, "host": "bad"}));
+    assert_eq!(r["error"]["code"], json!(-32602), "{r}");
+    t.stop().unwrap();
+}
