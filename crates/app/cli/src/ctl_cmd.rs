@@ -198,12 +198,22 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     let result = call(&a.socket, method, params)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
-    } else if method == "ana_get" {
-        print!("{}", ana_table(&result));
+    } else {
+        print_result(method, &result);
+    }
+    Ok(())
+}
+
+/// `config_get`, written to `path` through a temporary file and a rename,
+/// so a reader never sees half a config.
+/// The result as a table or one line.
+fn print_result(method: &str, result: &Value) {
+    if method == "ana_get" {
+        print!("{}", ana_table(result));
     } else if method == "controllers_get" {
-        print!("{}", controllers_table(&result));
+        print!("{}", controllers_table(result));
     } else if method == "namespaces_get" {
-        print!("{}", namespaces_table(&result));
+        print!("{}", namespaces_table(result));
     } else if method.starts_with("host_") {
         let what = match (method == "host_add", result["changed"] == json!(true)) {
             (true, true) => "now allowed",
@@ -236,13 +246,10 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             result["notified_controllers"]
         );
     } else {
-        println!("{}", set_summary(&result));
+        println!("{}", set_summary(result));
     }
-    Ok(())
 }
 
-/// `config_get`, written to `path` through a temporary file and a rename,
-/// so a reader never sees half a config.
 fn save(socket: &std::path::Path, path: &std::path::Path) -> anyhow::Result<()> {
     let r = call(socket, "config_get", json!({}))?;
     let toml = r["toml"]
@@ -345,7 +352,7 @@ fn ana_table(r: &Value) -> String {
         out.push_str(&format!(
             "{:<24} {:>6}  {:<16} {}\n",
             str_of(&g["listener"]),
-            g["group"],
+            g["group"].to_string(),
             str_of(&g["state"]),
             nss.join(", ")
         ));
