@@ -4,8 +4,8 @@
 use crate::config::ListenerKind;
 use crate::exec::Request;
 use crate::exec::{Ctx, Exec, Queue, QueueCtx, QueueKind};
-use crate::subsystem::{Controller, Features, Subsystem};
-use std::collections::HashSet;
+use crate::subsystem::{Controller, Features, QueueInfo, Subsystem};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use trellis_nvme::ana;
@@ -151,7 +151,13 @@ impl Queue {
             cc: AtomicU32::new(0),
             csts: AtomicU32::new(0),
             io_queues: AtomicU16::new(self.reg.limits.max_io_queues),
-            connected_qids: Mutex::new(HashSet::from([0])),
+            connected_qids: Mutex::new(HashMap::from([(
+                0,
+                QueueInfo {
+                    sqsize: cmd.sqsize,
+                    peer: self.peer,
+                },
+            )])),
             dead: AtomicBool::new(false),
             async_event_config: AtomicU32::new(0),
             portid: self.portid,
@@ -202,8 +208,17 @@ impl Queue {
         if !ctrl.ready() {
             return Err(refuse(seq_error(), "controller not enabled (CSTS.RDY 0)"));
         }
-        if !crate::lock(&ctrl.connected_qids).insert(cmd.qid) {
-            return Err(refuse(seq_error(), "queue already connected"));
+        let info = QueueInfo {
+            sqsize: cmd.sqsize,
+            peer: self.peer,
+        };
+        match crate::lock(&ctrl.connected_qids).entry(cmd.qid) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                return Err(refuse(seq_error(), "queue already connected"));
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(info);
+            }
         }
         tracing::debug!(
             cntlid = ctrl.cntlid,

@@ -30,7 +30,16 @@ fn controller(reg: &Registry, c: &Controller, subnqn: &str) -> Value {
         .find(|l| l.portid == c.portid)
         .map_or_else(|| "?".to_string(), |l| l.addr.to_string());
     // The admin queue is qid 0; the others are I/O queues.
-    let queues = crate::lock(&c.connected_qids).len();
+    let mut qs: Vec<_> = crate::lock(&c.connected_qids)
+        .iter()
+        .map(|(&qid, q)| (qid, *q))
+        .collect();
+    qs.sort_unstable_by_key(|q| q.0);
+    let queue_rows: Vec<Value> = qs
+        .iter()
+        .map(|(qid, q)| json!({"qid": qid, "sqsize": q.sqsize, "peer": q.peer.to_string()}))
+        .collect();
+    let queues = qs.len();
     json!({
         "cntlid": c.cntlid,
         "host": c.hostnqn,
@@ -41,6 +50,7 @@ fn controller(reg: &Registry, c: &Controller, subnqn: &str) -> Value {
         "io_queues": queues.saturating_sub(1),
         "io_queues_granted": c.io_queues.load(Relaxed),
         "kato_ms": c.kato_ms.load(Relaxed),
+        "queues": queue_rows,
         "tenant": reg.tenants.name_of(c.tenant),
     })
 }

@@ -139,6 +139,14 @@ impl Default for Features {
     }
 }
 
+/// What the control path may report of a connected queue.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueInfo {
+    /// SQSIZE from Connect (0's based).
+    pub sqsize: u16,
+    pub peer: SocketAddr,
+}
+
 /// One controller (dynamic model: created by an admin Connect).
 pub struct Controller {
     pub cntlid: u16,
@@ -152,7 +160,8 @@ pub struct Controller {
     pub csts: AtomicU32,
     /// I/O queues granted by Set Features Number of Queues.
     pub io_queues: AtomicU16,
-    pub connected_qids: Mutex<HashSet<u16>>,
+    /// Connected queues by QID (0: the admin queue), for `controllers_get`.
+    pub connected_qids: Mutex<HashMap<u16, QueueInfo>>,
     /// Set once: every queue of the controller must close.
     pub dead: AtomicBool,
     pub async_event_config: AtomicU32,

@@ -229,6 +229,14 @@ fn state_queries_list_controllers_and_namespaces() {
         (json!(2), json!(5000))
     );
     assert_eq!(c["ready"], json!(true));
+    let qids: Vec<Value> = c["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["qid"].clone())
+        .collect();
+    assert_eq!(qids, vec![json!(0), json!(1), json!(2)], "{c}");
+    assert_eq!(c["queues"][1]["sqsize"], json!(127), "{c}");
     assert!(c["host"].as_str().unwrap().starts_with("nqn."), "{c}");
     assert!(rw(&mut a.io[0], io::WRITE, 1).status.is_success());
     let add = json!({"nqn": NQN, "backend": "null", "size": "2MiB", "block_size": 4096});
