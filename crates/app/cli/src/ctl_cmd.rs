@@ -132,6 +132,17 @@ enum NsCmd {
         #[arg(long)]
         read_only: bool,
     },
+    /// Grow a namespace (null or regular file); hosts get a notice and
+    /// re-read its size.
+    Resize {
+        #[arg(long)]
+        nqn: String,
+        #[arg(long)]
+        nsid: u32,
+        /// The new size, e.g. 2GiB (larger than now).
+        #[arg(long)]
+        size: String,
+    },
     /// Remove a namespace; commands already sent to it finish.
     Remove {
         #[arg(long)]
@@ -234,10 +245,10 @@ fn print_result(method: &str, result: &Value) {
             result["weight"]
         );
     } else if method.starts_with("namespace_") {
-        let verb = if method == "namespace_add" {
-            "added"
-        } else {
-            "removed"
+        let verb = match method {
+            "namespace_add" => "added",
+            "namespace_resize" => "grown",
+            _ => "removed",
         };
         println!(
             "{} nsid {} {verb}; {} controller(s) sent a namespace change notice",
@@ -294,6 +305,10 @@ fn ns_request(cmd: &NsCmd) -> (&'static str, Value) {
             }
             ("namespace_add", p)
         }
+        NsCmd::Resize { nqn, nsid, size } => (
+            "namespace_resize",
+            json!({"nqn": nqn, "nsid": nsid, "size": size}),
+        ),
         NsCmd::Remove { nqn, nsid } => ("namespace_remove", json!({"nqn": nqn, "nsid": nsid})),
     }
 }

@@ -380,7 +380,7 @@ impl Queue {
             (None, _) => Err(generic::INVALID_FIELD.dnr()),
             (Some(_), cns::NAMESPACE) => match self.namespace(nsid) {
                 Some(ns) => {
-                    identify::encode_namespace(&ns.info, &mut page);
+                    identify::encode_namespace(&ns.identify_info(), &mut page);
                     Ok(())
                 }
                 // An inactive NSID within NN reads as zeroes (NCAP 0).

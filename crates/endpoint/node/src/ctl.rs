@@ -188,6 +188,7 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
         "ana_set" => ana_set(reg, &params),
         "namespace_add" => namespace_add(reg, &params),
         "namespace_remove" => namespace_remove(reg, &params),
+        "namespace_resize" => namespace_resize(reg, &params),
         "controllers_get" => Ok(crate::ctl_state::controllers_get(reg)),
         "namespaces_get" => Ok(crate::ctl_state::namespaces_get(reg)),
         "tenant_set_weight" => tenant_set_weight(reg, &params),
@@ -210,11 +211,12 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
 }
 
 /// Every method, for the error naming them.
-const METHODS: [&str; 10] = [
+const METHODS: [&str; 11] = [
     "ana_get",
     "ana_set",
     "namespace_add",
     "namespace_remove",
+    "namespace_resize",
     "controllers_get",
     "namespaces_get",
     "tenant_set_weight",
@@ -411,6 +413,37 @@ fn namespace_add(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
     Ok(
         json!({"subsystem": sub.nqn, "nsid": c.nsid, "notified_controllers": c.notified_controllers}),
     )
+}
+
+/// `{nqn, nsid, size}`: `size` as in the config ("128MiB") or bytes.
+fn namespace_resize(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
+    let sub = subsystem_param(reg, p.get("nqn"))?;
+    let nsid = nsid_param(p)?;
+    let size = p.get("size").cloned().unwrap_or(Value::Null);
+    let size: crate::config::ByteSize = serde_json::from_value(size).map_err(|e| {
+        invalid(format!(
+            "bad \"size\" {}: {e}: give e.g. \"128MiB\" or a number of bytes",
+            p.get("size")
+                .map_or("(missing)".to_string(), Value::to_string)
+        ))
+    })?;
+    let c = reg
+        .resize_namespace(sub, nsid, size.0)
+        .map_err(|e| invalid(format!("{e:#}")))?;
+    Ok(
+        json!({"subsystem": sub.nqn, "nsid": c.nsid, "size_bytes": size.0, "notified_controllers": c.notified_controllers}),
+    )
+}
+
+fn nsid_param(p: &Value) -> Result<u32, RpcError> {
+    let nsid = p.get("nsid").and_then(Value::as_u64);
+    nsid.and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+        invalid(format!(
+            "bad \"nsid\" {}: give the NSID (a number)",
+            p.get("nsid")
+                .map_or("(missing)".to_string(), Value::to_string)
+        ))
+    })
 }
 
 /// `{nqn, nsid}`.

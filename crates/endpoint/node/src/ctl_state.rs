@@ -67,7 +67,7 @@ pub fn namespaces_get(reg: &Registry) -> Value {
                 "subsystem": sub.nqn,
                 "nsid": ns.nsid,
                 "backend": ns.backend.describe(),
-                "size_bytes": ns.size_blocks.saturating_mul(ns.block_size as u64),
+                "size_bytes": ns.size_blocks().saturating_mul(ns.block_size as u64),
                 "block_size": ns.block_size,
                 "read_only": ns.read_only,
                 "ana_group": ns.anagrpid,

@@ -30,7 +30,7 @@ const WZ_DEAC: u32 = 1 << 25;
 /// Checks that `nlb` blocks from `slba` lie inside the namespace.
 fn range_ok(ns: &Namespace, slba: u64, nlb: u64) -> bool {
     slba.checked_add(nlb)
-        .is_some_and(|end| end <= ns.size_blocks)
+        .is_some_and(|end| end <= ns.size_blocks())
 }
 
 /// The LBA range of a Read, Write or Write Zeroes as a backend request.

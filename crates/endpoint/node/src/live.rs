@@ -98,6 +98,44 @@ impl Registry {
         })
     }
 
+    /// Grows namespace `nsid` of `sub` to `bytes` (a whole number of its
+    /// blocks, larger than now), then tells the hosts as for an add.
+    pub fn resize_namespace(
+        &self,
+        sub: &Subsystem,
+        nsid: u32,
+        bytes: u64,
+    ) -> anyhow::Result<Changed> {
+        let set = self.ns.load();
+        let sns = set.sub(sub.idx);
+        let Some(ns) = sns.namespace(nsid) else {
+            bail!(
+                "{} has no namespace {nsid}: its NSIDs are {}",
+                sub.nqn,
+                nsid_list(sns)
+            );
+        };
+        let bs = ns.block_size as u64;
+        let now = ns.size_blocks().saturating_mul(bs);
+        ensure!(
+            bytes.is_multiple_of(bs),
+            "size {bytes} is not a whole number of {bs}-byte blocks: use {} or {}",
+            bytes / bs * bs,
+            (bytes / bs + 1) * bs
+        );
+        ensure!(
+            bytes > now,
+            "size {bytes} is not larger than the namespace's {now} bytes: only growing is supported (shrinking would cut off data hosts wrote)"
+        );
+        ns.backend.grow(bytes)?;
+        ns.size_blocks.store(bytes / bs, Relaxed);
+        tracing::info!(subsystem = %sub.nqn, nsid, "namespace grown from {now} to {bytes} bytes");
+        Ok(Changed {
+            nsid,
+            notified_controllers: notify(sub, nsid),
+        })
+    }
+
     /// Allows (`allow`) or stops allowing host `host` to connect to `sub`.
     /// Controllers already connected stay (no connection drops); the
     /// discovery log changes, so its generation counter moves. Returns
@@ -148,7 +186,13 @@ impl Registry {
                 .sub(i)
                 .namespaces
                 .iter()
-                .map(|n| n.config.clone())
+                .map(|n| {
+                    // The size now (a resize may have grown it).
+                    let mut c = n.config.clone();
+                    let bytes = n.size_blocks().saturating_mul(n.block_size as u64);
+                    c.size = Some(crate::config::ByteSize(bytes));
+                    c
+                })
                 .collect();
             if let Some(sub) = self.subsystems.get(i) {
                 let mut hosts: Vec<String> =

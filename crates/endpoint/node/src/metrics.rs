@@ -192,7 +192,7 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
                 };
                 *crate::lock(&lat.get_or_create(&ol).0) = histogram(&s.latency[k]);
             }
-            let bytes = ns.size_blocks.saturating_mul(ns.block_size as u64);
+            let bytes = ns.size_blocks().saturating_mul(ns.block_size as u64);
             size.get_or_create(&l)
                 .set(bytes.min(i64::MAX as u64) as i64);
         }

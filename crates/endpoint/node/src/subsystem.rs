@@ -40,7 +40,9 @@ pub struct Namespace {
     pub backend: Arc<dyn Backend>,
     pub block_size: u32,
     pub lbads: u8,
-    pub size_blocks: u64,
+    /// Grows live (`trellis ctl namespace resize`): one relaxed load per
+    /// command's range check. Read it with [`Namespace::size_blocks`].
+    pub size_blocks: AtomicU64,
     pub read_only: bool,
     pub info: NamespaceInfo,
     pub stats: NsStats,
@@ -60,6 +62,20 @@ pub struct Namespace {
     /// ANA group (ANAGRPID) and its index in `Registry::ana`.
     pub anagrpid: u32,
     pub ana_idx: usize,
+}
+
+impl Namespace {
+    #[inline]
+    pub fn size_blocks(&self) -> u64 {
+        self.size_blocks.load(Relaxed)
+    }
+
+    /// What Identify Namespace reports: `info` at the current size.
+    pub fn identify_info(&self) -> NamespaceInfo {
+        let mut i = self.info.clone();
+        i.size_blocks = self.size_blocks();
+        i
+    }
 }
 
 pub struct Subsystem {
@@ -480,7 +496,7 @@ pub(crate) fn open_namespace(
         backend,
         block_size: bs,
         lbads: bs.trailing_zeros() as u8,
-        size_blocks,
+        size_blocks: AtomicU64::new(size_blocks),
         read_only: n.read_only,
         info,
         stats: NsStats::default(),

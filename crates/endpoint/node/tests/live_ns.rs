@@ -310,3 +310,40 @@ fn hosts_added_and_removed_live_gate_new_connects_only() {
     assert_eq!(r["error"]["code"], json!(-32602), "{r}");
     t.stop().unwrap();
 }
+
+#[test]
+fn a_namespace_grown_live_raises_the_notice_and_serves_the_new_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = start(dir.path());
+    let mut a = controller(t.local_addrs[0], NQN, 1, NO, 5000);
+    let add = json!({"nqn": NQN, "nsid": 2, "backend": "null", "size": "1MiB"});
+    assert!(rpc(dir.path(), "namespace_add", add)["result"].is_object());
+    let cid = arm(&mut a);
+    let beyond = |q: &mut Queue| {
+        q.cmd(Sqe::rw(io::READ, 0, 2, 4096, 1, false), &[], 512, 8192)
+            .0
+            .status
+    };
+    assert_eq!(beyond(&mut a.io[0]), generic::LBA_OUT_OF_RANGE.dnr());
+    let r = rpc(
+        dir.path(),
+        "namespace_resize",
+        json!({"nqn": NQN, "nsid": 2, "size": "4MiB"}),
+    );
+    assert_eq!(r["result"]["notified_controllers"], json!(1), "{r}");
+    aer_done(&mut a, cid);
+    assert_eq!(changed_log(&mut a.admin, false), vec![2]);
+    let mut s = Sqe::new(admin::IDENTIFY, 0, 2);
+    s.set_cdw(10, 0);
+    let (_, page) = a.admin.cmd(s, &[], 4096, 0);
+    assert_eq!(trellis_nvme::le64(&page, 0), 4 << 20 >> 9, "NSZE");
+    assert!(beyond(&mut a.io[0]).is_success());
+    let msg = |p: Value| rpc(dir.path(), "namespace_resize", p)["error"]["message"].clone();
+    let e = msg(json!({"nqn": NQN, "nsid": 2, "size": "2MiB"}));
+    assert!(e.as_str().unwrap().contains("only growing"), "{e}");
+    let e = msg(json!({"nqn": NQN, "nsid": 1, "size": "8MiB"}));
+    assert!(e.as_str().unwrap().contains("cannot grow"), "{e}");
+    let e = msg(json!({"nqn": NQN, "nsid": 2, "size": 5000000}));
+    assert!(e.as_str().unwrap().contains("whole number"), "{e}");
+    t.stop().unwrap();
+}

@@ -173,6 +173,23 @@ impl Backend for FileBackend {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
+    /// A regular file is extended (sparse); a block device's size is the
+    /// device's.
+    fn grow(&self, bytes: u64) -> anyhow::Result<()> {
+        use std::os::unix::fs::FileTypeExt;
+        let meta = self.file.metadata()?;
+        anyhow::ensure!(
+            !meta.file_type().is_block_device(),
+            "{} is a block device: its size is the device's",
+            self.path
+        );
+        if meta.len() < bytes {
+            self.file.set_len(bytes).map_err(|e| {
+                anyhow::anyhow!("cannot extend {} to {bytes} bytes: {e}", self.path)
+            })?;
+        }
+        Ok(())
+    }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
         match UringQueue::new(self.file.clone()) {
             Ok(q) => Ok(Box::new(q)),

@@ -65,6 +65,11 @@ pub trait Backend: Send + Sync {
     }
     /// A per-reactor submission queue.
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>>;
+    /// Makes room for `bytes` (larger than now) where the backend can
+    /// (`trellis ctl namespace resize`); the namespace checks ranges.
+    fn grow(&self, _bytes: u64) -> anyhow::Result<()> {
+        anyhow::bail!("this backend cannot grow: only null and regular-file namespaces can")
+    }
     /// Makes every completed write durable (shutdown path).
     fn sync_all(&self) -> std::io::Result<()> {
         Ok(())

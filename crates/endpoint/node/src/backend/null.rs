@@ -18,6 +18,10 @@ impl Backend for NullBackend {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
     }
+    /// Nothing is stored: any size serves.
+    fn grow(&self, _bytes: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
     fn reads_zero(&self) -> bool {
         true
     }
