@@ -16,7 +16,7 @@
 #   FIO_SIZE [32M]  FIO_IODEPTH [16]  FIO_ENGINE [libaio]  FIO_TIMEOUT [300]
 #   CTRL_LOSS_TMO [20]  (seconds the kernel keeps reconnecting after a connection loss)
 #   LIVE_NSID [2]  the NSID step ns-change adds and removes over the management socket
-#   STEPS ["discover-io discover-8009 connect ana ns-change fio-4k fio-128k write-zeroes large-io ext4 digest-connect
+#   STEPS ["discover-io discover-8009 connect ana ns-change ns-resize fio-4k fio-128k write-zeroes large-io ext4 digest-connect
 #           digest-fio-4k digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
@@ -39,7 +39,7 @@ FIO_ENGINE=${FIO_ENGINE:-libaio}
 FIO_TIMEOUT=${FIO_TIMEOUT:-300}
 CTRL_LOSS_TMO=${CTRL_LOSS_TMO:-20}
 LIVE_NSID=${LIVE_NSID:-2}
-STEPS=${STEPS:-"discover-io discover-8009 connect ana ns-change fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
+STEPS=${STEPS:-"discover-io discover-8009 connect ana ns-change ns-resize fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
@@ -222,6 +222,29 @@ step_ns_change() {
   [ "$(find_ns)" = "$DEV" ] || why "namespace 1 (/dev/$DEV) is gone" || return 1
   dmesg -c > $W/dmesg.ns 2>/dev/null; cat $W/dmesg.ns >> $W/dmesg.all
   sed 's/^/  | kernel: /' $W/dmesg.ns | grep -iE 'nvme' | tail -10
+  grep -qiE 'reconnect|resetting|error recovery|keep-alive' $W/dmesg.ns && { why "the kernel log shows a reconnect or reset"; return 1; }
+  return 0
+}
+# Live resize: a null namespace (NSID LIVE_NSID+1) added at 32 MiB, grown to 64 MiB over the
+# management socket; the kernel re-reads its size through the same notice, on the same controller.
+sectors_are() { [ "$(cat /sys/block/$1/size 2>/dev/null)" = "$2" ]; }
+step_ns_resize() {
+  [ -n "$CTRL" ] || why "not connected" || return 1
+  if [ "$SELFTEST" = 1 ]; then info "selftest: the Linux target has no trellis management socket"; return 0; fi
+  _id=$((LIVE_NSID + 1)); _cntlid=$(cat /sys/class/nvme/$CTRL/cntlid)
+  kmsg
+  ctl_request namespace add --nqn "$SUBNQN" --nsid "$_id" --backend null --size 32MiB
+  _nd=$(wait_for 30 ns_dev $_id) || { kmsg; why "nsid $_id did not appear within 30 s of the add"; return 1; }
+  sectors_are $_nd 65536 || why "/dev/$_nd is $(cat /sys/block/$_nd/size) sectors, want 65536 (32 MiB)" || return 1
+  ctl_request namespace resize --nqn "$SUBNQN" --nsid "$_id" --size 64MiB
+  wait_for 30 sectors_are $_nd 131072 || { kmsg; why "/dev/$_nd is $(cat /sys/block/$_nd/size) sectors 30 s after the resize, want 131072 (64 MiB)"; return 1; }
+  info "/dev/$_nd grew to $(( $(cat /sys/block/$_nd/size) / 2048 )) MiB"
+  dd if=/dev/$_nd of=/dev/null bs=4k skip=12288 count=16 iflag=direct 2>/dev/null || why "read past the old end of /dev/$_nd failed" || return 1
+  ctl_request namespace remove --nqn "$SUBNQN" --nsid "$_id"
+  wait_for 30 sh -c '[ ! -e /sys/block/$0 ]' $_nd || { kmsg; why "/dev/$_nd still there 30 s after the remove"; return 1; }
+  [ "$(find_ctrl)" = "$CTRL" ] && [ "$(cat /sys/class/nvme/$CTRL/cntlid)" = "$_cntlid" ] || why "not the same live controller" || return 1
+  dmesg -c > $W/dmesg.ns 2>/dev/null; cat $W/dmesg.ns >> $W/dmesg.all
+  sed 's/^/  | kernel: /' $W/dmesg.ns | grep -iE 'nvme' | tail -6
   grep -qiE 'reconnect|resetting|error recovery|keep-alive' $W/dmesg.ns && { why "the kernel log shows a reconnect or reset"; return 1; }
   return 0
 }
