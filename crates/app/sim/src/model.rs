@@ -22,6 +22,7 @@ use trellis_fabric::reserve::{self, PortReservation};
 use trellis_fabric::rto::RtoEstimator;
 use trellis_fabric::shared_buffer::SharedBuffer;
 use trellis_fabric::ssd_credit::{self, HostRateLimiter};
+use trellis_host::replica::{IsrPaths, ReplicaState, MAX_PATHS};
 use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
 use trellis_ssd::Ssd;
 use trellis_units::IoDir;
@@ -98,6 +99,21 @@ struct Io {
     lost: bool,
     /// Write data transfer (NVMe/TCP): in-capsule, or R2T round trip (state below).
     r2t: R2t,
+    /// End-host ISR: the host's port (local index) this attempt left by, or
+    /// `NO_LOCAL_PORT`, and when its command left (the round trip's start).
+    host_lp: u8,
+    sent_ns: u64,
+}
+
+const NO_LOCAL_PORT: u8 = u8::MAX;
+
+/// A multi-port host's path choice toward one storage node: the host library's
+/// own ISR core (`trellis_host::replica::IsrPaths`, what `trellis bench
+/// --path-policy isr` runs), fed with the round trips the host measures and
+/// the commands it has out on each port.
+struct EndHostPaths {
+    isr: IsrPaths,
+    inflight: [u32; MAX_PATHS],
 }
 
 /// A write larger than the in-capsule limit sends its command alone, waits for the
@@ -156,6 +172,9 @@ struct Limited {
 struct Host {
     node: u32,
     port: u32,
+    /// Per storage node (target index): the end-host path choice of a
+    /// multi-port host with ISR on (empty otherwise).
+    paths: Vec<EndHostPaths>,
     jobs: Vec<Option<Gen>>,
     /// Per target SSD: the SSD-credit-driven limiter and the I/Os waiting on it, in order
     /// (one timer per limiter, so a backlog costs one event per admission, not per waiter).
@@ -267,9 +286,21 @@ impl Sim {
                     jobs.push(None);
                 }
             }
+            let np = &g.node_ports[node as usize];
+            let ports = np.len();
+            // A team of ports to one switch is a LAG (per-flow hashing, below);
+            // ports to different nodes are paths the host chooses among.
+            let team = np.iter().all(|&p| g.peer_node(p) == g.peer_node(np[0]));
+            let end_host = cfg.mechanisms.isr && (2..=MAX_PATHS).contains(&ports) && !team;
             hosts.push(Host {
                 node,
                 port: g.node_ports[node as usize][0],
+                paths: (0..if end_host { n_targets } else { 0 })
+                    .map(|_| EndHostPaths {
+                        isr: IsrPaths::new(ports),
+                        inflight: [0; MAX_PATHS],
+                    })
+                    .collect(),
                 jobs,
                 limiters: HashMap::default(),
                 rto: vec![RtoEstimator::default(); n_targets],
@@ -408,6 +439,8 @@ impl Sim {
             n_grants: 0,
             lost: false,
             r2t: R2t::None,
+            host_lp: NO_LOCAL_PORT,
+            sent_ns: 0,
         })
     }
 
@@ -524,8 +557,10 @@ impl Sim {
         let n = fwd.div_ceil(self.payload_max);
         let hnode = self.hosts[host as usize].node;
         let mut hport = self.hosts[host as usize].port;
-        if self.g.node_ports[hnode as usize].len() > 1 {
-            // A client with several ports picks one per I/O (ISR or per-flow ECMP).
+        if let Some(p) = self.end_host_port(io) {
+            hport = p;
+        } else if self.g.node_ports[hnode as usize].len() > 1 {
+            // A client with several ports picks one per I/O (per-flow ECMP).
             let target = self.ios.get(io).target_node;
             if let Some(p) = self.route(hnode, target, io) {
                 hport = p;
@@ -593,7 +628,63 @@ impl Sim {
         self.send_fwd(io, gen, rank, hport, bytes, false);
     }
 
+    /// ISR at a multi-port host: any live port toward the target (paths need
+    /// not be shortest: the testbed's client reaches each node over 4 disjoint
+    /// paths), chosen by the host library's core from its round trips and its
+    /// commands out per port. None for other hosts (ECMP or one port).
+    fn end_host_port(&mut self, io: u32) -> Option<u32> {
+        let now = self.q.now;
+        let (host, target) = {
+            let o = self.ios.get(io);
+            (o.host as usize, o.target_node)
+        };
+        let hnode = self.hosts[host].node;
+        let mut cand = self.cand;
+        let k = self.g.host_candidates(hnode, target, &mut cand);
+        let ports = &self.g.node_ports[hnode as usize];
+        let e = self.hosts[host].paths.get_mut(target as usize)?;
+        let mut views = [ReplicaState {
+            may_submit: false,
+            credit_limit: None,
+            depth: 0,
+            inflight: 0,
+        }; MAX_PATHS];
+        for (lp, v) in views.iter_mut().enumerate().take(ports.len()) {
+            v.may_submit = cand[..k].contains(&ports[lp]);
+            v.inflight = e.inflight[lp];
+        }
+        let lp = e.isr.choose(&views[..ports.len()], now)?;
+        e.inflight[lp] += 1;
+        let o = self.ios.get_mut(io);
+        o.host_lp = lp as u8;
+        o.sent_ns = now;
+        Some(ports[lp])
+    }
+
+    /// The attempt of `io` that left by an end-host ISR port is over: with
+    /// its round trip when it completed (`done`), without when it was lost.
+    fn end_host_done(&mut self, io: u32, done: bool) {
+        let now = self.q.now;
+        let o = self.ios.get_mut(io);
+        let lp = std::mem::replace(&mut o.host_lp, NO_LOCAL_PORT);
+        // The fabric's part of the round trip: the ISR header carries the
+        // device time home (`ssd_latency_ns`), and the device is the same
+        // whichever path the I/O took, so it would only blur the paths apart.
+        let rtt = (now - o.sent_ns).saturating_sub(o.ssd_latency_ns);
+        let (host, target) = (o.host as usize, o.target_node as usize);
+        if lp == NO_LOCAL_PORT {
+            return;
+        }
+        if let Some(e) = self.hosts[host].paths.get_mut(target) {
+            e.inflight[lp as usize] = e.inflight[lp as usize].saturating_sub(1);
+            if done {
+                e.isr.on_completion(lp as usize, rtt, now);
+            }
+        }
+    }
+
     fn host_complete(&mut self, io: u32) {
+        self.end_host_done(io, true);
         let now = self.q.now;
         let (host, job, spec, submit, headroom) = {
             let o = self.ios.get(io);
@@ -626,6 +717,7 @@ impl Sim {
     }
 
     fn finish_io_without_completion(&mut self, io: u32) {
+        self.end_host_done(io, false);
         let (host, job, spec, submit) = {
             let o = self.ios.get(io);
             (o.host, o.job, o.spec, o.submit_ns)
@@ -839,6 +931,9 @@ impl Sim {
                 let i = pk.hop as usize + 1;
                 if pk.hop != NO_PORT && i < o.hdr.n_hops as usize && o.hdr.hops[i].node == node {
                     o.hdr.hops[i].rev_qdelay_ns = q;
+                } else if pk.hop != NO_PORT && i == o.hdr.n_hops as usize && node == o.target_node {
+                    // The target's own egress: no hop record of its own.
+                    o.hdr.target_rev_qdelay_ns = q;
                 }
             }
         }
@@ -1077,6 +1172,7 @@ impl Sim {
     }
 
     fn on_retry(&mut self, io: u32) {
+        self.end_host_done(io, false);
         self.release_grants(io);
         let o = self.ios.get_mut(io);
         o.gen = o.gen.wrapping_add(1);

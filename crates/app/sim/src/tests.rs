@@ -416,3 +416,36 @@ fn gimbal_can_be_calibrated_to_the_drive_as_in_the_daemon() {
     let r = run(cal, false).unwrap().results;
     assert!(r.read.ios > 100, "{}", r.read.ios);
 }
+
+/// The testbed's client reaches each storage node over 4 disjoint paths (NSDI'26): with
+/// ISR it may send out of any port, not only its direct link, and does once that link is
+/// full (the emulated SAN's host does the same, docs/san.md); ECMP keeps to shortest paths.
+#[test]
+fn a_multi_port_client_uses_its_longer_paths_once_its_direct_link_is_full() {
+    use crate::reproduce::testbed_attached;
+    use trellis_ssd::Precondition;
+    let kiops = |isr: bool| {
+        let job = JobConfig {
+            name: "randread-4k".into(),
+            qd: 32,                    // × 4 nodes' worth: 128 in flight
+            targets: Targets::One(12), // one SSD of node 3
+            ..JobConfig::default()
+        };
+        let mut c = testbed_attached(false, 4, Precondition::Clean, job, 4);
+        c.topology.host_gbps = 10;
+        c.topology.node_gbps = 40; // 10G per torus link
+        c.mechanisms.isr = isr;
+        let r = run(c, false).unwrap().results;
+        (r.read.kiops, r.link_util_max)
+    };
+    let (ecmp, ecmp_util) = kiops(false);
+    let (isr, _) = kiops(true);
+    // One 10G link carries about 290 K 4 KiB reads/s; ECMP is held there.
+    assert!(
+        ecmp_util > 0.9,
+        "the direct link is full under ECMP: {ecmp_util}"
+    );
+    // With ISR the one drive binds instead (about 445 K here): well past one link.
+    assert!(isr > 1.3 * ecmp, "ISR {isr} K IOPS vs ECMP {ecmp} K");
+    eprintln!("ECMP {ecmp} K IOPS (max link {ecmp_util}), ISR {isr} K IOPS");
+}

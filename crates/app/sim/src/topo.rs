@@ -119,6 +119,33 @@ impl Graph {
         k
     }
 
+    /// Every live port of host `u` that leads toward `dest`, shortest or not:
+    /// a multi-port client attached to several storage nodes (the NSDI'26
+    /// testbed's client on the torus, "4 disjoint paths") may send an I/O out
+    /// of any port, and the nodes after it route by shortest paths. Only for a
+    /// host that chooses its port by telemetry (ISR at the end host): ECMP
+    /// spreads over equal-cost paths only, so it keeps [`Self::candidates`].
+    pub fn host_candidates(&self, u: u32, dest: u32, out: &mut [u32; 64]) -> usize {
+        if self.kinds[u as usize] != NodeKind::Host || u == dest {
+            return 0;
+        }
+        let mut k = 0;
+        for &p in &self.node_ports[u as usize] {
+            let v = self.peer_node(p);
+            // Hosts never forward: a path may only enter a host that is the destination.
+            let via_host = self.kinds[v as usize] == NodeKind::Host && v != dest;
+            if self.port_up[p as usize]
+                && !via_host
+                && self.distance(v, dest) != u16::MAX
+                && k < out.len()
+            {
+                out[k] = p;
+                k += 1;
+            }
+        }
+        k
+    }
+
     /// Local repair before the routes converge, when every shortest-path port of `u` is
     /// down: a neighbour `v` at the same distance is a loop-free alternate (RFC 5286:
     /// dist(v,D) < dist(v,u) + dist(u,D)) if it still has a live shortest-path port, so

@@ -29,6 +29,11 @@ pub struct IsrHeader {
     pub n_hops: u8,
     pub hops: [HopRec; MAX_HOPS],
     pub ssd_latency_ns: u64,
+    /// Queueing delay of the completion at the target's own egress, toward the
+    /// last hop. The target is no hop of the header (it forwards nothing), yet
+    /// its egress is on every path of the choice: on a direct link it is the
+    /// only queue the response meets.
+    pub target_rev_qdelay_ns: u32,
 }
 
 impl Default for IsrHeader {
@@ -37,6 +42,7 @@ impl Default for IsrHeader {
             n_hops: 0,
             hops: [HopRec::default(); MAX_HOPS],
             ssd_latency_ns: 0,
+            target_rev_qdelay_ns: 0,
         }
     }
 }
@@ -62,9 +68,10 @@ impl IsrHeader {
     }
 
     /// Downstream delay from hop `h` toward the target: Σ_{k>h} forward + reverse qdelay
-    /// of later hops, plus the reverse delay at h itself, and whether any of them marked ECN.
+    /// of later hops, the target's own reverse egress, plus the reverse delay at h itself,
+    /// and whether any of them marked ECN.
     pub fn downstream(&self, h: usize) -> (u64, bool) {
-        let mut d = self.hops[h].rev_qdelay_ns as u64;
+        let mut d = self.hops[h].rev_qdelay_ns as u64 + self.target_rev_qdelay_ns as u64;
         let mut ecn = false;
         for r in &self.hops[h + 1..self.n_hops as usize] {
             d += r.qdelay_ns as u64 + r.rev_qdelay_ns as u64;
@@ -272,5 +279,9 @@ mod tests {
         // From hop 0: its own reverse 100 + hops 1, 2 forward (2,000 + 3,000) and reverse (200).
         assert_eq!(h.downstream(0), (5_300, true));
         assert_eq!(h.downstream(2), (100, false));
+        // The completion waited 700 at the target's own egress: on every path.
+        h.target_rev_qdelay_ns = 700;
+        assert_eq!(h.downstream(0), (6_000, true));
+        assert_eq!(h.downstream(2), (800, false));
     }
 }
