@@ -115,7 +115,7 @@ pub struct JobOpts {
     pub paths: Option<String>,
     /// Which path serves each command: round-robin (default), queue-depth
     /// (the path with the fewest commands in flight, Linux's iopolicy of that
-    /// name) or isr (the shortest expected delay from each path's measured
+    /// name) or isr (the least expected delay from each path's measured
     /// round trip and commands in flight: NSDI'26 ISR at the end host).
     #[arg(long = "path-policy", alias = "path_policy")]
     #[serde(alias = "path-policy")]
@@ -261,7 +261,7 @@ pub enum ReplicaRead {
     /// The fewest commands in flight, ties in turn (Linux's queue-depth
     /// iopolicy; multipath volumes).
     QueueDepth,
-    /// ISR at the end host: shortest expected delay from each path's
+    /// ISR at the end host: least expected delay from each path's
     /// round-trip EWMA and commands in flight (`trellis_host::replica::IsrPaths`;
     /// multipath volumes).
     Isr,

@@ -171,12 +171,17 @@ mod tests {
 /// the namespace. Where the end-host version differs from the in-network one:
 /// - the telemetry is the command's round trip on the path, measured by the
 ///   host itself (no INT header rides our NVMe/TCP PDUs), and no ECN;
-/// - the local queueing delay is the host's own work on the path, its commands
-///   in flight times the path's round-trip EWMA. In a switch it is the egress
-///   backlog; a host sends at once, so its backlog is what it has out, and
-///   counting it is what keeps every command between two completions from
-///   herding onto the path that looked best last. The score is then
-///   `(in flight + 1) × round trip`, the shortest-expected-delay rule;
+/// - the local queueing delay is the host's own work on the path: its commands
+///   in flight, each weighted by the queueing the path shows now (its
+///   round-trip EWMA less the smallest round trip seen on it). In a switch it
+///   is the egress backlog; a host sends at once, so its backlog is what it
+///   has out. Counting it keeps every command between two completions from
+///   herding onto the path that looked best last, once that path queues. The
+///   score is `round trip + in flight × (round trip − floor)`: while no path
+///   queues it is the round trip alone, so a host does not spread over longer
+///   paths for nothing (the shortest-expected-delay rule, `(in flight + 1) ×
+///   round trip`, did: on the emulated SAN it sent 3 of 4 light-load reads
+///   over paths one or two hops longer, docs/san.md);
 /// - a path with no fresh sample (the table's staleness, 10 ms) scores its
 ///   local part only, so an idle path is tried again;
 /// - the SSD credits that completions carry (Gimbal's, `--credits`) are the
@@ -191,6 +196,8 @@ pub struct IsrPaths {
     table: trellis_fabric::isr::IsrTable,
     paths: usize,
     tie: u64,
+    /// Per path: the smallest round trip seen (u64::MAX before any).
+    floor_ns: [u64; MAX_PATHS],
 }
 
 /// Most paths [`IsrPaths`] tracks.
@@ -203,6 +210,7 @@ impl IsrPaths {
             table: trellis_fabric::isr::IsrTable::new(Default::default(), 1, paths),
             paths,
             tie: 0,
+            floor_ns: [u64::MAX; MAX_PATHS],
         }
     }
 
@@ -211,6 +219,7 @@ impl IsrPaths {
         if path < self.paths {
             self.table
                 .update(0, path as u8, round_trip_ns, false, now_ns);
+            self.floor_ns[path] = self.floor_ns[path].min(round_trip_ns);
         }
     }
 
@@ -238,7 +247,11 @@ impl IsrPaths {
         }
         self.tie = self.tie.wrapping_add(1);
         let table = &self.table;
-        let local = |p: u8| paths[p as usize].inflight as u64 * table.delay_ns(0, p);
+        let floor = &self.floor_ns;
+        let local = |p: u8| {
+            let queueing = table.delay_ns(0, p).saturating_sub(floor[p as usize]);
+            paths[p as usize].inflight as u64 * queueing
+        };
         Some(table.choose(0, &cand[..n], local, now_ns, self.tie) as usize)
     }
 }
@@ -257,24 +270,32 @@ mod isr_tests {
     }
 
     #[test]
-    fn isr_prefers_the_faster_path_until_its_own_load_evens_the_expected_delay() {
+    fn isr_keeps_to_the_faster_path_until_it_queues_then_weighs_its_own_commands() {
         let mut c = IsrPaths::new(2);
-        // Path 0 answers in 100 µs, path 1 in 400 µs.
+        // Path 0 answers in 100 µs, path 1 in 400 µs: floors 100 and 400.
         for k in 0..16 {
             c.on_completion(0, 100_000, k * 1_000);
             c.on_completion(1, 400_000, k * 1_000);
         }
         let now = 20_000;
+        // Neither path queues: the round trip alone decides, whatever is in flight.
         assert_eq!(c.choose(&[st(0), st(0)], now), Some(0));
-        // (2 + 1) × 100 < (0 + 1) × 400: still path 0; (4 + 1) × 100 > 400: path 1.
-        assert_eq!(c.choose(&[st(2), st(0)], now), Some(0));
-        assert_eq!(c.choose(&[st(4), st(0)], now), Some(1));
+        assert_eq!(c.choose(&[st(30), st(0)], now), Some(0));
+        // Path 0 starts to queue (300 µs round trips): its EWMA rises to ~277 µs,
+        // ~177 µs above its floor. Alone it still wins (277 < 400); one command of
+        // ours out on it adds its queueing (277 + 177 > 400): path 1.
+        for k in 16..32 {
+            c.on_completion(0, 300_000, k * 1_000);
+        }
+        assert_eq!(c.choose(&[st(0), st(0)], 40_000), Some(0));
+        assert_eq!(c.choose(&[st(1), st(0)], 40_000), Some(1));
         // A path that may not take a command is never chosen.
         let mut busy = st(0);
         busy.may_submit = false;
         assert_eq!(c.choose(&[busy, st(9)], now), Some(1));
         assert_eq!(c.choose(&[busy, busy], now), None);
-        // After 10 ms without samples path 1 scores its local part only: tried again.
+        // After 10 ms without samples each path scores its local part only: the
+        // idle one is tried again.
         assert_eq!(c.choose(&[st(1), st(0)], 20_000_000), Some(1));
     }
 
