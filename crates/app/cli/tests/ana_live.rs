@@ -27,11 +27,7 @@ fn two_listener_target_with(second: &str, extra: &str) -> (LiveTarget, String, S
 }
 
 fn bench_paths(paths: &str, policy: &str) -> serde_json::Value {
-    let d = tempfile::tempdir().unwrap();
-    let json = d.path().join("r.json");
-    let o = trellis(&[
-        "bench",
-        "--no-progress",
+    let j = bench_json(&[
         "--paths",
         paths,
         "--path-policy",
@@ -47,13 +43,7 @@ fn bench_paths(paths: &str, policy: &str) -> serde_json::Value {
         "--verify",
         "--runtime",
         "500ms",
-        "--json",
-        json.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let j = j["jobs"][0].clone();
     assert_eq!(
         (j["errors"].as_u64(), j["verify_failures"].as_u64()),
         (Some(0), Some(0)),

@@ -306,18 +306,6 @@ fn with_credits_against_a_target_without_qos_iodepth_applies() {
 
 /// Runs `trellis bench ARGS --json` (no target address: `--replicas` names
 /// them) and returns its first job's JSON.
-fn bench_json(args: &[&str]) -> serde_json::Value {
-    let d = tempfile::tempdir().unwrap();
-    let json = d.path().join("r.json");
-    let mut a = vec!["bench", "--no_progress", "--json", json.to_str().unwrap()];
-    a.extend_from_slice(args);
-    let o = trellis(&a);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    v["jobs"][0].clone()
-}
-
 #[test]
 fn a_replicated_volume_writes_every_replica_and_verifies_reads_from_each() {
     // Two targets, each a file: after a replicated write-and-verify run both

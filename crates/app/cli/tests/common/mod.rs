@@ -66,6 +66,21 @@ pub fn trellis_within(args: &[&str], limit: Duration) -> Output {
     }
 }
 
+/// Runs `trellis bench ARGS --json FILE`, requires success, and returns the
+/// first job's JSON report.
+#[allow(dead_code)] // not every test binary uses it
+pub fn bench_json(args: &[&str]) -> serde_json::Value {
+    let d = tempfile::tempdir().unwrap();
+    let json = d.path().join("r.json");
+    let mut a = vec!["bench", "--no_progress", "--json", json.to_str().unwrap()];
+    a.extend_from_slice(args);
+    let o = trellis(&a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    v["jobs"][0].clone()
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
