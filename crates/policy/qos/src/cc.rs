@@ -82,7 +82,10 @@ impl CongestionControl {
     }
 
     /// Apply one successful completion (`latency_ns` = device time, converted to Gimbal's
-    /// µs ticks); returns the state it put the SSD in.
+    /// µs ticks); returns the state it put the SSD in. Inlined into each of
+    /// its three callers: it runs once per I/O, and a caller that knows the
+    /// latency (zero, in `run_now`) then folds half of it away.
+    #[inline(always)]
     pub fn on_complete(
         &mut self,
         dir: IoDir,
@@ -116,14 +119,21 @@ impl CongestionControl {
         state
     }
 
+    #[inline(always)]
     fn sample_cpl_rate(&mut self, len: u64, now_ns: Nanos) {
         self.cpl_bytes += len;
         if self.cpl_bytes > self.cpl_sample_bytes && now_ns > self.cpl_t0_ns {
-            self.cpl_rate =
-                (self.cpl_bytes as u128 * 1_000_000_000 / (now_ns - self.cpl_t0_ns) as u128) as u64;
-            self.cpl_t0_ns = now_ns;
-            self.cpl_bytes = 0;
+            self.resample_cpl_rate(now_ns);
         }
+    }
+
+    /// Once per `cpl_sample_bytes` (16 MiB): kept out of line.
+    #[cold]
+    fn resample_cpl_rate(&mut self, now_ns: Nanos) {
+        self.cpl_rate =
+            (self.cpl_bytes as u128 * 1_000_000_000 / (now_ns - self.cpl_t0_ns) as u128) as u64;
+        self.cpl_t0_ns = now_ns;
+        self.cpl_bytes = 0;
     }
 
     /// Test hook: set the measured completion rate directly.
@@ -133,6 +143,7 @@ impl CongestionControl {
 }
 
 /// Steps 2-6 of §1.a for one direction.
+#[inline]
 pub fn update_dir(cc: &mut DirCc, lat_us: u64, tmin: u64, tmax: u64) -> CcState {
     cc.ewma_us = (lat_us >> 1) + cc.ewma_us - (cc.ewma_us >> 1);
     let state = if cc.ewma_us > tmax {
@@ -200,6 +211,7 @@ impl WriteCost {
         }
     }
 
+    #[inline]
     pub fn on_complete(
         &mut self,
         dir: IoDir,

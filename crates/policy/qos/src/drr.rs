@@ -243,8 +243,72 @@ impl Drr {
         Some(self.serve(tenant, req, w).2)
     }
 
+    /// `serve_alone` followed at once by `release` of the same request, for a
+    /// tenant with nothing else in flight: a device that finishes inside its
+    /// submission (RAM, null). The same state changes in one pass: no trip
+    /// through the active list, no counting in and out of W_active, and the
+    /// slot limit computed only when the open slot fills. False, with nothing
+    /// changed, when those conditions do not hold; the caller then goes the
+    /// two-step way. Tested equal to the two steps in `sched::tests`.
+    pub fn serve_and_release_alone(&mut self, tenant: u16, req: Request, wc_fp10: u64) -> bool {
+        if self.pool.live() != 0 || req.size_bytes == 0 || self.queue_cap == 0 {
+            return false;
+        }
+        let (slots_per_ssd, slot_bytes, quantum) =
+            (self.slots_per_ssd, self.slot_bytes, self.quantum);
+        let w = WriteCost::weighted(req.dir, req.size_bytes as u64 + self.io_cost, wc_fp10);
+        let Some(t) = self.tenants.get_mut(tenant as usize) else {
+            return false;
+        };
+        // Idle with nothing in flight is also uncounted (released at its last
+        // completion); an open slot exists unless it was Deferred.
+        if t.place != Where::Idle || t.backlog != 0 || t.io_processing != 0 || t.counted {
+            return false;
+        }
+        let Some(cur) = t.cur_slot else { return false };
+        // The deficit: one quantum on activation, topped up until it covers w,
+        // w taken, then reset as the tenant's backlog empties: 0 either way.
+        // (The two-step loop cannot overflow for any w: quantum ≥ 1.)
+        debug_assert!(quantum * t.weight as i64 >= 1);
+        t.deficit = 0;
+        let s = &mut t.slots[cur as usize];
+        s.length += w;
+        s.submits += 1;
+        s.completions += 1;
+        if s.length < slot_bytes {
+            return true; // the slot stays open: nothing retires
+        }
+        // The slot filled: serve opens the next one (or defers the tenant when
+        // out of slots), then the release retires this one, whose I/Os are all
+        // complete. Limits as both steps see them: with the tenant counted.
+        let submits = s.submits;
+        let w_with = self.w_active + t.weight as u64;
+        let limit = slot_limit_of(slots_per_ssd, t.weight, w_with);
+        let deferred = limit - t.vqsize <= 0;
+        if deferred {
+            t.cur_slot = None;
+        } else {
+            t.vqsize += 1;
+            t.cur_slot = Some(free_slot(&t.slots));
+        }
+        t.vqsize -= 1;
+        t.io_credits_per_vslot = submits;
+        t.slots[cur as usize] = Slot::default();
+        if deferred {
+            if limit - t.vqsize > 0 {
+                t.cur_slot = Some(free_slot(&t.slots));
+                t.vqsize += 1;
+            } else {
+                // Still out of slots: Deferred, and counted, as the two steps leave it.
+                t.place = Where::Deferred;
+                self.count(tenant, true);
+            }
+        }
+        true
+    }
+
     fn serve(&mut self, tid: u16, req: Request, w: i64) -> (u16, Request, SlotTag) {
-        let limit = self.slot_limit(self.tenants[tid as usize].weight);
+        let (slots_per_ssd, w_active) = (self.slots_per_ssd, self.w_active);
         let slot_bytes = self.slot_bytes;
         let t = &mut self.tenants[tid as usize];
         let cur = t.cur_slot.expect("active tenant without an open slot");
@@ -255,6 +319,7 @@ impl Drr {
         t.backlog -= req.size_bytes as u64;
         t.io_processing += 1;
         if s.length >= slot_bytes {
+            let limit = slot_limit_of(slots_per_ssd, t.weight, w_active);
             if limit - t.vqsize <= 0 {
                 // Out of slots: defer until one retires ([Gimbal] §3, second-hand; §1.c).
                 t.place = Where::Deferred;
@@ -277,7 +342,7 @@ impl Drr {
     /// Completion of an I/O charged to `slot` (before its credit is read) [G].
     /// The caller guarantees that (tenant, slot) came from `dequeue` and completes once.
     pub fn release(&mut self, tenant: u16, slot: SlotTag) {
-        let limit = self.slot_limit(self.tenants[tenant as usize].weight);
+        let (slots_per_ssd, w_active) = (self.slots_per_ssd, self.w_active);
         let t = &mut self.tenants[tenant as usize];
         let s = &mut t.slots[slot.0 as usize];
         s.completions += 1;
@@ -289,7 +354,9 @@ impl Drr {
             t.vqsize -= 1;
             t.io_credits_per_vslot = s.submits;
             *s = Slot::default();
-            if t.place == Where::Deferred && limit - t.vqsize > 0 {
+            if t.place == Where::Deferred
+                && slot_limit_of(slots_per_ssd, t.weight, w_active) - t.vqsize > 0
+            {
                 t.cur_slot = Some(free_slot(&t.slots));
                 t.vqsize += 1;
                 if t.backlog > 0 {
@@ -334,9 +401,15 @@ impl Drr {
 }
 
 /// `max(1, ⌊S × w / W_active⌋)`, at most S; S when no tenant is active.
+///
+/// A tenant alone (`w_active` is its own weight, or 0) gets S without a
+/// division: on a busy reactor this runs up to three times per I/O, and a
+/// 64-bit division is the largest single cost of the scheduler's I/O path
+/// (examples/sched_cost.rs).
+#[inline]
 fn slot_limit_of(slots_per_ssd: u32, weight: u32, w_active: u64) -> i32 {
     let s = slots_per_ssd as u64;
-    if w_active == 0 {
+    if w_active == 0 || w_active == weight as u64 {
         return s as i32;
     }
     (s * weight as u64 / w_active).clamp(1, s) as i32

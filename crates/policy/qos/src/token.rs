@@ -52,8 +52,13 @@ impl DualTokenBucket {
 
     /// Lines 4-11 of Algorithm 4: split by write cost, overflow moves to the other bucket.
     pub fn add(&mut self, avail: u64, wc_fp10: u64) {
+        let den = wc_fp10 + 1024;
         let to_read = match avail.checked_mul(wc_fp10) {
-            Some(p) => p / (wc_fp10 + 1024),
+            // A power-of-two divisor (write cost 1.0, the steady state of a
+            // read-only load) is a shift: the same quotient without the
+            // 64-bit division that is most of this function's cost.
+            Some(p) if den.is_power_of_two() => p >> den.trailing_zeros(),
+            Some(p) => p / den,
             None => (avail as u128 * wc_fp10 as u128 / (wc_fp10 as u128 + 1024)) as u64,
         };
         self.read_tokens = self.read_tokens.saturating_add(to_read);
@@ -74,6 +79,15 @@ impl DualTokenBucket {
                 .saturating_add(self.write_tokens - max)
                 .min(max);
             self.write_tokens = max;
+        }
+    }
+
+    /// Whether `try_take(dir, len)` would succeed now.
+    pub fn can_take(&self, dir: IoDir, len: u32) -> bool {
+        let need = (len as u64).min(self.max_tokens);
+        match dir {
+            IoDir::Write => self.write_tokens >= need,
+            IoDir::Read => self.read_tokens >= need,
         }
     }
 

@@ -179,6 +179,57 @@ impl Scheduler for GimbalScheduler {
         Ok(Submitted::Queued(tag))
     }
 
+    /// `submit` + `complete(tag, 0, now)` in one pass (the trait's contract).
+    /// Same decisions: the bucket is refilled and charged, DRR serves and
+    /// releases, congestion control and write cost see a zero-latency
+    /// completion. What it skips is bookkeeping both steps undo: the request
+    /// row, the active list, counting the tenant in and out of W_active.
+    fn run_now(
+        &mut self,
+        tenant: TenantId,
+        dir: IoDir,
+        len_bytes: u32,
+        now_ns: Nanos,
+    ) -> Option<Completed> {
+        if !self.fast_path
+            || tenant >= self.limits.max_tenants
+            || self.queued() != 0
+            || self.table.is_full()
+        {
+            return None;
+        }
+        let charged = charged_bytes(len_bytes);
+        // Refilling first is what `submit` does too (its own refill at the
+        // same `now_ns` then adds nothing), so a None below changes nothing.
+        self.bucket
+            .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
+        if !self.bucket.can_take(dir, charged) {
+            return None;
+        }
+        let req = Request {
+            tag: 0,
+            dir,
+            size_bytes: charged,
+        };
+        if !self
+            .drr
+            .serve_and_release_alone(tenant, req, self.wc.fp10())
+        {
+            return None;
+        }
+        let taken = self.bucket.try_take(dir, charged);
+        debug_assert!(taken, "can_take said yes");
+        if self.cc.on_complete(dir, len_bytes, 0, now_ns) == CcState::Overloaded {
+            self.bucket.zero();
+        }
+        let (tmin, tmax) = (self.cfg.thresh_min_us, self.cfg.thresh_max_us);
+        self.wc.on_complete(dir, 0, now_ns, tmin, tmax);
+        Some(Completed {
+            tenant,
+            io_credits: self.drr.io_credits(tenant).unwrap_or(0),
+        })
+    }
+
     /// §1.d Dispatch: refill, then the blocked request or DRR's next, if it conforms.
     fn poll_dispatch(&mut self, now_ns: Nanos) -> Option<Dispatch> {
         self.bucket

@@ -254,6 +254,23 @@ pub trait Scheduler: Send {
     /// The next request to send to the device now, if any.
     fn poll_dispatch(&mut self, now_ns: Nanos) -> Option<Dispatch>;
 
+    /// A request the device will finish inside its submission, at zero device
+    /// time (a RAM or null backend): `submit` that dispatches it at once
+    /// followed by `complete(tag, 0, now_ns)`, in one pass and with the same
+    /// decisions. None, with nothing changed, when it would not dispatch at
+    /// once (something waits, a bound is full, the bucket is short) or the
+    /// policy has no such pass: then use `submit`. The caller must then not
+    /// have sent it to the device: a request run here is already complete.
+    fn run_now(
+        &mut self,
+        _tenant: TenantId,
+        _dir: IoDir,
+        _len_bytes: u32,
+        _now_ns: Nanos,
+    ) -> Option<Completed> {
+        None
+    }
+
     /// A dispatched request completed successfully. `device_latency_ns` is from device
     /// submission to device completion (the congestion signal, §1.a).
     fn complete(

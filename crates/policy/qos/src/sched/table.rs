@@ -107,6 +107,11 @@ impl ReqTable {
         self.live -= 1;
     }
 
+    /// Every row is taken: `alloc` would answer None.
+    pub fn is_full(&self) -> bool {
+        self.live >= self.capacity
+    }
+
     /// Rows in use (queued + in flight).
     pub fn live(&self) -> u32 {
         self.live

@@ -552,3 +552,155 @@ fn gimbal_fast_path_decides_like_the_queued_path() {
         );
     }
 }
+
+/// `run_now` (a device that completes inside submit) must decide exactly as
+/// `submit` + `complete(tag, 0, now)`: same credits, same tenant views, same
+/// tokens, across random traffic where zero-time requests mix with other
+/// tenants' slow ones (so slots fill, defer and reopen, buckets run dry and
+/// requests queue). Tags may differ in generation (run_now takes no row), so
+/// in-flight requests are matched by position.
+#[test]
+fn gimbal_run_now_decides_like_submit_then_complete() {
+    const LENS: [u32; 5] = [512, 4 * KIB, 16 * KIB, 128 * KIB, 256 * KIB];
+    const TENANTS: u16 = 10;
+    let c = cfg(Policy::Gimbal);
+    let (mut ran_now, mut ran_now_shared, mut zero_queued) = (0u32, 0u32, 0u32);
+    for seed in 1..=30u64 {
+        let mut fused = gimbal::GimbalScheduler::new(&c, 0).unwrap();
+        let mut steps = gimbal::GimbalScheduler::new(&c, 0).unwrap();
+        for t in 0..TENANTS {
+            let w = 1 + (t as u32 % 3);
+            fused.set_weight(t, w).unwrap();
+            steps.set_weight(t, w).unwrap();
+        }
+        let (mut rng, mut now) = (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1, 0u64);
+        // Slow requests in flight on both: (fused tag, steps tag).
+        let mut slow: Vec<(Tag, Tag)> = Vec::new();
+        // Zero-time requests that queued: (fused tag, steps tag), completed
+        // at once when dispatched, as the daemon does.
+        let mut zero_waiting: Vec<(Tag, Tag)> = Vec::new();
+        for step in 0..4_000 {
+            // Bursts of slow traffic (queues build), then calm (they drain
+            // while slow requests are still in flight).
+            let burst = (step / 250) % 2 == 0;
+            now += next_rand(&mut rng) % 100_000;
+            let r = next_rand(&mut rng);
+            let (tenant, len) = (
+                (r >> 8) as u16 % TENANTS,
+                LENS[(r >> 16) as usize % LENS.len()],
+            );
+            let dir = if (r >> 24).is_multiple_of(4) {
+                IoDir::Write
+            } else {
+                IoDir::Read
+            };
+            // Half zero-time requests; slow ones arrive only in bursts and
+            // complete three times as often as they arrive then.
+            match r % 8 {
+                0..=3 => {
+                    // A zero-time request (tenants 0..5; 3 and 4 also send
+                    // slow ones): run_now, or the two steps.
+                    let tenant = tenant % 5;
+                    let others = steps.inflight();
+                    let a = fused.run_now(tenant, dir, len, now);
+                    let (b, b_queued) = match steps.submit(tenant, dir, len, now).unwrap() {
+                        Submitted::Dispatch(t) => (Some(steps.complete(t, 0, now).unwrap()), None),
+                        Submitted::Queued(t) => (None, Some(t)),
+                        Submitted::Busy => (None, None),
+                    };
+                    match a {
+                        Some(done) => {
+                            assert_eq!(Some(done), b, "seed {seed}: run_now differs");
+                            assert!(b_queued.is_none());
+                            ran_now += 1;
+                            ran_now_shared += (others > 0) as u32;
+                        }
+                        None => {
+                            // Not eligible: the fused side goes the two-step way too.
+                            let a = match fused.submit(tenant, dir, len, now).unwrap() {
+                                Submitted::Dispatch(t) => Some(fused.complete(t, 0, now).unwrap()),
+                                Submitted::Queued(x) => {
+                                    let y = b_queued.expect("steps side queued too");
+                                    zero_waiting.push((x, y));
+                                    zero_queued += 1;
+                                    None
+                                }
+                                Submitted::Busy => None,
+                            };
+                            assert_eq!(a, b, "seed {seed}: fallback differs");
+                        }
+                    }
+                }
+                4 if burst => {
+                    let tenant = 3 + tenant % (TENANTS - 3);
+                    let (a, b) = (
+                        fused.submit(tenant, dir, len, now).unwrap(),
+                        steps.submit(tenant, dir, len, now).unwrap(),
+                    );
+                    match (a, b) {
+                        (Submitted::Dispatch(x), Submitted::Dispatch(y)) => slow.push((x, y)),
+                        (Submitted::Queued(_), Submitted::Queued(_)) => {}
+                        (Submitted::Busy, Submitted::Busy) => {}
+                        other => panic!("seed {seed}: submit differs: {other:?}"),
+                    }
+                }
+                _ if !slow.is_empty() => {
+                    let (x, y) = slow.swap_remove((r >> 8) as usize % slow.len());
+                    let lat = 10_000 + (r >> 20) % 600_000;
+                    assert_eq!(
+                        fused.complete(x, lat, now),
+                        steps.complete(y, lat, now),
+                        "seed {seed}: complete differs"
+                    );
+                }
+                _ => {}
+            }
+            // Released requests: both sides keep them in flight as slow ones
+            // (a queued zero-time one then just completes later, slowly).
+            loop {
+                let (a, b) = (fused.poll_dispatch(now), steps.poll_dispatch(now));
+                match (a, b) {
+                    (None, None) => break,
+                    (Some(x), Some(y)) => {
+                        assert_eq!(
+                            (x.tenant, x.dir, x.len_bytes),
+                            (y.tenant, y.dir, y.len_bytes),
+                            "seed {seed}: poll_dispatch differs"
+                        );
+                        match zero_waiting.iter().position(|&(_, w)| w == y.tag) {
+                            Some(k) => {
+                                let (zx, zy) = zero_waiting.swap_remove(k);
+                                assert_eq!(x.tag, zx, "seed {seed}: a different request");
+                                assert_eq!(
+                                    fused.complete(zx, 0, now),
+                                    steps.complete(zy, 0, now),
+                                    "seed {seed}: zero-time completion differs"
+                                );
+                            }
+                            None => slow.push((x.tag, y.tag)),
+                        }
+                    }
+                    other => panic!("seed {seed}: poll_dispatch differs: {other:?}"),
+                }
+            }
+            assert_eq!(
+                (fused.queued(), fused.inflight()),
+                (steps.queued(), steps.inflight()),
+                "seed {seed}"
+            );
+            assert_eq!(fused.tokens_bytes(), steps.tokens_bytes(), "seed {seed}");
+            for t in 0..TENANTS {
+                assert_eq!(fused.view(t), steps.view(t), "seed {seed}: tenant {t}");
+            }
+        }
+    }
+    assert!(ran_now > 10_000, "run_now taken only {ran_now} times");
+    assert!(
+        ran_now_shared > 1_000,
+        "run_now beside other tenants' I/O only {ran_now_shared} times"
+    );
+    assert!(
+        zero_queued > 1_000,
+        "the two-step fallback was taken only {zero_queued} times"
+    );
+}
