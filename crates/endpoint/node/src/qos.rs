@@ -435,30 +435,34 @@ pub struct QosQueue {
     next_publish_ns: u64,
     /// Something changed since the last publish.
     dirty: bool,
+    /// `inner.completes_in_submit()`: scheduling goes through `run_now`.
+    inner_sync: bool,
+    /// The reactor's clock at the latest `submit_for` since the last
+    /// `reap` (0: none since). A busy reactor on a synchronous backend then
+    /// checks its publish deadline against it and reads no clock per loop.
+    submit_seen_ns: u64,
 }
 
 /// Converts wall-clock ns to the device's clock.
 #[derive(Clone, Copy, Debug)]
 struct DeviceClock {
-    scale: f64,
+    /// None: the device runs on the wall clock (every backend but a
+    /// time-scaled emulated SSD), and converting is a no-op, decided by one
+    /// branch rather than a float compare on every call.
+    scale: Option<f64>,
 }
 
 impl DeviceClock {
     fn new(scale: f64) -> DeviceClock {
         DeviceClock {
-            scale: if scale.is_finite() && scale > 1.0 {
-                scale
-            } else {
-                1.0
-            },
+            scale: (scale.is_finite() && scale > 1.0).then_some(scale),
         }
     }
     #[inline]
     fn ns(self, wall_ns: u64) -> u64 {
-        if self.scale == 1.0 {
-            wall_ns
-        } else {
-            (wall_ns as f64 / self.scale) as u64
+        match self.scale {
+            None => wall_ns,
+            Some(s) => (wall_ns as f64 / s) as u64,
         }
     }
 }
@@ -488,6 +492,7 @@ pub fn wrap(
         crate::lock(b).push(published.clone());
     }
     Ok(Box::new(QosQueue {
+        inner_sync: inner.completes_in_submit(),
         inner,
         sched,
         held: vec![EMPTY; n],
@@ -498,6 +503,7 @@ pub fn wrap(
         completed: vec![(0, 0); max_tenants],
         next_publish_ns: 0,
         dirty: false,
+        submit_seen_ns: 0,
     }))
 }
 
@@ -524,7 +530,19 @@ impl QosQueue {
         now_ns: u64,
     ) -> Option<(Status, u32)> {
         let len = io.len_bytes.min(u32::MAX as u64) as u32;
+        self.submit_seen_ns = now_ns;
         let dev_ns = self.clock.ns(now_ns);
+        if self.inner_sync {
+            if let Some(c) = self.sched.run_now(tenant, dir_of(io.op), len, dev_ns) {
+                // SAFETY: as `dispatch_now`; the backend finishes it inside
+                // this call (`completes_in_submit`).
+                let st = unsafe { self.inner.submit(io, tag) };
+                let credits = self.count(c, io.len_bytes);
+                // Not finished after all: its completion comes from `reap`
+                // under the connection's own tag, as a bypassed request's.
+                return st.map(|st| (st, credits));
+            }
+        }
         let (t, now) = match self.sched.submit(tenant, dir_of(io.op), len, dev_ns) {
             Ok(Submitted::Dispatch(t)) => (t, true),
             Ok(Submitted::Queued(t)) => (t, false),
@@ -704,9 +722,15 @@ impl BackendQueue for QosQueue {
             (self.reaped, self.due_ns) = (mine, due);
             // Publish what changed since, at most once per interval: a
             // synchronous backend (null, ram) completes inside submit, so
-            // this path runs every loop while it is busy.
+            // this path runs every loop while it is busy, and then the
+            // submit's clock serves; an idle queue reads the clock.
+            let seen = std::mem::take(&mut self.submit_seen_ns);
             if self.dirty {
-                let now = crate::reactor::now_ns();
+                let now = if seen != 0 {
+                    seen
+                } else {
+                    crate::reactor::now_ns()
+                };
                 if now >= self.next_publish_ns {
                     self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
                     self.publish();

@@ -85,6 +85,12 @@ pub trait BackendQueue {
     /// For Read/Write, `req.buf` must be valid for `req.len_bytes` bytes until
     /// the request completes, and not be accessed by anyone else meanwhile.
     unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status>;
+    /// Every request completes inside `submit` at zero device time (RAM,
+    /// null): a scheduler may then decide and complete it in one pass
+    /// (`trellis_qos::sched::Scheduler::run_now`).
+    fn completes_in_submit(&self) -> bool {
+        false
+    }
     /// Pushes submitted-but-not-started work to the device (batching point).
     fn kick(&mut self) {}
     /// Appends finished asynchronous requests to `out`; returns how many.

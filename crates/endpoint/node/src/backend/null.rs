@@ -39,6 +39,9 @@ impl Backend for NullBackend {
 struct NullQueue;
 
 impl BackendQueue for NullQueue {
+    fn completes_in_submit(&self) -> bool {
+        true
+    }
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
         crate::fault::io_panic_point();
         if req.op == Op::Read {

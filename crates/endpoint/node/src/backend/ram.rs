@@ -115,6 +115,9 @@ impl RamQueue {
 }
 
 impl BackendQueue for RamQueue {
+    fn completes_in_submit(&self) -> bool {
+        true
+    }
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
         crate::fault::io_panic_point();
         let (Ok(off), Ok(len)) = (
