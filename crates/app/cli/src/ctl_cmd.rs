@@ -58,12 +58,20 @@ enum CtlCmd {
         #[arg(value_enum)]
         what: GetWhat,
     },
+    #[command(flatten)]
+    Disc(crate::ctl_disc_cmd::DiscCmd),
     /// Add or remove a namespace while hosts stay connected (they get a
     /// Namespace Attribute Changed notice and rescan).
     Namespace {
         #[command(subcommand)]
         cmd: NsCmd,
     },
+    /// HA pair: hand the ownership lease to the other node without a
+    /// host-visible error (ANA inaccessible, in-flight I/O finishes, the
+    /// lease is released); the node stays up as the standby.
+    Drain,
+    /// HA pair: this node's role, the lease holder, timing and timeline.
+    Ha,
 }
 
 #[derive(Subcommand, Debug)]
@@ -174,6 +182,8 @@ enum AnaCmd {
 pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     let (method, params) = match &a.cmd {
         CtlCmd::Save { path } => return save(&a.socket, path),
+        CtlCmd::Drain => ("ha_drain", json!({})),
+        CtlCmd::Ha => ("ha_get", json!({})),
         CtlCmd::Ana { cmd: AnaCmd::Get } => ("ana_get", json!({})),
         CtlCmd::Ana {
             cmd:
@@ -187,6 +197,7 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
             json!({"listener": listener, "group": group_value(group)?, "state": state}),
         ),
         CtlCmd::Namespace { cmd } => ns_request(cmd),
+        CtlCmd::Disc(c) => crate::ctl_disc_cmd::request(c),
         CtlCmd::Host {
             cmd: HostCmd::Add { nqn, host },
         } => ("host_add", json!({"nqn": nqn, "host": host})),
@@ -237,6 +248,8 @@ fn print_result(method: &str, result: &Value) {
             str_of(&result["subsystem"]),
             str_of(&result["host"])
         );
+    } else if method.starts_with("ha_") {
+        print!("{}", ha_summary(method, result));
     } else if method == "tenant_set_weight" {
         println!(
             "tenant {} (id {}): weight {}",
@@ -244,6 +257,8 @@ fn print_result(method: &str, result: &Value) {
             result["id"],
             result["weight"]
         );
+    } else if let Some(line) = crate::ctl_disc_cmd::summary(method, result) {
+        println!("{line}");
     } else if method.starts_with("namespace_") {
         let verb = match method {
             "namespace_add" => "added",
@@ -433,4 +448,26 @@ fn set_summary(r: &Value) -> String {
 
 fn str_of(v: &Value) -> &str {
     v.as_str().unwrap_or("?")
+}
+
+/// `ha_get` as lines (the timeline last), `ha_drain` as one line.
+fn ha_summary(method: &str, r: &Value) -> String {
+    if method == "ha_drain" {
+        return format!("{}: lease released; now the standby\n", str_of(&r["node"]));
+    }
+    let mut s = format!(
+        "node {} ({}), holder {}, store {} key {}\nlease TTL {} ms, keepalive {} ms, fence {} ms\n",
+        str_of(&r["node"]),
+        str_of(&r["role"]),
+        r["holder"].as_str().unwrap_or("none"),
+        str_of(&r["store"]),
+        str_of(&r["key"]),
+        r["lease_ttl_ms"],
+        r["keepalive_ms"],
+        r["fence_ms"]
+    );
+    for e in r["events"].as_array().into_iter().flatten() {
+        s += &format!("  {} {}\n", e["unix_ms"], str_of(&e["event"]));
+    }
+    s
 }

@@ -1,7 +1,9 @@
 //! `trellis`: one binary for the storage node daemon, the load generator,
 //! the SAN simulator and the emulated SAN.
 
+mod cdc_cmd;
 mod ctl_cmd;
+mod ctl_disc_cmd;
 mod target_cmd;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +34,10 @@ enum Cmd {
     /// Manage a running target over its management socket (JSON-RPC 2.0):
     /// `trellis ctl ana get`, `trellis ctl ana set --listener ... --group ... --state ...`.
     Ctl(ctl_cmd::CtlArgs),
+    /// Central discovery controller: follows storage nodes' discovery
+    /// controllers (`--node`, repeatable) and serves their merged log, with
+    /// change notices, on one discovery address (docs/target.md).
+    Cdc(cdc_cmd::CdcArgs),
 }
 
 fn main() {
@@ -49,6 +55,7 @@ fn main() {
         Cmd::Bench(a) => trellis_bench::cli::run(a),
         Cmd::San(a) => trellis_san::cli::run(a),
         Cmd::Ctl(a) => ctl_cmd::run(a),
+        Cmd::Cdc(a) => cdc_cmd::run(a),
         Cmd::Sim(a) => {
             // The simulator only prints reports and writes files: like other
             // Unix report tools, `trellis sim ... | head` ends quietly when

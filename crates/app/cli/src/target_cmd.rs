@@ -78,6 +78,28 @@ pub struct TargetArgs {
     /// Unix socket path; overrides `[ctl] socket`. Off by default.
     #[arg(long, value_name = "PATH")]
     ctl_socket: Option<std::path::PathBuf>,
+    /// HA pair: hold the ownership lease in this store: file (one machine,
+    /// the default) or etcd. Any HA flag turns `[ha]` on with its defaults.
+    #[arg(long, value_name = "file|etcd")]
+    ha_store: Option<String>,
+    /// HA: etcd endpoints, comma-separated (e.g. 127.0.0.1:2379).
+    #[arg(long, value_name = "HOST:PORT,...", value_delimiter = ',')]
+    ha_endpoints: Vec<String>,
+    /// HA: this node's name in the store (default: the node UUID).
+    #[arg(long, value_name = "NAME")]
+    ha_node: Option<String>,
+    /// HA: the lease key, the same on both nodes (default /trellis/ha/NQN).
+    #[arg(long, value_name = "KEY")]
+    ha_key: Option<String>,
+    /// HA: file store's lock file (default: ha.lock in the state directory).
+    #[arg(long, value_name = "PATH")]
+    ha_path: Option<std::path::PathBuf>,
+    /// HA: lease TTL in ms (default 5000; etcd: whole seconds).
+    #[arg(long, value_name = "MS")]
+    ha_lease_ttl_ms: Option<u64>,
+    /// HA: serve at most this long after the last confirmed keepalive (default 3500).
+    #[arg(long, value_name = "MS")]
+    ha_fence_ms: Option<u64>,
     /// Check everything starting would (files included, without creating
     /// them), print the effective configuration as TOML (a valid --config
     /// file) and the identities, and exit.
@@ -210,9 +232,48 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     if !a.cpus.is_empty() {
         cfg.target.cpus = a.cpus.clone();
     }
+    ha_flags(&mut cfg, a)?;
     cfg.target.state_dir = state_dir(path, cfg.target.state_dir.take(), a);
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The --ha-* flags over `[ha]` (creating it with its defaults).
+fn ha_flags(cfg: &mut Config, a: &TargetArgs) -> anyhow::Result<()> {
+    use trellis_target::ha::{HaConfig, StoreKind};
+    let any = a.ha_store.is_some()
+        || !a.ha_endpoints.is_empty()
+        || a.ha_node.is_some()
+        || a.ha_key.is_some()
+        || a.ha_path.is_some()
+        || a.ha_lease_ttl_ms.is_some()
+        || a.ha_fence_ms.is_some();
+    if !any {
+        return Ok(());
+    }
+    let ha = cfg.ha.get_or_insert_with(HaConfig::default);
+    match a.ha_store.as_deref() {
+        None => {}
+        Some("file") => ha.store = StoreKind::File,
+        Some("etcd") => ha.store = StoreKind::Etcd,
+        Some(s) => anyhow::bail!("--ha-store {s:?}: use file or etcd"),
+    }
+    if !a.ha_endpoints.is_empty() {
+        ha.endpoints = a.ha_endpoints.clone();
+    }
+    let set = |dst: &mut String, v: &Option<String>| {
+        if let Some(v) = v {
+            dst.clone_from(v);
+        }
+    };
+    set(&mut ha.node, &a.ha_node);
+    set(&mut ha.key, &a.ha_key);
+    if a.ha_path.is_some() {
+        ha.path.clone_from(&a.ha_path);
+    }
+    ha.lease_ttl_ms = a.ha_lease_ttl_ms.unwrap_or(ha.lease_ttl_ms);
+    ha.fence_ms = a.ha_fence_ms.unwrap_or(ha.fence_ms);
+    Ok(())
 }
 
 /// The flag, else the config's `state_dir` (relative to the config file),

@@ -27,6 +27,8 @@ const ADMIN_BUF_BYTES: usize = 8192;
 const MAX_DISCOVERY_ENTRIES: u64 = 1024;
 /// Feature identifier of Number of Queues.
 const FID_NUM_QUEUES: u32 = 0x07;
+/// Feature identifier of Asynchronous Event Configuration.
+const FID_ASYNC_EVENT_CONFIG: u32 = 0x0B;
 
 /// Host-wide settings shared by every queue of a controller.
 #[derive(Clone, Debug)]
@@ -95,6 +97,8 @@ pub struct Controller {
     pub id: IdCtrl,
     next_qid: u16,
     last_keep_alive: Instant,
+    /// The slot of our outstanding Asynchronous Event Request, if any.
+    aer_slot: Option<u16>,
 }
 
 impl Controller {
@@ -132,6 +136,7 @@ impl Controller {
             id,
             next_qid: 1,
             last_keep_alive: Instant::now(),
+            aer_slot: None,
         })
     }
 
@@ -225,10 +230,61 @@ impl Controller {
         Ok(())
     }
 
-    /// Reads the whole discovery log (on a discovery controller).
+    /// Enables the asynchronous events in `mask` (Set Features 0Bh,
+    /// Asynchronous Event Configuration; e.g. bit 31, Discovery Log Page
+    /// Change notices, on a discovery controller whose OAES has it).
+    pub fn enable_events(&mut self, mask: u32) -> Result<()> {
+        let mut sqe = Sqe::new(admin::SET_FEATURES, 0, 0);
+        sqe.set_cdw(10, FID_ASYNC_EVENT_CONFIG);
+        sqe.set_cdw(11, mask);
+        self.admin.exec_ok(sqe, Xfer::None, &[], &mut [])?;
+        Ok(())
+    }
+
+    /// Leaves one Asynchronous Event Request outstanding (if none is):
+    /// [`Controller::poll_event`] returns its completion. Commands run
+    /// meanwhile (Keep Alive, Get Log Page) keep it queued for the poll.
+    pub fn arm_event(&mut self) -> Result<()> {
+        if self.aer_slot.is_some() {
+            return Ok(());
+        }
+        let slot = self.admin.alloc().ok_or_else(|| {
+            Error::protocol("no free admin slot for an Asynchronous Event Request")
+        })?;
+        let sqe = Sqe::new(admin::ASYNC_EVENT_REQUEST, 0, 0);
+        if let Err(e) = self.admin.submit(slot, sqe, Xfer::None, Instant::now()) {
+            self.admin.free(slot);
+            return Err(e);
+        }
+        self.aer_slot = Some(slot);
+        Ok(())
+    }
+
+    /// Polls the admin queue once without blocking: the completion DW0 of
+    /// the outstanding AER once it completed (type, information and log
+    /// page, NVMe Base 2.0 §5.2.1), else None. An AER failing is an Err.
+    pub fn poll_event(&mut self) -> Result<Option<u32>> {
+        self.admin.poll(Instant::now())?;
+        while let Some(c) = self.admin.next_completion() {
+            self.admin.free(c.slot);
+            if Some(c.slot) != self.aer_slot {
+                continue; // nothing else is outstanding between commands
+            }
+            self.aer_slot = None;
+            if !c.status.is_success() {
+                return Err(Error::Nvme(c.status));
+            }
+            return Ok(Some(c.dw0));
+        }
+        Ok(None)
+    }
+
+    /// Reads the whole discovery log (on a discovery controller). RAE is
+    /// clear, as Linux reads it: the read re-arms the target's Discovery
+    /// Log Page Change notice (NVMe Base 2.0 §5.2).
     pub fn discovery_log(&mut self) -> Result<Vec<DiscoveryEntry>> {
         let mut chunk = vec![0u8; 4096];
-        self.get_log(log::lid::DISCOVERY, 0, &mut chunk)?;
+        self.get_log_with(log::lid::DISCOVERY, 0, false, 0, &mut chunk)?;
         let (_gen, numrec, recfmt) = log::decode_discovery_header(&chunk);
         if recfmt != 0 {
             return Err(Error::protocol(format!("discovery log RECFMT {recfmt}")));
@@ -241,16 +297,13 @@ impl Controller {
         let total = DISC_HDR_LEN + numrec as usize * DISC_ENTRY_LEN;
         let mut whole = chunk.clone();
         while whole.len() < total {
-            self.get_log(log::lid::DISCOVERY, whole.len() as u64, &mut chunk)?;
+            let at = whole.len() as u64;
+            self.get_log_with(log::lid::DISCOVERY, 0, false, at, &mut chunk)?;
             whole.extend_from_slice(&chunk);
         }
         Ok((0..numrec as usize)
             .map(|i| DiscoveryEntry::decode(&whole[DISC_HDR_LEN + i * DISC_ENTRY_LEN..]))
             .collect())
-    }
-
-    fn get_log(&mut self, lid: u8, offset: u64, out: &mut [u8]) -> Result<()> {
-        self.get_log_with(lid, 0, true, offset, out)
     }
 
     fn get_log_with(

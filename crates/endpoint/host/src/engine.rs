@@ -381,7 +381,10 @@ impl Engine {
         s.state = SlotState::InFlight;
         s.xfer = xfer;
         s.done = 0;
-        s.submitted_ns = now_ns;
+        // An Asynchronous Event Request completes only when an event
+        // occurs (NVMe Base 2.0 §5.2): no command timeout applies to it.
+        let aer = self.cfg.qid == 0 && sqe.opcode() == admin::ASYNC_EVENT_REQUEST;
+        s.submitted_ns = if aer { u64::MAX } else { now_ns };
         sqe.set_cid(slot | s.gen << SLOT_BITS);
         if let Some(t) = self.cfg.credit_token {
             let cdw2 = trellis_nvme::le32(&sqe.0, 8) & !0xFFFF | t.get() as u32;

@@ -132,6 +132,14 @@ impl Queue {
         };
         let busy = || Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
         let mut ctrls = crate::lock(map);
+        // Checked under the lock a subsystem removal holds (`livesub`).
+        if sub
+            .as_ref()
+            .is_some_and(|s| self.reg.subsystems.is_removed(s.idx))
+        {
+            let e = invalid_param(true, ipo::DATA_SUBNQN);
+            return Err(refuse(e, "subsystem removed"));
+        }
         if ctrls.len() >= max {
             return Err(refuse(
                 busy(),
@@ -146,7 +154,7 @@ impl Queue {
             subsys: sub.clone(),
             hostnqn: data.hostnqn.clone(),
             hostid: data.hostid,
-            kato_ms: AtomicU32::new(cmd.kato_ms),
+            kato_ms: AtomicU32::new(kato_ms(cmd.kato_ms, sub.is_none(), &self.reg.limits)),
             last_keepalive_ns: AtomicU64::new(ctx.now_ns),
             cc: AtomicU32::new(0),
             csts: AtomicU32::new(0),
@@ -235,6 +243,19 @@ impl Queue {
             sqhd: 0,
         });
         Ok(Exec::DoneWith(Status::SUCCESS, data.cntlid as u32, 0))
+    }
+}
+
+/// KATO from Connect; a discovery controller connected with 0 gets the
+/// discovery idle timeout, as nvmet gives NVMET_DISC_KATO_MS (120 s), so
+/// Get Features KATO reports what reaps the controller.
+fn kato_ms(asked: u32, discovery: bool, l: &crate::config::TargetConfig) -> u32 {
+    match asked {
+        0 if discovery => l
+            .discovery_idle_timeout_s
+            .saturating_mul(1000)
+            .min(u32::MAX as u64) as u32,
+        k => k,
     }
 }
 
@@ -354,7 +375,8 @@ impl Queue {
                 vwc: false,
                 kas: 10,
                 aerl: AER_LIMIT as u8 - 1,
-                oaes: 0,
+                // OAES bit 31: Discovery Log Page Change notices.
+                oaes: crate::aen::DISCOVERY_SUPPORTED,
                 ana: None,
             },
         }
@@ -427,6 +449,11 @@ impl Queue {
         let r = match (&ctrl.subsys, lp.lid) {
             (None, lid::DISCOVERY) => {
                 self.discovery_log(ctrl, &mut page);
+                // Reading it with RAE clear re-arms the change notice,
+                // as nvmet's `nvmet_clear_aen_bit` in discovery.c.
+                if !lp.rae {
+                    crate::aen::acknowledge(ctrl, lid::DISCOVERY);
+                }
                 Ok(())
             }
             (None, _) => Err(generic::INVALID_FIELD.dnr()),
@@ -601,6 +628,7 @@ impl Queue {
                 entries.push(entry(log::subtype::NVME, &sub.nqn, l.addr, l.portid));
             }
         }
+        self.reg.disc.extend_entries(&mut entries);
         log::encode_discovery_log(self.reg.discovery_genctr.load(Relaxed), &entries, page);
     }
 
@@ -622,7 +650,11 @@ impl Queue {
                 ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
             }
             feat::ASYNC_EVENT_CONFIG => {
-                let allowed = if disc { 1 << 31 } else { 0x0000_0BFF };
+                let allowed = if disc {
+                    crate::aen::DISCOVERY_SUPPORTED
+                } else {
+                    0x0000_0BFF
+                };
                 if v & !allowed != 0 {
                     return Exec::Done(generic::INVALID_FIELD.dnr());
                 }

@@ -17,6 +17,17 @@ pub const AEN_NS_ATTR: u32 = 1 << 8;
 /// (2h), information 00h, log page 04h (Changed Namespace List), §5.2.1.
 pub const AEN_NS_ATTR_DW0: u32 = 0x2 | (lid::CHANGED_NS_LIST as u32) << 16;
 
+/// Asynchronous Event Configuration bit 31 (Set Features 0Bh), and OAES
+/// bit 31 in a discovery controller's Identify Controller: Discovery Log
+/// Page Change Notices (NVMe Base 2.0, Set Features: Asynchronous Event
+/// Configuration).
+pub const AEN_DISC_CHANGE: u32 = 1 << 31;
+
+/// Completion DW0 of the Discovery Log Page Change notice: type Notice
+/// (2h), information F0h, log page 70h (NVMe Base 2.0 §5.2.1, Notice
+/// event information; Linux's NVME_AER_NOTICE_DISC_CHANGED).
+pub const AEN_DISC_CHANGE_DW0: u32 = 0x2 | 0xF0 << 8 | (lid::DISCOVERY as u32) << 16;
+
 /// An event: its configuration bit, its completion DW0, its log page.
 struct Event {
     bit: u32,
@@ -25,7 +36,7 @@ struct Event {
 }
 
 /// Every event we raise, in the order they are delivered when several wait.
-const EVENTS: [Event; 2] = [
+const EVENTS: [Event; 3] = [
     Event {
         bit: AEN_NS_ATTR,
         dw0: AEN_NS_ATTR_DW0,
@@ -36,11 +47,21 @@ const EVENTS: [Event; 2] = [
         dw0: AEN_ANA_CHANGE_DW0,
         lid: lid::ANA,
     },
+    Event {
+        bit: AEN_DISC_CHANGE,
+        dw0: AEN_DISC_CHANGE_DW0,
+        lid: lid::DISCOVERY,
+    },
 ];
 
 /// The events an NVM controller supports (OAES; also the bits whose
 /// enabling makes its admin queue look for raised events).
 pub const SUPPORTED: u32 = AEN_NS_ATTR | AEN_ANA_CHANGE;
+
+/// The events a discovery controller supports (its OAES, and the only
+/// Asynchronous Event Configuration bit it accepts, as nvmet's
+/// NVMET_DISC_AEN_CFG_OPTIONAL).
+pub const DISCOVERY_SUPPORTED: u32 = AEN_DISC_CHANGE;
 
 /// Takes one raised, unsent event of `ctrl`: its completion DW0.
 pub fn take(ctrl: &Controller) -> Option<u32> {
@@ -123,5 +144,6 @@ mod tests {
         c.encode(&mut page, true);
         assert_eq!(&page[..8], &[0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]);
         assert_eq!(AEN_NS_ATTR_DW0, 0x0004_0002);
+        assert_eq!(AEN_DISC_CHANGE_DW0, 0x0070_F002);
     }
 }

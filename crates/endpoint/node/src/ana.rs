@@ -92,6 +92,24 @@ impl AnaTable {
         })
     }
 
+    /// Starts listener `to` (one added live) in the states listener `from`
+    /// reports for every group slot, or in `st` for every slot when `from`
+    /// is None. False if `to` has no slots.
+    pub fn copy_listener(&self, from: Option<u16>, to: u16, st: AnaState) -> bool {
+        if self.slot(to, 0).is_none() {
+            return false;
+        }
+        for g in 0..self.cap {
+            let v = from
+                .and_then(|f| self.slot(f, g))
+                .map_or(st as u8, |a| a.load(Relaxed));
+            if let Some(a) = self.slot(to, g) {
+                a.store(v, Relaxed);
+            }
+        }
+        true
+    }
+
     /// Every ANAGRPID in use, by index.
     pub fn groups(&self) -> Vec<u32> {
         crate::lock(&self.groups).clone()

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
+/// The largest controller ID (FFEFh; FFF0h and up are reserved).
+pub const MAX_CNTLID: u16 = 0xFFEF;
 /// Upper bound of `target.max_io_size`.
 pub const MAX_IO_SIZE_LIMIT: u64 = 8 << 20;
 
@@ -39,6 +41,13 @@ pub struct Config {
     /// Management socket (JSON-RPC 2.0; `trellis ctl`), off unless `socket` is set.
     #[serde(default)]
     pub ctl: CtlConfig,
+    /// HA pair: the ownership lease (`crate::ha`); absent: no lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ha: Option<crate::ha::HaConfig>,
+    /// Other nodes' discovery controllers, listed as referrals (SUBTYPE 1h)
+    /// in our discovery log (`crate::discovery`).
+    #[serde(default, rename = "referral", skip_serializing_if = "Vec::is_empty")]
+    pub referrals: Vec<crate::discovery::ReferralConfig>,
 }
 
 /// `[ctl]`: where the management socket (`trellis ctl`) listens.
@@ -110,8 +119,19 @@ pub struct TargetConfig {
     pub discovery_idle_timeout_s: u64,
     /// A connection must send ICReq and Connect within this time.
     pub connect_timeout_ms: u64,
+    /// A connection whose peer accepts none of its queued output for this
+    /// long is closed (a peer that stopped reading: "slowloris"). Its
+    /// output is bounded meanwhile (the reactor stops parsing its commands
+    /// when the output queue is full).
+    pub send_stall_timeout_ms: u64,
     /// Time allowed at shutdown to finish in-flight commands.
     pub shutdown_grace_ms: u64,
+    /// Controller IDs this node hands out, inclusive (1..=`MAX_CNTLID`).
+    /// Two nodes a host reaches as one subsystem (an HA pair) need disjoint
+    /// ranges: Linux refuses a controller whose CNTLID it already has in the
+    /// subsystem ("Duplicate cntlid"), which is why nvmet has cntlid_min/max.
+    pub cntlid_min: u16,
+    pub cntlid_max: u16,
     /// Socket I/O engine: plain syscalls with epoll, or io_uring.
     pub socket_engine: SocketEngine,
     /// Where the node identity file (`node-id`) lives. Default: the config
@@ -141,6 +161,27 @@ impl std::str::FromStr for SocketEngine {
     }
 }
 
+/// Default of `target.max_connections`: every NVMe/TCP queue pair is a
+/// connection, so 1,000 hosts with 10 I/O queues each need 11,000 of them
+/// (issue 13's load case; `crates/app/cli/tests/scale.rs`). Memory follows
+/// the connections actually open, not this bound (docs/target.md "Limits").
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+/// Default of `target.max_controllers` (per subsystem): enough for every
+/// host the default connection bound can serve; a controller costs its
+/// connections, which `max_connections` bounds. Was 64, which refused the
+/// 65th host (SPDK allows ~65,000 controller IDs).
+pub const DEFAULT_MAX_CONTROLLERS: usize = 4_096;
+
+/// Default of `target.send_stall_timeout_ms`: 30 s without a byte accepted
+/// by the peer. Far above any healthy stall (a host's keep-alive period is
+/// 5-15 s, Linux's default KATO), far below TCP's own give-up time (about
+/// 15 minutes with `tcp_retries2` = 15), which never fires for a peer that
+/// still ACKs with a zero window.
+pub const DEFAULT_SEND_STALL_TIMEOUT_MS: u64 = 30_000;
+/// Bounds of `target.send_stall_timeout_ms`.
+pub const SEND_STALL_TIMEOUT_MS_MIN: u64 = 100;
+pub const SEND_STALL_TIMEOUT_MS_MAX: u64 = 3_600_000;
+
 /// Bounds of `target.send_budget` (when not 0): one page, and far above any
 /// socket buffer.
 pub const SEND_BUDGET_MIN: u64 = 4 << 10;
@@ -158,14 +199,17 @@ impl Default for TargetConfig {
             max_h2c_data: ByteSize(128 << 10),
             max_queue_depth: 128,
             max_io_queues: 16,
-            max_connections: 1024,
-            max_controllers: 64,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_controllers: DEFAULT_MAX_CONTROLLERS,
             send_budget: ByteSize(0),
             idle_spin_us: 200,
             idle_sleep_ms: 10,
             discovery_idle_timeout_s: 120,
             connect_timeout_ms: 10_000,
+            send_stall_timeout_ms: DEFAULT_SEND_STALL_TIMEOUT_MS,
             shutdown_grace_ms: 5_000,
+            cntlid_min: 1,
+            cntlid_max: MAX_CNTLID,
             socket_engine: SocketEngine::Epoll,
             state_dir: None,
         }
@@ -177,6 +221,12 @@ impl TargetConfig {
     fn validate(&self) -> anyhow::Result<()> {
         use anyhow::ensure;
         let t = self;
+        ensure!(
+            1 <= t.cntlid_min && t.cntlid_min <= t.cntlid_max && t.cntlid_max <= MAX_CNTLID,
+            "target.cntlid_min = {} and cntlid_max = {}: use 1 <= cntlid_min <= cntlid_max <= {MAX_CNTLID} (65519)",
+            t.cntlid_min,
+            t.cntlid_max
+        );
         ensure!(
             t.reactors >= 1 && t.reactors <= 256,
             "target.reactors must be 1..=256"
@@ -217,6 +267,11 @@ impl TargetConfig {
         ensure!(
             t.max_controllers >= 1 && t.max_controllers < 0xFFEF,
             "target.max_controllers out of range"
+        );
+        ensure!(
+            (SEND_STALL_TIMEOUT_MS_MIN..=SEND_STALL_TIMEOUT_MS_MAX).contains(&t.send_stall_timeout_ms),
+            "target.send_stall_timeout_ms {} is out of range: use {SEND_STALL_TIMEOUT_MS_MIN}..={SEND_STALL_TIMEOUT_MS_MAX}",
+            t.send_stall_timeout_ms
         );
         Ok(())
     }
@@ -546,6 +601,8 @@ impl Config {
             tenants: Vec::new(),
             metrics: MetricsConfig::default(),
             ctl: CtlConfig::default(),
+            ha: None,
+            referrals: Vec::new(),
         };
         // Checked by a unit test; `Target::start` validates again anyway.
         debug_assert!(c.validate().is_ok(), "embedded default is valid");
@@ -581,6 +638,10 @@ impl Config {
         use anyhow::{bail, ensure};
         self.target.validate()?;
         self.qos.validate(&self.tenants)?;
+        if let Some(ha) = &self.ha {
+            ha.validate()?;
+        }
+        crate::discovery::check_referrals(&self.referrals)?;
         ensure!(
             !self.listeners.is_empty(),
             "at least one [[listener]] is needed"

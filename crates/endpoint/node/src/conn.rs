@@ -137,6 +137,13 @@ pub struct Conn {
     free: Vec<u16>,
     backlog: std::collections::VecDeque<u16>,
     created_ns: u64,
+    /// Since when queued output has waited with no byte accepted by the
+    /// peer (`u64::MAX`: none waits). Set by `handle_timeout`, which runs
+    /// at least every `CTRL_CHECK_NS` on a connected queue, and moved on
+    /// by every `tx_advance` that sends something.
+    tx_wait_since_ns: u64,
+    /// Close without sending what is queued (the peer stopped reading).
+    drop_output: bool,
     close_reason: Option<String>,
     /// What kind of reason `close_reason` is, for `/metrics`.
     close_kind: CloseKind,
@@ -208,6 +215,8 @@ impl Conn {
             free,
             backlog: Default::default(),
             created_ns: now_ns,
+            tx_wait_since_ns: u64::MAX,
+            drop_output: false,
             close_reason: None,
             close_kind: CloseKind::Other,
             backend_in_flight: 0,
@@ -290,8 +299,10 @@ impl Conn {
         self.queue.q.as_ref().map(|q| q.qid)
     }
 
+    /// Closing, and nothing left to send: or what is left will never be
+    /// taken (a send stall), so it is dropped rather than waited for.
     pub fn wants_close(&self) -> bool {
-        self.state == State::Closing && self.tx.is_empty()
+        self.state == State::Closing && (self.tx.is_empty() || self.drop_output)
     }
 
     /// Parses and handles every complete PDU in the receive buffer.
@@ -905,6 +916,43 @@ impl Conn {
         done.clear();
         self.released = done;
         self.pump_backlog();
+        if n > 0 {
+            // The peer reads: a stall, if any, starts over from here.
+            self.tx_wait_since_ns = match self.has_output() {
+                true => self.now_ns,
+                false => u64::MAX,
+            };
+        }
+    }
+
+    /// Closes the connection once its queued output has waited
+    /// `send_stall_timeout_ms` without the peer accepting a byte; starts
+    /// that clock when output is found waiting. True when it closed.
+    fn check_send_stall(&mut self, now_ns: u64) -> bool {
+        if !self.has_output() {
+            self.tx_wait_since_ns = u64::MAX;
+            return false;
+        }
+        if self.tx_wait_since_ns == u64::MAX {
+            self.tx_wait_since_ns = now_ns;
+            return false;
+        }
+        let limit_ns = self.queue.reg.limits.send_stall_timeout_ms * 1_000_000;
+        if now_ns.saturating_sub(self.tx_wait_since_ns) <= limit_ns {
+            return false;
+        }
+        tracing::warn!(
+            peer = %self.queue.peer,
+            "peer accepted none of {} queued bytes for {} ms (target.send_stall_timeout_ms); closing",
+            self.output_bytes(),
+            self.queue.reg.limits.send_stall_timeout_ms
+        );
+        self.close_as(
+            CloseKind::Timeout,
+            "peer stopped reading (send stall timeout)",
+        );
+        self.drop_output = true;
+        true
     }
 
     /// Answers a fatal error: C2HTermReq with the offending header, then close.
@@ -959,15 +1007,11 @@ impl Conn {
                     Some(limit) => q.ctrl.last_keepalive_ns.load(Relaxed).saturating_add(limit),
                     None => u64::MAX,
                 };
-                // Once the host enabled an event we raise (Set Features,
-                // which queues output and so re-arms this timer), the admin
-                // queue looks for raised events this often: the control
-                // path sets a flag and never touches the reactor.
-                let aec = q.ctrl.async_event_config.load(Relaxed);
-                match aec & crate::aen::SUPPORTED != 0 && !q.ctrl.is_discovery() {
-                    true => kato.min(self.now_ns.saturating_add(CTRL_CHECK_NS)),
-                    false => kato,
-                }
+                // The admin queue looks this often for raised events and
+                // for its controller torn down (`livesub`, a subsystem
+                // removed with force), as I/O queues do: the control path
+                // sets a flag and never touches the reactor.
+                kato.min(self.now_ns.saturating_add(CTRL_CHECK_NS))
             }
         };
         Some(own.min(stats)).filter(|&t| t != u64::MAX)
@@ -1011,6 +1055,10 @@ impl Conn {
             self.close_as(CloseKind::ControllerGone, "controller torn down");
             return;
         }
+        if self.check_send_stall(now_ns) {
+            return;
+        }
+        let Some(q) = &self.queue.q else { return };
         if q.kind != QueueKind::Admin {
             return;
         }

@@ -195,11 +195,15 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
         "config_get" => config_get(reg),
         "host_add" => host_set(reg, &params, true),
         "host_remove" => host_set(reg, &params, false),
+        "ha_get" | "ha_drain" => crate::ha::rpc(reg, method),
+        m if crate::ctl_disc::METHODS.contains(&m) => {
+            crate::ctl_disc::rpc(reg, m, &params).map_err(invalid)
+        }
         _ => Err((
             code::METHOD_NOT_FOUND,
             format!(
                 "unknown method {method:?}: the methods are {}",
-                METHODS.join(", ")
+                [&METHODS[..], crate::ctl_disc::METHODS].concat().join(", ")
             ),
         )),
     };
@@ -211,7 +215,7 @@ pub fn handle(reg: &Registry, text: &[u8]) -> Option<Value> {
 }
 
 /// Every method, for the error naming them.
-const METHODS: [&str; 11] = [
+const METHODS: [&str; 13] = [
     "ana_get",
     "ana_set",
     "namespace_add",
@@ -223,6 +227,8 @@ const METHODS: [&str; 11] = [
     "config_get",
     "host_add",
     "host_remove",
+    "ha_get",
+    "ha_drain",
 ];
 
 fn error(id: Value, c: i64, msg: &str) -> Value {
@@ -356,7 +362,7 @@ fn state_param(v: Option<&Value>) -> Result<AnaState, RpcError> {
 /// Raises the ANA change event on every controller connected through
 /// listener `portid` whose subsystem has one of `groups`. Returns how many
 /// had the event enabled (Asynchronous Event Configuration bit 11).
-fn notify(reg: &Registry, portid: u16, groups: &[u32]) -> usize {
+pub(crate) fn notify(reg: &Registry, portid: u16, groups: &[u32]) -> usize {
     if groups.is_empty() {
         return 0;
     }

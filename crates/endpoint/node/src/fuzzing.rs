@@ -212,8 +212,8 @@ mod timer_tests {
     }
 
     /// After Connect the admin queue's deadline is the keep-alive limit
-    /// (KATO rounded up to whole seconds), and batched statistics add a
-    /// flush deadline.
+    /// (KATO rounded up to whole seconds) or its next controller check
+    /// (every 100 ms), and batched statistics add a flush deadline.
     #[test]
     fn admin_queue_deadline_follows_keep_alive() {
         let reg = registry();
@@ -225,8 +225,14 @@ mod timer_tests {
         let p = prefix(Digests::default(), Some((0, CNTLID_DYNAMIC)));
         run(&mut c, &p, &mut queues, &reg, &mut scratch, &mut now);
         let ctrl = c.ctrl().expect("connected").clone();
-        // No KATO (the prefix connects with 0): an NVM admin queue has no deadline.
-        assert_eq!(c.next_timeout(), None);
+        // No KATO (the prefix connects with 0): no keep-alive deadline, only
+        // the check for a controller torn down by the control path.
+        let check = c
+            .next_timeout()
+            .expect("the admin queue checks its controller");
+        c.handle_timeout(check);
+        assert!(!c.is_closing());
+        assert_eq!(c.next_timeout(), Some(check + crate::conn::CTRL_CHECK_NS));
         let kato_ms = 4_500u64; // rounds up to 5 s
         ctrl.kato_ms
             .store(kato_ms as u32, std::sync::atomic::Ordering::Relaxed);
@@ -234,9 +240,9 @@ mod timer_tests {
             .last_keepalive_ns
             .load(std::sync::atomic::Ordering::Relaxed);
         let want = last + kato_ms.div_ceil(1000) * 1_000_000_000;
-        assert_eq!(c.next_timeout(), Some(want));
         c.handle_timeout(want - 1);
         assert!(!c.is_closing());
+        assert_eq!(c.next_timeout(), Some(want), "before the next check");
         c.handle_timeout(want + 1);
         assert!(c.is_closing());
         assert_eq!(c.close_reason(), "keep-alive timeout");

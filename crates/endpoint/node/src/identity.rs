@@ -219,9 +219,15 @@ impl std::fmt::Display for NamespaceIds {
 /// An exclusive, non-blocking `flock`: Ok(false) if another open file
 /// description holds it (another process, or another target in this one).
 fn try_lock(f: &File) -> std::io::Result<bool> {
+    try_flock(f, libc::LOCK_EX)
+}
+
+/// A non-blocking `flock` with `op` (`LOCK_EX` or `LOCK_SH`): Ok(false) if
+/// another open file description holds it. Also the HA file store's lease.
+pub(crate) fn try_flock(f: &File, op: libc::c_int) -> std::io::Result<bool> {
     // SAFETY: flock takes a descriptor number and flags; `f` keeps the
     // descriptor open for the duration of the call.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    let r = unsafe { libc::flock(f.as_raw_fd(), op | libc::LOCK_NB) };
     if r == 0 {
         return Ok(true);
     }

@@ -170,39 +170,52 @@ impl Registry {
         };
         drop(hosts);
         if changed {
-            self.discovery_genctr.fetch_add(1, Relaxed);
+            self.discovery_changed(Some(sub));
             tracing::info!(subsystem = %sub.nqn, host, allow, "allowed hosts changed");
         }
         Ok(changed)
     }
 
-    /// The configuration as it is now: the start's, with the namespaces and
-    /// tenant weights changed since (`trellis ctl save`).
+    /// The configuration as it is now: the start's, with the listeners,
+    /// subsystems, namespaces, hosts, referrals and tenant weights changed since
+    /// (`trellis ctl save`).
     pub fn live_config(&self) -> Config {
         let mut c = self.config.clone();
         let set = self.ns.load();
-        for (i, s) in c.subsystems.iter_mut().enumerate() {
-            s.namespaces = set
-                .sub(i)
-                .namespaces
-                .iter()
-                .map(|n| {
-                    // The size now (a resize may have grown it).
-                    let mut c = n.config.clone();
-                    let bytes = n.size_blocks().saturating_mul(n.block_size as u64);
-                    c.size = Some(crate::config::ByteSize(bytes));
-                    c
-                })
-                .collect();
-            if let Some(sub) = self.subsystems.get(i) {
-                let mut hosts: Vec<String> =
-                    crate::lock(&sub.allowed_hosts).iter().cloned().collect();
-                hosts.sort();
-                s.allowed_hosts = hosts;
-            }
-        }
+        c.subsystems = self
+            .subsystems
+            .iter()
+            .filter_map(|s| Some((s.idx, self.subsystems.config_of(s.idx)?.clone())))
+            .map(|(i, mut s)| {
+                self.live_subsystem(&set, i, &mut s);
+                s
+            })
+            .collect();
+        c.referrals = crate::lock(&self.disc.referrals).clone();
+        c.listeners = self.listeners.configs();
         c.tenants = self.tenants.configs();
         c
+    }
+
+    /// Subsystem `i`'s namespaces and allowed hosts as they are now.
+    fn live_subsystem(&self, set: &NsSet, i: usize, s: &mut crate::config::SubsystemConfig) {
+        s.namespaces = set
+            .sub(i)
+            .namespaces
+            .iter()
+            .map(|n| {
+                // The size now (a resize may have grown it).
+                let mut c = n.config.clone();
+                let bytes = n.size_blocks().saturating_mul(n.block_size as u64);
+                c.size = Some(crate::config::ByteSize(bytes));
+                c
+            })
+            .collect();
+        if let Some(sub) = self.subsystems.get(i) {
+            let mut hosts: Vec<String> = crate::lock(&sub.allowed_hosts).iter().cloned().collect();
+            hosts.sort();
+            s.allowed_hosts = hosts;
+        }
     }
 
     /// The checks of a new namespace against the config rules and the
@@ -218,6 +231,11 @@ impl Registry {
             (1..=self.nn).contains(&nsid),
             "nsid {nsid} is outside 1..={} (NN, which hosts read once at connect): pick one in that range",
             self.nn
+        );
+        ensure!(
+            !self.subsystems.is_removed(sub.idx),
+            "subsystem {} was removed",
+            sub.nqn
         );
         if cur.sub(sub.idx).namespace(nsid).is_some() {
             bail!(
@@ -238,9 +256,17 @@ impl Registry {
 /// Identifiers (UUID, NGUID, EUI-64) must be unique in the node: hosts
 /// merge namespaces with equal ones. Checked once the namespace is open
 /// (derived identifiers are known only then).
-fn check_unique(cur: &NsSet, ns: &Namespace) -> anyhow::Result<()> {
+pub(crate) fn check_unique(cur: &NsSet, ns: &Namespace) -> anyhow::Result<()> {
+    check_unique_among(cur.all(), ns)
+}
+
+/// As [`check_unique`], against `others`.
+pub(crate) fn check_unique_among<'a>(
+    others: impl IntoIterator<Item = &'a std::sync::Arc<Namespace>>,
+    ns: &Namespace,
+) -> anyhow::Result<()> {
     let hex = crate::identity::hex;
-    for o in cur.all() {
+    for o in others {
         for (what, a, b) in [
             ("uuid", hex(&o.info.uuid), hex(&ns.info.uuid)),
             ("nguid", hex(&o.info.nguid), hex(&ns.info.nguid)),
@@ -254,7 +280,7 @@ fn check_unique(cur: &NsSet, ns: &Namespace) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn set_sub(next: &mut NsSet, idx: usize, s: SubNs) {
+pub(crate) fn set_sub(next: &mut NsSet, idx: usize, s: SubNs) {
     if next.subs.len() <= idx {
         next.subs.resize_with(idx + 1, SubNs::default);
     }

@@ -25,12 +25,15 @@ pub struct Target {
     metrics: Option<std::thread::JoinHandle<()>>,
     /// The management socket's thread, when `[ctl] socket` is set.
     ctl: Option<std::thread::JoinHandle<()>>,
+    /// The HA lease thread and fence watchdog, when `[ha]` is set.
+    ha: Option<crate::ha::Threads>,
 }
 
 impl Target {
     /// Opens backends, binds every listener and starts the reactors.
     pub fn start(cfg: &Config) -> anyhow::Result<Target> {
         cfg.validate()?;
+        check_nofile(cfg.target.max_connections);
         let mut listeners = Vec::new();
         let mut cfg = cfg.clone();
         for l in &mut cfg.listeners {
@@ -89,6 +92,14 @@ impl Target {
             }
         }
         let reactors = Arc::new(reactors);
+        // Before the acceptor: no host sees this node optimized before it holds the lease.
+        let ha = match crate::ha::start(&cfg, &reg, &shutdown) {
+            Ok(h) => h,
+            Err(e) => {
+                shutdown.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        };
         let acceptor = {
             let (reactors, reg) = (reactors.clone(), reg.clone());
             let shared = Shared {
@@ -118,6 +129,7 @@ impl Target {
             metrics_addr,
             metrics,
             ctl,
+            ha,
         })
     }
 
@@ -172,6 +184,12 @@ impl Target {
         for ns in self.reg.ns.load().all() {
             if let Err(e) = ns.backend.sync_all() {
                 tracing::error!("flush of nsid {} failed: {e}", ns.nsid);
+            }
+        }
+        // After the reactors: the lease is released once no command is in flight.
+        if let Some(h) = self.ha.take() {
+            if let Err(e) = h.join() {
+                self.note_failure(e);
             }
         }
         let failures = std::mem::take(&mut *crate::lock(&self.failures));
@@ -238,31 +256,82 @@ fn accept_thread(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared
     }
 }
 
-/// Polls the listeners (so shutdown is noticed within [`ACCEPT_POLL_MS`])
-/// and hands each accepted socket to a live reactor, round-robin.
-fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: &Shared) {
-    let mut next = 0usize;
-    let mut fds: Vec<libc::pollfd> = listeners
+/// The poll set of the acceptor's sockets.
+fn pollfds(socks: &[(usize, TcpListener)]) -> Vec<libc::pollfd> {
+    socks
         .iter()
-        .map(|l| libc::pollfd {
+        .map(|(_, l)| libc::pollfd {
             fd: l.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         })
-        .collect();
+        .collect()
+}
+
+/// Raises the descriptor limit for `max_connections` (`rlimit`); warns,
+/// naming the fix, when even the hard limit is too low.
+fn check_nofile(max_connections: usize) {
+    match crate::rlimit::ensure_nofile(max_connections) {
+        Some(n) if n.enough() => {}
+        // The default bound is a ceiling few nodes reach: below it, say so
+        // quietly; a bound the operator chose gets a warning.
+        Some(n) if max_connections == crate::config::DEFAULT_MAX_CONNECTIONS => tracing::info!(
+            "RLIMIT_NOFILE (hard limit {}) allows about {} connections, below the default target.max_connections {max_connections}",
+            n.hard,
+            n.soft.saturating_sub(crate::rlimit::FD_RESERVE)
+        ),
+        Some(n) => tracing::warn!(
+            "target.max_connections {max_connections} needs {} file descriptors, but RLIMIT_NOFILE allows {} (hard limit {}): connections past it will be refused; raise the limit (ulimit -n, systemd LimitNOFILE=) or lower max_connections",
+            n.wanted,
+            n.soft,
+            n.hard
+        ),
+        None => tracing::warn!("cannot read RLIMIT_NOFILE; connections may be refused below target.max_connections"),
+    }
+}
+
+/// Polls the listeners (so shutdown is noticed within [`ACCEPT_POLL_MS`])
+/// and hands each accepted socket to a live reactor, round-robin.
+/// Listeners added or removed live (`livelisten`) join or leave the poll
+/// set at the top of the next loop.
+fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: &Shared) {
+    let mut next = 0usize;
+    let mut socks: Vec<(usize, TcpListener)> = listeners.into_iter().enumerate().collect();
+    let mut fds = pollfds(&socks);
     let max_connections = shared.reg.limits.max_connections;
+    let mut last_accept_warn: Option<std::time::Instant> = None;
     while !shared.shutdown.load(Ordering::Relaxed) {
+        if shared.reg.listeners.sync_sockets(&mut socks) {
+            fds = pollfds(&socks);
+        }
         // SAFETY: fds is a live array of fds.len() pollfds that the kernel
-        // fills in; the listeners they name stay open for the whole loop.
+        // fills in; the sockets they name stay open until the next sync.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, ACCEPT_POLL_MS) };
         if n <= 0 {
             continue;
         }
-        for (i, l) in listeners.iter().enumerate() {
-            if fds[i].revents == 0 {
+        for (k, (i, l)) in socks.iter().enumerate() {
+            if fds[k].revents == 0 {
                 continue;
             }
-            while let Ok((stream, peer)) = l.accept() {
+            loop {
+                let (stream, peer) = match l.accept() {
+                    Ok(a) => a,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    // A peer that reset before we took it, or a signal: next.
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted
+                        ) =>
+                    {
+                        continue
+                    }
+                    Err(e) => {
+                        accept_failed(&e, &mut last_accept_warn);
+                        break;
+                    }
+                };
                 if shared.connections.load(Ordering::Relaxed) >= max_connections {
                     tracing::warn!(%peer, "connection limit reached; refusing");
                     continue;
@@ -274,7 +343,7 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
                 shared.connections.fetch_add(1, Ordering::Relaxed);
                 let nc = NewConn {
                     stream,
-                    listener: i,
+                    listener: *i,
                 };
                 if hand_off(reactors, &mut next, nc, peer).is_err() {
                     tracing::error!(%peer, "no live reactor to serve the connection; closing it");
@@ -283,6 +352,27 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
             }
         }
     }
+}
+
+/// How long the acceptor pauses after a failed accept (out of descriptors,
+/// say): the pending connection stays in the listen backlog, and polling
+/// again at once would spin the acceptor's core.
+const ACCEPT_RETRY_MS: u64 = 10;
+/// At most one warning per this long about failing accepts.
+const ACCEPT_WARN_INTERVAL_S: u64 = 10;
+
+/// An accept failed for another reason than "nothing pending" (EMFILE,
+/// ENFILE, ENOBUFS): warn at most every [`ACCEPT_WARN_INTERVAL_S`], naming
+/// the likely fix, and pause so the acceptor does not spin.
+fn accept_failed(e: &std::io::Error, last: &mut Option<std::time::Instant>) {
+    let now = std::time::Instant::now();
+    if last.is_none_or(|t| now.duration_since(t).as_secs() >= ACCEPT_WARN_INTERVAL_S) {
+        *last = Some(now);
+        tracing::warn!(
+            "cannot accept a connection: {e}; connections wait in the listen backlog (out of file descriptors? raise RLIMIT_NOFILE or lower target.max_connections)"
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_millis(ACCEPT_RETRY_MS));
 }
 
 /// Gives the connection to the next live reactor (round-robin, skipping

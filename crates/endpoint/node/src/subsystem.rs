@@ -254,18 +254,22 @@ pub struct Registry {
     /// Schedulers' configuration and the host NQN → tenant map (`qos`).
     pub qos: crate::qos::QosConfig,
     pub tenants: crate::qos::Tenants,
-    pub subsystems: Vec<Arc<Subsystem>>,
+    /// Live: added and removed while running (`livesub`).
+    pub subsystems: crate::livesub::SubsystemTable,
     /// Every namespace, by uid and by subsystem; changes while running.
     pub ns: crate::nsset::NsCell,
     /// NN and MNAN: `MAX_NSID`, or the config's largest NSID.
     pub nn: u32,
     /// The next namespace uid (never reused).
     pub(crate) next_uid: AtomicUsize,
-    pub listeners: Vec<ListenerInfo>,
+    /// Live: added and removed while running (`livelisten`).
+    pub listeners: crate::livelisten::ListenerTable,
     /// Discovery controllers live here (they belong to no subsystem).
     pub discovery_controllers: Mutex<HashMap<u16, Arc<Controller>>>,
     next_cntlid: Mutex<u16>,
     pub discovery_genctr: AtomicU64,
+    /// Referrals and entries merged from other nodes (`discovery`).
+    pub disc: crate::discovery::DiscoveryState,
     pub started: std::time::Instant,
     pub unsafe_shutdowns: AtomicU64,
     /// Per reactor: wall time spent in loops that did work, ns (published
@@ -279,6 +283,8 @@ pub struct Registry {
     pub conn_closed: [AtomicU64; crate::conn::CloseKind::ALL.len()],
     /// ANA state per (listener, group).
     pub ana: crate::ana::AnaTable,
+    /// The HA lease's view when `[ha]` is set (`ha_get`, `ha_drain`).
+    pub ha: std::sync::OnceLock<Arc<crate::ha::Ha>>,
 }
 
 impl Registry {
@@ -301,6 +307,12 @@ impl Registry {
             &cfg.listeners
                 .iter()
                 .map(|l| l.ana_state.unwrap_or(AnaState::Optimized))
+                // Slots for listeners added live, which copy their states
+                // before they accept (`livelisten`); inaccessible until then.
+                .chain(std::iter::repeat_n(
+                    AnaState::Inaccessible,
+                    crate::livelisten::MAX_LISTENERS_ADDED,
+                ))
                 .collect::<Vec<_>>(),
         );
         let mut subs_ns = Vec::new();
@@ -358,7 +370,7 @@ impl Registry {
             )),
             qos: cfg.qos.clone(),
             tenants: crate::qos::Tenants::new(&cfg.tenants, &cfg.qos.limits),
-            subsystems,
+            subsystems: crate::livesub::SubsystemTable::new(subsystems, &cfg.subsystems),
             next_uid: AtomicUsize::new(all_ns.len()),
             ns: crate::nsset::NsCell::new(crate::nsset::NsSet {
                 gen: 1,
@@ -366,10 +378,11 @@ impl Registry {
                 subs: subs_ns,
             }),
             nn,
-            listeners,
+            listeners: crate::livelisten::ListenerTable::new(listeners, &cfg.listeners),
             discovery_controllers: Mutex::new(HashMap::new()),
-            next_cntlid: Mutex::new(1),
+            next_cntlid: Mutex::new(cfg.target.cntlid_min),
             discovery_genctr: AtomicU64::new(1),
+            disc: crate::discovery::DiscoveryState::new(&cfg.referrals),
             started: std::time::Instant::now(),
             unsafe_shutdowns: AtomicU64::new(0),
             reactor_busy_ns: (0..cfg.target.reactors)
@@ -380,6 +393,7 @@ impl Registry {
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
             ana,
+            ha: std::sync::OnceLock::new(),
         })
     }
 
@@ -387,13 +401,15 @@ impl Registry {
         self.subsystems.iter().find(|s| s.nqn == nqn)
     }
 
-    /// Allocates a controller ID in 1..=0xFFEF unique among live controllers,
-    /// advancing round-robin so a just-freed ID is not handed out again at once.
+    /// Allocates a controller ID in `cntlid_min..=cntlid_max` (default
+    /// 1..=0xFFEF) unique among live controllers, advancing round-robin so a
+    /// just-freed ID is not handed out again at once.
     pub fn alloc_cntlid(&self, in_use: &dyn Fn(u16) -> bool) -> Option<u16> {
+        let (lo, hi) = (self.limits.cntlid_min.max(1), self.limits.cntlid_max);
         let mut next = crate::lock(&self.next_cntlid);
-        for _ in 0..0xFFEF {
-            let id = *next;
-            *next = if id >= 0xFFEF { 1 } else { id + 1 };
+        for _ in lo..=hi {
+            let id = (*next).clamp(lo, hi);
+            *next = if id >= hi { lo } else { id + 1 };
             if !in_use(id) {
                 return Some(id);
             }
@@ -542,5 +558,21 @@ mod tests {
         let a = r.alloc_cntlid(&|_| false).unwrap();
         let b = r.alloc_cntlid(&|id| id == a + 1).unwrap();
         assert_eq!(b, a + 2);
+        // A configured range (one node of an HA pair): only IDs in it, and
+        // none once all of them are live.
+        cfg.target.cntlid_min = 0x8000;
+        cfg.target.cntlid_max = 0x8001;
+        let r = Registry::build(&cfg).unwrap();
+        assert_eq!(r.alloc_cntlid(&|_| false), Some(0x8000));
+        assert_eq!(r.alloc_cntlid(&|_| false), Some(0x8001));
+        assert_eq!(
+            r.alloc_cntlid(&|_| false),
+            Some(0x8000),
+            "wraps within the range"
+        );
+        assert_eq!(r.alloc_cntlid(&|_| true), None);
+        cfg.target.cntlid_min = 0;
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains("cntlid_min = 0"), "{e}");
     }
 }

@@ -150,6 +150,8 @@ pub struct IdCtrl {
     pub anagrpmax: u32,
     pub nanagrpid: u32,
     pub mnan: u32,
+    /// Optional Asynchronous Events Supported (bytes 95:92).
+    pub oaes: u32,
 }
 
 impl IdCtrl {
@@ -174,6 +176,7 @@ impl IdCtrl {
             anagrpmax: le32(b, crate::ana::id::ANAGRPMAX),
             nanagrpid: le32(b, crate::ana::id::NANAGRPID),
             mnan: le32(b, crate::ana::id::MNAN),
+            oaes: le32(b, 92),
         }
     }
     /// CMIC bit 3: the controller reports Asymmetric Namespace Access.

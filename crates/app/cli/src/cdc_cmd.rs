@@ -1,0 +1,238 @@
+//! `trellis cdc`: a central discovery controller (CDC). Hosts run `nvme
+//! discover` against one address and see the subsystems of every storage
+//! node it follows.
+//!
+//! Design (pull, as TP8010's CDC pulls from a DDC; docs/target.md
+//! "Central discovery controller"): the CDC is given the nodes' discovery
+//! addresses (`--node`, repeatable). For each it keeps one persistent
+//! discovery connection through the host library: Connect with KATO
+//! `--kato-ms`, Keep Alive every KATO/2, Discovery Log Page Change notices
+//! enabled (Asynchronous Event Configuration bit 31) and one AER always
+//! outstanding. It reads the node's log at connect and after each notice,
+//! and serves the NVMe subsystem entries (SUBTYPE 2h) of every node it
+//! reaches, after its own entry, on its own discovery listeners (a
+//! `trellis target` with no subsystems). Entries are merged as the nodes
+//! wrote them, with their own addresses and PORTIDs.
+//!
+//! A node is dropped when its connection fails: at once when the socket
+//! closes (the node stopped), or when a Keep Alive or log read gets no
+//! answer within KATO (a hung node or a cut link), so at most 1.5 × KATO
+//! after the node's last answer. The CDC retries every `--retry-ms`.
+//! Each change to the merged log bumps GENCTR and raises the Discovery Log
+//! Page Change notice on the CDC's persistent host connections.
+
+use clap::Args;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use trellis_host::{ctrl::Controller, HostConfig};
+use trellis_nvme::fabrics::DISCOVERY_NQN;
+use trellis_nvme::log::{subtype, DiscoveryEntry};
+use trellis_target::config::{Config, ListenerConfig, ListenerKind};
+use trellis_target::subsystem::Registry;
+
+/// Asynchronous Event Configuration bit 31: Discovery Log Page Change.
+const AEN_DISC_CHANGE: u32 = 1 << 31;
+/// Completion DW0 of that notice (Notice, F0h, log page 70h).
+const AEN_DISC_CHANGE_DW0: u32 = 0x0070_F002;
+/// How often a follower polls its node's connection for the AER.
+const POLL: Duration = Duration::from_millis(20);
+/// Nodes one CDC follows.
+pub const MAX_NODES: usize = 64;
+
+#[derive(Args, Debug)]
+pub struct CdcArgs {
+    /// Where hosts discover: a discovery listener, HOST:PORT (repeatable).
+    #[arg(long, default_values_t = ["127.0.0.1:8009".to_string()])]
+    listen: Vec<String>,
+    /// A storage node's discovery controller, HOST:PORT (repeatable; at
+    /// least one, at most 64).
+    #[arg(long = "node", required = true)]
+    nodes: Vec<String>,
+    /// Keep Alive Timeout of each node connection, ms (1000..=600000): a
+    /// node silent this long (plus half of it) is dropped from the log.
+    #[arg(long, default_value_t = 5000)]
+    kato_ms: u32,
+    /// Wait between attempts to reach a node that is down, ms (10..=600000).
+    #[arg(long, default_value_t = 1000)]
+    retry_ms: u64,
+    /// Host NQN the CDC connects to the nodes as.
+    #[arg(long, default_value = "nqn.2026-11.io.trellis:cdc")]
+    hostnqn: String,
+    /// Where the node identity file lives (as `trellis target --state-dir`).
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
+    /// Management socket (JSON-RPC 2.0; `trellis ctl referral ...`).
+    #[arg(long)]
+    ctl_socket: Option<std::path::PathBuf>,
+}
+
+/// The follower settings of every node.
+#[derive(Clone)]
+struct Follow {
+    host: HostConfig,
+    retry: Duration,
+}
+
+pub fn run(a: CdcArgs) -> anyhow::Result<()> {
+    let (cfg, follow) = config(&a)?;
+    let mut t = trellis_target::Target::start(&cfg)?;
+    let stop = t.shutdown_flag();
+    signal_hook_register(&stop)?;
+    let mut threads = Vec::new();
+    for node in &a.nodes {
+        let (reg, stop, f, node) = (t.reg.clone(), stop.clone(), follow.clone(), node.clone());
+        let th = std::thread::Builder::new()
+            .name(format!("cdc {node}"))
+            .spawn(move || follow_node(&reg, &node, &f, &stop))?;
+        threads.push(th);
+    }
+    tracing::info!(nodes = a.nodes.len(), "trellis cdc ready");
+    let r = t.wait();
+    for th in threads {
+        let _ = th.join();
+    }
+    r
+}
+
+fn signal_hook_register(stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    Ok(())
+}
+
+/// The CDC's target configuration (discovery listeners, no subsystems)
+/// and follower settings, with every flag checked.
+fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
+    use anyhow::ensure;
+    ensure!(
+        a.nodes.len() <= MAX_NODES,
+        "{} --node flags: a CDC follows at most {MAX_NODES} nodes (MAX_NODES)",
+        a.nodes.len()
+    );
+    ensure!(
+        (1000..=600_000).contains(&a.kato_ms),
+        "--kato-ms {}: give 1000..=600000 (a node is dropped after 1.5 x this without an answer)",
+        a.kato_ms
+    );
+    ensure!(
+        (10..=600_000).contains(&a.retry_ms),
+        "--retry-ms {}: give 10..=600000",
+        a.retry_ms
+    );
+    for n in &a.nodes {
+        trellis_host::queue::resolve(n).map_err(|e| {
+            anyhow::anyhow!("--node {n:?}: {e}: give HOST:PORT of a node's discovery listener")
+        })?;
+    }
+    let mut cfg = Config::embedded_default();
+    cfg.subsystems.clear();
+    cfg.listeners = Vec::new();
+    for l in &a.listen {
+        let addr = l
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--listen {l:?}: give IP:PORT, e.g. 127.0.0.1:8009"))?;
+        cfg.listeners.push(ListenerConfig {
+            addr,
+            kind: Some(ListenerKind::Discovery),
+            ana_state: None,
+        });
+    }
+    cfg.target.state_dir = a.state_dir.clone();
+    cfg.ctl.socket = a.ctl_socket.clone();
+    trellis_target::config::check_nqn(&a.hostnqn).map_err(|e| anyhow::anyhow!("--hostnqn: {e}"))?;
+    let host = HostConfig {
+        hostid: trellis_host::ctrl::hostid_from(&a.hostnqn),
+        hostnqn: a.hostnqn.clone(),
+        kato_ms: a.kato_ms,
+        // A Keep Alive or log read unanswered within KATO drops the node.
+        command_timeout: Duration::from_millis(a.kato_ms as u64),
+        connect_timeout: Duration::from_millis(a.kato_ms as u64),
+        ..HostConfig::default()
+    };
+    let retry = Duration::from_millis(a.retry_ms);
+    Ok((cfg, Follow { host, retry }))
+}
+
+/// Follows one node until `stop`: connect, merge its log, wait for
+/// notices; on any failure drop its entries and retry.
+fn follow_node(reg: &Registry, node: &str, f: &Follow, stop: &AtomicBool) {
+    let mut was_up = false;
+    while !stop.load(Ordering::Relaxed) {
+        let r = session(reg, node, f, stop, &mut was_up);
+        reg.set_remote_entries(node, Vec::new());
+        match r {
+            Ok(()) => break, // stopping
+            Err(e) if was_up => {
+                tracing::warn!(node, "node dropped from the discovery log: {e}");
+            }
+            Err(e) => tracing::debug!(node, "node unreachable: {e}"),
+        }
+        was_up = false;
+        sleep_unless(stop, f.retry);
+    }
+}
+
+/// One persistent discovery connection to `node`, until it fails (Err)
+/// or `stop` (Ok).
+fn session(
+    reg: &Registry,
+    node: &str,
+    f: &Follow,
+    stop: &AtomicBool,
+    was_up: &mut bool,
+) -> trellis_host::Result<()> {
+    let mut c = Controller::connect(node, DISCOVERY_NQN, &f.host)?;
+    if c.id.oaes & AEN_DISC_CHANGE == 0 {
+        tracing::warn!(node, "the node's discovery controller has no change notices (OAES bit 31): its log is read at connect only");
+    } else {
+        c.enable_events(AEN_DISC_CHANGE)?;
+    }
+    let mut read_log = true;
+    loop {
+        if read_log {
+            // Armed before the read: a change after it is not missed.
+            c.arm_event()?;
+            let entries = merged(c.discovery_log()?);
+            if reg.set_remote_entries(node, entries.clone()) || !*was_up {
+                tracing::info!(
+                    node,
+                    subsystems = entries.len(),
+                    "node's discovery log merged"
+                );
+            }
+            *was_up = true;
+            read_log = false;
+        }
+        if stop.load(Ordering::Relaxed) {
+            let _ = c.shutdown();
+            return Ok(());
+        }
+        c.tick()?;
+        match c.poll_event()? {
+            Some(AEN_DISC_CHANGE_DW0) => read_log = true,
+            Some(dw0) => {
+                tracing::debug!(node, "asynchronous event {dw0:#010x} ignored");
+                c.arm_event()?;
+            }
+            None => std::thread::sleep(POLL),
+        }
+    }
+}
+
+/// The entries of a node's log the CDC lists: its NVM subsystems. Its own
+/// discovery entries and referrals are not passed on (hosts discover
+/// through the CDC, and referrals could loop).
+fn merged(log: Vec<DiscoveryEntry>) -> Vec<DiscoveryEntry> {
+    log.into_iter()
+        .filter(|e| e.subtype == subtype::NVME)
+        .collect()
+}
+
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let end = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+        std::thread::sleep(POLL.min(end.saturating_duration_since(Instant::now())));
+    }
+}
