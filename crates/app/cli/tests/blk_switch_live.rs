@@ -95,7 +95,10 @@ fn blk_switch_runs_latency_and_throughput_apps_over_per_core_class_queues() {
     assert!(sw["caravans"].as_u64().unwrap() > 0, "{sw}");
     assert_eq!(sw["app_cores"].as_array().unwrap().len(), 3, "{sw}");
     for j in v["jobs"].as_array().unwrap() {
-        assert!(j["ios"].as_u64().unwrap() > 100, "{j}");
+        // Each app ran and completed I/O. Not a speed bound: with the
+        // machine busy (a second test run, a build) a 64 KiB app managed 37
+        // I/Os in its 1 s here, at 5-9 ms each.
+        assert!(j["ios"].as_u64().unwrap() >= 10, "{j}");
         assert_eq!(j["errors"], 0, "{j}");
         check_timeline(j);
     }

@@ -136,44 +136,7 @@ impl LiveTarget {
     }
 
     fn start_listening(args: &[&str], listen: &[&str]) -> LiveTarget {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(bin())
-            .arg("target")
-            .args(args)
-            .args(listen)
-            .arg("--state-dir")
-            .arg(dir.path())
-            .env("TRELLIS_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let end = Instant::now() + Duration::from_secs(30);
-        let mut addr = None;
-        let mut log = String::new();
-        while Instant::now() < end {
-            let Some(Ok(line)) = lines.next() else { break };
-            log.push_str(&line);
-            log.push('\n');
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                addr = addr.or(rest.split_whitespace().next().and_then(|a| a.parse().ok()));
-            }
-            if line.contains("ready") {
-                break;
-            }
-        }
-        let addr = addr.unwrap_or_else(|| panic!("target did not start:\n{log}"));
-        // Keep reading the log so the target never blocks on a full pipe.
-        let log = std::sync::Arc::new(std::sync::Mutex::new(log));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                let mut l = sink.lock().unwrap();
-                l.push_str(&line);
-                l.push('\n');
-            }
-        });
+        let (child, addr, log, dir) = spawn_logged("target", args, listen);
         LiveTarget {
             child,
             addr,
@@ -218,4 +181,59 @@ impl Drop for LiveTarget {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `trellis SUB ARGS LISTEN --state-dir TMP` with its log read until a line
+/// says "ready" (30 s at most): the child, the first address it logged as
+/// "listening on", its log so far (kept growing by a thread, so the child
+/// never blocks on a full pipe) and its state directory.
+#[allow(dead_code)] // not every test binary starts a process
+pub fn spawn_logged(
+    sub: &str,
+    args: &[&str],
+    listen: &[&str],
+) -> (
+    Child,
+    SocketAddr,
+    std::sync::Arc<std::sync::Mutex<String>>,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(bin())
+        .arg(sub)
+        .args(args)
+        .args(listen)
+        .arg("--state-dir")
+        .arg(dir.path())
+        .env("TRELLIS_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut addr = None;
+    let mut log = String::new();
+    while Instant::now() < end {
+        let Some(Ok(line)) = lines.next() else { break };
+        log.push_str(&line);
+        log.push('\n');
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            addr = addr.or(rest.split_whitespace().next().and_then(|a| a.parse().ok()));
+        }
+        if line.contains("ready") {
+            break;
+        }
+    }
+    let addr = addr.unwrap_or_else(|| panic!("trellis {sub} did not start:\n{log}"));
+    let log = std::sync::Arc::new(std::sync::Mutex::new(log));
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let mut l = sink.lock().unwrap();
+            l.push_str(&line);
+            l.push('\n');
+        }
+    });
+    (child, addr, log, dir)
 }

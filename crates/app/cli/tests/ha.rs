@@ -1,0 +1,438 @@
+//! HA pair (docs/target.md, "HA pair"): two `trellis target` processes
+//! export one backing file under one subsystem and namespace identity; the
+//! lease holder is optimized, the other inaccessible. Failover after kill -9
+//! of the owner, fencing when the store goes silent, drain and failback, with
+//! `trellis bench --paths A,B --verify` running through them where the host
+//! side matters.
+//!
+//! The etcd tests run etcd (Debian's etcd-server) as a real process on
+//! loopback; they need the `etcd` feature. Without an `etcd` binary they
+//! say so and pass, unless TRELLIS_REQUIRE_ETCD=1 (scripts/test.d/70-ha.sh
+//! sets it), where a missing etcd fails them.
+
+mod common;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NQN: &str = "nqn.2026-11.io.trellis:ha";
+
+/// One node's config: a listener on a free port, the shared file with a
+/// fixed identity (both nodes must report the same one), a management
+/// socket, and `[ha]` with `ha`'s lines.
+fn node_config(disk: &Path, sock: &Path, ha: &str) -> String {
+    format!(
+        "[ctl]\nsocket = \"{}\"\n\n[ha]\n{ha}\n\n\
+         [[listener]]\naddr = \"127.0.0.1:0\"\n\n\
+         [[subsystem]]\nnqn = \"{NQN}\"\nserial = \"TRELLISHA\"\n\n\
+         [[subsystem.namespace]]\nbackend = \"file\"\npath = \"{}\"\nsize = \"16MiB\"\n\
+         uuid = \"5472656c-6c69-4073-8000-00000000a001\"\n\
+         nguid = \"5472656c6c6940738000000000a00001\"\neui64 = \"0254726c6c690001\"\n",
+        sock.display(),
+        disk.display()
+    )
+}
+
+struct Node {
+    t: LiveTarget,
+    sock: PathBuf,
+}
+
+impl Node {
+    fn start(dir: &Path, name: &str, ha: &str) -> Node {
+        let sock = dir.join(format!("{name}.sock"));
+        let ha = format!("node = \"{name}\"\n{ha}");
+        // Disjoint controller IDs, as a Linux host connected to both needs.
+        let ids = if name == "a" {
+            (1, 32767)
+        } else {
+            (32768, 65519)
+        };
+        let target = format!(
+            "[target]\ncntlid_min = {}\ncntlid_max = {}\n\n",
+            ids.0, ids.1
+        );
+        let config = node_config(&dir.join("disk.img"), &sock, &ha);
+        let t = LiveTarget::start_config(&(target + &config));
+        Node { t, sock }
+    }
+
+    fn ctl(&self, args: &[&str]) -> std::process::Output {
+        let mut a = vec!["ctl", "--socket", self.sock.to_str().unwrap()];
+        a.extend_from_slice(args);
+        trellis_within(&a, Duration::from_secs(30))
+    }
+
+    fn ha(&self) -> Value {
+        let o = self.ctl(&["--json", "ha"]);
+        assert!(o.status.success(), "ctl ha: {}", stderr(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    fn role(&self) -> String {
+        self.ha()["role"].as_str().unwrap_or("?").to_string()
+    }
+
+    /// Every (listener, group) state the node reports.
+    fn ana_states(&self) -> Vec<String> {
+        let o = self.ctl(&["--json", "ana", "get"]);
+        assert!(o.status.success(), "ctl ana get: {}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["state"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Waits up to `limit` for `role`; how long it took.
+    fn wait_role(&self, role: &str, limit: Duration) -> Duration {
+        let t0 = Instant::now();
+        while self.role() != role {
+            assert!(
+                t0.elapsed() < limit,
+                "not {role} within {limit:?}: {}",
+                self.ha()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t0.elapsed()
+    }
+
+    fn kill9(&mut self) {
+        self.t.child.kill().unwrap(); // SIGKILL
+        self.t.child.wait().unwrap();
+    }
+}
+
+fn shared_disk(dir: &Path) {
+    let f = std::fs::File::create(dir.join("disk.img")).unwrap();
+    f.set_len(16 << 20).unwrap();
+}
+
+/// `trellis bench --paths a,b --verify` for `secs`, in the background.
+fn spawn_bench(paths: &str, secs: u32, json: &Path) -> Child {
+    Command::new(bin())
+        .args([
+            "bench",
+            "--no-progress",
+            "--paths",
+            paths,
+            "--rw",
+            "randrw",
+            "--bs",
+            "4k",
+        ])
+        .args(["--nqn", NQN, "--size", "8m", "--iodepth", "16", "--verify"])
+        .args([
+            "--runtime",
+            &secs.to_string(),
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .env("TRELLIS_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The bench's figures that tell a failover: errors, stalls, per-path I/O.
+fn brief(j: &Value) -> String {
+    let ios: Vec<&Value> = (0..2).map(|i| &j["paths"][i]["ios"]).collect();
+    format!(
+        "errors {} verify_failures {} verified_blocks {} ana_moves {} path_failures {} max latency {} us, ios per path {ios:?}",
+        j["errors"], j["verify_failures"], j["verified_blocks"], j["ana_moves"], j["path_failures"], j["lat_us_max"]
+    )
+}
+
+/// Waits for the bench; requires 0 errors and 0 verify failures; the job.
+fn bench_result(b: Child, json: &Path) -> Value {
+    let out = b.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {err}");
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let j = j["jobs"][0].clone();
+    assert_eq!(
+        (j["errors"].as_u64(), j["verify_failures"].as_u64()),
+        (Some(0), Some(0)),
+        "{j}"
+    );
+    assert!(j["verified_blocks"].as_u64().unwrap() > 0, "{j}");
+    j
+}
+
+/// A, then B (standby) once A owns the lease.
+fn pair(dir: &Path, ha: &str) -> (Node, Node) {
+    shared_disk(dir);
+    let a = Node::start(dir, "a", ha);
+    a.wait_role("owner", Duration::from_secs(10));
+    let b = Node::start(dir, "b", ha);
+    // B saw A as the holder: it is a standby by choice, not by accident.
+    let t0 = Instant::now();
+    while b.ha()["holder"] != "a" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", b.ha());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(b.role(), "standby");
+    assert!(a.ana_states().iter().all(|s| s == "optimized"));
+    assert!(b.ana_states().iter().all(|s| s == "inaccessible"));
+    (a, b)
+}
+
+/// Kill -9 of the owner under verified load: the standby becomes optimized
+/// within `limit`, and the host loses nothing. Returns the failover time.
+fn kill_owner_under_load(dir: &Path, ha: &str, limit: Duration) -> Duration {
+    let (mut a, b) = pair(dir, ha);
+    let json = dir.join("bench.json");
+    let bench = spawn_bench(&format!("{},{}", a.t.addr(), b.t.addr()), 12, &json);
+    std::thread::sleep(Duration::from_secs(2));
+    a.kill9();
+    let took = b.wait_role("owner", limit);
+    assert!(b.ana_states().iter().all(|s| s == "optimized"));
+    let j = bench_result(bench, &json);
+    eprintln!(
+        "failover (kill -9 to standby optimized): {took:?}; bench: {}",
+        brief(&j)
+    );
+    assert!(j["paths"][1]["ios"].as_u64().unwrap() > 0, "B served: {j}");
+    took
+}
+
+#[test]
+fn file_store_kill9_of_the_owner_moves_the_lease_at_once_and_the_host_loses_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let ha = format!("path = \"{}\"", d.path().join("ha.lock").display());
+    // flock is dropped at the owner's death: the standby's next try (100 ms) wins.
+    let took = kill_owner_under_load(d.path(), &ha, Duration::from_secs(3));
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+#[test]
+fn drain_hands_over_without_a_host_error_and_failback_after_a_restart() {
+    let d = tempfile::tempdir().unwrap();
+    let ha = format!("path = \"{}\"", d.path().join("ha.lock").display());
+    drain_and_failback(d.path(), &ha);
+}
+
+/// Drain A under verified load (B takes over), restart A (standby), drain
+/// B (A owns again): 0 errors throughout.
+fn drain_and_failback(dir: &Path, ha: &str) {
+    let (mut a, b) = pair(dir, ha);
+    let json = dir.join("drain.json");
+    let bench = spawn_bench(&format!("{},{}", a.t.addr(), b.t.addr()), 6, &json);
+    std::thread::sleep(Duration::from_secs(1));
+    let t0 = Instant::now();
+    let o = a.ctl(&["drain"]);
+    assert!(o.status.success(), "drain: {}", stderr(&o));
+    assert_eq!(a.role(), "standby");
+    assert!(a.ana_states().iter().all(|s| s == "inaccessible"));
+    b.wait_role("owner", Duration::from_secs(5));
+    eprintln!("drain to other node optimized: {:?}", t0.elapsed());
+    let j = bench_result(bench, &json);
+    eprintln!("bench through the drain: {}", brief(&j));
+    // The drained node is not the holder: a second drain there is refused.
+    let o = a.ctl(&["drain"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("does not hold the lease (holder: b)"),
+        "{}",
+        stderr(&o)
+    );
+    // Restart A (a rolling update), then fail back by draining B.
+    a.kill9();
+    let a = Node::start(dir, "a", ha);
+    let t0 = Instant::now();
+    while a.ha()["holder"] != "b" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", a.ha());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let json = dir.join("failback.json");
+    let bench = spawn_bench(&format!("{},{}", a.t.addr(), b.t.addr()), 6, &json);
+    std::thread::sleep(Duration::from_secs(1));
+    let o = b.ctl(&["drain"]);
+    assert!(o.status.success(), "drain: {}", stderr(&o));
+    a.wait_role("owner", Duration::from_secs(5));
+    let j = bench_result(bench, &json);
+    assert!(
+        j["paths"][0]["ios"].as_u64().unwrap() > 0,
+        "A served again: {j}"
+    );
+}
+
+#[test]
+fn a_node_without_ha_refuses_drain_and_bad_ha_settings_name_the_fix() {
+    let t = LiveTarget::start(&[]);
+    drop(t);
+    let o = trellis(&["target", "--check", "--ha-store", "zookeeper"]);
+    assert_refused(&o, &["--ha-store \"zookeeper\": use file or etcd"]);
+    let o = trellis(&["target", "--check", "--ha-fence-ms", "4900"]);
+    assert_refused(&o, &["fence_ms = 4900", "lease_ttl_ms - 500 = 4500"]);
+    let d = tempfile::tempdir().unwrap();
+    let sock = d.path().join("c.sock");
+    let _t = LiveTarget::start(&["--ctl-socket", sock.to_str().unwrap()]);
+    let o = trellis(&["ctl", "--socket", sock.to_str().unwrap(), "drain"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no [ha] section"), "{}", stderr(&o));
+}
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    use super::*;
+
+    /// etcd on two free loopback ports with its data in a temporary
+    /// directory; SIGKILLed when dropped.
+    pub struct Etcd {
+        child: Child,
+        pub endpoint: String,
+        _dir: tempfile::TempDir,
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    impl Etcd {
+        /// None (the test is skipped, and says so) when there is no etcd
+        /// binary, unless TRELLIS_REQUIRE_ETCD=1.
+        pub fn start() -> Option<Etcd> {
+            let found = Command::new("etcd").arg("--version").output().is_ok();
+            if !found {
+                let required = std::env::var("TRELLIS_REQUIRE_ETCD").is_ok_and(|v| v == "1");
+                assert!(
+                    !required,
+                    "TRELLIS_REQUIRE_ETCD=1 but there is no etcd binary (Debian: etcd-server)"
+                );
+                eprintln!("SKIPPED: no etcd binary (apt-get install etcd-server)");
+                return None;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let (c, p) = (free_port(), free_port());
+            let client = format!("http://127.0.0.1:{c}");
+            let peer = format!("http://127.0.0.1:{p}");
+            let child = Command::new("etcd")
+                .args(["--name", "t", "--data-dir"])
+                .arg(dir.path().join("data"))
+                .args([
+                    "--listen-client-urls",
+                    &client,
+                    "--advertise-client-urls",
+                    &client,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer,
+                    "--initial-advertise-peer-urls",
+                    &peer,
+                ])
+                .args(["--initial-cluster", &format!("t={peer}")])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
+                .spawn()
+                .unwrap();
+            let e = Etcd {
+                child,
+                endpoint: format!("127.0.0.1:{c}"),
+                _dir: dir,
+            };
+            let t0 = Instant::now();
+            while std::net::TcpStream::connect(&e.endpoint).is_err() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "etcd did not listen"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Some(e)
+        }
+
+        pub fn ha(&self) -> String {
+            format!("store = \"etcd\"\nendpoints = [\"{}\"]", self.endpoint)
+        }
+
+        pub fn signal(&self, sig: &str) {
+            let s = Command::new("kill")
+                .args([sig, &self.child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(s.success());
+        }
+    }
+
+    impl Drop for Etcd {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    #[test]
+    fn etcd_kill9_of_the_owner_gives_the_standby_the_lease_within_the_ttl() {
+        let Some(e) = Etcd::start() else { return };
+        let d = tempfile::tempdir().unwrap();
+        // Default timing: TTL 5 s, keepalive 1 s. The lease ends 4-5 s after
+        // the kill (the last keepalive was up to 1 s before it); the watch
+        // hands it over at once.
+        let took = kill_owner_under_load(d.path(), &e.ha(), Duration::from_secs(9));
+        assert!(
+            took > Duration::from_secs(3),
+            "not before the lease could expire: {took:?}"
+        );
+        // TTL + 3 s: the watch, one transaction, and this test's polling
+        // over ctl on a loaded CI machine (measured 4.9-5.5 s).
+        assert!(took < Duration::from_secs(8), "{took:?}");
+    }
+
+    #[test]
+    fn etcd_owner_fences_itself_when_its_keepalives_go_unconfirmed() {
+        let Some(e) = Etcd::start() else { return };
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = pair(d.path(), &e.ha());
+        // etcd stops answering (SIGSTOP): no keepalive is confirmed.
+        e.signal("-STOP");
+        let took = a.wait_role("standby", Duration::from_secs(6));
+        assert!(a.ana_states().iter().all(|s| s == "inaccessible"));
+        assert_eq!(
+            b.role(),
+            "standby",
+            "nobody serves while the store is silent"
+        );
+        // fence_ms (3.5 s) after the last confirmed keepalive, which was up to
+        // keepalive_ms (1 s) before the stop.
+        assert!(
+            took >= Duration::from_millis(2400),
+            "fenced too early: {took:?}"
+        );
+        assert!(took <= Duration::from_millis(3700), "fenced late: {took:?}");
+        let ev = a.ha()["events"].to_string();
+        assert!(ev.contains("fenced: no keepalive confirmed"), "{ev}");
+        eprintln!("fenced {took:?} after etcd stopped");
+        e.signal("-CONT");
+        // Then exactly one node serves again.
+        let t = Instant::now();
+        while a.role() != "owner" && b.role() != "owner" {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{} {}",
+                a.ha(),
+                b.ha()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_ne!(a.role(), b.role());
+    }
+
+    #[test]
+    fn etcd_drain_and_failback_lose_nothing() {
+        let Some(e) = Etcd::start() else { return };
+        let d = tempfile::tempdir().unwrap();
+        drain_and_failback(d.path(), &e.ha());
+    }
+}
