@@ -16,7 +16,10 @@
 #   FIO_SIZE [32M]  FIO_IODEPTH [16]  FIO_ENGINE [libaio]  FIO_TIMEOUT [300]
 #   CTRL_LOSS_TMO [20]  (seconds the kernel keeps reconnecting after a connection loss)
 #   LIVE_NSID [2]  the NSID step ns-change adds and removes over the management socket
-#   STEPS ["discover-io discover-8009 connect ana ns-change ns-resize fio-4k fio-128k write-zeroes large-io ext4 digest-connect
+#   CDC_PORT, NODE2_NQN  step cdc: a `trellis cdc` following this target and a second node
+#   HA_NQN, HA_PORT_A, HA_PORT_B  step ha: the HA pair run-interop.sh runs (a owns the lease)
+#   HA_FIO_SIZE [32M]  HA_FIO_TIMEOUT [150]  HA_CTRL_LOSS_TMO [5]  HA_RESUME_MAX [10] (s; step ha fails on a longer stall)
+#   STEPS ["discover-io discover-8009 connect ana ns-change ns-resize disc-aen cdc ha fio-4k fio-128k write-zeroes large-io ext4 digest-connect
 #           digest-fio-4k digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
@@ -39,7 +42,12 @@ FIO_ENGINE=${FIO_ENGINE:-libaio}
 FIO_TIMEOUT=${FIO_TIMEOUT:-300}
 CTRL_LOSS_TMO=${CTRL_LOSS_TMO:-20}
 LIVE_NSID=${LIVE_NSID:-2}
-STEPS=${STEPS:-"discover-io discover-8009 connect ana ns-change ns-resize fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
+HA_NQN=${HA_NQN:-nqn.2026-11.io.trellis:ha}
+HA_FIO_SIZE=${HA_FIO_SIZE:-32M}
+HA_CTRL_LOSS_TMO=${HA_CTRL_LOSS_TMO:-5}
+HA_RESUME_MAX=${HA_RESUME_MAX:-10}
+HA_FIO_TIMEOUT=${HA_FIO_TIMEOUT:-150}
+STEPS=${STEPS:-"discover-io discover-8009 connect ana ns-change ns-resize disc-aen cdc ha fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
@@ -357,6 +365,186 @@ step_disconnect_all() {
 # ------------------------------------------------------------------ main
 T_START=$(now)
 echo "guest-initiator: target $TARGET_ADDR io=$IO_PORT disc=$DISC_PORT subnqn=$SUBNQN hostnqn=$HOSTNQN selftest=$SELFTEST"
+# Discovery Log Page Change notices (docs/target.md "Discovery log change notices"): a
+# persistent discovery controller (`nvme discover --persistent`) stays connected; a referral
+# added over the management socket changes the log, and the kernel turns the target's AEN
+# (DW0 0070F002h) into a uevent NVME_AEN=0x70f002, which busybox `uevent` records here. The
+# log then lists the referral (SUBTYPE 1h), and the controller is the same one, still live.
+disc_ctrl() {
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat $c/subsysnqn 2>/dev/null)" = nqn.2014-08.org.nvmexpress.discovery ] || continue
+    case "$(cat $c/address 2>/dev/null)" in *"trsvcid=$DISC_PORT"*) ;; *) continue;; esac
+    [ "$(cat $c/state 2>/dev/null)" = live ] || continue
+    basename $c; return 0
+  done
+  return 1
+}
+step_disc_aen() {
+  if [ "$SELFTEST" = 1 ]; then info "selftest: the Linux target has no trellis management socket"; return 0; fi
+  : > $W/uevents
+  uevent sh -c 'echo "uevent $ACTION ${DEVNAME:-} NVME_AEN=${NVME_AEN:-} ${NVME_EVENT:-}" >> /tmp/gi/uevents' &
+  _up=$!
+  show timeout 60 nvme discover -t tcp -a "$TARGET_ADDR" -s "$DISC_PORT" --persistent ||
+    { kill $_up; kmsg; why "nvme discover --persistent failed"; return 1; }
+  _dc=$(wait_for 10 disc_ctrl) || { kill $_up; why "no live persistent discovery controller"; return 1; }
+  info "persistent discovery controller $_dc (cntlid $(cat /sys/class/nvme/$_dc/cntlid), kato $(cat /sys/class/nvme/$_dc/kato 2>/dev/null || echo ?))"
+  _t=$(now)
+  ctl_request referral add --addr 10.0.2.99:8009
+  wait_for 20 grep -qi 'NVME_AEN=0x0*70f002' $W/uevents ||
+    { kill $_up; sed 's/^/  | /' $W/uevents; why "no Discovery Log Page Change uevent within 20 s"; return 1; }
+  info "uevent NVME_AEN=0x70f002 on $(grep -i 70f002 $W/uevents | head -1 | cut -d' ' -f3) after $(since $_t)s"
+  kill $_up
+  show timeout 60 nvme discover -t tcp -a "$TARGET_ADDR" -s "$DISC_PORT" || { why "nvme discover failed"; return 1; }
+  grep -q '10\.0\.2\.99' $W/out && grep -qi 'referral' $W/out || why "the log does not list the referral" || return 1
+  ctl_request referral remove --addr 10.0.2.99:8009
+  [ "$(disc_ctrl)" = "$_dc" ] || why "the persistent discovery controller is gone" || return 1
+  show nvme disconnect -d "$_dc" || why "nvme disconnect -d $_dc failed" || return 1
+  return 0
+}
+# HA pair (docs/target.md "HA pair"): run-interop.sh runs two nodes a (HA_PORT_A, the lease
+# owner) and b (HA_PORT_B) exporting HA_NQN from one backing file. The guest connects to both
+# (one multipath head, two paths: optimized + inaccessible), runs fio verify and asks the host
+# (@@TRELLIS-HA@@ lines) to kill -9 the owner; fio must finish with 0 errors and 0 verify
+# failures. The resume time is the longest gap between completions of 4 KiB O_DIRECT probe
+# writes (beyond fio's range) around the kill. Then, under a second fio verify: drain the owner
+# (b), restart b, drain a (failback to b): 0 errors again.
+ha_ctrl() { # PORT -> controller of HA_NQN at that port (any state)
+  for _c in /sys/class/nvme/nvme*; do
+    [ "$(cat $_c/subsysnqn 2>/dev/null)" = "$HA_NQN" ] || continue
+    case "$(cat $_c/address 2>/dev/null)" in *"trsvcid=$1"*) basename $_c; return 0;; esac
+  done
+  return 1
+}
+ha_state() { # PORT -> ANA state of the path through that port ("none" if no live controller)
+  _hc=$(ha_ctrl $1) && [ "$(cat /sys/class/nvme/$_hc/state 2>/dev/null)" = live ] || { echo none; return 0; }
+  for _p in /sys/block/nvme*c${_hc#nvme}n*; do
+    [ -r "$_p/ana_state" ] && { cat $_p/ana_state; return 0; }
+  done
+  echo none
+}
+ha_is() { [ "$(ha_state $1)" = "$2" ]; }     # PORT STATE
+ha_head() {
+  for b in /sys/block/nvme*n*; do
+    n=$(basename $b)
+    case "$n" in nvme*c*n*) continue;; esac
+    [ "$(cat $b/device/subsysnqn 2>/dev/null)" = "$HA_NQN" ] && [ -b /dev/$n ] && { echo $n; return 0; }
+  done
+  return 1
+}
+ha_connect() { # PORT
+  show timeout 60 nvme connect -t tcp -a "$TARGET_ADDR" -s "$1" -n "$HA_NQN" -i 2 \
+    --ctrl-loss-tmo="$HA_CTRL_LOSS_TMO" --reconnect-delay=1 || { kmsg; why "nvme connect to port $1 failed"; return 1; }
+}
+ha_paths() { info "paths: a ($HA_PORT_A) $(ha_state $HA_PORT_A), b ($HA_PORT_B) $(ha_state $HA_PORT_B)"; }
+ha_fio_start() { # NAME
+  _fo=$W/$1.txt
+  info "\$ fio --rw=randwrite --bs=4k --size=$HA_FIO_SIZE --iodepth=16 --direct=1 --ioengine=$FIO_ENGINE --verify=crc32c --verify_fatal=1 /dev/$HD (background)"
+  timeout "$HA_FIO_TIMEOUT" fio --name="$1" --filename=/dev/$HD --rw=randwrite --bs=4k --size="$HA_FIO_SIZE" \
+    --iodepth=16 --ioengine="$FIO_ENGINE" --direct=1 --verify=crc32c --do_verify=1 --verify_fatal=1 \
+    --verify_dump=0 --numjobs=1 --output="$_fo" > $W/$1.stdout 2>&1 &
+  FIO_PID=$!
+}
+ha_fio_check() { # NAME: wait for fio; 0 errors, 0 verify failures
+  wait $FIO_PID; _r=$?; FIO_PID=""
+  _fo=$W/$1.txt; cat $W/$1.stdout >> $_fo
+  grep -E 'err=|READ:|WRITE:|verify|bad magic|crc32c|error' $_fo | sed 's/^ */  |   /'
+  [ $_r = 0 ] || { kmsg; why "$1: fio exit status $_r"; return 1; }
+  grep -q 'err= *0' $_fo || why "$1: fio reported a job error" || return 1
+  grep -qiE 'verify failed|bad magic|verify: bad|crc32c: verify|got [0-9a-fx]*, wanted|checksum mismatch' $_fo &&
+    { why "$1: fio verify errors"; return 1; }
+  grep -qE 'WRITE:.*io=' $_fo && grep -qE 'READ:.*io=' $_fo || why "$1: fio did no writes or no verify reads" || return 1
+}
+ha_probe() { # background: one 4 KiB O_DIRECT write at a time at 64 MiB + i*4 KiB; completion times
+  _i=0; : > $W/probe.t
+  while [ ! -e $W/probe.stop ]; do
+    dd if=$W/probe.blk of=/dev/$HD bs=4096 count=1 seek=$((16384 + _i % 256)) oflag=direct conv=notrunc 2>/dev/null ||
+      echo "err $(now)" >> $W/probe.t
+    now >> $W/probe.t; _i=$((_i + 1))
+  done
+}
+ha_probe_gap() { # KILL_TIME -> longest gap between probe completions ending after it
+  grep -v err $W/probe.t | awk -v k="$1" 'NR>1 && $1>k && $1-p>m {m=$1-p} {p=$1} END {printf "%.2f", m}'
+}
+ha_wait() { # SECONDS PORT STATE WHAT
+  wait_for $1 ha_is $2 $3 || { ha_paths; kmsg; why "$4: port $2 not $3 within $1 s"; return 1; }
+}
+ha_back() { # PORT: the path through PORT is back after a node restart (the kernel reconnects
+  # within HA_CTRL_LOSS_TMO, else connect again), and inaccessible (standby)
+  _t=$(( $(cut -d. -f1 /proc/uptime) + 20 ))
+  until ha_is $1 inaccessible; do
+    if ! ha_ctrl $1 >/dev/null; then timeout 30 nvme connect -t tcp -a "$TARGET_ADDR" -s "$1" -n "$HA_NQN" -i 2 \
+        --ctrl-loss-tmo="$HA_CTRL_LOSS_TMO" --reconnect-delay=1 > /dev/null 2>&1 && info "reconnected port $1"; fi
+    [ "$(cut -d. -f1 /proc/uptime)" -lt $_t ] || { ha_paths; why "the path through port $1 is not back (inaccessible) 20 s after the restart"; return 1; }
+    sleep 0.3
+  done
+}
+ha_request() { echo "@@TRELLIS-HA@@ $*"; }
+step_ha() {
+  if [ "$SELFTEST" = 1 ] || [ -z "${HA_PORT_A:-}" ]; then info "no HA pair in this run (HA_PORT_A unset)"; return 0; fi
+  _mp=$(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)
+  [ "$_mp" = Y ] || why "native multipath is off (nvme_core multipath=$_mp)" || return 1
+  kmsg
+  ha_connect $HA_PORT_A || return 1
+  ha_connect $HA_PORT_B || return 1
+  HD=$(wait_for 20 ha_head) || why "no multipath block device for $HA_NQN" || return 1
+  # head nvmeXnY, its paths nvmeXcZnY (one per controller)
+  _pl=$(cd /sys/block && ls -d ${HD%n*}c*n${HD##*n} 2>/dev/null | tr '\n' ' ')
+  _np=$(echo $_pl | wc -w)
+  info "multipath head /dev/$HD ($(( $(cat /sys/block/$HD/size) / 2048 )) MiB), paths: $_pl"
+  [ "$_np" = 2 ] || why "/dev/$HD has $_np paths, want 2" || return 1
+  ha_wait 10 $HA_PORT_A optimized "before the kill" || return 1
+  ha_wait 10 $HA_PORT_B inaccessible "before the kill" || return 1
+  ha_paths
+  show nvme list-subsys /dev/$HD
+  # kill -9 of the owner (a) under fio verify and the probe writes
+  head -c 4096 /dev/urandom > $W/probe.blk; rm -f $W/probe.stop
+  ha_fio_start ha-kill
+  ha_probe & _pp=$!
+  sleep 3
+  kill -0 $FIO_PID 2>/dev/null || { wait $FIO_PID; why "fio ended before the kill ($(tail -3 $W/ha-kill.stdout | tr '\n' ' '))"; return 1; }
+  _k=$(now); ha_request kill-owner
+  ha_wait 30 $HA_PORT_B optimized "after kill -9 of a" || { touch $W/probe.stop; wait $_pp; wait $FIO_PID; return 1; }
+  _flip=$(since $_k)
+  ha_fio_check ha-kill; _r=$?
+  touch $W/probe.stop; wait $_pp
+  HA_RESUME=$(ha_probe_gap $_k)
+  info "kill -9: path b optimized $_flip s after the request; longest stall of the probe writes: $HA_RESUME s; probe errors: $(grep -c err $W/probe.t)"
+  [ $_r = 0 ] || return 1
+  grep -q err $W/probe.t && { why "a probe write failed after kill -9"; return 1; }
+  awk -v r="$HA_RESUME" -v m="$HA_RESUME_MAX" 'BEGIN {exit !(r < m)}' || why "I/O stalled $HA_RESUME s after kill -9 (limit $HA_RESUME_MAX s)" || return 1
+  _hc=$(ha_ctrl $HA_PORT_A) && info "dead path $_hc: $(cat /sys/class/nvme/$_hc/state 2>/dev/null)" || info "dead path: controller removed"
+  # restart a (standby), then under fio verify: drain b, restart b, drain a (failback to b)
+  ha_request start a
+  ha_back $HA_PORT_A || return 1
+  ha_paths
+  ha_fio_start ha-drain
+  sleep 2
+  _k=$(now); ha_request drain-owner
+  ha_wait 20 $HA_PORT_A optimized "drain of b" || { wait $FIO_PID; return 1; }
+  HA_DRAIN1=$(since $_k)
+  ha_request restart b
+  ha_back $HA_PORT_B || { wait $FIO_PID; return 1; }
+  _k=$(now); ha_request drain-owner
+  ha_wait 20 $HA_PORT_B optimized "failback (drain of a)" || { wait $FIO_PID; return 1; }
+  HA_DRAIN2=$(since $_k)
+  ha_wait 10 $HA_PORT_A inaccessible "failback (drain of a)" || { wait $FIO_PID; return 1; }
+  kill -0 $FIO_PID 2>/dev/null || { wait $FIO_PID; why "fio ended before the cycle did: raise HA_FIO_SIZE"; return 1; }
+  ha_paths
+  ha_fio_check ha-drain || return 1
+  info "drain b -> a optimized after $HA_DRAIN1 s; restart b; drain a -> b optimized after $HA_DRAIN2 s"
+  dmesg -c > $W/dmesg.ha 2>/dev/null; cat $W/dmesg.ha >> $W/dmesg.all
+  grep -iE 'I/O error|Buffer I/O' $W/dmesg.ha && { why "the kernel logged I/O errors"; return 1; }
+  show timeout 60 nvme disconnect -n "$HA_NQN" || why "nvme disconnect -n $HA_NQN failed" || return 1
+  NOTE="resume after kill -9 ${HA_RESUME}s (b optimized after ${_flip}s), drain ${HA_DRAIN1}s, failback ${HA_DRAIN2}s"
+}
+# Central discovery controller: run-interop.sh starts a second node and `trellis cdc` following
+# both nodes (CDC_PORT); one `nvme discover` there lists both nodes' subsystems.
+step_cdc() {
+  if [ "$SELFTEST" = 1 ] || [ -z "${CDC_PORT:-}" ]; then info "no trellis cdc in this run (CDC_PORT unset)"; return 0; fi
+  show timeout 60 nvme discover -t tcp -a "$TARGET_ADDR" -s "$CDC_PORT" || { kmsg; why "nvme discover on the CDC failed"; return 1; }
+  grep -qF "$SUBNQN" $W/out || why "$SUBNQN (this node) not in the CDC's log" || return 1
+  grep -qF "$NODE2_NQN" $W/out || why "$NODE2_NQN (the second node) not in the CDC's log" || return 1
+}
 kmsg
 if [ "$SELFTEST" = 1 ]; then
   [ -f /run/guest-nvmet.sh ] || { echo "guest-initiator: SELFTEST=1 needs /run/guest-nvmet.sh (vm.sh --add guest-nvmet.sh)"; exit 2; }
@@ -370,9 +558,9 @@ for s in $STEPS; do
   fn=step_$(echo $s | tr - _)
   if ! type $fn >/dev/null 2>&1; then echo "STEP $s: FAIL unknown step"; FAIL=$((FAIL+1)); FAILED="$FAILED $s"; continue; fi
   echo "--- $s"
-  t0=$(now); REASON=""
+  t0=$(now); REASON=""; NOTE=""
   if $fn; then
-    echo "STEP $s: ok ($(since $t0)s)"; OK=$((OK+1))
+    echo "STEP $s: ok ($(since $t0)s)${NOTE:+ $NOTE}"; OK=$((OK+1))
   else
     echo "STEP $s: FAIL ($(since $t0)s) ${REASON:-}"; FAIL=$((FAIL+1)); FAILED="$FAILED $s"
     [ "$KEEP_GOING" = 1 ] || STOP=1

@@ -30,6 +30,9 @@
 # target is still alive; SIGTERM it and require exit status 0 within 20 s; if the write-zeroes step
 # passed, require the target log to show the kernel's Write Zeroes with DEAC at the LBA the guest
 # printed ("expect-deac slba=N"); print a summary.
+# Step ha has an HA pair of its own (start_ha below: nodes a and b on one backing file, the file
+# store, ports HA_PORT_A/HA_PORT_B passed to the guest); the guest asks for kill -9 of the owner,
+# drains and restarts with "@@TRELLIS-HA@@ ..." console lines; the pair is stopped at the end.
 # Exit status: 0 only if every guest step passed, the DEAC check held and the target exited cleanly.
 set -uo pipefail
 DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -94,7 +97,138 @@ stop_target() {
   TARGET_NOTE="target exited cleanly after SIGTERM"
   return 0
 }
-trap 'stop_target >/dev/null 2>&1; exit 130' INT TERM
+# Step cdc: a second node (one RAM namespace, NODE2_NQN) and `trellis cdc` following the
+# target's discovery-only listener and the second node; the guest runs `nvme discover` against
+# the CDC and must see both nodes' subsystems (docs/target.md "Central discovery controller").
+# The CDC connects as the guest's host NQN (vm.sh's fixed one): the target allows only that host,
+# and a node's discovery log shows a host only the subsystems it may use.
+CDC_PIDS=""; CDC_PORT=""; NODE2_NQN=nqn.2026-11.io.trellis:interop-node2
+CDC_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5472656c-6c69-4073-8000-000000000001
+start_cdc() {
+  local n2 n=0
+  n2=$(free_port) && CDC_PORT=$(free_port) || return 1
+  "$TRELLIS" target --ram 16M --nqn "$NODE2_NQN" --listen "127.0.0.1:$n2" --state-dir "$LOGDIR/state-node2" \
+    > "$LOGDIR/node2.log" 2>&1 < /dev/null &
+  CDC_PIDS=$!
+  "$TRELLIS" cdc --listen "127.0.0.1:$CDC_PORT" --node "127.0.0.1:$DISC_PORT" --node "127.0.0.1:$n2" \
+    --hostnqn "$CDC_HOSTNQN" --state-dir "$LOGDIR/state-cdc" > "$LOGDIR/cdc.log" 2>&1 < /dev/null &
+  CDC_PIDS="$CDC_PIDS $!"
+  until grep -q 'merged node="127.0.0.1:'"$n2"'" subsystems=1' "$LOGDIR/cdc.log" 2>/dev/null &&
+        grep -q 'merged node="127.0.0.1:'"$DISC_PORT"'" subsystems=1' "$LOGDIR/cdc.log"; do
+    [ $n -lt 100 ] || return 1
+    sleep 0.1; n=$((n + 1))
+  done
+  echo "run-interop: trellis cdc on port $CDC_PORT follows ports $DISC_PORT and $n2" >&2
+}
+stop_cdc() {
+  local p
+  for p in $CDC_PIDS; do kill -TERM "$p" 2>/dev/null; done
+  for p in $CDC_PIDS; do wait "$p" 2>/dev/null; done
+  CDC_PIDS=""
+}
+# Step ha: an HA pair of its own (docs/target.md "HA pair"), apart from the main target: nodes a
+# and b export HA_NQN with one namespace from one backing file (LOG_DIR/ha-disk.img, 256 MiB) with
+# fixed identifiers, HA with the file store on LOG_DIR/ha.lock, disjoint cntlid ranges, each on its
+# own port (HA_PORT_A, HA_PORT_B) and management socket. a starts first and owns the lease. The
+# guest asks for kill -9, drains and restarts with "@@TRELLIS-HA@@ VERB [NODE]" console lines,
+# which the console watcher below runs (ha_action); LOG_DIR/ha.log records each with its time.
+HA_NQN=nqn.2026-11.io.trellis:ha; HA_PORT_A=""; HA_PORT_B=""
+ha_config() { # NODE PORT CNTLID_MIN CNTLID_MAX
+  cat <<EOT
+[target]
+reactors = 1
+cntlid_min = $3
+cntlid_max = $4
+
+[ctl]
+socket = "$LOGDIR/ha-$1.sock"
+
+[ha]
+node = "$1"
+store = "file"
+path = "$LOGDIR/ha.lock"
+
+[[listener]]
+addr = "127.0.0.1:$2"
+kind = "both"
+
+[[subsystem]]
+nqn = "$HA_NQN"
+serial = "TRELLISHAVM"
+model = "Trellis HA"
+allow_any_host = false
+allowed_hosts = ["$CDC_HOSTNQN"]
+
+[[subsystem.namespace]]
+backend = "file"
+path = "$LOGDIR/ha-disk.img"
+size = "256MiB"
+uuid = "5472656c-6c69-4073-8000-00000000b001"
+nguid = "5472656c6c6940738000000000b00001"
+eui64 = "0254726c6c690b01"
+EOT
+}
+ha_log() { echo "$(date +%s.%N | cut -c1-14) $*" >> "$LOGDIR/ha.log"; }
+ha_pid() { cat "$LOGDIR/ha-$1.pid" 2>/dev/null; }
+ha_role() { "$TRELLIS" ctl --socket "$LOGDIR/ha-$1.sock" --json ha 2>/dev/null | tr -d ' \n' | grep -o '"role":"[a-z]*"' | cut -d'"' -f4; }
+ha_start_node() { # NODE: start it (appending to LOG_DIR/ha-NODE.log), wait until it listens
+  local port n=0
+  [ "$1" = a ] && port=$HA_PORT_A || port=$HA_PORT_B
+  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info} "$TRELLIS" target --config "$LOGDIR/ha-$1.toml" \
+    --state-dir "$LOGDIR/state-ha-$1" >> "$LOGDIR/ha-$1.log" 2>&1 < /dev/null &
+  echo $! > "$LOGDIR/ha-$1.pid"
+  until port_open "$port"; do
+    running "$(ha_pid "$1")" && [ $n -lt 100 ] || { ha_log "start $1: FAIL (not listening on $port)"; return 1; }
+    sleep 0.1; n=$((n + 1))
+  done
+  ha_log "start $1: pid $(ha_pid "$1") listening on $port"
+}
+ha_stop_node() { # NODE: SIGTERM, wait up to 20 s, then SIGKILL
+  local p n=0; p=$(ha_pid "$1")
+  [ -n "$p" ] && running "$p" || return 0
+  kill -TERM "$p"
+  while running "$p" && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done
+  if running "$p"; then kill -KILL "$p"; ha_log "stop $1: no exit within 20 s of SIGTERM, killed"; return 1; fi
+  ha_log "stop $1: exited after SIGTERM"
+}
+start_ha() {
+  local n=0
+  HA_PORT_A=$(free_port) && HA_PORT_B=$(free_port) || return 1
+  truncate -s 256M "$LOGDIR/ha-disk.img" || return 1
+  ha_config a "$HA_PORT_A" 1 32767 > "$LOGDIR/ha-a.toml"
+  ha_config b "$HA_PORT_B" 32768 65519 > "$LOGDIR/ha-b.toml"
+  # (in a subshell: the nodes are not this shell's jobs, as those the watcher restarts are not)
+  (ha_start_node a) || return 1
+  until [ "$(ha_role a)" = owner ]; do [ $n -lt 100 ] || return 1; sleep 0.1; n=$((n + 1)); done
+  (ha_start_node b) || return 1
+  n=0
+  until "$TRELLIS" ctl --socket "$LOGDIR/ha-b.sock" --json ha 2>/dev/null | tr -d ' \n' | grep -q '"holder":"a"'; do
+    [ $n -lt 100 ] || return 1; sleep 0.1; n=$((n + 1))
+  done
+  echo "run-interop: HA pair for step ha: node a (owner) on port $HA_PORT_A, node b (standby) on port $HA_PORT_B, $HA_NQN on $LOGDIR/ha-disk.img" >&2
+}
+stop_ha() { ha_stop_node a; ha_stop_node b; }
+ha_action() { # VERB [NODE], from the guest's @@TRELLIS-HA@@ line
+  local o
+  case "$1" in
+    kill-owner)
+      for o in a b; do [ "$(ha_role $o)" = owner ] && break; o=""; done
+      [ -n "$o" ] || { ha_log "kill-owner: FAIL (no node is the owner)"; return; }
+      kill -KILL "$(ha_pid $o)" && ha_log "kill-owner: kill -9 $o (pid $(ha_pid $o))";;
+    drain-owner)
+      for o in a b; do [ "$(ha_role $o)" = owner ] && break; o=""; done
+      [ -n "$o" ] || { ha_log "drain-owner: FAIL (no node is the owner)"; return; }
+      ha_log "drain-owner: trellis ctl drain on $o"
+      "$TRELLIS" ctl --socket "$LOGDIR/ha-$o.sock" drain >> "$LOGDIR/ha.log" 2>&1 ||
+        ha_log "drain-owner: FAIL (trellis ctl drain on $o: exit $?)";;
+    start|restart)
+      case "${2:-}" in a|b) ;; *) ha_log "$1: FAIL (node '${2:-}' is not a or b)"; return;; esac
+      [ "$1" = start ] || ha_stop_node "$2"
+      ha_start_node "$2";;
+    *) ha_log "unknown request: $*";;
+  esac
+}
+trap 'stop_ha >/dev/null 2>&1; stop_cdc >/dev/null 2>&1; stop_target >/dev/null 2>&1; exit 130' INT TERM
 
 if [ "$SELFTEST" = 0 ]; then
   [ -n "$IO_PORT" ] || IO_PORT=$(free_port) || die "no free port for the I/O listener"
@@ -127,14 +261,20 @@ if [ "$SELFTEST" = 0 ]; then
     sleep 0.1; n=$((n + 1))
   done
   echo "run-interop: target listening (pid $TPID) after $((SECONDS - T0))s" >&2
-  GENV=(--env TARGET_ADDR=10.0.2.2 --env "IO_PORT=$IO_PORT" --env "DISC_PORT=$DISC_PORT" ${GENV[@]+"${GENV[@]}"})
+  start_cdc || { stop_cdc; stop_target; die "could not start the second node and trellis cdc for step cdc (logs in $LOGDIR)"; }
+  start_ha || { stop_ha; stop_cdc; stop_target; die "could not start the HA pair for step ha (logs in $LOGDIR/ha-*.log, ha.log)"; }
+  GENV=(--env TARGET_ADDR=10.0.2.2 --env "IO_PORT=$IO_PORT" --env "DISC_PORT=$DISC_PORT"
+        --env "CDC_PORT=$CDC_PORT" --env "NODE2_NQN=$NODE2_NQN"
+        --env "HA_NQN=$HA_NQN" --env "HA_PORT_A=$HA_PORT_A" --env "HA_PORT_B=$HA_PORT_B" ${GENV[@]+"${GENV[@]}"})
 else
   GENV=(--env SELFTEST=1 ${GENV[@]+"${GENV[@]}"})
 fi
 
 # The guest's step ns-change asks for live namespace changes by printing
 # "@@TRELLIS-CTL@@ namespace add|remove ARGS" (it cannot reach the management socket); this runs
-# them as `trellis ctl` while the VM runs. Only `namespace` commands are accepted.
+# them as `trellis ctl` while the VM runs. Only `namespace` and `referral` commands are accepted
+# (step disc-aen asks for a referral). Step ha's "@@TRELLIS-HA@@ kill-owner | drain-owner |
+# start NODE | restart NODE" lines go to ha_action.
 WATCH_PID=""
 if [ "$SELFTEST" = 0 ]; then
   (
@@ -142,13 +282,18 @@ if [ "$SELFTEST" = 0 ]; then
     while :; do
       n=$(wc -l < "$LOGDIR/console.log")
       if [ "$n" -gt "$seen" ]; then
-        sed -n "$((seen + 1)),${n}p" "$LOGDIR/console.log" | grep '^@@TRELLIS-CTL@@ namespace ' |
+        sed -n "$((seen + 1)),${n}p" "$LOGDIR/console.log" | grep -E '^@@TRELLIS-CTL@@ (namespace|referral) ' |
           while IFS= read -r line; do
             # shellcheck disable=SC2086  # the guest's words are the arguments
             set -- ${line#@@TRELLIS-CTL@@ }
             echo "run-interop: trellis ctl $*" >> "$LOGDIR/ctl.log"
             "$TRELLIS" ctl --socket "$CTL_SOCK" "$@" >> "$LOGDIR/ctl.log" 2>&1 ||
               echo "run-interop: trellis ctl failed (exit $?)" >> "$LOGDIR/ctl.log"
+          done
+        sed -n "$((seen + 1)),${n}p" "$LOGDIR/console.log" | tr -d '\r' | grep -E '^@@TRELLIS-HA@@ ' |
+          while IFS= read -r line; do
+            # shellcheck disable=SC2086  # the guest's words are the arguments
+            ha_action ${line#@@TRELLIS-HA@@ }
           done
         seen=$n
       fi
@@ -165,7 +310,7 @@ if [ -n "$WATCH_PID" ]; then kill "$WATCH_PID" 2>/dev/null; wait "$WATCH_PID" 2>
 sleep 0.3   # let the stderr tee finish
 T_VM=$((SECONDS - T_VM))
 TARGET_OK=1
-if [ "$SELFTEST" = 0 ]; then stop_target || TARGET_OK=0; fi
+if [ "$SELFTEST" = 0 ]; then stop_ha; stop_cdc; stop_target || TARGET_OK=0; fi
 # The guest cannot see the target: check here that the Write Zeroes it expects carried DEAC.
 DEAC_NOTE=""
 if [ "$SELFTEST" = 0 ] && grep -q '^STEP write-zeroes: ok' "$LOGDIR/console.log"; then
@@ -186,7 +331,8 @@ fi
   echo "vm     : exit $VM_RC, ${T_VM}s ($(grep -o 'vm.sh: accel=.*' "$LOGDIR/vm.err" | tail -1))"
   [ "$SELFTEST" = 1 ] || echo "target : $TARGET_NOTE"
   [ -z "$DEAC_NOTE" ] || echo "deac   : $DEAC_NOTE"
-  [ ! -s "$LOGDIR/ctl.log" ] || echo "ctl    : $(grep -c '^run-interop: trellis ctl namespace' "$LOGDIR/ctl.log") request(s) from the guest: $(grep -v '^run-interop:' "$LOGDIR/ctl.log" | tr '\n' ';')"
+  [ ! -s "$LOGDIR/ctl.log" ] || echo "ctl    : $(grep -cE '^run-interop: trellis ctl (namespace|referral)' "$LOGDIR/ctl.log") request(s) from the guest: $(grep -v '^run-interop:' "$LOGDIR/ctl.log" | tr '\n' ';')"
+  [ ! -s "$LOGDIR/ha.log" ] || echo "ha     : $(grep -E '^[0-9.]+ (kill-owner|drain-owner|start|stop|unknown)' "$LOGDIR/ha.log" | cut -d' ' -f2- | tr '\n' ';')"
   echo "total  : $((SECONDS - T0))s; logs in $LOGDIR"
 } | tee "$LOGDIR/summary.txt"
 if [ "$SELFTEST" = 0 ] && [ "$TARGET_OK" = 0 ]; then

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# HA pair with etcd as a real process (Debian's etcd-server) on loopback:
+# crates/app/cli/tests/ha.rs with the etcd feature: kill -9 of the lease
+# holder under `trellis bench --verify`, fencing on a silent etcd (SIGSTOP),
+# drain and failback; TRELLIS_REQUIRE_ETCD=1 makes a missing etcd a failure.
+# The etcd feature builds etcd-client, whose build runs protoc
+# (protobuf-compiler). About 40 s plus the build.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=../../tests/apt-lib.sh
+. tests/apt-lib.sh
+APT_LIB_PROG=70-ha
+need=()
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
+if [ ${#need[@]} -gt 0 ]; then
+  if can_install; then
+    apt_install_for "the HA pair tests (etcd as a real process; protoc builds etcd-client)" "${need[@]}"
+  else
+    echo "skipped: ${need[*]} missing and not root (apt-get install etcd-server protobuf-compiler)"
+    exit 77
+  fi
+fi
+etcd --version | sed -n 1p  # sed reads it all: head would leave etcd a SIGPIPE, and pipefail fails the suite (exit 141)
+cargo clippy -p trellis-target -p trellis-cli --all-targets --features trellis-cli/etcd -- -D warnings
+log=$(mktemp "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/ha.XXXXXX")
+status=0
+TRELLIS_REQUIRE_ETCD=1 cargo test -p trellis-cli --features etcd --test ha -- --nocapture >"$log" 2>&1 || status=$?
+# The measured figures and the verdicts; the whole log on a failure.
+grep -E '^test |test result|failover|fenced|drain to|bench:' "$log" || true
+[ "$status" = 0 ] || { cat "$log"; exit 1; }
