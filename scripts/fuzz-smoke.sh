@@ -10,7 +10,9 @@
 # runs can only ever write the same content under one name; each is moved
 # into place whole). Crash inputs go to fuzz/artifacts/TARGET as before.
 # Env: FUZZ_INSTALL_LOCK_TIMEOUT (seconds to wait for another run's
-# `cargo install cargo-fuzz`, default 1800).
+# `cargo install cargo-fuzz`, default 1800); FUZZ_TARGETS (space-separated
+# subset of `cargo fuzz list`, default all); FUZZ_SANITIZER (address, the
+# default, or none: scripts/fuzz-long.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
@@ -30,11 +32,15 @@ fi
 export RUSTC_BOOTSTRAP=1
 work=$(mktemp -d "${TMPDIR:-/tmp}/trellis-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-for t in $(cd fuzz && cargo fuzz list); do
+all=$(cd fuzz && cargo fuzz list)
+for t in ${FUZZ_TARGETS:-$all}; do
+  case " $(echo $all) " in *" $t "*) ;; *) echo "fuzz-smoke.sh: no fuzz target '$t' (targets: $(echo $all))" >&2; exit 2;; esac
+done
+for t in ${FUZZ_TARGETS:-$all}; do
   echo "fuzz target $t: ${secs}s"
   shared=$PWD/fuzz/corpus/$t
   mkdir -p "$shared" "$work/$t"
-  (cd fuzz && cargo fuzz run "$t" "$work/$t" "$shared" -- -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 2>&1 | tail -5)
+  (cd fuzz && cargo fuzz run -s "${FUZZ_SANITIZER:-address}" "$t" "$work/$t" "$shared" -- -max_total_time="$secs" -max_len=4096 -rss_limit_mb=2048 2>&1 | tail -5)
   n=0
   for f in "$work/$t"/*; do
     [ -f "$f" ] || continue

@@ -16,7 +16,13 @@ use trellis_nvme::{Sgl, Sqe};
 pub const NQN: &str = "nqn.2026-11.io.trellis:fuzz";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:fuzz";
 
+#[cfg(test)]
 fn registry() -> Arc<Registry> {
+    registry_with(|_| {})
+}
+
+/// The harness's registry, `tune` applied to its configuration first.
+fn registry_with(tune: impl FnOnce(&mut Config)) -> Arc<Registry> {
     let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
         addr: "127.0.0.1:4420".parse().unwrap(),
@@ -25,6 +31,7 @@ fn registry() -> Arc<Registry> {
     }];
     cfg.subsystems[0].nqn = NQN.into();
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 20)];
+    tune(&mut cfg);
     // An identity in memory: a registry per input must not touch files.
     let node = crate::identity::NodeId::in_memory(uuid::Uuid::from_u128(0xF022));
     Arc::new(Registry::build_with(&cfg, node).expect("fuzz registry"))
@@ -84,15 +91,56 @@ fn push_capsule(v: &mut Vec<u8>, sqe: &Sqe, icd: &[u8], dg: Digests) {
     }
 }
 
+thread_local! {
+    /// One registry per thread, reused by every input: building one (its
+    /// tables for live subsystems, listeners and ANA groups, the RAM
+    /// namespace) and dropping it again was most of an input's time
+    /// (`examples/feed_rate.rs`; docs/target.md, "Fuzzing").
+    // A smaller largest PDU than the daemon's default (128 KiB of H2CData):
+    // every connection allocates a receive buffer of one PDU + 64 KiB, per
+    // input; inputs are at most a few KiB, and the limit checks are the same.
+    static REGISTRY: Arc<Registry> =
+        registry_with(|c| c.target.max_h2c_data = crate::config::ByteSize(16 << 10));
+}
+
 /// Feeds `data` to fresh connections. The first byte picks digests and how
 /// far a valid prefix takes the connection (raw, after ICReq, admin queue,
 /// I/O queue); the rest arrives in chunks whose sizes come from the input.
 /// Panics (the fuzzer's signal) only if an invariant of the state machine breaks.
 pub fn feed(data: &[u8]) -> Report {
+    REGISTRY.with(|reg| {
+        let report = feed_with(reg, data);
+        reset(reg);
+        report
+    })
+}
+
+/// Returns the shared registry to the state a fresh one has, as far as a
+/// host can change it: every connection of the input is closed, so its
+/// controllers must be gone (a controller lives as long as its admin
+/// queue: checked, a leak panics), the controller ID counter restarts and
+/// the tenants assigned at Connect are forgotten. What is left is the RAM
+/// namespace's data, on which no branch of the target depends, and
+/// statistics counters.
+fn reset(reg: &Registry) {
+    for s in reg.subsystems.iter() {
+        let n = crate::lock(&s.controllers).len();
+        assert_eq!(
+            n, 0,
+            "{n} controllers of {} outlived their connections",
+            s.nqn
+        );
+    }
+    let n = crate::lock(&reg.discovery_controllers).len();
+    assert_eq!(n, 0, "{n} discovery controllers outlived their connections");
+    *crate::lock(&reg.next_cntlid) = reg.limits.cntlid_min;
+    reg.tenants.forget_assigned();
+}
+
+fn feed_with(reg: &Arc<Registry>, data: &[u8]) -> Report {
     let Some((&sel, rest)) = data.split_first() else {
         return Report::default();
     };
-    let reg = registry();
     let dg = Digests::from_bits(sel & 3);
     let mut queues = Vec::new();
     let mut scratch = Vec::new();
@@ -108,13 +156,13 @@ pub fn feed(data: &[u8]) -> Report {
         2 => [prefix(dg, Some((0, CNTLID_DYNAMIC))), rest.to_vec()].concat(),
         _ => {
             let p = prefix(dg, Some((0, CNTLID_DYNAMIC)));
-            let _ = run(&mut admin, &p, &mut queues, &reg, &mut scratch, &mut now);
+            let _ = run(&mut admin, &p, &mut queues, reg, &mut scratch, &mut now);
             let cntlid = admin.ctrl().map_or(1, |c| c.cntlid);
             [prefix(dg, Some((1, cntlid))), rest.to_vec()].concat()
         }
     };
     let mut c = Conn::new(1, reg.clone(), addr, addr, kind, 1, now);
-    let sent_bytes = run(&mut c, &input, &mut queues, &reg, &mut scratch, &mut now);
+    let sent_bytes = run(&mut c, &input, &mut queues, reg, &mut scratch, &mut now);
     let report = Report {
         sent_bytes,
         connected_qid: c.qid(),
@@ -186,6 +234,39 @@ mod tests {
         assert!(!r.closing);
         // ICResp + Connect response + C2HData header + 4 KiB + CapsuleResp.
         assert_eq!(r.sent_bytes, 128 + 24 + 24 + 4096 + 24);
+    }
+
+    /// The thread's registry is reused: after any input it is back where a
+    /// fresh one starts (no controller, the first controller ID next, no
+    /// tenant assigned), so an input's answer does not depend on the inputs
+    /// before it.
+    #[test]
+    fn a_reused_registry_answers_as_a_fresh_one() {
+        let mut sqe = Sqe::rw(trellis_nvme::sqe::io::READ, 9, 1, 0, 8, false);
+        sqe.set_sgl(Sgl::transport(4096));
+        let mut read = vec![3 << 2];
+        push_capsule(&mut read, &sqe, &[], Digests::default());
+        // As if an earlier input's host had taken the first tenant.
+        REGISTRY.with(|reg| reg.tenants.tenant_of("nqn.2026-11.io.trellis:earlier"));
+        let first = feed(&read);
+        for sel in [2u8 << 2, 3 << 2, 1] {
+            feed(&[sel, 0xFF, 0, 0x7F]);
+        }
+        assert_eq!(feed(&read), first);
+        REGISTRY.with(|reg| {
+            assert_eq!(*crate::lock(&reg.next_cntlid), reg.limits.cntlid_min);
+            assert!(reg
+                .subsystems
+                .iter()
+                .all(|s| crate::lock(&s.controllers).is_empty()));
+            // The harness's host would get the first dynamic tenant again.
+            assert_eq!(reg.tenants.tenant_of(HOST), 0);
+        });
+        reset_for_next_test();
+    }
+
+    fn reset_for_next_test() {
+        REGISTRY.with(|reg| reset(reg));
     }
 }
 

@@ -183,6 +183,16 @@ impl Tenants {
         }
     }
 
+    /// Forgets the tenants hosts were given at Connect, keeping the
+    /// configured ones: the fuzz harness (`crate::fuzzing`) reuses one
+    /// registry across inputs, and an input must not see another's hosts.
+    pub(crate) fn forget_assigned(&self) {
+        let mut m = crate::lock(&self.map);
+        m.ids.retain(|_, id| (*id as usize) < self.configured.len());
+        m.next = self.configured.len() as TenantId;
+        m.overflow_logged = false;
+    }
+
     /// The catch-all tenant hosts share once every id is taken.
     pub fn catch_all(&self) -> TenantId {
         self.max_tenants - 1

@@ -266,7 +266,7 @@ pub struct Registry {
     pub listeners: crate::livelisten::ListenerTable,
     /// Discovery controllers live here (they belong to no subsystem).
     pub discovery_controllers: Mutex<HashMap<u16, Arc<Controller>>>,
-    next_cntlid: Mutex<u16>,
+    pub(crate) next_cntlid: Mutex<u16>,
     pub discovery_genctr: AtomicU64,
     /// Referrals and entries merged from other nodes (`discovery`).
     pub disc: crate::discovery::DiscoveryState,
