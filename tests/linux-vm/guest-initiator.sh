@@ -19,7 +19,8 @@
 #   CDC_PORT, NODE2_NQN  step cdc: a `trellis cdc` following this target and a second node
 #   HA_NQN, HA_PORT_A, HA_PORT_B  step ha: the HA pair run-interop.sh runs (a owns the lease)
 #   HA_FIO_SIZE [32M]  HA_FIO_TIMEOUT [150]  HA_CTRL_LOSS_TMO [5]  HA_RESUME_MAX [10] (s; step ha fails on a longer stall)
-#   STEPS ["discover-io discover-8009 connect ana ns-change ns-resize disc-aen cdc ha fio-4k fio-128k write-zeroes large-io ext4 digest-connect
+#   CRASH_ROUNDS [20]  step crash-ext4: kill -9 rounds of the HA pair's owner under fsync'ed ext4 writes
+#   STEPS ["discover-io discover-8009 connect ana ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect
 #           digest-fio-4k digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
@@ -47,7 +48,8 @@ HA_FIO_SIZE=${HA_FIO_SIZE:-32M}
 HA_CTRL_LOSS_TMO=${HA_CTRL_LOSS_TMO:-5}
 HA_RESUME_MAX=${HA_RESUME_MAX:-10}
 HA_FIO_TIMEOUT=${HA_FIO_TIMEOUT:-150}
-STEPS=${STEPS:-"discover-io discover-8009 connect ana ns-change ns-resize disc-aen cdc ha fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
+CRASH_ROUNDS=${CRASH_ROUNDS:-20}
+STEPS=${STEPS:-"discover-io discover-8009 connect ana ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
@@ -536,6 +538,71 @@ step_ha() {
   grep -iE 'I/O error|Buffer I/O' $W/dmesg.ha && { why "the kernel logged I/O errors"; return 1; }
   show timeout 60 nvme disconnect -n "$HA_NQN" || why "nvme disconnect -n $HA_NQN failed" || return 1
   NOTE="resume after kill -9 ${HA_RESUME}s (b optimized after ${_flip}s), drain ${HA_DRAIN1}s, failback ${HA_DRAIN2}s"
+}
+# Crash consistency with a real file system: ext4 on the HA pair's multipath head. Each round a
+# writer creates 64 KiB files, each with dd conv=fsync, and logs a file's checksum only once its
+# fsync returned (acknowledged); meanwhile the host kill -9s the owner node. The kernel fails the
+# I/O over to the other node (one backing file), the writer goes on, and after the round every
+# logged file of every round so far is read back with the guest's page cache dropped, so the
+# data comes from the target. Then the killed node restarts as the standby. At the end: umount,
+# e2fsck -fn, and every file once more from a fresh read-only mount.
+crash_writer() { # ROUND: until $W/crash.stop, one fsync'ed file at a time
+  _j=0
+  while [ ! -e $W/crash.stop ]; do
+    head -c 65536 /dev/urandom > $W/crash.blob
+    _f=r$1-$_j
+    dd if=$W/crash.blob of=$MNT/crash/$_f bs=65536 conv=fsync 2>/dev/null &&
+      echo "$(md5sum < $W/crash.blob | cut -c1-32)  crash/$_f" >> $W/crash.sums || echo "$_f" >> $W/crash.err
+    _j=$((_j + 1))
+  done
+}
+crash_verify() { # WHAT: every acknowledged file, read from the target
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  (cd $MNT && md5sum -c $W/crash.sums) > $W/crash.check 2>&1 && return 0
+  grep -v ': OK$' $W/crash.check | head -5 | sed 's/^/  |   /'
+  why "$1: $(grep -c ': FAILED' $W/crash.check) of $(wc -l < $W/crash.sums) acknowledged files differ or are missing"
+}
+crash_round() { # ROUND
+  for _o in $HA_PORT_A $HA_PORT_B; do ha_is $_o optimized && break; _o=""; done
+  [ -n "$_o" ] || { ha_paths; why "round $1: no optimized path"; return 1; }
+  _kn=a _sp=$HA_PORT_B; [ "$_o" = "$HA_PORT_B" ] && _kn=b _sp=$HA_PORT_A
+  rm -f $W/crash.stop; crash_writer $1 & _wp=$!
+  sleep 1
+  _n0=$(wc -l < $W/crash.sums); _k=$(now); ha_request kill-owner
+  ha_wait 30 $_sp optimized "round $1, after kill -9 of $_kn" || { touch $W/crash.stop; wait $_wp; return 1; }
+  _fl=$(since $_k)
+  sleep 1; touch $W/crash.stop; wait $_wp
+  [ -s $W/crash.err ] && { why "round $1: a write or fsync failed: $(cat $W/crash.err | tr '\n' ' ')"; return 1; }
+  crash_verify "round $1" || return 1
+  CRASH_FLIPS="$CRASH_FLIPS $_fl"
+  info "round $1: kill -9 $_kn, other path optimized after $_fl s; $(( $(wc -l < $W/crash.sums) - _n0 )) files fsync'ed since the kill request; $(wc -l < $W/crash.sums) verified"
+  ha_request start $_kn
+  ha_back $_o
+}
+step_crash_ext4() {
+  if [ "$SELFTEST" = 1 ] || [ -z "${HA_PORT_A:-}" ]; then info "no HA pair in this run (HA_PORT_A unset)"; return 0; fi
+  kmsg
+  ha_connect $HA_PORT_A || return 1
+  ha_connect $HA_PORT_B || return 1
+  HD=$(wait_for 20 ha_head) || why "no multipath block device for $HA_NQN" || return 1
+  show mkfs.ext4 -q -F /dev/$HD || why "mkfs.ext4 failed" || return 1
+  show mount -t ext4 /dev/$HD $MNT || why "mount failed" || return 1
+  mkdir -p $MNT/crash; : > $W/crash.sums; rm -f $W/crash.err; CRASH_FLIPS=""
+  _r=1
+  while [ $_r -le "$CRASH_ROUNDS" ]; do
+    crash_round $_r || { umount $MNT 2>/dev/null; return 1; }
+    _r=$((_r + 1))
+  done
+  show umount $MNT || why "umount failed" || return 1
+  show e2fsck -fn /dev/$HD || why "e2fsck found problems after $CRASH_ROUNDS kill -9 rounds" || return 1
+  show mount -t ext4 -o ro /dev/$HD $MNT || why "read-only mount failed" || return 1
+  crash_verify "after remount" || { umount $MNT; return 1; }
+  show umount $MNT || why "umount failed" || return 1
+  dmesg -c > $W/dmesg.crash 2>/dev/null; cat $W/dmesg.crash >> $W/dmesg.all
+  grep -iE 'I/O error|Buffer I/O|EXT4-fs error' $W/dmesg.crash && { why "the kernel logged I/O or ext4 errors"; return 1; }
+  show timeout 60 nvme disconnect -n "$HA_NQN" || why "nvme disconnect -n $HA_NQN failed" || return 1
+  _max=$(echo $CRASH_FLIPS | tr ' ' '\n' | sort -n | tail -1)
+  NOTE="$CRASH_ROUNDS kill -9 rounds, $(wc -l < $W/crash.sums) fsync'ed files intact, e2fsck clean, failover <= ${_max}s"
 }
 # Central discovery controller: run-interop.sh starts a second node and `trellis cdc` following
 # both nodes (CDC_PORT); one `nvme discover` there lists both nodes' subsystems.
