@@ -232,7 +232,10 @@ impl State {
                 holder_key == Some(prkey)
             }
         };
-        let removed = if take_over && prkey == 0 {
+        // PRKEY 0 on an All Registrants reservation: every other registrant goes.
+        let clear_all =
+            take_over && prkey == 0 && self.held.is_some_and(|r| r.rtype.all_registrants());
+        let removed = if clear_all {
             self.unregister_where(h, |_| true, &mut notes)
         } else {
             self.unregister_where(h, |r| r.rkey == prkey, &mut notes)

@@ -274,6 +274,27 @@ fn preempt_of_all_registrants_with_zero_key_clears_the_others() {
 }
 
 #[test]
+fn preempt_of_a_holder_with_key_zero_removes_only_key_zero() {
+    let mut s = State::default();
+    register(&mut s, &A, 0).unwrap();
+    register(&mut s, &B, 5).unwrap();
+    register(&mut s, &C, 9).unwrap();
+    s.acquire(&A, &acq(AA::Acquire, WriteExclusive), 0, 0)
+        .unwrap();
+    s.acquire(&B, &acq(AA::Preempt, WriteExclusive), 5, 0)
+        .unwrap();
+    assert_eq!(
+        s.held,
+        Some(Held {
+            rtype: WriteExclusive,
+            holder: B
+        })
+    );
+    assert!(!s.is_registered(&A));
+    assert!(s.is_registered(&C), "C's key is not PRKEY");
+}
+
+#[test]
 fn release_and_clear() {
     let mut s = held(WriteExclusiveRegistrantsOnly);
     register(&mut s, &C, 3).unwrap();
