@@ -406,12 +406,28 @@ impl State {
                 holder: hostid_of(&s.holder)?,
             }),
         };
-        Ok(State {
+        let st = State {
             gen: s.gen,
             regs,
             held,
             ptpl: true,
-        })
+        };
+        // Only states the commands can reach: one entry per host, and a
+        // holder that is registered.
+        for (i, r) in st.regs.iter().enumerate() {
+            anyhow::ensure!(
+                st.find(&r.hostid) == Some(i),
+                "host {} registered twice",
+                crate::identity::hex(&r.hostid)
+            );
+        }
+        if let Some(h) = st.held {
+            anyhow::ensure!(
+                st.is_registered(&h.holder),
+                "the reservation's holder is not registered"
+            );
+        }
+        Ok(st)
     }
 }
 

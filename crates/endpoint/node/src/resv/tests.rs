@@ -413,6 +413,24 @@ fn ptpl_state_survives_reopen_and_clearing_deletes_it() {
     );
     r.set_ptpl(false).unwrap();
     assert!(!path.exists(), "PTPL cleared: the file goes");
+    // A state no command sequence reaches is refused too.
+    let a = crate::identity::hex(&A);
+    let twice = format!(
+        r#"{{"version":1,"gen":1,"rtype":0,"holder":"","registrants":[{{"hostid":"{a}","rkey":1}},{{"hostid":"{a}","rkey":2}}]}}"#
+    );
+    std::fs::write(&path, twice).unwrap();
+    let e = Resv::open(Some(path.clone()), 32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("registered twice"), "{e}");
+    let orphan = format!(r#"{{"version":1,"gen":1,"rtype":1,"holder":"{a}","registrants":[]}}"#);
+    std::fs::write(&path, orphan).unwrap();
+    let e = Resv::open(Some(path.clone()), 32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not registered"), "{e}");
     std::fs::write(&path, "{not json").unwrap();
     let e = Resv::open(Some(path.clone()), 32)
         .err()
