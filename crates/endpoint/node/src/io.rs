@@ -327,8 +327,8 @@ fn resv_notify(ctrl: &crate::subsystem::Controller, nsid: u32, notes: &Notices) 
 
 /// Reservation Report: the extended data structure (EDS = 1) only, since
 /// this target identifies hosts by 128-bit host IDs; EDS = 0 fails with
-/// Host Identifier Inconsistent Format, as the spec requires (and Linux
-/// then knows to ask with EDS = 1).
+/// Host Identifier Inconsistent Format, as the spec requires (Linux asks
+/// with EDS = 1 first, and only falls back to EDS = 0 on that status).
 pub(crate) fn resv_report(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
     let Some(ns) = ns_of(q, req) else {
         return gone();
@@ -339,6 +339,10 @@ pub(crate) fn resv_report(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> E
     // NUMD (0-based dwords) and the transfer should agree; the smaller wins.
     let numd_bytes = (req.sqe.cdw10() as u64 + 1) * 4;
     let len = (req.xfer_len as u64).min(numd_bytes) as usize;
+    // Not even the header fits: refused, as nvmet does.
+    if len < resv::REPORT_EXT_HDR_LEN {
+        return Exec::Done(INVALID_FIELD);
+    }
     let (h, regs) = ns.resv.snapshot().report();
     let out = req.buf.slice_mut(req.xfer_len as usize);
     let (data, rest) = out.split_at_mut(len);

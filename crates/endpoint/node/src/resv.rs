@@ -184,9 +184,10 @@ impl State {
         }
     }
 
-    /// Reservation Acquire. IEKEY is ignored (RESCAP bit 7: as defined
-    /// since revision 1.3). Preempt and Abort is a Preempt: this target
-    /// does not abort the preempted hosts' outstanding commands.
+    /// Reservation Acquire. IEKEY set is Invalid Field: since revision 1.3
+    /// (RESCAP bit 7) it no longer skips the key check of Acquire and
+    /// Release, and nvmet refuses it the same way. Preempt and Abort is a
+    /// Preempt: this target does not abort the preempted hosts' commands.
     pub fn acquire(
         &mut self,
         h: &HostId,
@@ -194,6 +195,9 @@ impl State {
         crkey: u64,
         prkey: u64,
     ) -> Result<Notices, Status> {
+        if cmd.iekey {
+            return Err(INVALID_FIELD);
+        }
         self.check_key(h, crkey)?;
         match cmd.action {
             AcquireAction::Acquire => match self.held {
@@ -216,55 +220,83 @@ impl State {
         }
     }
 
-    /// Preempt (§8.19.7): unregisters the hosts registered with PRKEY and,
-    /// when PRKEY names the reservation (the holder's key, or 0 for an All
-    /// Registrants reservation), takes it over with `rtype`.
+    /// Preempt (§8.19, "Preempting a Reservation or Registrants"), case by
+    /// case as Linux nvmet reads the spec:
+    /// - no reservation: the registrants with key PRKEY are unregistered;
+    /// - All Registrants: PRKEY 0 takes the reservation and unregisters
+    ///   every other host; another PRKEY only unregisters;
+    /// - PRKEY the holder's key: the reservation is taken over (or, by the
+    ///   holder itself, its type changed) and the other hosts with that key
+    ///   unregistered (nvmet unregisters nobody when the holder preempts
+    ///   itself; the spec's rule has no such exception);
+    /// - another PRKEY only unregisters; PRKEY 0 is Invalid Field.
+    ///
+    /// Unregistered hosts get Registration Preempted; when the type
+    /// changes, the remaining registrants get Reservation Released. A
+    /// command that would only unregister and names no registrant is a
+    /// conflict.
     fn preempt(&mut self, h: &HostId, rtype: RType, prkey: u64) -> Result<Notices, Status> {
         let mut notes = Notices::new();
-        let take_over = match self.held {
-            None => false,
-            Some(r) if r.rtype.all_registrants() => prkey == 0,
-            Some(r) => {
-                let holder_key = self.find(&r.holder).map(|i| self.regs[i].rkey);
-                if holder_key != Some(prkey) && prkey == 0 {
-                    return Err(INVALID_FIELD);
-                }
-                holder_key == Some(prkey)
-            }
+        let Some(r) = self.held else {
+            return self.unregister_by_key(h, prkey, notes);
         };
-        // PRKEY 0 on an All Registrants reservation: every other registrant goes.
-        let clear_all =
-            take_over && prkey == 0 && self.held.is_some_and(|r| r.rtype.all_registrants());
-        let removed = if clear_all {
-            self.unregister_where(h, |_| true, &mut notes)
+        let take_over = if r.rtype.all_registrants() {
+            prkey == 0
         } else {
-            self.unregister_where(h, |r| r.rkey == prkey, &mut notes)
+            let holder_key = self.find(&r.holder).map(|i| self.regs[i].rkey);
+            if holder_key != Some(prkey) && prkey == 0 {
+                return Err(INVALID_FIELD);
+            }
+            holder_key == Some(prkey)
         };
         if !take_over {
-            // Nothing to take over: the command only unregisters, and one
-            // naming no registrant did nothing at all.
-            return if removed == 0 {
-                Err(CONFLICT)
-            } else {
-                Ok(notes)
-            };
+            return self.unregister_by_key(h, prkey, notes);
         }
         self.held = Some(Held { rtype, holder: *h });
-        // Hosts still registered lost the reservation they shared or
-        // could have acquired: told it was preempted.
-        self.notify_all(h, notice::RESERVATION_PREEMPTED, &mut notes);
+        if r.rtype.all_registrants() {
+            self.unregister_where(h, |_| true, &mut notes);
+        } else {
+            self.unregister_where(h, |x| x.rkey == prkey, &mut notes);
+        }
+        if r.rtype != rtype {
+            self.notify_all(h, notice::RESERVATION_RELEASED, &mut notes);
+        }
         Ok(notes)
     }
 
+    /// Unregisters every registrant with key `prkey`, `h` included (then
+    /// without a notice to itself); a conflict when there is none.
+    fn unregister_by_key(
+        &mut self,
+        h: &HostId,
+        prkey: u64,
+        mut notes: Notices,
+    ) -> Result<Notices, Status> {
+        let mut any = false;
+        while let Some(i) = self.regs.iter().position(|r| r.rkey == prkey) {
+            let host = self.regs[i].hostid;
+            self.unregister(i, &mut notes);
+            if host != *h {
+                notes.push((host, notice::REGISTRATION_PREEMPTED));
+            }
+            any = true;
+        }
+        if any {
+            Ok(notes)
+        } else {
+            Err(CONFLICT)
+        }
+    }
+
     /// Unregisters every registrant but `keep` that `pred` selects, each
-    /// with a Registration Preempted notice; returns how many.
+    /// with a Registration Preempted notice (the reservation was just
+    /// given to `keep`, so no unregistration releases it).
     fn unregister_where(
         &mut self,
         keep: &HostId,
         pred: impl Fn(&Registrant) -> bool,
         notes: &mut Notices,
-    ) -> usize {
-        let before = self.regs.len();
+    ) {
         self.regs.retain(|r| {
             let go = r.hostid != *keep && pred(r);
             if go {
@@ -272,11 +304,13 @@ impl State {
             }
             !go
         });
-        before - self.regs.len()
     }
 
-    /// Reservation Release. IEKEY is ignored, as for Acquire.
+    /// Reservation Release. IEKEY set is Invalid Field, as for Acquire.
     pub fn release(&mut self, h: &HostId, cmd: &ReleaseCmd, crkey: u64) -> Result<Notices, Status> {
+        if cmd.iekey {
+            return Err(INVALID_FIELD);
+        }
         self.check_key(h, crkey)?;
         let mut notes = Notices::new();
         match cmd.action {

@@ -207,6 +207,13 @@ fn twenty_hosts_register_acquire_conflict_preempt_and_persist() {
     let mut page = [0u8; 64];
     let r = report_raw(&mut hosts[5].q, 1, false, &mut page);
     assert_eq!(status(r), generic::HOST_ID_INCONSISTENT.dnr(), "EDS = 0");
+    let mut short = [0u8; 32];
+    let r = report_raw(&mut hosts[5].q, 1, true, &mut short);
+    assert_eq!(
+        status(r),
+        generic::INVALID_FIELD.dnr(),
+        "shorter than the header"
+    );
 
     // Host 1 preempts host 0 into Exclusive Access; host 0 is told.
     hosts[0].ctrl.arm_event().unwrap();

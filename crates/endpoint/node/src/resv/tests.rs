@@ -207,11 +207,12 @@ fn preempt_takes_over_and_unregisters() {
     );
     assert!(!s.is_registered(&A), "the preempted holder is unregistered");
     assert!(s.is_registered(&C));
+    // The type changed: the registrant left is told the old one was released.
     assert_eq!(
         notes,
         vec![
             (A, notice::REGISTRATION_PREEMPTED),
-            (C, notice::RESERVATION_PREEMPTED)
+            (C, notice::RESERVATION_RELEASED)
         ]
     );
     assert_eq!(s.gen, g + 1);
@@ -271,6 +272,60 @@ fn preempt_of_all_registrants_with_zero_key_clears_the_others() {
     s.acquire(&A, &acq(AA::Preempt, WriteExclusive), 1, 2)
         .unwrap();
     assert_eq!((s.held, s.regs.len()), (None, 1));
+}
+
+#[test]
+fn preempt_without_take_over_and_by_the_holder_itself() {
+    // The holder preempting itself (PRKEY its own key) changes the type;
+    // another host with that key is unregistered, as for any takeover.
+    let mut s = held(WriteExclusive);
+    register(&mut s, &C, 1).unwrap();
+    let notes = s
+        .acquire(&A, &acq(AA::Preempt, ExclusiveAccess), 1, 1)
+        .unwrap();
+    assert_eq!(
+        s.held,
+        Some(Held {
+            rtype: ExclusiveAccess,
+            holder: A
+        })
+    );
+    assert_eq!(s.regs.len(), 2);
+    assert_eq!(
+        notes,
+        vec![
+            (C, notice::REGISTRATION_PREEMPTED),
+            (B, notice::RESERVATION_RELEASED)
+        ]
+    );
+    // The holder preempting another key only unregisters it.
+    let notes = s
+        .acquire(&A, &acq(AA::Preempt, ExclusiveAccess), 1, 2)
+        .unwrap();
+    assert_eq!(notes, vec![(B, notice::REGISTRATION_PREEMPTED)]);
+    assert_eq!(s.held.map(|r| r.holder), Some(A));
+    // With no reservation, the issuer's own key unregisters it too (without
+    // a notice to itself).
+    let mut s = State::default();
+    register(&mut s, &A, 7).unwrap();
+    register(&mut s, &B, 7).unwrap();
+    let notes = s
+        .acquire(&A, &acq(AA::Preempt, WriteExclusive), 7, 7)
+        .unwrap();
+    assert!(s.regs.is_empty() && s.held.is_none());
+    assert_eq!(notes, vec![(B, notice::REGISTRATION_PREEMPTED)]);
+    // IEKEY on Acquire and Release: Invalid Field (RESCAP bit 7).
+    let mut s = held(WriteExclusive);
+    let ie = AcquireCmd {
+        iekey: true,
+        ..acq(AA::Acquire, WriteExclusive)
+    };
+    assert_eq!(s.acquire(&A, &ie, 1, 0), Err(INVALID_FIELD));
+    let ie = ReleaseCmd {
+        iekey: true,
+        ..rel(RL::Release, 1)
+    };
+    assert_eq!(s.release(&A, &ie, 1), Err(INVALID_FIELD));
 }
 
 #[test]
