@@ -245,9 +245,10 @@ pub(crate) fn dataset_management(q: &mut Queue, ctx: &mut Ctx, req: &mut Request
 }
 
 // Reservation commands (NVMe Base 2.0 §8.19). They run on the reactor that
-// received them: each takes the namespace's reservation lock, and writes
-// the state file (fsync) when Persist Through Power Loss is set; they are
-// rare control-path commands, so the reactor's brief wait is accepted.
+// received them: each takes the namespace's reservation command lock, and
+// writes the state file (fsync) when Persist Through Power Loss is set; they
+// are rare control-path commands, so that reactor's brief wait is accepted
+// (other reactors' I/O checks do not wait for it).
 
 const INVALID_FIELD: Status = generic::INVALID_FIELD.dnr();
 

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use trellis_nvme::resv::{
     notice, AcquireAction, AcquireCmd, Cptpl, Notice, RType, RegisterAction, RegisterCmd,
     ReleaseAction, ReleaseCmd, ReportHeader,
@@ -489,7 +489,12 @@ pub struct Resv {
     /// RTYPE of the reservation held, 0 while none is: the I/O path reads
     /// only this while no reservation is held.
     active: AtomicU8,
-    state: Mutex<State>,
+    /// Read by the I/O check while a reservation is held (readers do not
+    /// wait for each other); written only to swap in a new state.
+    state: RwLock<State>,
+    /// Serializes reservation commands, file writes included, so that I/O
+    /// checks never wait for an fsync.
+    commands: Mutex<()>,
     /// The persistence file (used while PTPL is set); None: never persisted.
     path: Option<PathBuf>,
     max_registrants: usize,
@@ -521,7 +526,8 @@ impl Resv {
         }
         Ok(Resv {
             active: AtomicU8::new(state.held.map_or(0, |r| r.rtype as u8)),
-            state: Mutex::new(state),
+            state: RwLock::new(state),
+            commands: Mutex::new(()),
             path,
             max_registrants,
         })
@@ -547,7 +553,7 @@ impl Resv {
 
     #[cold]
     fn check_held(&self, h: &HostId, write: bool) -> Result<(), Status> {
-        if crate::lock(&self.state).allows(h, write) {
+        if self.read().allows(h, write) {
             Ok(())
         } else {
             Err(CONFLICT)
@@ -556,7 +562,13 @@ impl Resv {
 
     /// A copy of the state (Report, tests).
     pub fn snapshot(&self) -> State {
-        crate::lock(&self.state).clone()
+        self.read().clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub fn max_registrants(&self) -> usize {
@@ -570,17 +582,23 @@ impl Resv {
         &self,
         f: impl FnOnce(&mut State, usize) -> Result<Notices, Status>,
     ) -> Result<Notices, Status> {
-        let mut st = crate::lock(&self.state);
-        let mut next = st.clone();
+        let _one_at_a_time = crate::lock(&self.commands);
+        let cur = self.snapshot();
+        let mut next = cur.clone();
         let notes = f(&mut next, self.max_registrants)?;
-        if next != *st {
-            self.persist(&st, &next).map_err(|e| {
+        if next != cur {
+            self.persist(&cur, &next).map_err(|e| {
                 tracing::error!("cannot save reservation state: {e}");
                 generic::INTERNAL_ERROR
             })?;
-            self.active
-                .store(next.held.map_or(0, |r| r.rtype as u8), Ordering::Release);
-            *st = next;
+            let active = next.held.map_or(0, |r| r.rtype as u8);
+            *self
+                .state
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+            // After the state: an I/O that still sees the old flag finds
+            // the new state under the lock, which `allows` checks anyway.
+            self.active.store(active, Ordering::Release);
         }
         Ok(notes)
     }
