@@ -575,6 +575,18 @@ impl Resv {
         self.max_registrants
     }
 
+    /// Back to no registrants and no reservation, without touching the
+    /// file: for the fuzz harness, whose registry outlives each input and
+    /// keeps no files (an in-memory node identity gives no path).
+    pub(crate) fn forget(&self) {
+        let _one_at_a_time = crate::lock(&self.commands);
+        *self
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = State::default();
+        self.active.store(0, Ordering::Release);
+    }
+
     /// Runs `f` on a copy of the state and, when it succeeds, saves the
     /// copy (while PTPL is set, or to delete the file when it was cleared)
     /// before making it the state: a command completes only once durable.
