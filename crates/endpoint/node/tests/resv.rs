@@ -320,3 +320,77 @@ fn without_ptpl_a_restart_forgets_the_reservation() {
     drop(h);
     t.stop().unwrap();
 }
+
+/// Malformed reservation commands from a peer fail with the status that
+/// names what is wrong, and the connection stays usable.
+#[test]
+fn malformed_reservation_commands_fail_with_their_status() {
+    use trellis_nvme::log::lid;
+    use trellis_nvme::pdu::Digests;
+    use trellis_nvme::sqe::admin;
+    let t = start_target();
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let q = &mut c.io[0];
+    let mut run = |op: u8, nsid: u32, cdw10: u32, data: &[u8]| {
+        let mut s = Sqe::new(op, 0, nsid);
+        s.set_cdw(10, cdw10);
+        q.cmd(s, data, 0, 8192).0.status
+    };
+    let keys = [0u8; 16];
+    let invalid = generic::INVALID_FIELD.dnr();
+    assert_eq!(
+        run(io::RESV_REGISTER, 1, 0, &keys[..8]),
+        generic::DATA_SGL_LENGTH_INVALID.dnr(),
+        "Register carries 16 bytes"
+    );
+    assert_eq!(run(io::RESV_REGISTER, 1, 3, &keys), invalid, "RREGA 3");
+    assert_eq!(
+        run(io::RESV_REGISTER, 1, 1 << 30, &keys),
+        invalid,
+        "CPTPL 01b"
+    );
+    assert_eq!(
+        run(io::RESV_REGISTER, 99, 0, &keys),
+        generic::INVALID_NAMESPACE.dnr()
+    );
+    assert_eq!(run(io::RESV_ACQUIRE, 1, 0, &keys), invalid, "RTYPE 0");
+    assert_eq!(run(io::RESV_ACQUIRE, 1, 7 << 8, &keys), invalid, "RTYPE 7");
+    assert_eq!(
+        run(io::RESV_ACQUIRE, 1, 3 | 1 << 8, &keys),
+        invalid,
+        "RACQA 3"
+    );
+    assert_eq!(run(io::RESV_RELEASE, 1, 2, &keys[..8]), invalid, "RRELA 2");
+    assert_eq!(
+        run(io::RESV_RELEASE, 1, 0, &keys[..8]),
+        CONFLICT,
+        "not registered"
+    );
+    // Still serving: a register and a report work on the same queue.
+    assert!(run(io::RESV_REGISTER, 1, 0, &keys).is_success());
+    let a = &mut c.admin;
+    let mut s = Sqe::new(admin::SET_FEATURES, 0, 1);
+    s.set_cdw(10, 0x82);
+    s.set_cdw(11, 1);
+    assert_eq!(
+        a.cmd(s, &[], 0, 0).0.status,
+        invalid,
+        "mask bit 0 is reserved"
+    );
+    let mut s = Sqe::new(admin::GET_FEATURES, 0, 0);
+    s.set_cdw(10, 0x83);
+    assert_eq!(
+        a.cmd(s, &[], 0, 0).0.status,
+        generic::INVALID_NAMESPACE.dnr(),
+        "PTPL of NSID 0"
+    );
+    // No notice queued: an empty log page, not an error.
+    let (cqe, page) = get_log(a, lid::RESERVATION, 0xFFFF_FFFF, 64);
+    assert!(cqe.status.is_success(), "{:?}", cqe.status);
+    assert!(page.iter().all(|&b| b == 0));
+    let (cqe, page) = get_log(a, lid::SUPPORTED_LOGS, 0, 1024);
+    assert!(cqe.status.is_success());
+    assert_ne!(page[lid::RESERVATION as usize * 4], 0, "log 80h is listed");
+    drop(c);
+    t.stop().unwrap();
+}
