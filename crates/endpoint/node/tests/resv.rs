@@ -394,3 +394,86 @@ fn malformed_reservation_commands_fail_with_their_status() {
     drop(c);
     t.stop().unwrap();
 }
+
+/// A registration belongs to a host: every controller it connects with
+/// the same host ID shares it, and a notice goes to each of them unless
+/// that controller masked it (Set Features 82h).
+#[test]
+fn a_host_is_all_its_controllers_and_masks_are_per_controller() {
+    let state = tempfile::tempdir().unwrap();
+    let t = trellis_target::Target::start(&config(state.path())).unwrap();
+    let addr = t.local_addrs[0].to_string();
+    let (mut a1, mut a2, mut a3) = (connect(&addr, 0), connect(&addr, 0), connect(&addr, 0));
+    let mut b = connect(&addr, 1);
+    register(
+        &mut a1.q,
+        1,
+        RegisterAction::Register,
+        false,
+        Cptpl::NoChange,
+        0,
+        1,
+    )
+    .unwrap();
+    let r = register(
+        &mut a2.q,
+        1,
+        RegisterAction::Register,
+        false,
+        Cptpl::NoChange,
+        0,
+        2,
+    );
+    assert_eq!(status(r), CONFLICT, "already registered, with key 1");
+    acquire(
+        &mut a2.q,
+        1,
+        AcquireAction::Acquire,
+        RType::ExclusiveAccess,
+        1,
+        0,
+    )
+    .unwrap();
+    write(&mut a1).expect("the holder's other controller writes");
+    assert_eq!(status(read(&mut b)), CONFLICT);
+    let (hdr, regs) = report(&mut b.q, 1, 8).unwrap();
+    assert_eq!(
+        (hdr.regctl, regs[0].hostid, regs[0].holds),
+        (1, a1.id, true)
+    );
+    // a3 masks Registration Preempted; a1 and a2 do not.
+    a3.ctrl
+        .set_resv_mask(1, 1 << notice::REGISTRATION_PREEMPTED)
+        .unwrap();
+    a1.ctrl.arm_event().unwrap();
+    a2.ctrl.arm_event().unwrap();
+    register(
+        &mut b.q,
+        1,
+        RegisterAction::Register,
+        false,
+        Cptpl::NoChange,
+        0,
+        2,
+    )
+    .unwrap();
+    acquire(
+        &mut b.q,
+        1,
+        AcquireAction::Preempt,
+        RType::ExclusiveAccess,
+        2,
+        1,
+    )
+    .unwrap();
+    for h in [&mut a1, &mut a2] {
+        assert_eq!(wait_event(h), AEN_DW0);
+        let n = h.ctrl.resv_notice().unwrap();
+        assert_eq!(n.kind, notice::REGISTRATION_PREEMPTED);
+    }
+    // Queued (or not) before the preempt completed: nothing for a3.
+    assert_eq!(a3.ctrl.resv_notice().unwrap().kind, notice::EMPTY);
+    assert_eq!(status(write(&mut a3)), CONFLICT, "a3's host was preempted");
+    drop((a1, a2, a3, b));
+    t.stop().unwrap();
+}
