@@ -8,6 +8,8 @@ use trellis_nvme::pdu::{self, CommonHeader, Digests};
 fuzz_target!(|data: &[u8]| {
     // Log pages a host decodes: any bytes give a value or an error.
     let _ = trellis_nvme::ana::AnaLog::decode(data);
+    let _ = trellis_nvme::resv::decode_report_ext(data);
+    let _ = trellis_nvme::resv::Notice::decode(data);
     let Some(ch) = CommonHeader::decode(data) else { return };
     for bits in 0..4u8 {
         for (ctl, bic) in [(true, true), (true, false), (false, true), (false, false)] {
@@ -26,6 +28,12 @@ fuzz_target!(|data: &[u8]| {
                     let _ = (sqe.sgl(), sqe.nlb(), sqe.slba());
                     let _ = trellis_nvme::fabrics::ConnectCmd::decode(&sqe);
                     let _ = trellis_nvme::log::GetLogPage::decode(&sqe);
+                    let _ = trellis_nvme::resv::RegisterCmd::decode(&sqe);
+                    let _ = trellis_nvme::resv::AcquireCmd::decode(&sqe);
+                    let _ = trellis_nvme::resv::ReleaseCmd::decode(&sqe);
+                    let data = b.get(l.data_off..).unwrap_or_default();
+                    let _ = trellis_nvme::resv::decode_keys(data);
+                    let _ = trellis_nvme::resv::decode_crkey(data);
                     if l.data_len >= 1024 {
                         let _ = trellis_nvme::fabrics::ConnectData::decode(&b[l.data_off..]);
                     }

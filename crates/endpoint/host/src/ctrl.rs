@@ -140,6 +140,16 @@ impl Controller {
         })
     }
 
+    /// Runs one admin command to completion (setup paths in other modules).
+    pub(crate) fn admin_exec(
+        &mut self,
+        sqe: Sqe,
+        xfer: Xfer,
+        out: &mut [u8],
+    ) -> Result<crate::engine::Completion> {
+        self.admin.exec_ok(sqe, xfer, &[], out)
+    }
+
     /// Maximum I/O queue entries the controller allows (CAP.MQES + 1).
     pub fn max_queue_entries(&self) -> u32 {
         (self.cap & 0xffff) as u32 + 1

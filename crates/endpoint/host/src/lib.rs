@@ -11,6 +11,8 @@
 //!   or Gimbal's credit headroom).
 //! - [`multipath`]: the paths of a multipath volume: ANA states, reservations
 //!   and the path policy (round-robin, queue-depth, ISR) in one sans-IO core.
+//! - [`resv`]: NVMe persistent reservations (Register, Acquire, Release,
+//!   Report, the notification log and PTPL).
 //! - [`reserve`]: eager bandwidth reservation at the host edge: each path's
 //!   response rate reserved before a read goes out (NSDI'26 §3.2).
 //!
@@ -27,6 +29,7 @@ pub mod multipath;
 pub mod queue;
 pub mod replica;
 pub mod reserve;
+pub mod resv;
 pub mod switch;
 
 pub use ctrl::{discover, Controller, HostConfig};

@@ -172,6 +172,7 @@ impl Queue {
             aen_pending: AtomicU32::new(0),
             aen_masked: AtomicU32::new(0),
             changed_ns: Mutex::new(Default::default()),
+            resv_log: Mutex::new(Default::default()),
             features: Mutex::new(Features::default()),
             errors: Mutex::new(Default::default()),
             tenant: match &sub {
@@ -359,6 +360,7 @@ impl Queue {
                 // OAES bits 8 and 11: namespace attribute and ANA change notices.
                 oaes: crate::aen::SUPPORTED,
                 ana: Some(self.reg.ana_caps()),
+                reservations: true,
             },
             None => ControllerInfo {
                 kind: ControllerType::Discovery,
@@ -378,6 +380,7 @@ impl Queue {
                 // OAES bit 31: Discovery Log Page Change notices.
                 oaes: crate::aen::DISCOVERY_SUPPORTED,
                 ana: None,
+                reservations: false,
             },
         }
     }
@@ -471,6 +474,10 @@ impl Queue {
                 }
                 Ok(())
             }
+            (Some(_), lid::RESERVATION) => {
+                resv_log(ctrl, lp.rae, &mut page);
+                Ok(())
+            }
             (Some(sub), crate::qos::VIEW_LID) => {
                 let nss = self.ns.clone();
                 crate::qos::view_log(ctx, nss.sub(sub.idx), ctrl.tenant, sqe.nsid(), &mut page)
@@ -507,6 +514,7 @@ impl Queue {
                     lid::CHANGED_NS_LIST,
                     lid::COMMANDS_EFFECTS,
                     crate::qos::VIEW_LID,
+                    lid::RESERVATION,
                 ];
                 lids.push(lid::ANA);
                 log::encode_supported_logs(&lids, page);
@@ -678,9 +686,54 @@ impl Queue {
             feat::IRQ_COALESCING => f.irq_coalescing = v,
             feat::IRQ_CONFIG => f.irq_config = v,
             feat::WRITE_ATOMICITY => f.write_atomicity = v,
+            feat::RESV_MASK | feat::RESV_PERSIST => {
+                drop(f);
+                return Exec::Done(match self.set_resv_feature(&ctrl, fid, sqe.nsid(), v) {
+                    Ok(()) => Status::SUCCESS,
+                    Err(st) => st,
+                });
+            }
             _ => return Exec::Done(generic::INVALID_FIELD.dnr()),
         }
         Exec::Done(Status::SUCCESS)
+    }
+
+    /// Set Features Reservation Notification Mask (82h; NSID FFFFFFFFh:
+    /// every namespace) or Reservation Persistence (83h; one namespace).
+    fn set_resv_feature(
+        &self,
+        ctrl: &Controller,
+        fid: u8,
+        nsid: u32,
+        v: u32,
+    ) -> Result<(), Status> {
+        let bad_ns = generic::INVALID_NAMESPACE.dnr();
+        if fid == feat::RESV_MASK {
+            if v & !crate::resv::MASK_BITS != 0 {
+                return Err(generic::INVALID_FIELD.dnr());
+            }
+            if nsid != u32::MAX && self.namespace(nsid).is_none() {
+                return Err(bad_ns);
+            }
+            crate::lock(&ctrl.resv_log).set_mask(nsid, v);
+            return Ok(());
+        }
+        let ns = self.namespace(nsid).ok_or(bad_ns)?;
+        ns.resv.set_ptpl(v & 1 != 0)
+    }
+
+    /// Get Features 82h / 83h for namespace `nsid`.
+    fn get_resv_feature(&self, ctrl: &Controller, fid: u8, nsid: u32) -> Result<u32, Status> {
+        if fid == feat::RESV_MASK && nsid == u32::MAX {
+            return Ok(crate::lock(&ctrl.resv_log).mask(nsid));
+        }
+        let ns = self
+            .namespace(nsid)
+            .ok_or(generic::INVALID_NAMESPACE.dnr())?;
+        Ok(match fid {
+            feat::RESV_MASK => crate::lock(&ctrl.resv_log).mask(nsid),
+            _ => ns.resv.snapshot().ptpl as u32,
+        })
     }
 
     pub(crate) fn get_features(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
@@ -695,6 +748,8 @@ impl Queue {
             || (!disc
                 && (fid == feat::NUM_QUEUES
                     || fid == feat::HOST_ID
+                    || fid == feat::RESV_MASK
+                    || fid == feat::RESV_PERSIST
                     || (feat::ARBITRATION..=feat::WRITE_ATOMICITY).contains(&fid) && fid != 0x03));
         if !known {
             return Exec::Done(generic::INVALID_FIELD.dnr());
@@ -729,6 +784,12 @@ impl Queue {
             feat::IRQ_COALESCING => d.irq_coalescing,
             feat::IRQ_CONFIG => d.irq_config,
             feat::WRITE_ATOMICITY => d.write_atomicity,
+            feat::RESV_MASK | feat::RESV_PERSIST => {
+                match self.get_resv_feature(&ctrl, fid, sqe.nsid()) {
+                    Ok(v) => v,
+                    Err(st) => return Exec::Done(st),
+                }
+            }
             _ => unreachable!(),
         };
         Exec::DoneWith(Status::SUCCESS, v, 0)
@@ -791,4 +852,21 @@ mod feat {
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0B;
     pub const KATO: u8 = 0x0F;
     pub const HOST_ID: u8 = 0x81;
+    pub const RESV_MASK: u8 = 0x82;
+    pub const RESV_PERSIST: u8 = 0x83;
+}
+
+/// One page of the Reservation Notification log (LID 80h): the oldest
+/// notice, taken. Read with RAE clear, it re-arms the event, raised again
+/// at once while notices remain.
+fn resv_log(ctrl: &Controller, rae: bool, page: &mut Vec<u8>) {
+    let mut log = crate::lock(&ctrl.resv_log);
+    page.resize(trellis_nvme::resv::LOG_LEN, 0);
+    log.pop().encode(page);
+    if !rae {
+        crate::aen::acknowledge(ctrl, lid::RESERVATION);
+        if !log.is_empty() {
+            ctrl.raise_ungated(crate::aen::RESV_LOG);
+        }
+    }
 }

@@ -28,6 +28,12 @@ pub const AEN_DISC_CHANGE: u32 = 1 << 31;
 /// event information; Linux's NVME_AER_NOTICE_DISC_CHANGED).
 pub const AEN_DISC_CHANGE_DW0: u32 = 0x2 | 0xF0 << 8 | (lid::DISCOVERY as u32) << 16;
 
+/// Internal event bit of "Reservation Log Page Available" (NVMe Base 2.0
+/// §5.2.1, I/O command specific status): no Asynchronous Event
+/// Configuration bit enables it (bit 30 is reserved there, so a host can
+/// never set it); Set Features 82h masks its notices instead.
+pub const RESV_LOG: u32 = 1 << 30;
+
 /// An event: its configuration bit, its completion DW0, its log page.
 struct Event {
     bit: u32,
@@ -36,7 +42,7 @@ struct Event {
 }
 
 /// Every event we raise, in the order they are delivered when several wait.
-const EVENTS: [Event; 3] = [
+const EVENTS: [Event; 4] = [
     Event {
         bit: AEN_NS_ATTR,
         dw0: AEN_NS_ATTR_DW0,
@@ -51,6 +57,11 @@ const EVENTS: [Event; 3] = [
         bit: AEN_DISC_CHANGE,
         dw0: AEN_DISC_CHANGE_DW0,
         lid: lid::DISCOVERY,
+    },
+    Event {
+        bit: RESV_LOG,
+        dw0: trellis_nvme::resv::AEN_DW0,
+        lid: lid::RESERVATION,
     },
 ];
 

@@ -9,7 +9,9 @@
 //! the same thing again. The Commands Supported and Effects log is generated
 //! from these tables ([`effects_log`]), so what we advertise is what we serve.
 
-use crate::exec::{effect, on, Check, Command, Dir, Handler, Len, Queue, QueueKind, Request};
+use crate::exec::{
+    effect, on, Access, Check, Command, Dir, Handler, Len, Queue, QueueKind, Request,
+};
 use crate::io;
 use trellis_nvme::fabrics::fctype;
 use trellis_nvme::sqe::{admin as aop, io as iop};
@@ -187,7 +189,51 @@ const IO_ROWS: &[Command] = &[
         None,
         io::dataset_management,
     ),
+    resv_cmd(
+        "Reservation Register",
+        iop::RESV_REGISTER,
+        Dir::ToCtrl,
+        Len::Exact(trellis_nvme::resv::KEYS_LEN as u32),
+        io::resv_register,
+    ),
+    resv_cmd(
+        "Reservation Report",
+        iop::RESV_REPORT,
+        Dir::ToHost,
+        Len::Any,
+        io::resv_report,
+    ),
+    resv_cmd(
+        "Reservation Acquire",
+        iop::RESV_ACQUIRE,
+        Dir::ToCtrl,
+        Len::Exact(trellis_nvme::resv::KEYS_LEN as u32),
+        io::resv_acquire,
+    ),
+    resv_cmd(
+        "Reservation Release",
+        iop::RESV_RELEASE,
+        Dir::ToCtrl,
+        Len::Exact(trellis_nvme::resv::CRKEY_LEN as u32),
+        io::resv_release,
+    ),
 ];
+
+/// A reservation command: on I/O queues, for one namespace, never itself
+/// denied by a reservation.
+const fn resv_cmd(name: &'static str, opcode: u8, dir: Dir, len: Len, exec: Handler) -> Command {
+    Command {
+        name,
+        opcode,
+        on: on::IO,
+        needs_ready: true,
+        dir,
+        len,
+        needs_ns: true,
+        exec,
+        ..Command::NONE
+    }
+}
 
 const fn io_cmd(
     name: &'static str,
@@ -209,6 +255,13 @@ const fn io_cmd(
         media_write,
         icd_in_place: opcode == iop::WRITE,
         effects: if media_write { effect::LBCC } else { 0 },
+        // Read is the read group; Write, Write Zeroes, DSM and Flush the
+        // write group (NVM Command Set spec, reservation command groups).
+        access: if opcode == iop::READ {
+            Access::Read
+        } else {
+            Access::Write
+        },
         check,
         exec,
         ..Command::NONE
@@ -316,6 +369,10 @@ pub fn parse(q: &Queue, req: &mut Request) -> Result<(), Status> {
         if let Some(st) = q.reg.ana.io_status(q.portid, ns.ana_idx) {
             return Err(st);
         }
+        // Reservations (§8.19): one load while none is held on the namespace.
+        if ns.resv.any_held() && cmd.access != Access::None {
+            resv_check(q, ns, cmd.access)?;
+        }
     }
     if cmd.media_write && ns.read_only {
         return Err(generic::NS_WRITE_PROTECTED.dnr());
@@ -332,6 +389,14 @@ pub fn parse(q: &Queue, req: &mut Request) -> Result<(), Status> {
         }
         _ => Ok(()),
     }
+}
+
+/// A reservation is held on `ns`: may this queue's host run a command of
+/// the `access` group?
+#[cold]
+fn resv_check(q: &Queue, ns: &crate::subsystem::Namespace, access: Access) -> Result<(), Status> {
+    let host = q.q.as_ref().map_or([0; 16], |c| c.ctrl.hostid);
+    ns.resv.check_io(&host, access == Access::Write)
 }
 
 /// The Commands Supported and Effects log (LID 05h) of an NVM controller,

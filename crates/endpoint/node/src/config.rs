@@ -132,6 +132,9 @@ pub struct TargetConfig {
     /// subsystem ("Duplicate cntlid"), which is why nvmet has cntlid_min/max.
     pub cntlid_min: u16,
     pub cntlid_max: u16,
+    /// Reservation registrants per namespace (hosts registered with
+    /// Reservation Register); one more is refused with Capacity Exceeded.
+    pub max_registrants: usize,
     /// Socket I/O engine: plain syscalls with epoll, or io_uring.
     pub socket_engine: SocketEngine,
     /// Where the node identity file (`node-id`) lives. Default: the config
@@ -210,6 +213,7 @@ impl Default for TargetConfig {
             shutdown_grace_ms: 5_000,
             cntlid_min: 1,
             cntlid_max: MAX_CNTLID,
+            max_registrants: crate::resv::DEFAULT_MAX_REGISTRANTS,
             socket_engine: SocketEngine::Epoll,
             state_dir: None,
         }
@@ -226,6 +230,12 @@ impl TargetConfig {
             "target.cntlid_min = {} and cntlid_max = {}: use 1 <= cntlid_min <= cntlid_max <= {MAX_CNTLID} (65519)",
             t.cntlid_min,
             t.cntlid_max
+        );
+        let max_regs = crate::resv::MAX_REGISTRANTS_LIMIT;
+        ensure!(
+            (1..=max_regs).contains(&t.max_registrants),
+            "target.max_registrants = {}: use 1..={max_regs}",
+            t.max_registrants
         );
         ensure!(
             t.reactors >= 1 && t.reactors <= 256,

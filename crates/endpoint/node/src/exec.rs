@@ -59,6 +59,17 @@ pub mod effect {
     pub const LBCC: u32 = 1 << 1;
 }
 
+/// The reservation command group of an I/O command (§8.19, "Command
+/// Behavior in the Presence of a Reservation"): which access a reservation
+/// may deny it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Not checked (admin commands, the reservation commands themselves).
+    None,
+    Read,
+    Write,
+}
+
 /// A transport-independent handler: the queue's state, the reactor's
 /// context, and the request (its data buffer included).
 pub type Handler = fn(&mut Queue, &mut Ctx, &mut Request) -> Exec;
@@ -90,6 +101,8 @@ pub struct Command {
     pub icd_in_place: bool,
     /// Commands Supported and Effects bits beyond CSUPP.
     pub effects: u32,
+    /// Reservation command group.
+    pub access: Access,
     pub check: Option<Check>,
     pub exec: Handler,
 }
@@ -142,6 +155,7 @@ impl Command {
         media_write: false,
         icd_in_place: false,
         effects: 0,
+        access: Access::None,
         check: None,
         exec: |_, _, _| Exec::Done(trellis_nvme::status::generic::INVALID_OPCODE.dnr()),
     };

@@ -119,9 +119,10 @@ pub fn feed(data: &[u8]) -> Report {
 /// host can change it: every connection of the input is closed, so its
 /// controllers must be gone (a controller lives as long as its admin
 /// queue: checked, a leak panics), the controller ID counter restarts and
-/// the tenants assigned at Connect are forgotten. What is left is the RAM
-/// namespace's data, on which no branch of the target depends, and
-/// statistics counters.
+/// the tenants assigned at Connect are forgotten, and so are the
+/// namespaces' reservations (registrants and holder change which I/O the
+/// target refuses). What is left is the RAM namespace's data, on which no
+/// branch of the target depends, and statistics counters.
 fn reset(reg: &Registry) {
     for s in reg.subsystems.iter() {
         let n = crate::lock(&s.controllers).len();
@@ -135,6 +136,9 @@ fn reset(reg: &Registry) {
     assert_eq!(n, 0, "{n} discovery controllers outlived their connections");
     *crate::lock(&reg.next_cntlid) = reg.limits.cntlid_min;
     reg.tenants.forget_assigned();
+    for ns in reg.ns.load().by_uid.iter().flatten() {
+        ns.resv.forget();
+    }
 }
 
 fn feed_with(reg: &Arc<Registry>, data: &[u8]) -> Report {
@@ -263,6 +267,47 @@ mod tests {
             assert_eq!(reg.tenants.tenant_of(HOST), 0);
         });
         reset_for_next_test();
+    }
+
+    /// An input may register and acquire a reservation: the reset drops it,
+    /// or the next input's I/O would be judged against it.
+    #[test]
+    fn reservations_do_not_outlive_an_input() {
+        use trellis_nvme::resv::{self, AcquireAction, AcquireCmd, Cptpl, RType};
+        use trellis_nvme::resv::{RegisterAction, RegisterCmd};
+        let mut v = vec![3 << 2]; // mode 3: I/O queue, no digests
+        let mut reg_sqe = Sqe::new(trellis_nvme::sqe::io::RESV_REGISTER, 9, 1);
+        RegisterCmd {
+            action: RegisterAction::Register,
+            iekey: false,
+            cptpl: Cptpl::NoChange,
+        }
+        .encode(&mut reg_sqe);
+        reg_sqe.set_sgl(Sgl::in_capsule(16));
+        push_capsule(
+            &mut v,
+            &reg_sqe,
+            &resv::encode_keys(0, 5),
+            Digests::default(),
+        );
+        let mut acq = Sqe::new(trellis_nvme::sqe::io::RESV_ACQUIRE, 10, 1);
+        AcquireCmd {
+            action: AcquireAction::Acquire,
+            iekey: false,
+            rtype: RType::ExclusiveAccess,
+        }
+        .encode(&mut acq);
+        acq.set_sgl(Sgl::in_capsule(16));
+        push_capsule(&mut v, &acq, &resv::encode_keys(5, 0), Digests::default());
+        REGISTRY.with(|reg| {
+            feed_with(reg, &v);
+            let ns = reg.ns.load().by_uid[0].clone().expect("the namespace");
+            let held = ns.resv.snapshot().held.map(|h| h.rtype);
+            assert_eq!(held, Some(RType::ExclusiveAccess), "the input acquired");
+            reset(reg);
+            assert_eq!(ns.resv.snapshot(), crate::resv::State::default());
+            assert!(!ns.resv.any_held());
+        });
     }
 
     fn reset_for_next_test() {

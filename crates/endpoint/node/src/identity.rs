@@ -152,6 +152,13 @@ impl NodeId {
         &self.path
     }
 
+    /// A file named `name` next to the identity file, where this node keeps
+    /// its other state (reservations); None for an identity kept nowhere.
+    pub fn state_file(&self, name: &str) -> Option<PathBuf> {
+        self._lock.as_ref()?;
+        Some(self.path.with_file_name(name))
+    }
+
     /// A name-based (v5) UUID under this node's identity.
     fn derive(&self, kind: &str, nqn: &str, nsid: u32) -> [u8; 16] {
         let name = format!("{kind}\0{nqn}\0{nsid}");

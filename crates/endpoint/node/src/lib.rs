@@ -37,6 +37,7 @@ pub mod metrics;
 pub mod nsset;
 pub mod qos;
 pub mod reactor;
+pub mod resv;
 pub mod ring;
 pub mod rlimit;
 pub mod server;

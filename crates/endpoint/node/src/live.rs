@@ -45,7 +45,15 @@ impl Registry {
         // Opened outside the set's lock: a large RAM namespace or a file
         // takes a while, and readers of the set need not wait.
         let i = nsid as usize - 1;
-        let ns = open_namespace(&self.node, &sub.nqn, i, &n, uid, &self.ana)?;
+        let ns = open_namespace(
+            &self.node,
+            &sub.nqn,
+            i,
+            &n,
+            uid,
+            &self.ana,
+            self.limits.max_registrants,
+        )?;
         self.ns.update(|cur| {
             // Checked again: another change may have come in meanwhile.
             self.check_new(cur, sub, nsid, &n)?;

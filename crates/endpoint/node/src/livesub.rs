@@ -207,7 +207,15 @@ impl Registry {
                 uid < MAX_NAMESPACE_UIDS,
                 "{MAX_NAMESPACE_UIDS} namespaces were added over this target's life (the limit): restart it to add more"
             );
-            nss.push(open_namespace(&self.node, &c.nqn, i, n, uid, &self.ana)?);
+            nss.push(open_namespace(
+                &self.node,
+                &c.nqn,
+                i,
+                n,
+                uid,
+                &self.ana,
+                self.limits.max_registrants,
+            )?);
         }
         Ok(nss)
     }

@@ -62,6 +62,8 @@ pub struct Namespace {
     /// ANA group (ANAGRPID) and its index in `Registry::ana`.
     pub anagrpid: u32,
     pub ana_idx: usize,
+    /// Reservations (`resv`): checked on every I/O, one load while none is held.
+    pub resv: crate::resv::Resv,
 }
 
 impl Namespace {
@@ -196,6 +198,8 @@ pub struct Controller {
     pub tenant: trellis_qos::sched::TenantId,
     /// The Changed Namespace List (log page 04h) not yet read.
     pub changed_ns: Mutex<crate::aen::ChangedNs>,
+    /// Reservation notices (log page 80h) and their mask (feature 82h).
+    pub resv_log: Mutex<crate::resv::NoticeLog>,
 }
 
 impl Controller {
@@ -211,6 +215,15 @@ impl Controller {
             self.csts
                 .fetch_or(trellis_nvme::fabrics::csts::CFS, Relaxed);
         }
+    }
+    /// Raises an event that no Asynchronous Event Configuration bit gates
+    /// (`aen::RESV_LOG`), unless sent and not yet acknowledged.
+    pub fn raise_ungated(&self, bit: u32) -> bool {
+        if self.aen_masked.fetch_or(bit, Relaxed) & bit != 0 {
+            return false;
+        }
+        self.aen_pending.fetch_or(bit, Relaxed);
+        true
     }
     /// Raises asynchronous event `bit` (an Asynchronous Event Configuration
     /// bit) if the host enabled it and has not yet been told: the admin
@@ -322,7 +335,8 @@ impl Registry {
             unique(&mut seen, format!("serial {serial}"), &s.nqn)?;
             let mut nss = Vec::new();
             for (i, n) in s.namespaces.iter().enumerate() {
-                let ns = open_namespace(&node, &s.nqn, i, n, all_ns.len(), &ana)?;
+                let max_regs = cfg.target.max_registrants;
+                let ns = open_namespace(&node, &s.nqn, i, n, all_ns.len(), &ana, max_regs)?;
                 let hex = crate::identity::hex;
                 for key in [
                     format!("uuid {}", hex(&ns.info.uuid)),
@@ -449,6 +463,7 @@ pub(crate) fn open_namespace(
     n: &NamespaceConfig,
     uid: usize,
     ana: &crate::ana::AnaTable,
+    max_registrants: usize,
 ) -> anyhow::Result<Arc<Namespace>> {
     let nsid = n.nsid.unwrap_or(i as u32 + 1);
     let grpid = anagrpid(n, i);
@@ -474,8 +489,13 @@ pub(crate) fn open_namespace(
         read_only: n.read_only,
         deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
         anagrpid: grpid,
+        rescap: trellis_nvme::resv::RESCAP_ALL,
     };
     tracing::info!(subsystem = %s, nsid, "namespace: {}; {ids}", backend.describe());
+    // Keyed by NGUID: unique per namespace on the node and stable across
+    // restarts (derived from the node identity, or configured).
+    let resv_file = node.state_file(&format!("resv-{}.json", crate::identity::hex(&ids.nguid)));
+    let resv = crate::resv::Resv::open(resv_file, max_registrants)?;
     // Measured here, at startup, not on a reactor's first I/O.
     let device_model = (n.qos == crate::qos::QosMode::Gimbal)
         .then(|| backend.device_model())
@@ -521,6 +541,7 @@ pub(crate) fn open_namespace(
         qos_board: Default::default(),
         anagrpid: grpid,
         ana_idx,
+        resv,
     }))
 }
 

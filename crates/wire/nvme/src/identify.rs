@@ -49,6 +49,8 @@ pub struct ControllerInfo {
     pub oaes: u32,
     /// Asymmetric Namespace Access reporting; None: CMIC bit 3 clear.
     pub ana: Option<AnaCaps>,
+    /// Reservation commands are served (ONCS bit 5).
+    pub reservations: bool,
 }
 
 /// What an ANA-reporting controller advertises (NVMe Base 2.0 §8.1.1).
@@ -111,8 +113,14 @@ pub fn encode_controller(c: &ControllerInfo, b: &mut [u8]) {
     put16(b, 514, c.maxcmd);
     put32(b, 516, c.nn);
     if io {
-        put16(b, 520, 0x04 | 0x08); // ONCS: Dataset Management, Write Zeroes
-                                    // VWC: bit 0 cache present; bits 2:1 = 10b, flush of NSID FFFFFFFFh not supported.
+        // ONCS: Dataset Management, Write Zeroes, and Reservations when served.
+        let resv = if c.reservations {
+            crate::resv::ONCS_RESERVATIONS
+        } else {
+            0
+        };
+        put16(b, 520, 0x04 | 0x08 | resv);
+        // VWC: bit 0 cache present; bits 2:1 = 10b, flush of NSID FFFFFFFFh not supported.
         b[525] = c.vwc as u8 | 0x04;
     }
     // SGLS: supported (byte aligned); keyed/offset bit 20: address may be an offset.
@@ -207,6 +215,8 @@ pub struct NamespaceInfo {
     pub deallocate_reads_zeroes: bool,
     /// ANA group (ANAGRPID); 0: the controller does not report ANA.
     pub anagrpid: u32,
+    /// Reservation Capabilities (RESCAP); 0: no reservations.
+    pub rescap: u8,
 }
 
 /// Encodes Identify Namespace (CNS 00h).
@@ -220,6 +230,7 @@ pub fn encode_namespace(n: &NamespaceInfo, b: &mut [u8]) {
     b[25] = 0; // NLBAF: one format
     b[26] = 0; // FLBAS: format 0, no metadata
     b[30] = 1; // NMIC: may be shared by several controllers (multipath)
+    b[31] = n.rescap; // RESCAP: reservation types and PTPL (0: none)
     b[33] = if n.deallocate_reads_zeroes { 0x09 } else { 0 }; // DLFEAT: reads zeroes + WZ DEAC
     put32(b, crate::ana::id::NS_ANAGRPID, n.anagrpid);
     b[99] = n.read_only as u8; // NSATTR bit 0: write protected
@@ -333,6 +344,7 @@ mod tests {
             aerl: 3,
             oaes: 0x100,
             ana: None,
+            reservations: false,
         }
     }
 
@@ -378,6 +390,36 @@ mod tests {
     }
 
     #[test]
+    fn reservations_are_advertised_only_when_served() {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        encode_controller(&ctrl(), &mut b);
+        assert_eq!(le16(&b, 520), 0x0C, "ONCS without reservations");
+        let r = ControllerInfo {
+            reservations: true,
+            ..ctrl()
+        };
+        encode_controller(&r, &mut b);
+        assert_eq!(le16(&b, 520), 0x0C | 0x20, "ONCS bit 5: Reservations");
+        assert_eq!(
+            IdCtrl::decode(&b).oncs & crate::resv::ONCS_RESERVATIONS,
+            0x20
+        );
+        let ns = NamespaceInfo {
+            size_blocks: 8,
+            lbads: 9,
+            nguid: [1; 16],
+            eui64: [0; 8],
+            uuid: [0; 16],
+            read_only: false,
+            deallocate_reads_zeroes: false,
+            anagrpid: 0,
+            rescap: crate::resv::RESCAP_ALL,
+        };
+        encode_namespace(&ns, &mut b);
+        assert_eq!(b[31], 0xFF, "RESCAP: PTPL, six types, IEKEY (1.3)");
+    }
+
+    #[test]
     fn ns_list_is_strictly_after_and_descriptors_skip_zero_ids() {
         let mut b = vec![0u8; IDENTIFY_LEN];
         encode_ns_list([1u32, 2, 5].into_iter(), 1, &mut b);
@@ -391,6 +433,7 @@ mod tests {
             read_only: false,
             deallocate_reads_zeroes: true,
             anagrpid: 4,
+            rescap: 0,
         };
         encode_ns_descriptors(&ns, &mut b);
         assert_eq!(

@@ -18,6 +18,7 @@ pub mod framing;
 pub mod identify;
 pub mod log;
 pub mod pdu;
+pub mod resv;
 pub mod sqe;
 pub mod status;
 

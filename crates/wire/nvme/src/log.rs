@@ -13,6 +13,8 @@ pub mod lid {
     /// Asymmetric Namespace Access (see [`crate::ana`]).
     pub const ANA: u8 = 0x0C;
     pub const DISCOVERY: u8 = 0x70;
+    /// Reservation Notification (NVMe Base 2.0 §5.16.1.25).
+    pub const RESERVATION: u8 = 0x80;
 }
 
 /// Get Log Page command fields.

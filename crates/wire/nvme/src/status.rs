@@ -55,12 +55,14 @@ impl Status {
             (0, 0x0F) => "Data SGL Length Invalid",
             (0, 0x11) => "SGL Descriptor Type Invalid",
             (0, 0x16) => "SGL Offset Invalid",
+            (0, 0x18) => "Host Identifier Inconsistent Format",
             (0, 0x1A) => "Keep Alive Timer Expired",
             (0, 0x20) => "Namespace is Write Protected",
             (0, 0x22) => "Transient Transport Error",
             (0, 0x80) => "LBA Out of Range",
             (0, 0x81) => "Capacity Exceeded",
             (0, 0x82) => "Namespace Not Ready",
+            (0, 0x83) => "Reservation Conflict",
             (1, 0x02) => "Invalid Field (Features)",
             (1, 0x05) => "Asynchronous Event Request Limit Exceeded",
             (1, 0x09) => "Invalid Log Page",
@@ -114,11 +116,17 @@ pub mod generic {
     pub const DATA_SGL_LENGTH_INVALID: Status = Status::new(0, 0x0F);
     pub const SGL_TYPE_INVALID: Status = Status::new(0, 0x11);
     pub const SGL_OFFSET_INVALID: Status = Status::new(0, 0x16);
+    /// A Reservation Report without the extended data structure from a
+    /// host with a 128-bit host identifier (NVMe Base 2.0, Reservation Report).
+    pub const HOST_ID_INCONSISTENT: Status = Status::new(0, 0x18);
     pub const KEEP_ALIVE_INVALID: Status = Status::new(0, 0x1A);
     pub const NS_WRITE_PROTECTED: Status = Status::new(0, 0x20);
     pub const TRANSIENT_TRANSPORT_ERROR: Status = Status::new(0, 0x22);
     pub const LBA_OUT_OF_RANGE: Status = Status::new(0, 0x80);
+    pub const CAPACITY_EXCEEDED: Status = Status::new(0, 0x81);
     pub const NS_NOT_READY: Status = Status::new(0, 0x82);
+    /// NVM command set generic status 83h (§8.19).
+    pub const RESERVATION_CONFLICT: Status = Status::new(0, 0x83);
 }
 
 /// Command-specific status (SCT 1).
