@@ -25,6 +25,7 @@
 #   -v                  verbose: kernel console without 'quiet', build chatter
 #   --rebuild           rebuild the cached initramfs
 #   --build-only        prepare the cache and exit
+# Env TRELLIS_VM_SUITE=trixie: boot Debian 13's kernel (6.12) instead of the host release's (below).
 #
 # Guest environment: busybox sh as PID 1; eth0 10.0.2.15/24, the host's loopback is 10.0.2.2
 # (QEMU user network; nothing else is reachable by design of the tests). Modules preloaded:
@@ -57,6 +58,12 @@ MEM=${TRELLIS_VM_MEM:-1024}
 SMP=${TRELLIS_VM_SMP:-2}
 TIMEOUT=${TRELLIS_VM_TIMEOUT:-600}
 KPKG=${TRELLIS_VM_KERNEL_PKG:-}
+# Which Debian release's kernel the guest boots: empty = the host's apt sources (Debian 12:
+# 6.1); "trixie" (Debian 13: 6.12, which has NVMe/TCP TLS and in-band authentication) = that
+# release's linux-image-amd64, resolved and downloaded through a private apt list under the
+# cache (the host's apt sources, pins and installed packages are not touched).
+SUITE=${TRELLIS_VM_SUITE:-}
+case "$SUITE" in ''|trixie) ;; *) echo "vm.sh: TRELLIS_VM_SUITE must be empty (the host's release) or trixie, got '$SUITE'" >&2; exit 125;; esac
 VERBOSE=0; REBUILD=0; BUILD_ONLY=0; QUIET=0
 CMD=""; CMDFILE=""; LOGFILE=""; STATE=""
 ADDS=(); ENVS=(); FWDS=()
@@ -119,22 +126,41 @@ ensure_packages() {
 PATH=$PATH:/usr/sbin:/sbin
 
 # ---------------------------------------------------------------------- kernel
+# apt-get/apt-cache options for $SUITE's private package lists (none for the host's release).
+SUITE_APT=()
+suite_apt_setup() {
+  [ -n "$SUITE" ] || return 0
+  local d=$CACHE/apt-$SUITE
+  mkdir -p "$d/parts" "$d/lists/partial" "$d/cache/archives/partial"
+  printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$SUITE" > "$d/parts/$SUITE.sources"
+  SUITE_APT=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$d/parts" -o "Dir::State::Lists=$d/lists"
+             -o "Dir::Cache=$d/cache" -o Dir::State::status=/dev/null)
+}
+suite_update() {
+  if [ -n "$SUITE" ]; then apt-get "${SUITE_APT[@]}" update; else apt_get update; fi
+}
 resolve_kpkg() {
-  apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'
+  apt-cache ${SUITE_APT[@]+"${SUITE_APT[@]}"} depends linux-image-amd64 2>/dev/null |
+    awk '/Depends: linux-image-[0-9]/{print $2; exit}'
 }
 fetch_kernel() {
   mkdir -p "$CACHE/debs"
+  suite_apt_setup
+  local last=$CACHE/kpkg-${SUITE:-host}
   if [ -z "$KPKG" ]; then
     # reuse what is cached when the package lists are gone or moved on (keeps runs deterministic)
     KPKG=$(resolve_kpkg || true)
     if [ -z "$KPKG" ]; then
-      apt_get update >/dev/null 2>&1 || true
+      suite_update >/dev/null 2>&1 || true
       KPKG=$(resolve_kpkg || true)
     fi
-    if [ -z "$KPKG" ]; then
+    if [ -z "$KPKG" ] && [ -s "$last" ]; then KPKG=$(cat "$last"); fi
+    if [ -z "$KPKG" ] && [ -z "$SUITE" ]; then
       KPKG=$(ls -d "$CACHE"/kroot-*/ 2>/dev/null | tail -1 | sed 's,.*/kroot-\(.*\)/,linux-image-\1,')
     fi
-    [ -n "$KPKG" ] || die "cannot resolve the linux-image-amd64 dependency (set TRELLIS_VM_KERNEL_PKG)"
+    [ -n "$KPKG" ] || die "cannot resolve the linux-image-amd64 dependency${SUITE:+ of $SUITE} (set TRELLIS_VM_KERNEL_PKG)"
+    echo "$KPKG" > "$last"
   fi
   KVER=${KPKG#linux-image-}
   KROOT=$CACHE/kroot-$KVER
@@ -146,14 +172,18 @@ fetch_kernel() {
       # into a private directory first: a download cut short never looks like a cached .deb
       local dl=$CACHE/debs/.download.$$
       rm -rf "$dl"; mkdir -p "$dl"
-      (cd "$dl" && apt-get download "$KPKG" >/dev/null 2>&1) ||
-        { apt_get update >/dev/null 2>&1; (cd "$dl" && apt-get download "$KPKG" >/dev/null); } ||
+      (cd "$dl" && apt-get ${SUITE_APT[@]+"${SUITE_APT[@]}"} download "$KPKG" >/dev/null 2>&1) ||
+        { suite_update >/dev/null 2>&1; (cd "$dl" && apt-get ${SUITE_APT[@]+"${SUITE_APT[@]}"} download "$KPKG" >/dev/null); } ||
         { rm -rf "$dl"; die "apt-get download $KPKG failed"; }
       mv "$dl"/*.deb "$CACHE/debs/" && rm -rf "$dl"
       deb=$(ls "$CACHE/debs/${KPKG}_"*.deb | head -1)
     fi
     rm -rf "$KROOT"; mkdir -p "$KROOT"
     dpkg-deb -x "$deb" "$KROOT"
+    # Debian 13 has merged /usr: its modules are under usr/lib/modules.
+    if [ ! -d "$KROOT/lib/modules" ] && [ -d "$KROOT/usr/lib/modules" ]; then
+      mkdir -p "$KROOT/lib"; ln -s ../usr/lib/modules "$KROOT/lib/modules"
+    fi
     depmod -b "$KROOT" "$KVER"
     touch "$KROOT/.done"
   fi
@@ -261,7 +291,13 @@ build_initramfs() {
   mkdir -p "$md"
   for f in $(modprobe -d "$KROOT" -S "$KVER" --show-depends -a $MODULES 2>/dev/null |
              awk '$1=="insmod"{print $2}' | sort -u); do
-    m=${f#"$KROOT"}; mkdir -p "$r$(dirname "$m")"; cp "$f" "$r$m"
+    m=${f#"$KROOT"}; mkdir -p "$r$(dirname "$m")"
+    # Debian 13 ships modules compressed; busybox's modprobe in the guest may not read them.
+    case "$f" in
+      *.ko.xz) xz -dc "$f" > "$r${m%.xz}";;
+      *.ko.zst) zstd -qdc "$f" > "$r${m%.zst}";;
+      *) cp "$f" "$r$m";;
+    esac
   done
   cp "$KROOT/lib/modules/$KVER/modules.builtin"* "$KROOT/lib/modules/$KVER/modules.order" "$md/"
   depmod -b "$r" "$KVER"
@@ -272,7 +308,8 @@ build_initramfs() {
   mv "$BASE.tmp" "$BASE"
   rm -rf "$r"
   # drop initramfs images of older script versions
-  ls "$CACHE"/initramfs-*.cpio 2>/dev/null | grep -vxF "$BASE" | xargs -r rm -f || true
+  # (of every kernel: the key is the last part of the name; two suites' images may both be current)
+  ls "$CACHE"/initramfs-*.cpio 2>/dev/null | grep -v -- "-$key.cpio\$" | xargs -r rm -f || true
 }
 
 # ------------------------------------------------------------------------ main
