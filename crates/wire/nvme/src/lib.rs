@@ -15,6 +15,7 @@ pub mod ana;
 pub mod auth;
 pub mod crc;
 pub mod dhchap;
+pub mod dhchap_host;
 pub mod fabrics;
 mod ffdhe;
 pub mod framing;
