@@ -13,10 +13,15 @@
 //! other command, so the host can only disconnect. A Negotiate on an
 //! authenticated queue starts re-authentication.
 
+use crate::exec::{Command, Ctx, Exec, Queue, QueueCtx, Request};
+use crate::subsystem::Subsystem;
 use std::sync::Arc;
 use trellis_nvme::auth::{failure, BadMessage, Challenge, Failure, Message, Negotiate, Reply};
+use trellis_nvme::auth::{AuthCmd, CONNECT_AUTHREQ_ATR};
 use trellis_nvme::auth::{Success1, MAX_MSG_LEN};
 use trellis_nvme::dhchap::{self, DhGroup, DhKey, HashId, ResponseInput, Secret};
+use trellis_nvme::fabrics::{fctype, ConnectData};
+use trellis_nvme::sqe::admin::FABRICS;
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
 
@@ -45,6 +50,67 @@ impl HostKeys {
             dhgroups: DEFAULT_DHGROUPS.to_vec(),
         }
     }
+}
+
+/// The keys of a `[[subsystem.host]]` entry; None when it has no secret.
+/// Errors name the key and the fix (the caller adds subsystem and host).
+pub fn host_keys(h: &crate::config::HostConfig) -> anyhow::Result<Option<HostKeys>> {
+    use anyhow::{bail, Context};
+    let Some(text) = &h.dhchap_secret else {
+        if h.dhchap_ctrl_secret.is_some() {
+            bail!("dhchap_ctrl_secret needs a dhchap_secret too (the host authenticates first)");
+        }
+        return Ok(None);
+    };
+    let secret = Secret::parse(text).context("dhchap_secret")?;
+    let ctrl_secret = match &h.dhchap_ctrl_secret {
+        Some(t) => Some(Secret::parse(t).context("dhchap_ctrl_secret")?),
+        None => None,
+    };
+    let mut keys = HostKeys::new(secret, ctrl_secret);
+    if !h.dhchap_hashes.is_empty() {
+        keys.hashes = names(
+            &h.dhchap_hashes,
+            "dhchap_hashes",
+            "sha256, sha384, sha512",
+            HashId::from_name,
+        )?;
+    }
+    if !h.dhchap_dhgroups.is_empty() {
+        keys.dhgroups = names(
+            &h.dhchap_dhgroups,
+            "dhchap_dhgroups",
+            "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
+            DhGroup::from_name,
+        )?;
+    }
+    Ok(Some(keys))
+}
+
+fn names<T>(
+    v: &[String],
+    key: &str,
+    valid: &str,
+    f: fn(&str) -> Option<T>,
+) -> anyhow::Result<Vec<T>> {
+    v.iter()
+        .map(|n| f(n).ok_or_else(|| anyhow::anyhow!("{key}: unknown {n:?}: use {valid}")))
+        .collect()
+}
+
+/// The authentication keys of every host of a subsystem that has some.
+pub fn subsystem_keys(
+    c: &crate::config::SubsystemConfig,
+) -> anyhow::Result<std::collections::HashMap<String, Arc<HostKeys>>> {
+    let mut m = std::collections::HashMap::new();
+    for h in &c.hosts {
+        if let Some(k) = host_keys(h)
+            .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", c.nqn, h.nqn))?
+        {
+            m.insert(h.nqn.clone(), Arc::new(k));
+        }
+    }
+    Ok(m)
 }
 
 pub const DEFAULT_DHGROUPS: [DhGroup; 6] = [
@@ -351,6 +417,95 @@ impl Session {
             hl: x.hash.len_bytes() as u8,
             response,
         })
+    }
+}
+
+/// The session a new queue of `data.hostnqn` starts with: Some when the
+/// subsystem has keys for the host (discovery controllers never do).
+pub fn session_for(sub: Option<&Subsystem>, data: &ConnectData) -> Option<Box<Session>> {
+    let keys = sub?.dhchap.get(&data.hostnqn)?;
+    Some(Box::new(Session::new(
+        keys.clone(),
+        &data.hostnqn,
+        &data.subnqn,
+    )))
+}
+
+/// The Connect completion: CNTLID, and ATR when the queue must authenticate.
+pub fn connected(q: Option<&QueueCtx>, cntlid: u16) -> Exec {
+    let atr = q.is_some_and(|q| q.auth.is_some());
+    let dw0 = cntlid as u32 | if atr { CONNECT_AUTHREQ_ATR } else { 0 };
+    Exec::DoneWith(Status::SUCCESS, dw0, 0)
+}
+
+/// Whether `cmd` must wait for authentication on this queue: everything but
+/// Authentication Send/Receive does until it succeeds (NVMe Base 2.0
+/// §8.13.1; Linux's nvmet refuses with the same status).
+#[inline]
+pub fn refuses(q: &Queue, cmd: &Command) -> bool {
+    let pending =
+        q.q.as_ref()
+            .is_some_and(|c| c.auth.as_ref().is_some_and(|s| !s.authenticated()));
+    pending
+        && !(cmd.opcode == FABRICS && matches!(cmd.fctype, fctype::AUTH_SEND | fctype::AUTH_RECV))
+}
+
+/// SECP/SPSP and the length in CDW11 (TL or AL), checked against the SGL.
+fn check_cmd(req: &Request) -> Result<usize, Status> {
+    let c = AuthCmd::decode(&req.sqe);
+    let invalid = generic::INVALID_FIELD.dnr();
+    if !c.is_dhchap() || c.len == 0 || c.len as usize > MAX_MSG_LEN {
+        return Err(invalid);
+    }
+    if c.len != req.xfer_len {
+        return Err(generic::DATA_SGL_LENGTH_INVALID.dnr());
+    }
+    Ok(c.len as usize)
+}
+
+/// The queue's session, or the status for a host that has no key here.
+fn session(q: &mut Queue) -> Result<(&mut Session, u16), Status> {
+    let c = q.q.as_mut().ok_or(generic::COMMAND_SEQUENCE_ERROR.dnr())?;
+    let qid = c.qid;
+    let s = c
+        .auth
+        .as_deref_mut()
+        .ok_or(generic::COMMAND_SEQUENCE_ERROR.dnr())?;
+    Ok((s, qid))
+}
+
+/// Fabrics Authentication Send (05h).
+pub(crate) fn auth_send(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let peer = q.peer;
+    let r = check_cmd(req).and_then(|len| {
+        let (s, qid) = session(q)?;
+        let was = s.authenticated();
+        s.send(req.buf.slice(len))?;
+        log_change(s, was, qid, peer);
+        Ok(())
+    });
+    Exec::Done(r.err().unwrap_or(Status::SUCCESS))
+}
+
+/// Fabrics Authentication Receive (06h).
+pub(crate) fn auth_receive(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let peer = q.peer;
+    let r = check_cmd(req).and_then(|al| {
+        let (s, qid) = session(q)?;
+        let was = s.authenticated();
+        let msg = s.receive(al, &mut os_rng)?;
+        log_change(s, was, qid, peer);
+        Ok(msg)
+    });
+    match r {
+        Ok(msg) => req.reply_data(&msg),
+        Err(st) => Exec::Done(st),
+    }
+}
+
+fn log_change(s: &Session, was: bool, qid: u16, peer: std::net::SocketAddr) {
+    if s.authenticated() && !was {
+        tracing::info!(host = %s.hostnqn, subsystem = %s.subnqn, qid, %peer, "queue authenticated (DH-HMAC-CHAP)");
     }
 }
 

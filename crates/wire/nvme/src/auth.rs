@@ -45,6 +45,10 @@ pub mod failure {
     pub const INCORRECT_MESSAGE: u8 = 0x07;
 }
 
+/// Connect response DW0 bit ATR (authentication required), as Linux's
+/// `NVME_CONNECT_AUTHREQ_ATR`; bit 18 (ASCR, secure channel) is never set.
+pub const CONNECT_AUTHREQ_ATR: u32 = 1 << 17;
+
 /// The DH-HMAC-CHAP authentication protocol identifier in a descriptor.
 pub const AUTHID_DHCHAP: u8 = 0x01;
 /// Protocol descriptor size and its ID list halves (hash IDs in the first
