@@ -20,8 +20,10 @@
 #   HA_NQN, HA_PORT_A, HA_PORT_B  step ha: the HA pair run-interop.sh runs (a owns the lease)
 #   HA_FIO_SIZE [32M]  HA_FIO_TIMEOUT [150]  HA_CTRL_LOSS_TMO [5]  HA_RESUME_MAX [10] (s; step ha fails on a longer stall)
 #   CRASH_ROUNDS [20]  step crash-ext4: kill -9 rounds of the HA pair's owner under fsync'ed ext4 writes
+#   AUTH_NQN [nqn.2026-11.io.trellis:auth]  AUTH_SECRET, AUTH_CTRL_SECRET [the two in interop.toml]
+#                    step auth: DH-HMAC-CHAP against the subsystem that has this host's keys
 #   STEPS ["discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect
-#           digest-fio-4k digest-fio-128k denied-host disconnect-all"]  a subset runs only those steps
+#           digest-fio-4k digest-fio-128k denied-host auth disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
 #                   to the guest as /run/guest-nvmet.sh) on 127.0.0.1:IO_PORT and :DISC_PORT with only
@@ -49,7 +51,10 @@ HA_CTRL_LOSS_TMO=${HA_CTRL_LOSS_TMO:-5}
 HA_RESUME_MAX=${HA_RESUME_MAX:-10}
 HA_FIO_TIMEOUT=${HA_FIO_TIMEOUT:-150}
 CRASH_ROUNDS=${CRASH_ROUNDS:-20}
-STEPS=${STEPS:-"discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host disconnect-all"}
+AUTH_NQN=${AUTH_NQN:-nqn.2026-11.io.trellis:auth}
+AUTH_SECRET=${AUTH_SECRET:-DHHC-1:01:NR5My74p5ZqEnJGSMmuiPqAJFFgTb7QjxYtSk7OcR6NnZKX+:}
+AUTH_CTRL_SECRET=${AUTH_CTRL_SECRET:-DHHC-1:02:GdMihILgYzDrUyM1H1sKPffNn6d7ktv5X087UjJ3+e/U5vYU014/D09KPicROBVhTFn6dQ==:}
+STEPS=${STEPS:-"discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host auth disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
@@ -395,6 +400,72 @@ step_denied_host() {
   # Linux logs this for status 0x184 (Connect Invalid Host) only
   grep -q 'is not allowed' $W/dmesg.denied || why "refused, but not with Connect Invalid Host (status 0x184)" || return 1
   return 0
+}
+# In-band authentication (DH-HMAC-CHAP, docs/target.md "Authentication"). AUTH_NQN has keys for
+# this host: the right secret connects and does I/O on every queue (each one authenticates), a
+# wrong one, none at all, or a wrong controller secret (bidirectional) must not connect.
+auth_connect() { # NAME nvme-connect-args... -> status of nvme connect; kernel log in $W/dmesg.auth
+  kmsg
+  info "\$ nvme connect -n $AUTH_NQN $(echo "$*" | sed 's/DHHC-1:[0-9]*:[^ ]*/DHHC-1:…/g')"
+  timeout 120 nvme connect -t tcp -a "$TARGET_ADDR" -s "$IO_PORT" -n "$AUTH_NQN" -i "$NR_IO_QUEUES" \
+    --ctrl-loss-tmo=0 "$@" > $W/out 2>&1
+  _r=$?
+  sed 's/^/  |   /' $W/out
+  dmesg -c > $W/dmesg.auth; cat $W/dmesg.auth >> $W/dmesg.all
+  sed 's/^/  |   kernel: /' $W/dmesg.auth
+  return $_r
+}
+auth_io() { # the namespace of AUTH_NQN takes a 1 MiB write and reads it back; then disconnect
+  _s=$SUBNQN; SUBNQN=$AUTH_NQN
+  _d=$(wait_for 30 find_ns); _rc=$?
+  _c=$(wait_for 5 find_ctrl)
+  SUBNQN=$_s
+  [ $_rc = 0 ] || why "no namespace block device for $AUTH_NQN" || return 1
+  _q=$(( $(cat /sys/class/nvme/$_c/queue_count 2>/dev/null || echo 1) - 1 ))
+  info "/dev/$_d on /dev/$_c, $_q I/O queues (each authenticated)"
+  [ $_q -ge "$MIN_IO_QUEUES" ] || why "only $_q I/O queues (want >= $MIN_IO_QUEUES)" || return 1
+  dd if=/dev/urandom of=$W/auth.in bs=64k count=16 2>/dev/null
+  dd if=$W/auth.in of=/dev/$_d bs=64k oflag=direct 2>/dev/null || why "write to /dev/$_d failed" || return 1
+  dd if=/dev/$_d of=$W/auth.out bs=64k count=16 iflag=direct 2>/dev/null || why "read from /dev/$_d failed" || return 1
+  cmp -s $W/auth.in $W/auth.out || why "read back differs from what was written" || return 1
+  show timeout 60 nvme disconnect -n "$AUTH_NQN" || why "nvme disconnect -n $AUTH_NQN failed" || return 1
+}
+auth_refused() { # NAME: the connect just failed and left no controller
+  wait_for 10 sh -c '! grep -qxF "$0" /sys/class/nvme/*/subsysnqn 2>/dev/null' "$AUTH_NQN" ||
+    why "$1: a controller of $AUTH_NQN remains" || return 1
+}
+step_auth() {
+  if [ "$SELFTEST" = 1 ]; then info "no keys on the selftest target"; return 0; fi
+  # Debian 12's 6.1 kernel is built without CONFIG_NVME_AUTH (its nvme_auth_negotiate is a stub
+  # that fails every authenticated connect); the bookworm-backports 6.12 kernel has it.
+  modprobe nvme-tcp 2>/dev/null
+  if ! grep -qw nvme_auth_negotiate /proc/kallsyms 2>/dev/null; then
+    NOTE="SKIPPED: kernel $(uname -r) has no CONFIG_NVME_AUTH (TRELLIS_VM_KERNEL_PKG=linux-image-6.12.43+deb12-amd64 has it)"
+    return 0
+  fi
+  # nvme-cli makes keys in the format the target reads (the config's came from it too).
+  show nvme gen-dhchap-key -m 1 -n "$HOSTNQN" || why "nvme gen-dhchap-key failed" || return 1
+  grep -qE '^DHHC-1:01:[A-Za-z0-9+/=]{48}:$' $W/out || why "gen-dhchap-key printed no DHHC-1 key" || return 1
+  WRONG=$(cat $W/out)
+  auth_connect --dhchap-secret="$AUTH_SECRET" || { why "connect with the right secret failed"; return 1; }
+  grep -q 'qid 0: authenticated' $W/dmesg.auth || why "the kernel did not log 'qid 0: authenticated'" || return 1
+  auth_io || return 1
+  auth_connect --dhchap-secret="$WRONG" && { nvme disconnect -n "$AUTH_NQN" >/dev/null 2>&1; why "connect with a wrong secret succeeded"; return 1; }
+  grep -q 'qid 0: authentication failed' $W/dmesg.auth || why "wrong secret: the kernel did not log 'qid 0: authentication failed'" || return 1
+  auth_refused "wrong secret" || return 1
+  auth_connect && { nvme disconnect -n "$AUTH_NQN" >/dev/null 2>&1; why "connect without a secret succeeded"; return 1; }
+  auth_refused "no secret" || return 1
+  auth_connect --dhchap-secret="$AUTH_SECRET" --dhchap-ctrl-secret="$AUTH_CTRL_SECRET" ||
+    { why "bidirectional connect with the right secrets failed"; return 1; }
+  grep -q 'qid 0: controller authenticated' $W/dmesg.auth ||
+    why "bidirectional: the kernel did not log 'qid 0: controller authenticated'" || return 1
+  auth_io || return 1
+  auth_connect --dhchap-secret="$AUTH_SECRET" --dhchap-ctrl-secret="$WRONG" &&
+    { nvme disconnect -n "$AUTH_NQN" >/dev/null 2>&1; why "connect with a wrong controller secret succeeded"; return 1; }
+  grep -q 'qid 0: controller authentication failed' $W/dmesg.auth ||
+    why "wrong controller secret: the kernel did not log 'qid 0: controller authentication failed'" || return 1
+  auth_refused "wrong controller secret" || return 1
+  NOTE="right secret: I/O ok; wrong secret, no secret, wrong controller secret: refused; bidirectional: I/O ok"
 }
 step_disconnect_all() {
   show timeout 60 nvme disconnect-all || why "nvme disconnect-all failed" || return 1

@@ -101,7 +101,8 @@ stop_target() {
 # target's discovery-only listener and the second node; the guest runs `nvme discover` against
 # the CDC and must see both nodes' subsystems (docs/target.md "Central discovery controller").
 # The CDC connects as the guest's host NQN (vm.sh's fixed one): the target allows only that host,
-# and a node's discovery log shows a host only the subsystems it may use.
+# and a node's discovery log shows a host only the subsystems it may use (two: the default one and
+# step auth's, interop.toml).
 CDC_PIDS=""; CDC_PORT=""; NODE2_NQN=nqn.2026-11.io.trellis:interop-node2
 CDC_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5472656c-6c69-4073-8000-000000000001
 start_cdc() {
@@ -114,7 +115,7 @@ start_cdc() {
     --hostnqn "$CDC_HOSTNQN" --state-dir "$LOGDIR/state-cdc" > "$LOGDIR/cdc.log" 2>&1 < /dev/null &
   CDC_PIDS="$CDC_PIDS $!"
   until grep -q 'merged node="127.0.0.1:'"$n2"'" subsystems=1' "$LOGDIR/cdc.log" 2>/dev/null &&
-        grep -q 'merged node="127.0.0.1:'"$DISC_PORT"'" subsystems=1' "$LOGDIR/cdc.log"; do
+        grep -q 'merged node="127.0.0.1:'"$DISC_PORT"'" subsystems=2' "$LOGDIR/cdc.log"; do
     [ $n -lt 100 ] || return 1
     sleep 0.1; n=$((n + 1))
   done

@@ -190,6 +190,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
                     model: "Trellis".into(),
                     allow_any_host: Some(a.allow_host.is_empty()),
                     allowed_hosts: a.allow_host.clone(),
+                    hosts: vec![],
                     namespaces: nss,
                 });
         }

@@ -7,7 +7,11 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use rand::RngCore;
 use trellis_nvme::ana::{self, AnaLog, AnaLogError, AnaState};
+use trellis_nvme::auth::{self, AuthCmd};
+use trellis_nvme::dhchap::Secret;
+use trellis_nvme::dhchap_host::{HostAuth, HostFailure};
 use trellis_nvme::fabrics::{self, prop, ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN};
 use trellis_nvme::identify::{cns, IdCtrl, IdNs, IDENTIFY_LEN};
 use trellis_nvme::log::{self, DiscoveryEntry, GetLogPage, DISC_ENTRY_LEN, DISC_HDR_LEN};
@@ -50,6 +54,12 @@ pub struct HostConfig {
     pub credit_token: Option<std::num::NonZeroU16>,
     /// See [`EngineConfig::credit_share`].
     pub credit_share: u16,
+    /// DH-HMAC-CHAP secret (`DHHC-1:..`, parse with `Secret::parse`): every
+    /// queue whose Connect response asks (ATR) authenticates with it.
+    pub dhchap_secret: Option<Secret>,
+    /// The controller's secret: set, the host authenticates the controller
+    /// too (bidirectional).
+    pub dhchap_ctrl_secret: Option<Secret>,
 }
 
 impl Default for HostConfig {
@@ -66,6 +76,8 @@ impl Default for HostConfig {
             sock_buf_bytes: 2 << 20,
             credit_token: None,
             credit_share: 1,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         }
     }
 }
@@ -199,7 +211,11 @@ impl Controller {
         let size = size.clamp(2, MAX_QUEUE_SIZE as u32) as u16;
         // The queue's first command is Connect, whose 1 KiB of data travels in
         // a slot buffer: smaller I/O sizes (512-byte blocks) still need that.
-        let buf_bytes = buf_bytes.max(fabrics::CONNECT_DATA_LEN);
+        let mut buf_bytes = buf_bytes.max(fabrics::CONNECT_DATA_LEN);
+        if self.cfg.dhchap_secret.is_some() {
+            // Authentication messages travel in slot buffers too.
+            buf_bytes = buf_bytes.max(auth::MAX_MSG_LEN);
+        }
         let ecfg = EngineConfig {
             qid,
             queue_size: size,
@@ -473,7 +489,75 @@ fn fabric_connect(
     .encode(&mut data);
     let len = data.len() as u32;
     let c = q.exec_ok(cmd.to_sqe(0), Xfer::ToCtrl(len), &data, &mut [])?;
+    if c.dw0 & auth::CONNECT_AUTHREQ_ATR != 0 {
+        authenticate(q, cfg, subnqn, qid)?;
+    }
     Ok((c.dw0 & 0xffff) as u16)
+}
+
+/// DH-HMAC-CHAP on a queue whose Connect asked for it (NVMe Base 2.0
+/// §8.13.5): Negotiate, Challenge → Reply, Success1 (→ Success2 when the
+/// host authenticates the controller too).
+fn authenticate(q: &mut Queue, cfg: &HostConfig, subnqn: &str, qid: u16) -> Result<()> {
+    let Some(secret) = cfg.dhchap_secret.clone() else {
+        return Err(Error::protocol(format!(
+            "{subnqn} requires in-band authentication (DH-HMAC-CHAP) of host {}: give its DHHC-1 secret",
+            cfg.hostnqn
+        )));
+    };
+    let ctrl = cfg.dhchap_ctrl_secret.clone();
+    let mut h = HostAuth::new(secret, ctrl, &cfg.hostnqn, subnqn);
+    h.t_id = qid;
+    let mut rng = |b: &mut [u8]| rand::rngs::OsRng.fill_bytes(b);
+    auth_send(q, &h.negotiate())?;
+    let challenge = auth_receive(q)?;
+    let reply = match h.reply(&challenge, &mut rng) {
+        Ok(r) => r,
+        Err(f) => return auth_failed(q, &h, f, qid),
+    };
+    auth_send(q, &reply)?;
+    match h.success1(&auth_receive(q)?) {
+        Ok(Some(s2)) => auth_send(q, &s2),
+        Ok(None) => Ok(()),
+        Err(f) => auth_failed(q, &h, f, qid),
+    }
+}
+
+fn auth_failed(q: &mut Queue, h: &HostAuth, f: HostFailure, qid: u16) -> Result<()> {
+    let (who, code) = match f {
+        HostFailure::Controller(e) => ("the controller refused the host", e),
+        HostFailure::Host(e) => {
+            // Tell the controller why, as the spec asks (AUTH_Failure2).
+            let _ = auth_send(q, &h.failure2(f));
+            ("the host refused the controller", e)
+        }
+    };
+    Err(Error::protocol(format!(
+        "DH-HMAC-CHAP on queue {qid} failed: {who} (AUTH_Failure explanation {code:#04x})"
+    )))
+}
+
+fn auth_send(q: &mut Queue, msg: &[u8]) -> Result<()> {
+    let len = msg.len() as u32;
+    q.exec_ok(
+        AuthCmd::dhchap_sqe(true, 0, len),
+        Xfer::ToCtrl(len),
+        msg,
+        &mut [],
+    )?;
+    Ok(())
+}
+
+fn auth_receive(q: &mut Queue) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; auth::MAX_MSG_LEN];
+    let al = buf.len() as u32;
+    q.exec_ok(
+        AuthCmd::dhchap_sqe(false, 0, al),
+        Xfer::FromCtrl(al),
+        &[],
+        &mut buf,
+    )?;
+    Ok(buf)
 }
 
 fn prop_get(q: &mut Queue, offset: u32, size8: bool) -> Result<u64> {

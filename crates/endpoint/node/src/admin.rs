@@ -190,8 +190,9 @@ impl Queue {
             ctrl,
             sqflow_disabled: cmd.disable_sqflow(),
             sqhd: 0,
+            auth: crate::auth::session_for(sub.as_deref(), data),
         });
-        Ok(Exec::DoneWith(Status::SUCCESS, cntlid as u32, 0))
+        Ok(crate::auth::connected(self.q.as_ref(), cntlid))
     }
 
     fn connect_io(
@@ -242,8 +243,9 @@ impl Queue {
             ctrl,
             sqflow_disabled: cmd.disable_sqflow(),
             sqhd: 0,
+            auth: crate::auth::session_for(Some(&sub), data),
         });
-        Ok(Exec::DoneWith(Status::SUCCESS, data.cntlid as u32, 0))
+        Ok(crate::auth::connected(self.q.as_ref(), data.cntlid))
     }
 }
 

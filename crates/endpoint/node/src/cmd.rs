@@ -52,6 +52,28 @@ pub static FABRICS: &[Command] = &[
         exec: Queue::property_set,
         ..Command::NONE
     },
+    Command {
+        name: "Authentication Send",
+        opcode: aop::FABRICS,
+        fctype: fctype::AUTH_SEND,
+        on: on::ADMIN | on::IO,
+        misplaced: INVALID_OPCODE,
+        dir: Dir::ToCtrl,
+        len: Len::Any,
+        exec: crate::auth::auth_send,
+        ..Command::NONE
+    },
+    Command {
+        name: "Authentication Receive",
+        opcode: aop::FABRICS,
+        fctype: fctype::AUTH_RECV,
+        on: on::ADMIN | on::IO,
+        misplaced: INVALID_OPCODE,
+        dir: Dir::ToHost,
+        len: Len::Any,
+        exec: crate::auth::auth_receive,
+        ..Command::NONE
+    },
 ];
 
 /// Admin commands. Discovery controllers serve the subset Linux nvmet's
@@ -305,6 +327,9 @@ pub fn find(q: &Queue, sqe: &Sqe) -> Result<&'static Command, Status> {
         ADMIN.get(ADMIN_INDEX[op as usize] as usize)
     };
     match row {
+        Some(c) if c.on & here != 0 && crate::auth::refuses(q, c) => {
+            Err(trellis_nvme::status::specific::AUTH_REQUIRED.dnr())
+        }
         Some(c) if c.on & here != 0 => Ok(c),
         Some(c) if here != on::UNCONNECTED => Err(c.misplaced),
         // Only Connect may come first on a queue.

@@ -397,14 +397,43 @@ pub struct SubsystemConfig {
     pub allow_any_host: Option<bool>,
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Per-host settings (`[[subsystem.host]]`): DH-HMAC-CHAP keys. A host
+    /// listed here is allowed, as if in `allowed_hosts`.
+    #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostConfig>,
     #[serde(default, rename = "namespace")]
     pub namespaces: Vec<NamespaceConfig>,
 }
 
 impl SubsystemConfig {
     pub fn allow_any(&self) -> bool {
-        self.allow_any_host.unwrap_or(self.allowed_hosts.is_empty())
+        self.allow_any_host
+            .unwrap_or(self.allowed_hosts.is_empty() && self.hosts.is_empty())
     }
+}
+
+/// One host of a subsystem (`[[subsystem.host]]`): in-band authentication
+/// (DH-HMAC-CHAP, NVMe Base 2.0 §8.13; docs/target.md "Authentication").
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    pub nqn: String,
+    /// The host's secret, `DHHC-1:XX:<base64>:` as `nvme gen-dhchap-key`
+    /// prints it: the host must prove it knows it before any other command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret: Option<String>,
+    /// The controller's secret: a host that asks (`--dhchap-ctrl-secret`)
+    /// gets the controller's proof of it (bidirectional authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret: Option<String>,
+    /// Hash functions accepted, preferred first (default all: sha256,
+    /// sha384, sha512).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dhchap_hashes: Vec<String>,
+    /// DH groups accepted, preferred first (default ffdhe2048, ffdhe3072,
+    /// ffdhe4096, ffdhe6144, ffdhe8192, null).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dhchap_dhgroups: Vec<String>,
 }
 
 fn default_model() -> String {
@@ -605,6 +634,7 @@ impl Config {
                 model: default_model(),
                 allow_any_host: Some(true),
                 allowed_hosts: vec![],
+                hosts: vec![],
                 namespaces: vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 30)],
             }],
             qos: Default::default(),
@@ -678,7 +708,19 @@ impl Config {
             for h in &s.allowed_hosts {
                 check_nqn(h)?;
             }
-            if s.allow_any_host == Some(false) && s.allowed_hosts.is_empty() {
+            let mut hosts = std::collections::HashSet::new();
+            for h in &s.hosts {
+                check_nqn(&h.nqn)?;
+                ensure!(
+                    hosts.insert(&h.nqn),
+                    "subsystem {}: host {} is listed twice in [[subsystem.host]]",
+                    s.nqn,
+                    h.nqn
+                );
+                crate::auth::host_keys(h)
+                    .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn))?;
+            }
+            if s.allow_any_host == Some(false) && s.allowed_hosts.is_empty() && s.hosts.is_empty() {
                 bail!("subsystem {} allows no host at all", s.nqn);
             }
             let mut ids = std::collections::HashSet::new();
@@ -859,6 +901,7 @@ pub fn check_nqn(n: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use trellis_nvme::dhchap::DhGroup;
 
     #[test]
     fn sizes_parse_with_binary_units() {
@@ -925,6 +968,44 @@ mod tests {
         );
         assert_eq!(s.namespaces[0].size, Some(ByteSize(64 << 20)));
         assert_eq!(s.namespaces[1].nsid, Some(7));
+    }
+
+    #[test]
+    fn dhchap_host_keys_are_read_and_bad_ones_named() {
+        let base = |host: &str| {
+            format!(
+                "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"nqn.2026-11.io.trellis:a\"\n[[subsystem.host]]\nnqn = \"nqn.2014-08.org.nvmexpress:uuid:1\"\n{host}"
+            )
+        };
+        let good = "dhchap_secret = \"DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\"\ndhchap_dhgroups = [\"null\", \"ffdhe3072\"]\n";
+        let c = Config::from_toml(&base(good)).unwrap();
+        let s = &c.subsystems[0];
+        assert!(
+            !s.allow_any(),
+            "a [[subsystem.host]] list restricts the subsystem"
+        );
+        let keys = crate::auth::subsystem_keys(s).unwrap();
+        let k = &keys["nqn.2014-08.org.nvmexpress:uuid:1"];
+        assert_eq!(k.dhgroups, [DhGroup::Null, DhGroup::Ffdhe3072]);
+        assert_eq!(k.hashes.len(), 3);
+        for (bad, want) in [
+            ("dhchap_secret = \"DHHC-1:00:AAAA:\"\n", "dhchap_secret: decodes to 3 bytes"),
+            ("dhchap_secret = \"secret\"\n", "dhchap_secret: does not start with"),
+            (
+                "dhchap_secret = \"DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaS:\"\n",
+                "CRC-32 does not match",
+            ),
+            ("dhchap_ctrl_secret = \"DHHC-1:00:AAAA:\"\n", "needs a dhchap_secret"),
+            (
+                "dhchap_secret = \"DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\"\ndhchap_hashes = [\"md5\"]\n",
+                "dhchap_hashes: unknown \"md5\": use sha256, sha384, sha512",
+            ),
+        ] {
+            let e = Config::from_toml(&base(bad)).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(msg.contains(want), "{msg}");
+            assert!(msg.contains("host nqn.2014-08.org.nvmexpress:uuid:1"), "{msg}");
+        }
     }
 
     #[test]

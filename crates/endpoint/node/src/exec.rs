@@ -250,6 +250,8 @@ pub struct QueueCtx {
     pub ctrl: Arc<Controller>,
     pub sqflow_disabled: bool,
     pub sqhd: u16,
+    /// In-band authentication of this queue (None: the host has no key).
+    pub auth: Option<Box<crate::auth::Session>>,
 }
 
 /// How a command handler finished.

@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod aen;
 pub mod ana;
+pub mod auth;
 pub mod backend;
 pub mod buf;
 pub mod cmd;

@@ -181,6 +181,7 @@ impl Registry {
             allowed_hosts: Mutex::new(c.allowed_hosts.iter().cloned().collect()),
             idx,
             controllers: Mutex::new(HashMap::new()),
+            dhchap: crate::auth::subsystem_keys(&c)?,
         });
         let _ = t.slots[idx].sub.set(sub.clone());
         let _ = t.slots[idx].config.set(c);

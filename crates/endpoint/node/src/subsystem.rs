@@ -92,6 +92,9 @@ pub struct Subsystem {
     /// namespaces live in the registry's namespace set, which changes.
     pub idx: usize,
     pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    /// DH-HMAC-CHAP keys by host NQN (`[[subsystem.host]]`): a host here
+    /// is allowed, and must authenticate every queue before using it.
+    pub dhchap: HashMap<String, Arc<crate::auth::HostKeys>>,
 }
 
 /// The NSIDs a subsystem may hold, and Identify Controller's NN and MNAN
@@ -102,7 +105,9 @@ pub const MAX_NSID: u32 = 1024;
 
 impl Subsystem {
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.allow_any || crate::lock(&self.allowed_hosts).contains(hostnqn)
+        self.allow_any
+            || crate::lock(&self.allowed_hosts).contains(hostnqn)
+            || self.dhchap.contains_key(hostnqn)
     }
 }
 
@@ -357,6 +362,7 @@ impl Registry {
                 allowed_hosts: Mutex::new(s.allowed_hosts.iter().cloned().collect()),
                 idx,
                 controllers: Mutex::new(HashMap::new()),
+                dhchap: crate::auth::subsystem_keys(s)?,
             }));
         }
         let nn = cfg

@@ -114,6 +114,7 @@ fn target(s: Setup) -> (trellis_target::Target, tempfile::TempDir) {
         model: "Trellis faults".into(),
         allow_any_host: Some(true),
         allowed_hosts: vec![],
+        hosts: vec![],
         namespaces: vec![ns],
     }];
     cfg.target.state_dir = Some(dir.path().to_path_buf());

@@ -320,6 +320,7 @@ fn file_target(path: &std::path::Path, read_only: bool) -> trellis_target::Targe
         model: "Trellis file".into(),
         allow_any_host: Some(true),
         allowed_hosts: vec![],
+        hosts: vec![],
         namespaces: vec![ns],
     }];
     trellis_target::Target::start(&cfg).unwrap()

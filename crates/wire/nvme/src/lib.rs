@@ -12,8 +12,12 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod ana;
+pub mod auth;
 pub mod crc;
+pub mod dhchap;
+pub mod dhchap_host;
 pub mod fabrics;
+mod ffdhe;
 pub mod framing;
 pub mod identify;
 pub mod log;

@@ -72,6 +72,7 @@ impl Status {
             (1, 0x82) => "Connect Invalid Parameters",
             (1, 0x83) => "Connect Restart Discovery",
             (1, 0x84) => "Connect Invalid Host",
+            (1, 0x91) => "Authentication Required",
             (2, 0x80) => "Write Fault",
             (2, 0x81) => "Unrecovered Read Error",
             (2, 0x86) => "Access Denied",
@@ -139,6 +140,9 @@ pub mod specific {
     pub const CONNECT_CTRL_BUSY: Status = Status::new(1, 0x81);
     pub const CONNECT_INVALID_PARAMS: Status = Status::new(1, 0x82);
     pub const CONNECT_INVALID_HOST: Status = Status::new(1, 0x84);
+    /// A command other than Authentication Send/Receive on a queue that
+    /// has not completed in-band authentication (NVMe Base 2.0 §8.13).
+    pub const AUTH_REQUIRED: Status = Status::new(1, 0x91);
 }
 
 /// Media and data integrity errors (SCT 2).

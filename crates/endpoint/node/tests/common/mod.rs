@@ -47,6 +47,7 @@ pub fn test_config(ns: NamespaceConfig) -> Config {
         model: "Trellis test".into(),
         allow_any_host: Some(false),
         allowed_hosts: vec![HOST.into()],
+        hosts: vec![],
         namespaces: vec![ns],
     }];
     cfg.target.state_dir = Some(test_state_dir());
