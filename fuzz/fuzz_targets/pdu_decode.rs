@@ -1,6 +1,7 @@
 //! Every decoder in trellis-nvme on arbitrary bytes: layout validation
 //! must never return parts outside PLEN, and no decoder may panic once the
-//! layout says the bytes are there; nor may the ANA log decoder on any bytes.
+//! layout says the bytes are there; nor may the ANA log, reservation and
+//! authentication decoders, or the DHHC-1 secret parser, on any bytes.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use trellis_nvme::pdu::{self, CommonHeader, Digests};
@@ -10,6 +11,11 @@ fuzz_target!(|data: &[u8]| {
     let _ = trellis_nvme::ana::AnaLog::decode(data);
     let _ = trellis_nvme::resv::decode_report_ext(data);
     let _ = trellis_nvme::resv::Notice::decode(data);
+    // In-band authentication: a message from a peer, and a DHHC-1 secret from a config.
+    let _ = trellis_nvme::auth::Message::decode(data);
+    if let Ok(s) = std::str::from_utf8(data) {
+        let _ = trellis_nvme::dhchap::Secret::parse(s);
+    }
     let Some(ch) = CommonHeader::decode(data) else { return };
     for bits in 0..4u8 {
         for (ctl, bic) in [(true, true), (true, false), (false, true), (false, false)] {
@@ -31,6 +37,7 @@ fuzz_target!(|data: &[u8]| {
                     let _ = trellis_nvme::resv::RegisterCmd::decode(&sqe);
                     let _ = trellis_nvme::resv::AcquireCmd::decode(&sqe);
                     let _ = trellis_nvme::resv::ReleaseCmd::decode(&sqe);
+                    let _ = trellis_nvme::auth::AuthCmd::decode(&sqe);
                     let data = b.get(l.data_off..).unwrap_or_default();
                     let _ = trellis_nvme::resv::decode_keys(data);
                     let _ = trellis_nvme::resv::decode_crkey(data);
