@@ -440,7 +440,7 @@ step_auth() {
   # that fails every authenticated connect); the bookworm-backports 6.12 kernel has it.
   modprobe nvme-tcp 2>/dev/null
   if ! grep -qw nvme_auth_negotiate /proc/kallsyms 2>/dev/null; then
-    NOTE="SKIPPED: kernel $(uname -r) has no CONFIG_NVME_AUTH (TRELLIS_VM_KERNEL_PKG=linux-image-6.12.43+deb12-amd64 has it)"
+    NOTE="SKIPPED: kernel $(uname -r) has no CONFIG_NVME_AUTH (Debian 13's 6.12 has it: TRELLIS_VM_SUITE=trixie, scripts/test.d/07-interop-6.12.sh)"
     return 0
   fi
   # nvme-cli makes keys in the format the target reads (the config's came from it too).
