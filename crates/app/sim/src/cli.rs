@@ -103,6 +103,34 @@ pub enum SimCmd {
         #[arg(long)]
         merge: bool,
     },
+    /// The Gimbal appendix's interference cases (bench/jobs/fairness) on one simulated
+    /// drive with the daemon's scheduler core, QoS off vs Gimbal; fairness.json and a table.
+    Fairness {
+        /// Cases to run: intensity, size, pattern_rand, pattern_seq (default: all).
+        #[arg(long = "case", value_name = "CASE")]
+        cases: Vec<String>,
+        /// A tenant's Gimbal weight, NAME=W (repeatable; default 1).
+        #[arg(long = "weight", value_name = "NAME=W")]
+        weights: Vec<String>,
+        /// Measured device time per phase in ms, 10 to 600000 (default 250: an 8 s
+        /// `bench/fairness.sh` run at time_scale 32).
+        #[arg(long, default_value_t = 250)]
+        runtime_ms: u64,
+        /// Unmeasured device time at the start of each phase, ms (default 31: the
+        /// bench's 1 s ramp at time_scale 32).
+        #[arg(long, default_value_t = 31)]
+        ramp_ms: u64,
+        /// Drive precondition: clean or fragmented.
+        #[arg(long, default_value = "clean")]
+        precondition: String,
+        /// Gimbal's drive-specific constants: auto (calibrated to the drive, the
+        /// daemon's default) or off (the published constants).
+        #[arg(long, default_value = "auto")]
+        calibrate: String,
+        /// Directory for fairness.json.
+        #[arg(long, default_value = "sim-out/fairness")]
+        out: PathBuf,
+    },
     /// Engine benchmark: events/s per core and memory per node; writes JSON.
     Bench {
         /// Where to write the JSON results.
@@ -344,6 +372,15 @@ pub fn run(args: SimArgs) -> Result<()> {
             );
             Ok(())
         }
+        SimCmd::Fairness {
+            cases,
+            weights,
+            runtime_ms,
+            ramp_ms,
+            precondition,
+            calibrate,
+            out,
+        } => cmd_fairness(&cases, &weights, (runtime_ms, ramp_ms), &precondition, &calibrate, &out),
         SimCmd::Bench {
             out,
             rack_ms,
@@ -589,5 +626,91 @@ fn cmd_bench(out: &Path, rack_ms: u64, big_nodes: u32, big_ms: u64) -> Result<()
     });
     std::fs::write(out, serde_json::to_string_pretty(&j)?)?;
     println!("wrote {}", out.display());
+    Ok(())
+}
+
+fn cmd_fairness(
+    cases: &[String],
+    weights: &[String],
+    (runtime_ms, ramp_ms): (u64, u64),
+    precondition: &str,
+    calibrate: &str,
+    out: &Path,
+) -> Result<()> {
+    use crate::fairness::{self, Setup};
+    let max_ms = fairness::MAX_RUNTIME_NS / 1_000_000;
+    if !(10..=max_ms).contains(&runtime_ms) {
+        bail!("--runtime-ms {runtime_ms} is out of range: use 10 to {max_ms}");
+    }
+    if ramp_ms > max_ms {
+        bail!("--ramp-ms {ramp_ms} is out of range: use 0 to {max_ms}");
+    }
+    let mut setup = Setup::daemon_like(trellis_qos::sched::Policy::Gimbal);
+    setup.runtime_ns = runtime_ms * 1_000_000;
+    setup.ramp_ns = ramp_ms * 1_000_000;
+    setup.precondition = match precondition {
+        "clean" => Precondition::Clean,
+        "fragmented" => Precondition::Fragmented {
+            overwrite_permille: 1000,
+        },
+        o => bail!("--precondition {o:?}: use clean or fragmented"),
+    };
+    match calibrate {
+        "auto" => {}
+        "off" => setup.gimbal = trellis_qos::GimbalConfig::default(),
+        o => bail!("--calibrate {o:?}: use auto or off"),
+    }
+    let weights = weights
+        .iter()
+        .map(|w| {
+            let (n, v) = w
+                .split_once('=')
+                .with_context(|| format!("--weight {w:?}: use NAME=W, e.g. reader=2"))?;
+            let v: u32 = v
+                .parse()
+                .with_context(|| format!("--weight {w:?}: W must be a whole number"))?;
+            Ok((n.to_string(), v))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let names: Vec<String> = if cases.is_empty() {
+        fairness::CASES.iter().map(|s| s.to_string()).collect()
+    } else {
+        cases.to_vec()
+    };
+    for (who, _) in &weights {
+        let known = names
+            .iter()
+            .map(|c| fairness::case(c))
+            .collect::<Result<Vec<_>>>()?
+            .iter()
+            .flatten()
+            .any(|t| &t.name == who);
+        if !known {
+            bail!("--weight {who}=...: no tenant {who:?} in the cases run (intensity: deep, shallow; size: small, large; pattern_*: reader, writer)");
+        }
+    }
+    let mut all = Vec::new();
+    for c in &names {
+        let modes = fairness::run_case(c, &weights, &setup)?;
+        for m in &modes {
+            for t in &m.tenants {
+                println!(
+                    "{:<13} {:<6} {:<8} w{} {:>9.1} MB/s (alone {:>9.1}) keep {:.2} share {:.2} (fair {:.2}) p99.9 {:>9.0} us",
+                    m.case, m.mode, t.name, t.weight, t.mb_per_s, t.standalone_mb_per_s,
+                    t.keep, t.share, t.fair_share, t.lat_us_p999
+                );
+            }
+            println!(
+                "{:<13} {:<6} f-Util min {:.2} mean {:.2}, utilisation {:.3}",
+                m.case, m.mode, m.f_util_min, m.f_util_mean, m.utilisation
+            );
+        }
+        all.extend(modes);
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let path = out.join("fairness.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&all)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
     Ok(())
 }

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod config;
 pub mod cost;
 pub mod engine;
+pub mod fairness;
 pub mod metrics;
 pub mod model;
 pub mod reproduce;
