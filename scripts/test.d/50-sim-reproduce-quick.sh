@@ -23,3 +23,17 @@ assert len(sens) >= 7 and all(isinstance(rows[i]["trellis"], (int, float)) for i
 print(f"nsdi26.json: {len(rows)} rows, the {len(need)} required ids numeric, {len(sens)} sensitivity rows")
 PY
 cat "$out/table.txt"
+# `trellis sim fairness`: the CLI runs a case in both modes and fairness.json has its fields.
+"$TRELLIS" sim fairness --case intensity --runtime-ms 20 --ramp-ms 5 --out "$out/fairness" >"$out/fairness.log" 2>&1 ||
+  { cat "$out/fairness.log"; exit 1; }
+python3 - "$out/fairness/fairness.json" <<'PY'
+import json, sys
+modes = json.load(open(sys.argv[1]))
+assert [m["mode"] for m in modes] == ["off", "gimbal"], modes
+for m in modes:
+    assert m["case"] == "intensity" and isinstance(m["utilisation"], float), m
+    assert [t["name"] for t in m["tenants"]] == ["deep", "shallow"], m
+    for t in m["tenants"]:
+        assert t["mb_per_s"] > 0 and t["standalone_mb_per_s"] > 0 and t["lat_us_p999"] > 0, t
+print("sim fairness: both modes, both tenants, fields present")
+PY
