@@ -127,6 +127,12 @@ pub enum SimCmd {
         /// daemon's default) or off (the published constants).
         #[arg(long, default_value = "auto")]
         calibrate: String,
+        /// Program suspend for host reads, µs (default: the profile's; 0 = off).
+        #[arg(long, value_name = "US")]
+        program_suspend_us: Option<u64>,
+        /// Erase suspend for host reads, µs (default: the profile's; 0 = off).
+        #[arg(long, value_name = "US")]
+        erase_suspend_us: Option<u64>,
         /// Directory for fairness.json.
         #[arg(long, default_value = "sim-out/fairness")]
         out: PathBuf,
@@ -379,8 +385,18 @@ pub fn run(args: SimArgs) -> Result<()> {
             ramp_ms,
             precondition,
             calibrate,
+            program_suspend_us,
+            erase_suspend_us,
             out,
-        } => cmd_fairness(&cases, &weights, (runtime_ms, ramp_ms), &precondition, &calibrate, &out),
+        } => cmd_fairness(
+            &cases,
+            &weights,
+            (runtime_ms, ramp_ms),
+            &precondition,
+            &calibrate,
+            (program_suspend_us, erase_suspend_us),
+            &out,
+        ),
         SimCmd::Bench {
             out,
             rack_ms,
@@ -635,6 +651,7 @@ fn cmd_fairness(
     (runtime_ms, ramp_ms): (u64, u64),
     precondition: &str,
     calibrate: &str,
+    (program_suspend_us, erase_suspend_us): (Option<u64>, Option<u64>),
     out: &Path,
 ) -> Result<()> {
     use crate::fairness::{self, Setup};
@@ -648,6 +665,17 @@ fn cmd_fairness(
     let mut setup = Setup::daemon_like(trellis_qos::sched::Policy::Gimbal);
     setup.runtime_ns = runtime_ms * 1_000_000;
     setup.ramp_ns = ramp_ms * 1_000_000;
+    for (flag, us, field) in [
+        ("--program-suspend-us", program_suspend_us, &mut setup.profile.program_suspend_ns),
+        ("--erase-suspend-us", erase_suspend_us, &mut setup.profile.erase_suspend_ns),
+    ] {
+        if let Some(us) = us {
+            if us > 100_000 {
+                bail!("{flag} {us} is out of range: use 0 (off) to 100000");
+            }
+            *field = us * 1000;
+        }
+    }
     setup.precondition = match precondition {
         "clean" => Precondition::Clean,
         "fragmented" => Precondition::Fragmented {

@@ -285,6 +285,7 @@ impl Ssd {
         let s = start.max(self.lun_avail_ns[l]);
         let e = s + self.t_read_ns(valid, fpage);
         self.lun_avail_ns[l] = e;
+        self.suspendable[l] = None;
         let ch = lun / self.p.luns_per_channel;
         let x = self.channel_xfer(ch, e, valid as u64 * self.p.page_bytes as u64);
         let mut done = x;
@@ -302,6 +303,7 @@ impl Ssd {
         let s = start.max(self.lun_avail_ns[l]);
         let end = s + self.p.erase_ns;
         self.lun_avail_ns[l] = end;
+        self.mark_suspendable(l, s, end, self.p.erase_suspend_ns, 0);
         self.stats.erases += 1;
         self.gc.cursor[l] = self.flash_pages_per_block + 1;
         self.gc.luns_erased += 1;

@@ -83,6 +83,8 @@ pub struct SsdStats {
     pub gc_foreground_steps: u64,
     /// Host writes that had to run foreground GC first.
     pub gc_foreground_stalls: u64,
+    /// Programs and erases suspended for a host read.
+    pub suspends: u64,
 }
 
 /// One simulated or emulated SSD.
@@ -134,7 +136,26 @@ pub struct Ssd {
     /// Flash-page programs by NAND completion time (earliest first): (done, bytes
     /// they release).
     wbuf_pending: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>>,
+    /// Per LUN: the program or erase that ends its timeline, while a host read may
+    /// still suspend it (`program_suspend_ns`, `erase_suspend_ns`).
+    suspendable: Vec<Option<Suspendable>>,
+    /// Write-buffer releases (end, bytes) whose program was suspended: their entry
+    /// in `wbuf_pending` is stale and skipped; the moved one was pushed anew.
+    wbuf_moved: Vec<(u64, u32)>,
     stats: SsdStats,
+}
+
+/// A running program or erase a host read may suspend ([`SsdProfile::program_suspend_ns`]).
+#[derive(Clone, Copy, Debug)]
+struct Suspendable {
+    start_ns: Nanos,
+    end_ns: Nanos,
+    /// What a suspend costs the first read (the profile's program or erase figure).
+    suspend_ns: Nanos,
+    /// The reads of its one suspension run until then; 0 = not suspended yet.
+    reads_end_ns: Nanos,
+    /// Write-buffer bytes its end releases (a buffered host program), else 0.
+    release_bytes: u32,
 }
 
 impl Ssd {
@@ -214,6 +235,8 @@ impl Ssd {
             wbuf_used_bytes: 0,
             wbuf_open_bytes: 0,
             wbuf_pending: std::collections::BinaryHeap::with_capacity(wbuf_slots),
+            suspendable: vec![None; luns as usize],
+            wbuf_moved: Vec::new(),
             stats: SsdStats::default(),
             p: profile,
         };
@@ -327,6 +350,8 @@ impl Ssd {
         self.wbuf_used_bytes = 0;
         self.wbuf_open_bytes = 0;
         self.wbuf_pending.clear();
+        self.suspendable.iter_mut().for_each(|s| *s = None);
+        self.wbuf_moved.clear();
         self.stats = SsdStats::default();
     }
 
@@ -427,9 +452,15 @@ impl Ssd {
         let l = lun as usize;
         // Programs whose LUN frees before the read arrives there have started.
         self.start_deferred_on(l, t0);
-        let s = t0.max(self.lun_avail_ns[l]);
-        let e = s + t_r;
-        self.lun_avail_ns[l] = e;
+        let e = match self.suspend_for_read(l, t0, t_r) {
+            Some(e) => e,
+            None => {
+                let e = t0.max(self.lun_avail_ns[l]) + t_r;
+                self.lun_avail_ns[l] = e;
+                self.suspendable[l] = None;
+                e
+            }
+        };
         let bytes = pages as u64 * self.p.page_bytes as u64;
         let e = self.channel_xfer(ch, e, bytes);
         self.pcie_xfer(e, bytes)
@@ -494,6 +525,7 @@ impl Ssd {
             if self.wbuf_used_bytes + bytes <= cap {
                 return t;
             }
+            self.wbuf_skip_moved();
             let started = self.wbuf_pending.peek().map(|r| r.0 .0);
             let deferred = self.first_deferred_end();
             match (started, deferred) {
@@ -509,12 +541,14 @@ impl Ssd {
     }
 
     fn wbuf_release_until(&mut self, t: u64) {
+        self.wbuf_skip_moved();
         while let Some(&std::cmp::Reverse((done, bytes))) = self.wbuf_pending.peek() {
             if done > t {
                 break;
             }
             self.wbuf_used_bytes -= bytes as u64;
             self.wbuf_pending.pop();
+            self.wbuf_skip_moved();
         }
     }
 
@@ -608,6 +642,7 @@ impl Ssd {
         self.lun_avail_ns[l] = e;
         self.wbuf_pending
             .push(std::cmp::Reverse((e, d.release_bytes)));
+        self.mark_suspendable(l, start, e, self.p.program_suspend_ns, d.release_bytes);
     }
 
     /// The deferred program that would end first if started now: (LUN, end).
@@ -647,7 +682,62 @@ impl Ssd {
         let xfer_end = self.channel_xfer(ch, start, bytes);
         let e = xfer_end + self.p.program_ns;
         self.lun_avail_ns[l] = e;
+        self.mark_suspendable(l, start, e, self.p.program_suspend_ns, 0);
         e
+    }
+
+    /// LUN `l`'s timeline now ends with a program or erase over [start, end).
+    pub(crate) fn mark_suspendable(&mut self, l: usize, start: Nanos, end: Nanos, cost: Nanos, release_bytes: u32) {
+        self.suspendable[l] = (cost > 0).then_some(Suspendable {
+            start_ns: start,
+            end_ns: end,
+            suspend_ns: cost,
+            reads_end_ns: 0,
+            release_bytes,
+        });
+    }
+
+    /// A host read of `t_r` reaching LUN `l` at `t`: if the program or erase running
+    /// there can be suspended for it, the read runs in the suspension and the
+    /// operation's end (and its write-buffer release) moves back; returns the read's
+    /// end. Otherwise None, and the read queues as usual.
+    fn suspend_for_read(&mut self, l: usize, t: Nanos, t_r: Nanos) -> Option<Nanos> {
+        let mut s = self.suspendable[l]?;
+        if t < s.start_ns || t >= s.end_ns || self.lun_avail_ns[l] != s.end_ns {
+            return None;
+        }
+        let (start, shift) = if s.reads_end_ns > t {
+            // The suspension's reads are still running: this one follows them.
+            (s.reads_end_ns, t_r)
+        } else if s.reads_end_ns != 0 || s.end_ns - t <= s.suspend_ns {
+            // Once per operation; and not when finishing is quicker than suspending.
+            return None;
+        } else {
+            (t + s.suspend_ns, s.suspend_ns + t_r)
+        };
+        let old_end = s.end_ns;
+        s.end_ns += shift;
+        s.reads_end_ns = start + t_r;
+        self.lun_avail_ns[l] = s.end_ns;
+        if s.release_bytes > 0 {
+            self.wbuf_moved.push((old_end, s.release_bytes));
+            self.wbuf_pending
+                .push(std::cmp::Reverse((s.end_ns, s.release_bytes)));
+        }
+        self.suspendable[l] = Some(s);
+        self.stats.suspends += (start == t + s.suspend_ns) as u64;
+        Some(start + t_r)
+    }
+
+    /// Drops stale releases (moved by a suspend) from the top of `wbuf_pending`.
+    fn wbuf_skip_moved(&mut self) {
+        while let Some(&std::cmp::Reverse(top)) = self.wbuf_pending.peek() {
+            let Some(i) = self.wbuf_moved.iter().position(|&m| m == top) else {
+                return;
+            };
+            self.wbuf_moved.swap_remove(i);
+            self.wbuf_pending.pop();
+        }
     }
 
     fn invalidate(&mut self, lpn: u32) {
@@ -769,7 +859,8 @@ impl Ssd {
     /// started program not yet released, or in a deferred program; nothing is
     /// deferred without read priority; the count of deferred programs matches.
     fn check_write_buffer(&self) {
-        let started: u64 = self.wbuf_pending.iter().map(|r| r.0 .1 as u64).sum();
+        let started: u64 = self.wbuf_pending.iter().map(|r| r.0 .1 as u64).sum::<u64>()
+            - self.wbuf_moved.iter().map(|&(_, b)| b as u64).sum::<u64>();
         let deferred: u64 = self
             .lun_deferred
             .iter()

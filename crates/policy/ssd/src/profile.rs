@@ -67,9 +67,23 @@ pub struct SsdProfile {
     /// controllers do (Wu and He, FAST 2012: read-priority scheduling is their
     /// baseline); FEMU's and NVMeVirt's LUN models serve operations in arrival order.
     /// Needs a write buffer with early completion (a write that waits for its program
-    /// cannot be reordered after it was answered). No program or erase suspend.
+    /// cannot be reordered after it was answered). Suspend is separate (below).
     #[serde(default)]
     pub read_priority: bool,
+    /// Program suspend: a host read that reaches a LUN while a program runs there
+    /// suspends it, waits this long for the suspend to take effect, runs, and the
+    /// program resumes after it (its end moves by this plus the read). 0 = off: the
+    /// read waits for the program. Once per program (later reads queue behind the
+    /// suspension's reads or, after the program resumed, behind the program); only
+    /// when more of the program remains than the suspend costs. Default off in every
+    /// profile. Sources: MQSim's default `Suspend_Program_Time` is 100 µs (FAST'18,
+    /// `ssdconfig.xml`); FEMU's `pe_suspend` pushes the suspended operation's end back
+    /// by the read's array time plus `tsusp_ns` (docs/ssd-model.md "Suspend").
+    #[serde(default)]
+    pub program_suspend_ns: u64,
+    /// The same for a block erase (MQSim's default `Suspend_Erase_Time`: 700 µs).
+    #[serde(default)]
+    pub erase_suspend_ns: u64,
 }
 
 impl SsdProfile {
@@ -105,6 +119,8 @@ impl SsdProfile {
             gc_hi_free_permille: 50,
             static_map: false,
             read_priority: false,
+            program_suspend_ns: 0,
+            erase_suspend_ns: 0,
         }
     }
 
@@ -141,6 +157,8 @@ impl SsdProfile {
             gc_hi_free_permille: 0,
             static_map: false,
             read_priority: false,
+            program_suspend_ns: 0,
+            erase_suspend_ns: 0,
         }
     }
 
@@ -179,6 +197,8 @@ impl SsdProfile {
             // A real controller's scheduling (see the field); FEMU and NVMeVirt keep
             // arrival order, so their profiles leave it off.
             read_priority: true,
+            program_suspend_ns: 0,
+            erase_suspend_ns: 0,
         }
     }
 

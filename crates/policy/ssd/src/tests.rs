@@ -449,10 +449,14 @@ fn gc_is_deterministic() {
 /// invariants hold throughout and the drive never runs out of lines.
 #[test]
 fn invariants_hold_after_long_random_mixes() {
+    let mut suspending = pm9a3_small();
+    suspending.program_suspend_ns = 100_000;
+    suspending.erase_suspend_ns = 700_000;
     let profiles = [
         SsdProfile::femu().with_blocks(16),
         pm9a3_small(),
         SsdProfile::nvmevirt_970pro().with_blocks(16),
+        suspending,
     ];
     for p in profiles {
         let mut ssd = Ssd::new(p.clone());
@@ -539,4 +543,101 @@ fn with_read_priority_a_read_waits_for_the_running_program_only() {
         last > 3 * program_ns,
         "arrival order: read took {last} ns, expected behind three programs"
     );
+}
+
+/// pm9a3 with read priority, `program_suspend_ns` as given, after one 1.5 MiB write
+/// at t = 0 (three programs per LUN, all in the buffer): (drive, time the write
+/// completed, the profile).
+fn programs_running(program_suspend_ns: u64) -> (Ssd, u64, SsdProfile) {
+    let mut p = SsdProfile::pm9a3().with_blocks(16);
+    p.program_suspend_ns = program_suspend_ns;
+    let mut ssd = Ssd::new(p.clone());
+    let written = ssd.submit(IoDir::Write, 0, 384 * 4096, 0);
+    (ssd, written, p)
+}
+
+#[test]
+fn a_read_suspends_the_running_program_and_the_program_ends_later() {
+    // LUN 0's first program starts when the write completes; a read of LPN 0 (LUN 0)
+    // 1 µs later finds ~349 µs of it left. Without suspend it waits for all of it;
+    // with a 100 µs suspend it starts 100 µs after arriving (MQSim's rule: the read
+    // pays the suspend latency), and the program's end moves by 100 µs + the read.
+    let (mut plain, written, p) = programs_running(0);
+    let at = written + 1_000;
+    let waited = plain.submit(IoDir::Read, 0, 4096, at) - at;
+    let (mut ssd, written2, _) = programs_running(100_000);
+    assert_eq!(written, written2);
+    let suspended = ssd.submit(IoDir::Read, 0, 4096, at) - at;
+    assert!(waited > p.program_ns, "without suspend the read took {waited} ns");
+    assert!(
+        (100_000..100_000 + 2 * p.read_lsb_ns).contains(&suspended),
+        "with suspend the read took {suspended} ns"
+    );
+    assert_eq!(ssd.stats().suspends, 1);
+    // The program resumed after the read: a read arriving once the suspension's read
+    // is done (the program runs again, and suspends once) ends after the program's
+    // moved end, later than the unsuspended program would have ended.
+    let after = at + suspended + 1_000;
+    let done = ssd.submit(IoDir::Read, 0, 4096, after);
+    let program_end_unsuspended = written + p.program_ns;
+    assert!(
+        done > program_end_unsuspended + 100_000,
+        "second read done at {done}, program would have ended at {program_end_unsuspended}"
+    );
+    assert_eq!(ssd.stats().suspends, 1, "one suspend per program");
+    ssd.check_invariants();
+}
+
+#[test]
+fn reads_that_arrive_during_a_suspension_run_in_it_back_to_back() {
+    // Two reads of LUN 0 one µs apart: the first suspends the program, the second
+    // follows the first inside the same suspension (no second suspend, no wait for
+    // the program), so it ends one read time after the first.
+    let (mut ssd, written, p) = programs_running(100_000);
+    let at = written + 1_000;
+    let first = ssd.submit(IoDir::Read, 0, 4096, at);
+    let second = ssd.submit(IoDir::Read, 0, 4096, at + 1_000);
+    assert!(second > first && second - first <= 2 * p.read_lsb_ns, "{first} {second}");
+    assert!(second < written + p.program_ns, "{second}");
+    assert_eq!(ssd.stats().suspends, 1);
+}
+
+#[test]
+fn a_program_nearly_done_is_not_suspended() {
+    // 60 µs before the program ends, finishing it is quicker than a 100 µs suspend:
+    // the read waits, and nothing is suspended.
+    let (mut ssd, written, p) = programs_running(100_000);
+    let at = written + p.program_ns - 60_000;
+    let done = ssd.submit(IoDir::Read, 0, 4096, at);
+    assert!(done >= written + p.program_ns, "{done}");
+    assert_eq!(ssd.stats().suspends, 0);
+}
+
+#[test]
+fn suspended_programs_release_the_write_buffer_when_they_really_end() {
+    // Eight 4 KiB writes fill flash pages 0 and 1; page 0's program (LUN 0) is
+    // running when a read of LPN 0 suspends it. Just after the program's original
+    // end, its 16 KiB are still held in the buffer with suspend (the program now ends
+    // 100 µs + a read later), and already free without.
+    let held_after_original_end = |program_suspend_ns: u64| {
+        let mut p = SsdProfile::pm9a3().with_blocks(16);
+        p.program_suspend_ns = program_suspend_ns;
+        let mut ssd = Ssd::new(p);
+        let mut t = 0;
+        for i in 0..8u64 {
+            t = ssd.submit(IoDir::Write, i * 4096, 4096, t);
+        }
+        let _ = ssd.submit(IoDir::Read, 12 * 4096, 4096, t); // starts what is ready
+        let l0 = ssd.suspendable[0].map(|s| s.end_ns);
+        let original_end = ssd.lun_avail_ns[0];
+        let _ = ssd.submit(IoDir::Read, 0, 4096, t + 1_000);
+        ssd.wbuf_release_until(original_end + 1);
+        ssd.check_invariants();
+        (ssd.wbuf_used_bytes, ssd.stats().suspends, l0)
+    };
+    let (plain, n0, _) = held_after_original_end(0);
+    let (held, n1, running) = held_after_original_end(100_000);
+    assert!(running.is_some(), "LUN 0 should be programming");
+    assert_eq!((n0, n1), (0, 1));
+    assert_eq!(held, plain + 16384, "bytes held: {plain} without suspend, {held} with");
 }
