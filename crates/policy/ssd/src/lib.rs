@@ -85,6 +85,7 @@ pub struct SsdStats {
     pub gc_foreground_stalls: u64,
     /// Programs and erases suspended for a host read.
     pub suspends: u64,
+
 }
 
 /// One simulated or emulated SSD.
@@ -139,9 +140,13 @@ pub struct Ssd {
     /// Per LUN: the program or erase that ends its timeline, while a host read may
     /// still suspend it (`program_suspend_ns`, `erase_suspend_ns`).
     suspendable: Vec<Option<Suspendable>>,
+
     /// Write-buffer releases (end, bytes) whose program was suspended: their entry
     /// in `wbuf_pending` is stale and skipped; the moved one was pushed anew.
     wbuf_moved: Vec<(u64, u32)>,
+    /// Every write-buffer release ending by then has been counted (a write was
+    /// admitted on it): such a program can no longer be moved later.
+    wbuf_released_ns: Nanos,
     stats: SsdStats,
 }
 
@@ -236,7 +241,9 @@ impl Ssd {
             wbuf_open_bytes: 0,
             wbuf_pending: std::collections::BinaryHeap::with_capacity(wbuf_slots),
             suspendable: vec![None; luns as usize],
+
             wbuf_moved: Vec::new(),
+            wbuf_released_ns: 0,
             stats: SsdStats::default(),
             p: profile,
         };
@@ -351,7 +358,9 @@ impl Ssd {
         self.wbuf_open_bytes = 0;
         self.wbuf_pending.clear();
         self.suspendable.iter_mut().for_each(|s| *s = None);
+
         self.wbuf_moved.clear();
+        self.wbuf_released_ns = 0;
         self.stats = SsdStats::default();
     }
 
@@ -541,6 +550,7 @@ impl Ssd {
     }
 
     fn wbuf_release_until(&mut self, t: u64) {
+        self.wbuf_released_ns = self.wbuf_released_ns.max(t);
         self.wbuf_skip_moved();
         while let Some(&std::cmp::Reverse((done, bytes))) = self.wbuf_pending.peek() {
             if done > t {
@@ -703,7 +713,11 @@ impl Ssd {
     /// end. Otherwise None, and the read queues as usual.
     fn suspend_for_read(&mut self, l: usize, t: Nanos, t_r: Nanos) -> Option<Nanos> {
         let mut s = self.suspendable[l]?;
-        if t < s.start_ns || t >= s.end_ns || self.lun_avail_ns[l] != s.end_ns {
+        if t < s.start_ns
+            || t >= s.end_ns
+            || self.lun_avail_ns[l] != s.end_ns
+            || self.release_taken(s.end_ns, s.release_bytes)
+        {
             return None;
         }
         let (start, shift) = if s.reads_end_ns > t {
@@ -727,6 +741,12 @@ impl Ssd {
         self.suspendable[l] = Some(s);
         self.stats.suspends += (start == t + s.suspend_ns) as u64;
         Some(start + t_r)
+    }
+
+    /// Whether a program ending at `end` already had its write-buffer bytes counted
+    /// free by an admitted write: moving it later would free them twice.
+    fn release_taken(&self, end: Nanos, release_bytes: u32) -> bool {
+        release_bytes > 0 && end <= self.wbuf_released_ns
     }
 
     /// Drops stale releases (moved by a suspend) from the top of `wbuf_pending`.
