@@ -656,7 +656,7 @@ fn suspends_never_free_the_write_buffer_twice() {
     ssd.precondition(Precondition::Clean, 1);
     let mut rng = SplitMix64::seed_from_u64(5);
     let region = (2u64 << 30) / 4096;
-    let mut next = |dir: IoDir, rng: &mut SplitMix64| {
+    let next = |dir: IoDir, rng: &mut SplitMix64| {
         let base = if dir == IoDir::Write { region } else { 0 };
         (base + rng.next_u64() % region) * 4096
     };
