@@ -605,14 +605,17 @@ impl Tls {
 
     /// Encrypts `pieces` in order as one stream: short pieces are gathered
     /// into records of up to 16 KiB, long ones go to OpenSSL as they are.
-    pub fn write(&mut self, pieces: &[&[u8]]) -> Result<(), TlsError> {
+    pub fn write<'a>(
+        &mut self,
+        pieces: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<(), TlsError> {
         for p in pieces {
             if p.len() >= COALESCE_BYTES {
                 self.flush_stage()?;
                 self.write_all(p)?;
                 continue;
             }
-            let mut p = *p;
+            let mut p = p;
             while !p.is_empty() {
                 let n = (COALESCE_BYTES - self.stage.len()).min(p.len());
                 self.stage.extend_from_slice(&p[..n]);
@@ -677,9 +680,10 @@ impl Tls {
 /// what it waits for. For the host library's connect path.
 pub fn client_handshake(
     tls: &mut Tls,
-    sock: &mut std::net::TcpStream,
+    sock: &std::net::TcpStream,
     deadline: std::time::Instant,
 ) -> Result<(), TlsError> {
+    let mut sock = sock;
     loop {
         let done = tls.handshake()?;
         while tls.has_output() {
@@ -792,7 +796,7 @@ mod tests {
             assert_eq!(s.cipher(), Some(suite));
             assert_eq!(s.peer_identity().unwrap().hostnqn, "h");
             let big = vec![0x5a; 100_000];
-            c.write(&[b"hdr", &big, b"tail"]).unwrap();
+            c.write([&b"hdr"[..], &big, b"tail"]).unwrap();
             let mut got = Vec::new();
             let mut buf = vec![0u8; 7000];
             while c.has_output() || s.has_input() {
