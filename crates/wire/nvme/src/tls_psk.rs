@@ -251,7 +251,7 @@ impl ConfiguredPsk {
             });
         }
         let retained = self.retained(&id.hostnqn, d);
-        Ok(tls_psk_from_retained(id, &retained, d)?)
+        tls_psk_from_retained(id, &retained, d)
     }
 }
 
@@ -595,6 +595,49 @@ mod tests {
             raw.identity(0, "h", "s", Derivation::Spec).format(),
             "NVMe0R02 h s"
         );
+    }
+
+    /// Vectors from Debian 13's nvme-cli 2.13 with libnvme 1.13, in the VM
+    /// (tests/linux-vm, TRELLIS_VM_SUITE=trixie): `nvme gen-tls-key` of a
+    /// fixed secret, `nvme check-tls-key --insert` for the VM's host NQN and
+    /// a subsystem, and `nvme tls-key --export` of what it put into the
+    /// kernel keyring (identity and the TLS PSK, in interchange format).
+    #[test]
+    fn nvme_cli_2_13_vectors_match_the_libnvme_compat_derivation() {
+        let host = "nqn.2014-08.org.nvmexpress:uuid:5472656c-6c69-4073-8000-000000000001";
+        let sub = "nqn.2026-11.io.trellis:tls";
+        // gen-tls-key --hmac=1 --secret=000102..1f
+        let k1 = ConfiguredPsk::parse(
+            "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:",
+        )
+        .unwrap();
+        assert_eq!(k1.key, (0..32).collect::<Vec<u8>>());
+        assert_eq!(k1.format(), "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:");
+        let id = k1.identity(0, host, sub, Derivation::LibnvmeCompat);
+        assert_eq!(id.format(), format!("NVMe0R01 {host} {sub}"));
+        let want = ConfiguredPsk::parse(
+            "NVMeTLSkey-1:01:car+hl80k7tV2kVqGVUWHcupp/2jkvA5CPKYIkbEvPqFDsWe:",
+        )
+        .unwrap()
+        .key;
+        assert_eq!(k1.tls_psk(&id, Derivation::LibnvmeCompat).unwrap(), want);
+        assert_ne!(k1.tls_psk(&id, Derivation::Spec).unwrap(), want);
+        // gen-tls-key --hmac=2 --secret=000102..2f, check-tls-key --identity=1
+        let k2 = ConfiguredPsk::parse(
+            "NVMeTLSkey-1:02:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vcSEgBQ==:",
+        )
+        .unwrap();
+        let id = k2.identity(1, host, sub, Derivation::LibnvmeCompat);
+        assert_eq!(
+            id.format(),
+            format!("NVMe1R02 {host} {sub} wWRYHHqE/D27N10QAXKPy4AOW+CGWMqVIqcBWLU9w6IUbOw6H4vGfOAzfFlxWYhF")
+        );
+        let want = ConfiguredPsk::parse(
+            "NVMeTLSkey-1:02:KUfuIoNBrBCLXja5+5NxUTGqNPywfCdzyUki+LrS4L5RHXxkpmAMs2HWvUeHBNZtHnvMgg==:",
+        )
+        .unwrap()
+        .key;
+        assert_eq!(k2.tls_psk(&id, Derivation::LibnvmeCompat).unwrap(), want);
     }
 
     #[test]
