@@ -240,7 +240,7 @@ fetch_tls_userland() {
 
 # ------------------------------------------------------------------- initramfs
 MODULES="virtio_pci virtio_net crc32c_generic crc32c-intel crct10dif_generic nvme-tcp nvmet-tcp
-         null_blk brd loop configfs ext4 tls"
+         null_blk brd loop configfs ext4 tls gcm ghash-generic aesni-intel"
 # util-linux's fallocate and blkdiscard shadow busybox's (which lack --punch-hole and -z).
 GUEST_BINS="/usr/sbin/nvme /usr/bin/fio /sbin/mke2fs /sbin/e2fsck /usr/bin/fallocate /usr/sbin/blkdiscard"
 FIXED_HOSTID=5472656c-6c69-4073-8000-000000000001
