@@ -22,8 +22,10 @@
 #   CRASH_ROUNDS [20]  step crash-ext4: kill -9 rounds of the HA pair's owner under fsync'ed ext4 writes
 #   AUTH_NQN [nqn.2026-11.io.trellis:auth]  AUTH_SECRET, AUTH_CTRL_SECRET [the two in interop.toml]
 #                    step auth: DH-HMAC-CHAP against the subsystem that has this host's keys
+#   TLS_PORT  TLS_NQN [nqn.2026-11.io.trellis:tls]  TLS_NQN_384 [..:tls384]  TLS_KEY, TLS_KEY_384 [the two
+#                    in interop.toml]  step tls: NVMe/TCP TLS 1.3 with a PSK on the required listener
 #   STEPS ["discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect
-#           digest-fio-4k digest-fio-128k denied-host auth disconnect-all"]  a subset runs only those steps
+#           digest-fio-4k digest-fio-128k denied-host auth tls disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
 #                   to the guest as /run/guest-nvmet.sh) on 127.0.0.1:IO_PORT and :DISC_PORT with only
@@ -54,7 +56,12 @@ CRASH_ROUNDS=${CRASH_ROUNDS:-20}
 AUTH_NQN=${AUTH_NQN:-nqn.2026-11.io.trellis:auth}
 AUTH_SECRET=${AUTH_SECRET:-DHHC-1:01:NR5My74p5ZqEnJGSMmuiPqAJFFgTb7QjxYtSk7OcR6NnZKX+:}
 AUTH_CTRL_SECRET=${AUTH_CTRL_SECRET:-DHHC-1:02:GdMihILgYzDrUyM1H1sKPffNn6d7ktv5X087UjJ3+e/U5vYU014/D09KPicROBVhTFn6dQ==:}
-STEPS=${STEPS:-"discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host auth disconnect-all"}
+TLS_PORT=${TLS_PORT:-4421}
+TLS_NQN=${TLS_NQN:-nqn.2026-11.io.trellis:tls}
+TLS_NQN_384=${TLS_NQN_384:-nqn.2026-11.io.trellis:tls384}
+TLS_KEY=${TLS_KEY:-NVMeTLSkey-1:01:Ggh0ZeTr4gtcM5ttLtzjFKTkCEGwn/dvDUPXq4L9i7yv4BH+:}
+TLS_KEY_384=${TLS_KEY_384:-NVMeTLSkey-1:02:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vcSEgBQ==:}
+STEPS=${STEPS:-"discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host auth tls disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
@@ -466,6 +473,71 @@ step_auth() {
     why "wrong controller secret: the kernel did not log 'qid 0: controller authentication failed'" || return 1
   auth_refused "wrong controller secret" || return 1
   NOTE="right secret: I/O ok; wrong secret, no secret, wrong controller secret: refused; bidirectional: I/O ok"
+}
+# NVMe/TCP TLS 1.3 with a PSK (docs/target.md "TLS") on the target's secure_channel = "required"
+# listener (TLS_PORT). The kernel hands the handshake to tlshd (Debian 13's ktls-utils, brought in by
+# vm.sh with TRELLIS_VM_SUITE=trixie) and runs the records in kTLS; nvme-cli 2.13 (nvme-trixie)
+# derives the TLS PSK from the configured key and puts it into the .nvme keyring, where the
+# kernel looks it up by identity ("NVMe0R01 <hostnqn> <subnqn>").
+tls_connect() { # NQN extra-args... -> status of nvme connect; kernel log in $W/dmesg.tls
+  kmsg
+  info "\$ nvme connect -s $TLS_PORT -n $1 ${2:-}"
+  timeout 120 nvme-trixie connect -t tcp -a "$TARGET_ADDR" -s "$TLS_PORT" -n "$@" -i "$NR_IO_QUEUES" \
+    --ctrl-loss-tmo=0 > $W/out 2>&1
+  _r=$?
+  sed 's/^/  |   /' $W/out
+  dmesg -c > $W/dmesg.tls; cat $W/dmesg.tls >> $W/dmesg.all
+  sed 's/^/  |   kernel: /' $W/dmesg.tls
+  return $_r
+}
+step_tls() {
+  if [ "$SELFTEST" = 1 ]; then info "no TLS keys on the selftest target"; return 0; fi
+  if ! command -v tlshd >/dev/null 2>&1 || ! command -v nvme-trixie >/dev/null 2>&1; then
+    NOTE="SKIPPED: no tlshd / nvme-cli with --tls in this guest (TRELLIS_VM_SUITE=trixie brings them; scripts/test.d/07-interop-6.12.sh)"
+    return 0
+  fi
+  modprobe tls || why "modprobe tls (kTLS) failed" || return 1
+  # kTLS takes the record cipher from the crypto API: gcm(aes) (aesni-intel under TCG's -cpu max).
+  modprobe -a gcm ghash-generic aesni-intel 2>/dev/null
+  sed -i "s/^tls=0/tls=${TLSHD_GNUTLS_DEBUG:-0}/" /etc/tlshd.conf 2>/dev/null
+  tlshd -s > $W/tlshd.log 2>&1 &
+  TLSHD=$!
+  sleep 1
+  # Plain NVMe/TCP on the required listener: the target closes it before ICResp.
+  kmsg
+  info "\$ nvme connect -s $TLS_PORT -n $TLS_NQN (no --tls)"
+  timeout 60 nvme connect -t tcp -a "$TARGET_ADDR" -s "$TLS_PORT" -n "$TLS_NQN" --ctrl-loss-tmo=0 > $W/out 2>&1 &&
+    { nvme disconnect -n "$TLS_NQN" >/dev/null 2>&1; kill $TLSHD; why "a plain connect to the TLS-required listener succeeded"; return 1; }
+  sed 's/^/  |   /' $W/out
+  wait_for 10 sh -c '! grep -qxF "$0" /sys/class/nvme/*/subsysnqn 2>/dev/null' "$TLS_NQN" ||
+    { kill $TLSHD; why "plain connect: a controller of $TLS_NQN remains"; return 1; }
+  _ok=1
+  for spec in "$TLS_NQN $TLS_KEY 01 AES_128_GCM_SHA256" "$TLS_NQN_384 $TLS_KEY_384 02 AES_256_GCM_SHA384"; do
+    set -- $spec
+    show nvme-trixie check-tls-key --insert -d "$2" -n "$HOSTNQN" -c "$1" || { why "nvme check-tls-key --insert failed for $1"; _ok=0; break; }
+    tls_connect "$1" --tls || { why "nvme connect --tls to $1 failed"; _ok=0; break; }
+    _s=$SUBNQN; _p=$IO_PORT; SUBNQN=$1; IO_PORT=$TLS_PORT
+    CTRL=$(wait_for 30 find_ctrl); DEV=$(wait_for 30 find_ns); _rc=$?
+    SUBNQN=$_s; IO_PORT=$_p
+    [ $_rc = 0 ] || { why "no namespace block device for $1 over TLS"; _ok=0; break; }
+    info "$1: /dev/$DEV on /dev/$CTRL, tls_key $(cat /sys/class/nvme/$CTRL/tls_key 2>/dev/null), $(( $(cat /sys/class/nvme/$CTRL/queue_count) - 1 )) I/O queues"
+    grep -q "NVMe0R$3 $HOSTNQN $1" $W/tlshd.log 2>/dev/null || info "(tlshd log does not name the identity)"
+    if [ "$1" = "$TLS_NQN" ]; then
+      FIO_SIZE=64M run_fio tls-fio-4k 4k || { _ok=0; break; }
+      run_fio tls-fio-128k 128k || { _ok=0; break; }
+    else
+      dd if=/dev/urandom of=$W/tls.in bs=64k count=16 2>/dev/null
+      dd if=$W/tls.in of=/dev/$DEV bs=64k oflag=direct 2>/dev/null || { why "write over TLS ($1) failed"; _ok=0; break; }
+      dd if=/dev/$DEV of=$W/tls.out bs=64k count=16 iflag=direct 2>/dev/null || { why "read over TLS ($1) failed"; _ok=0; break; }
+      cmp -s $W/tls.in $W/tls.out || { why "read back over TLS ($1) differs"; _ok=0; break; }
+    fi
+    show timeout 60 nvme disconnect -n "$1" || { why "nvme disconnect -n $1 failed"; _ok=0; break; }
+    DEV=""; CTRL=""
+  done
+  sed 's/^/  |   tlshd: /' $W/tlshd.log | grep -vE 'REC\[|BUF\[|WRITE|READ|ASSERT' | tail -${TLSHD_LOG_LINES:-12}
+  kill $TLSHD 2>/dev/null
+  [ $_ok = 1 ] || return 1
+  NOTE="plain connect to the required listener refused; --tls with TLS_AES_128_GCM_SHA256 (fio verify 4k+128k) and TLS_AES_256_GCM_SHA384 (1 MiB write/read) ok"
 }
 step_disconnect_all() {
   show timeout 60 nvme disconnect-all || why "nvme disconnect-all failed" || return 1

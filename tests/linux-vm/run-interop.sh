@@ -101,8 +101,8 @@ stop_target() {
 # target's discovery-only listener and the second node; the guest runs `nvme discover` against
 # the CDC and must see both nodes' subsystems (docs/target.md "Central discovery controller").
 # The CDC connects as the guest's host NQN (vm.sh's fixed one): the target allows only that host,
-# and a node's discovery log shows a host only the subsystems it may use (two: the default one and
-# step auth's, interop.toml).
+# and a node's discovery log shows a host only the subsystems it may use (four: the default one,
+# step auth's and step tls's two, interop.toml), each on the two I/O listeners (plain and TLS): 8 entries.
 CDC_PIDS=""; CDC_PORT=""; NODE2_NQN=nqn.2026-11.io.trellis:interop-node2
 CDC_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5472656c-6c69-4073-8000-000000000001
 start_cdc() {
@@ -115,7 +115,7 @@ start_cdc() {
     --hostnqn "$CDC_HOSTNQN" --state-dir "$LOGDIR/state-cdc" > "$LOGDIR/cdc.log" 2>&1 < /dev/null &
   CDC_PIDS="$CDC_PIDS $!"
   until grep -q 'merged node="127.0.0.1:'"$n2"'" subsystems=1' "$LOGDIR/cdc.log" 2>/dev/null &&
-        grep -q 'merged node="127.0.0.1:'"$DISC_PORT"'" subsystems=2' "$LOGDIR/cdc.log"; do
+        grep -q 'merged node="127.0.0.1:'"$DISC_PORT"'" subsystems=8' "$LOGDIR/cdc.log"; do
     [ $n -lt 100 ] || return 1
     sleep 0.1; n=$((n + 1))
   done
@@ -235,11 +235,13 @@ if [ "$SELFTEST" = 0 ]; then
   [ -n "$IO_PORT" ] || IO_PORT=$(free_port) || die "no free port for the I/O listener"
   [ -n "$DISC_PORT" ] || DISC_PORT=$(free_port) || die "no free port for the discovery listener"
   [ "$IO_PORT" != "$DISC_PORT" ] || die "--io-port and --disc-port are both $IO_PORT"
+  TLS_PORT=$(free_port) || die "no free port for the TLS listener"
   for p in "$IO_PORT" "$DISC_PORT"; do port_open "$p" && die "127.0.0.1:$p is already in use (a stale target?)"; done
   # The target reads a copy of CONFIG with the conventional ports moved to the ones picked.
   TCONFIG=$LOGDIR/target.toml
   sed -e "s/^\(addr *= *\"127\.0\.0\.1:\)4420\"/\1$IO_PORT\"/" \
-      -e "s/^\(addr *= *\"127\.0\.0\.1:\)8009\"/\1$DISC_PORT\"/" "$CONFIG" > "$TCONFIG"
+      -e "s/^\(addr *= *\"127\.0\.0\.1:\)8009\"/\1$DISC_PORT\"/" \
+      -e "s/^\(addr *= *\"127\.0\.0\.1:\)4421\"/\1$TLS_PORT\"/" "$CONFIG" > "$TCONFIG"
   for p in "$IO_PORT" "$DISC_PORT"; do
     grep -q "^addr *= *\"127\.0\.0\.1:$p\"" "$TCONFIG" ||
       die "$CONFIG needs [[listener]] lines addr = \"127.0.0.1:4420\" and addr = \"127.0.0.1:8009\" (run-interop.sh moves them to free ports)"
@@ -264,7 +266,7 @@ if [ "$SELFTEST" = 0 ]; then
   echo "run-interop: target listening (pid $TPID) after $((SECONDS - T0))s" >&2
   start_cdc || { stop_cdc; stop_target; die "could not start the second node and trellis cdc for step cdc (logs in $LOGDIR)"; }
   start_ha || { stop_ha; stop_cdc; stop_target; die "could not start the HA pair for step ha (logs in $LOGDIR/ha-*.log, ha.log)"; }
-  GENV=(--env TARGET_ADDR=10.0.2.2 --env "IO_PORT=$IO_PORT" --env "DISC_PORT=$DISC_PORT"
+  GENV=(--env TARGET_ADDR=10.0.2.2 --env "IO_PORT=$IO_PORT" --env "DISC_PORT=$DISC_PORT" --env "TLS_PORT=$TLS_PORT"
         --env "CDC_PORT=$CDC_PORT" --env "NODE2_NQN=$NODE2_NQN"
         --env "HA_NQN=$HA_NQN" --env "HA_PORT_A=$HA_PORT_A" --env "HA_PORT_B=$HA_PORT_B" ${GENV[@]+"${GENV[@]}"})
 else

@@ -25,7 +25,11 @@
 #   -v                  verbose: kernel console without 'quiet', build chatter
 #   --rebuild           rebuild the cached initramfs
 #   --build-only        prepare the cache and exit
-# Env TRELLIS_VM_SUITE=trixie: boot Debian 13's kernel (6.12) instead of the host release's (below).
+# Env TRELLIS_VM_SUITE=trixie: boot Debian 13's kernel (6.12) instead of the host release's (below),
+#   and bring Debian 13's NVMe/TCP TLS user space into the guest under /opt/trixie (ktls-utils' tlshd,
+#   nvme-cli 2.13 with libnvme 1.13, keyutils' keyctl, and the libraries they load, down to Debian 13's
+#   glibc), run through wrappers /usr/sbin/tlshd, /usr/sbin/nvme-trixie and /usr/bin/keyctl that call
+#   Debian 13's dynamic loader; downloaded through the same private apt list, never installed on the host.
 #
 # Guest environment: busybox sh as PID 1; eth0 10.0.2.15/24, the host's loopback is 10.0.2.2
 # (QEMU user network; nothing else is reachable by design of the tests). Modules preloaded:
@@ -206,9 +210,37 @@ fetch_kernel() {
   if [ "${TRELLIS_VM_PVH:-1}" = 1 ] && [ -s "$KROOT/vmlinux" ]; then KIMG=$KROOT/vmlinux; fi
 }
 
+# The Debian 13 user space NVMe/TCP TLS needs on the Linux host side (trixie only): tlshd does the
+# kernel's TLS handshakes, nvme-cli 2.13 knows --tls and puts derived PSKs into the .nvme keyring.
+# Their closure of shared libraries (apt-cache depends --recurse, library packages only, plus the
+# tools) is unpacked into $CACHE/userland-trixie; the guest runs it with Debian 13's own loader, so
+# the guest's Debian 12 user space is untouched.
+TLS_TOOLS="ktls-utils nvme-cli keyutils"
+USERLAND=""
+fetch_tls_userland() {
+  [ "$SUITE" = trixie ] || return 0
+  USERLAND=$CACHE/userland-$SUITE
+  [ -f "$USERLAND/.done" ] && return 0
+  local pkgs dl=$CACHE/debs/.userland.$$ p
+  pkgs=$(apt-cache "${SUITE_APT[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts \
+           --no-breaks --no-replaces --no-enhances --no-pre-depends $TLS_TOOLS 2>/dev/null |
+         grep -v '^[ <]' | sort -u | grep -E '^(lib|ktls-utils$|nvme-cli$|keyutils$)' | grep -v -E '^lib(pam|semanage|audit|debian|newt|slang|textwrap|readline|systemd)' || true)
+  if [ -z "$pkgs" ]; then suite_update >/dev/null 2>&1 || true; pkgs=$(apt-cache "${SUITE_APT[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts \
+           --no-breaks --no-replaces --no-enhances --no-pre-depends $TLS_TOOLS 2>/dev/null |
+         grep -v '^[ <]' | sort -u | grep -E '^(lib|ktls-utils$|nvme-cli$|keyutils$)' | grep -v -E '^lib(pam|semanage|audit|debian|newt|slang|textwrap|readline|systemd)' || true); fi
+  [ -n "$pkgs" ] || die "cannot resolve $TLS_TOOLS in $SUITE"
+  echo "vm.sh: installing $TLS_TOOLS and their libraries from $SUITE into $USERLAND (needed for the Linux VM TLS step: tlshd and nvme-cli --tls in the guest; apt-get download, not installed on the host)" >&2
+  rm -rf "$dl" "$USERLAND"; mkdir -p "$dl" "$USERLAND"
+  # shellcheck disable=SC2086
+  (cd "$dl" && apt-get "${SUITE_APT[@]}" download $pkgs >/dev/null 2>&1) || { rm -rf "$dl"; die "apt-get download of $SUITE's $TLS_TOOLS failed"; }
+  for p in "$dl"/*.deb; do dpkg-deb -x "$p" "$USERLAND"; done
+  rm -rf "$dl"
+  touch "$USERLAND/.done"
+}
+
 # ------------------------------------------------------------------- initramfs
 MODULES="virtio_pci virtio_net crc32c_generic crc32c-intel crct10dif_generic nvme-tcp nvmet-tcp
-         null_blk brd loop configfs ext4"
+         null_blk brd loop configfs ext4 tls gcm ghash-generic aesni-intel"
 # util-linux's fallocate and blkdiscard shadow busybox's (which lack --punch-hole and -z).
 GUEST_BINS="/usr/sbin/nvme /usr/bin/fio /sbin/mke2fs /sbin/e2fsck /usr/bin/fallocate /usr/sbin/blkdiscard"
 FIXED_HOSTID=5472656c-6c69-4073-8000-000000000001
@@ -270,7 +302,7 @@ chmod +x "$1"; }
 
 build_initramfs() {
   local key
-  key=$( { sha256sum "$SELF"; dpkg-query -W busybox-static nvme-cli libnvme1 fio e2fsprogs 2>/dev/null; } |
+  key=$( { sha256sum "$SELF"; dpkg-query -W busybox-static nvme-cli libnvme1 fio e2fsprogs 2>/dev/null; [ -z "$USERLAND" ] || ls "$USERLAND/usr/sbin"; } |
          sha256sum | cut -c1-12)
   BASE=$CACHE/initramfs-$KVER-$key.cpio
   if [ "$REBUILD" = 0 ] && [ -s "$BASE" ]; then return; fi
@@ -301,6 +333,24 @@ build_initramfs() {
   done
   cp "$KROOT/lib/modules/$KVER/modules.builtin"* "$KROOT/lib/modules/$KVER/modules.order" "$md/"
   depmod -b "$r" "$KVER"
+  if [ -n "$USERLAND" ]; then
+    # Debian 13's tools under /opt/trixie, each behind a wrapper that uses Debian 13's loader.
+    mkdir -p "$r/opt/trixie" "$r/etc"
+    cp -a "$USERLAND/usr" "$r/opt/trixie/"
+    [ -d "$USERLAND/etc" ] && cp -a "$USERLAND/etc" "$r/opt/trixie/"
+    rm -rf "$r/opt/trixie/usr/share/doc" "$r/opt/trixie/usr/share/man" "$r/opt/trixie/usr/share/locale"
+    local ld libs
+    ld=$(cd "$r/opt/trixie" && find usr -name 'ld-linux-x86-64.so.2' | head -1)
+    [ -n "$ld" ] || die "no ld-linux-x86-64.so.2 in $USERLAND"
+    libs=/opt/trixie/usr/lib/x86_64-linux-gnu
+    for f in sbin/tlshd:tlshd sbin/nvme:nvme-trixie bin/keyctl:keyctl; do
+      printf '#!/bin/sh\nexec /opt/trixie/%s --library-path %s /opt/trixie/usr/%s "$@"\n' "$ld" "$libs" "${f%%:*}" \
+        > "$r/usr/${f%%/*}/${f#*:}"
+      chmod +x "$r/usr/${f%%/*}/${f#*:}"
+    done
+    # tlshd reads the PSKs that nvme-cli inserts into the .nvme keyring.
+    printf '[debug]\nloglevel=1\ntls=0\nnl=0\n[authenticate]\nkeyrings=.nvme\n[authenticate.client]\n[authenticate.server]\n' > "$r/etc/tlshd.conf"
+  fi
   write_init "$r/init"
   echo "root:x:0:0:root:/root:/bin/sh" > "$r/etc/passwd"; echo "root:x:0:" > "$r/etc/group"
   # uncompressed on purpose: gunzip of ~100 MB costs seconds under TCG
@@ -320,6 +370,7 @@ CACHE_LOCK_TIMEOUT=${TRELLIS_VM_CACHE_LOCK_TIMEOUT:-900}
 flock -w "$CACHE_LOCK_TIMEOUT" 9 || die "cache lock $CACHE/.lock still held by another run after ${CACHE_LOCK_TIMEOUT}s (TRELLIS_VM_CACHE_LOCK_TIMEOUT)"
 T_PREP=$(date +%s.%N)
 fetch_kernel
+fetch_tls_userland
 build_initramfs
 # The lock stays held until this run's initrd is copied out of the cache (below): a run of a
 # different vm.sh version would otherwise delete $BASE in between.

@@ -339,6 +339,7 @@ impl Conn {
                     trsvcid: self.s.local_addr()?.port().to_string(),
                     subnqn: cfg.subnqn.clone(),
                     traddr: "127.0.0.1".into(),
+                    sectype: 0,
                 };
                 log::encode_discovery_log(1, &[e], &mut logb);
                 let mut out = vec![0u8; g.len_bytes as usize];

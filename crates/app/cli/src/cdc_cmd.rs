@@ -137,6 +137,7 @@ fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
             addr,
             kind: Some(ListenerKind::Discovery),
             ana_state: None,
+            secure_channel: None,
         });
     }
     cfg.target.state_dir = a.state_dir.clone();

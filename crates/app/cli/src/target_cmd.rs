@@ -204,6 +204,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
                     addr: resolve_host_port(s).map_err(|e| anyhow::anyhow!("--listen: {e}"))?,
                     kind: None,
                     ana_state: None,
+                    secure_channel: None,
                 })
             })
             .collect::<anyhow::Result<_>>()?;

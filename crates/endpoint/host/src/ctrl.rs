@@ -60,6 +60,46 @@ pub struct HostConfig {
     /// The controller's secret: set, the host authenticates the controller
     /// too (bidirectional).
     pub dhchap_ctrl_secret: Option<Secret>,
+    /// NVMe/TCP TLS 1.3 with a PSK on every queue (None: plain TCP).
+    pub tls: Option<HostTls>,
+}
+
+/// A host's TLS setup: its configured PSK (`NVMeTLSkey-1:..`, parse with
+/// `ConfiguredPsk::parse`), from which each connection derives the TLS PSK
+/// for (host NQN, subsystem NQN), as nvme-cli does for the Linux host.
+#[derive(Clone, Debug)]
+pub struct HostTls {
+    pub key: trellis_nvme::tls_psk::ConfiguredPsk,
+    /// PSK identity format: 0 (`NVMe0R01 <hostnqn> <subnqn>`, what Linux
+    /// 6.12 looks up) or 1 (TP 8018: with the PSK digest).
+    pub identity_version: u8,
+    pub derivation: trellis_nvme::tls_psk::Derivation,
+    /// OpenSSL TLS 1.3 suite list to offer (None: both NVMe/TCP suites).
+    pub suites: Option<String>,
+}
+
+impl HostTls {
+    pub fn new(key: trellis_nvme::tls_psk::ConfiguredPsk) -> HostTls {
+        HostTls {
+            key,
+            identity_version: 0,
+            derivation: Default::default(),
+            suites: None,
+        }
+    }
+
+    /// The TLS setup of a connection of `hostnqn` to `subnqn`.
+    pub fn client(&self, hostnqn: &str, subnqn: &str) -> Result<trellis_tls::ClientConfig> {
+        let id = self
+            .key
+            .identity(self.identity_version, hostnqn, subnqn, self.derivation);
+        let psk = self
+            .key
+            .tls_psk(&id, self.derivation)
+            .map_err(|e| Error::protocol(format!("TLS PSK: {e}")))?;
+        trellis_tls::ClientConfig::new(id.format(), psk, id.hash, self.suites.as_deref())
+            .map_err(|e| Error::protocol(format!("TLS setup: {e}")))
+    }
 }
 
 impl Default for HostConfig {
@@ -78,6 +118,7 @@ impl Default for HostConfig {
             credit_share: 1,
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            tls: None,
         }
     }
 }
@@ -129,7 +170,7 @@ impl Controller {
             credit_token: None, // admin commands carry no credits
             credit_share: 1,
         };
-        let mut admin = Queue::connect(addr, ecfg, sock_opts(cfg))?;
+        let mut admin = Queue::connect(addr, ecfg, sock_opts(cfg, subnqn)?)?;
         let cntlid = fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE - 1, 0xFFFF)?;
         let cap = prop_get(&mut admin, prop::CAP, true)?;
         enable(&mut admin, cap, cfg.connect_timeout)?;
@@ -227,7 +268,7 @@ impl Controller {
             credit_token: self.cfg.credit_token,
             credit_share: self.cfg.credit_share,
         };
-        let mut q = Queue::connect(self.addr, ecfg, sock_opts(&self.cfg))?;
+        let mut q = Queue::connect(self.addr, ecfg, sock_opts(&self.cfg, &self.subnqn)?)?;
         // SQSIZE is 0-based and a queue of N entries holds N−1 commands, so ask
         // for one entry more than the slots we use (within MQES).
         let sqsize = (size as u32).min(self.max_queue_entries() - 1) as u16;
@@ -456,11 +497,15 @@ pub fn discover(addr: &str, cfg: &HostConfig) -> Result<Vec<DiscoveryEntry>> {
     Ok(entries)
 }
 
-fn sock_opts(cfg: &HostConfig) -> SockOpts {
-    SockOpts {
+fn sock_opts(cfg: &HostConfig, subnqn: &str) -> Result<SockOpts> {
+    Ok(SockOpts {
         connect_timeout: cfg.connect_timeout,
         sock_buf_bytes: cfg.sock_buf_bytes,
-    }
+        tls: match &cfg.tls {
+            Some(t) => Some(t.client(&cfg.hostnqn, subnqn)?),
+            None => None,
+        },
+    })
 }
 
 /// Fabrics Connect on `q`. Returns the controller ID.

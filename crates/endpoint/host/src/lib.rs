@@ -32,7 +32,7 @@ pub mod reserve;
 pub mod resv;
 pub mod switch;
 
-pub use ctrl::{discover, Controller, HostConfig};
+pub use ctrl::{discover, Controller, HostConfig, HostTls};
 pub use engine::{Completion, Engine, EngineConfig, Xfer};
 pub use error::{Error, Result};
 pub use queue::{PollStats, Queue};

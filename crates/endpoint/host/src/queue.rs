@@ -39,6 +39,8 @@ pub struct Queue {
     /// this one's turn with it.
     recv_max: usize,
     pub stats: PollStats,
+    /// TLS on this connection: the engine's PDUs are plaintext inside it.
+    tls: Option<Box<trellis_tls::Tls>>,
 }
 
 // SAFETY: the iovec array only ever holds pointers into `engine`'s buffers
@@ -46,11 +48,13 @@ pub struct Queue {
 unsafe impl Send for Queue {}
 
 /// Socket options for a queue's connection.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SockOpts {
     pub connect_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF; 0 keeps the kernel's autotuning.
     pub sock_buf_bytes: usize,
+    /// TLS 1.3 with this PSK before ICReq (None: plain TCP).
+    pub tls: Option<trellis_tls::ClientConfig>,
 }
 
 pub fn resolve(addr: &str) -> Result<SocketAddr> {
@@ -74,6 +78,22 @@ impl Queue {
         if opts.sock_buf_bytes > 0 {
             set_buf(&sock, opts.sock_buf_bytes)?;
         }
+        let tls = match &opts.tls {
+            None => None,
+            Some(c) => {
+                let mut t = trellis_tls::Tls::client(c)
+                    .map_err(|e| Error::protocol(format!("TLS to {addr}: {e}")))?;
+                let deadline = Instant::now() + opts.connect_timeout;
+                trellis_tls::client_handshake(&mut t, &sock, deadline).map_err(|e| {
+                    Error::Transport(io::Error::new(
+                        io::ErrorKind::ConnectionRefused,
+                        format!("TLS to {addr} as {:?}: {e}", c.identity()),
+                    ))
+                })?;
+                sock.set_read_timeout(None)?;
+                Some(Box::new(t))
+            }
+        };
         sock.set_nonblocking(true)?;
         let mut q = Queue {
             engine: Engine::new(cfg),
@@ -82,6 +102,7 @@ impl Queue {
             last_timeout_check: Instant::now(),
             recv_max: usize::MAX,
             stats: PollStats::default(),
+            tls,
         };
         q.engine.start();
         let deadline = Instant::now() + opts.connect_timeout;
@@ -122,6 +143,7 @@ impl Queue {
             last_timeout_check: Instant::now(),
             recv_max: usize::MAX,
             stats: PollStats::default(),
+            tls: None,
         };
         let _ = q
             .engine
@@ -228,6 +250,9 @@ impl Queue {
 
     /// One gathered sendmsg of queued output. Returns bytes sent.
     pub fn flush(&mut self) -> Result<usize> {
+        if self.tls.is_some() {
+            return self.flush_tls();
+        }
         if !self.engine.has_output() {
             return Ok(0);
         }
@@ -256,8 +281,113 @@ impl Queue {
         Ok(n as usize)
     }
 
+    /// TLS: encrypts the engine's output (bounded by the TLS output room),
+    /// then one send of the ciphertext waiting. Returns bytes sent.
+    fn flush_tls(&mut self) -> Result<usize> {
+        let Some(t) = self.tls.as_mut() else {
+            return Ok(0);
+        };
+        while self.engine.has_output() && t.out_room() > 0 {
+            self.engine.output_iovecs(&mut self.iov, MAX_IOV);
+            let mut total = 0usize;
+            let room = t.out_room();
+            let pieces = self.iov.iter().map_while(|v| {
+                if total >= room {
+                    return None;
+                }
+                let n = v.iov_len.min(room - total);
+                total += n;
+                // SAFETY: the iovecs point into engine buffers listed just
+                // now; nothing touches them before `sent` below.
+                Some(unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, n) })
+            });
+            t.write(pieces)
+                .map_err(|e| Error::Transport(io::Error::other(e.to_string())))?;
+            if total == 0 {
+                break;
+            }
+            self.engine.sent(total);
+        }
+        if !t.has_output() {
+            return Ok(0);
+        }
+        let b = t.send_buf();
+        // SAFETY: b is a live slice of ciphertext; send is synchronous.
+        let n = unsafe {
+            libc::send(
+                self.sock.as_raw_fd(),
+                b.as_ptr() as *const libc::c_void,
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        self.stats.sendmsg_calls += 1;
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(Error::Transport(e));
+        }
+        t.sent(n as usize);
+        Ok(n as usize)
+    }
+
+    /// TLS: one recv of ciphertext, then every record decrypted into the
+    /// engine as it has room.
+    fn recv_tls(&mut self, now: Instant) -> Result<usize> {
+        let fd = self.sock.as_raw_fd();
+        let Some(t) = self.tls.as_mut() else {
+            return Ok(0);
+        };
+        let space = t.cipher_in_space();
+        let mut got = 0usize;
+        if !space.is_empty() {
+            let len = space.len().min(self.recv_max);
+            // SAFETY: `space` is a valid writable slice of at least `len` bytes.
+            let n = unsafe {
+                libc::recv(fd, space.as_mut_ptr() as *mut libc::c_void, len, libc::MSG_DONTWAIT)
+            };
+            self.stats.recv_calls += 1;
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+                    return Err(self.engine.fail_with(Error::Transport(e)));
+                }
+            } else if n == 0 {
+                let e = io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "controller closed the connection",
+                );
+                return Err(self.engine.fail_with(Error::Transport(e)));
+            } else {
+                t.cipher_in_commit(n as usize);
+                got = n as usize;
+            }
+        }
+        loop {
+            let space = self.engine.recv_space();
+            if space.is_empty() {
+                break;
+            }
+            let n = match t.read(space) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    let e = io::Error::new(io::ErrorKind::ConnectionAborted, e.to_string());
+                    return Err(self.engine.fail_with(Error::Transport(e)));
+                }
+            };
+            self.engine.recv_done(n, ns_of(now))?;
+        }
+        Ok(got)
+    }
+
     /// One recv into staging (or straight into a payload buffer), then parse.
     fn recv(&mut self, now: Instant) -> Result<usize> {
+        if self.tls.is_some() {
+            return self.recv_tls(now);
+        }
         let fd = self.sock.as_raw_fd();
         let space = self.engine.recv_space();
         let space_len = space.len().min(self.recv_max);

@@ -77,6 +77,23 @@ impl Queue {
             return Err(refuse(e, "unsupported record format"));
         }
         let discovery = data.subnqn == fabrics::DISCOVERY_NQN;
+        if let Some((host, subnqn)) = &self.tls_peer {
+            // The TLS PSK was the one for (host, subsystem): a Connect for
+            // another host or subsystem on this channel is refused, as the
+            // key vouches for nothing else.
+            if *host != data.hostnqn {
+                let e = Exec::DoneWith(
+                    specific::CONNECT_INVALID_HOST.dnr(),
+                    fabrics::invalid_param_dw0(true, ipo::DATA_HOSTNQN),
+                    0,
+                );
+                return Err(refuse(e, "host NQN is not the one of the TLS PSK identity"));
+            }
+            if *subnqn != data.subnqn {
+                let e = invalid_param(true, ipo::DATA_SUBNQN);
+                return Err(refuse(e, "subsystem NQN is not the one of the TLS PSK identity"));
+            }
+        }
         let sub = if discovery {
             None
         } else {
@@ -605,22 +622,35 @@ impl Queue {
                 a.ip()
             }
         };
-        let entry = |sub_type, nqn: &str, a: std::net::SocketAddr, portid| DiscoveryEntry {
-            adrfam: if addr_of(a).is_ipv4() { 1 } else { 2 },
-            subtype: sub_type,
-            // Secure channel not required; SQ flow control disable supported.
-            treq: 0x2 | 0x4,
-            portid,
-            trsvcid: a.port().to_string(),
-            subnqn: nqn.into(),
-            traddr: addr_of(a).to_string(),
+        // TREQ and TSAS say whether the listener speaks TLS 1.3 and whether
+        // it must be used (nvmet refuses "not specified" with TLS 1.3);
+        // SQ flow control disable is supported everywhere.
+        let entry = |sub_type, nqn: &str, l: &crate::subsystem::ListenerInfo| {
+            let (treq, sectype) = match l.secure {
+                None => (log::treq::NOT_REQUIRED, log::sectype::NONE),
+                Some(crate::config::SecureChannel::Required) => {
+                    (log::treq::REQUIRED, log::sectype::TLS13)
+                }
+                Some(crate::config::SecureChannel::Optional) => {
+                    (log::treq::NOT_REQUIRED, log::sectype::TLS13)
+                }
+            };
+            DiscoveryEntry {
+                adrfam: if addr_of(l.addr).is_ipv4() { 1 } else { 2 },
+                subtype: sub_type,
+                treq: treq | log::treq::SQFLOW_DISABLE,
+                portid: l.portid,
+                trsvcid: l.addr.port().to_string(),
+                subnqn: nqn.into(),
+                traddr: addr_of(l.addr).to_string(),
+                sectype,
+            }
         };
         if let Some(l) = here {
             entries.push(entry(
                 log::subtype::CURRENT_DISCOVERY,
                 fabrics::DISCOVERY_NQN,
-                l.addr,
-                l.portid,
+                l,
             ));
         }
         for sub in self
@@ -635,7 +665,7 @@ impl Queue {
                 .iter()
                 .filter(|l| l.kind == ListenerKind::Both)
             {
-                entries.push(entry(log::subtype::NVME, &sub.nqn, l.addr, l.portid));
+                entries.push(entry(log::subtype::NVME, &sub.nqn, l));
             }
         }
         self.reg.disc.extend_entries(&mut entries);

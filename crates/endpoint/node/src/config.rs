@@ -124,6 +124,10 @@ pub struct TargetConfig {
     /// output is bounded meanwhile (the reactor stops parsing its commands
     /// when the output queue is full).
     pub send_stall_timeout_ms: u64,
+    /// A connection on a TLS listener (`secure_channel`) must finish its
+    /// TLS handshake within this time, or it is closed (nvmet's
+    /// `tls_handshake_timeout` is 10 s too).
+    pub tls_handshake_timeout_ms: u64,
     /// Time allowed at shutdown to finish in-flight commands.
     pub shutdown_grace_ms: u64,
     /// Controller IDs this node hands out, inclusive (1..=`MAX_CNTLID`).
@@ -181,6 +185,11 @@ pub const DEFAULT_MAX_CONTROLLERS: usize = 4_096;
 /// 15 minutes with `tcp_retries2` = 15), which never fires for a peer that
 /// still ACKs with a zero window.
 pub const DEFAULT_SEND_STALL_TIMEOUT_MS: u64 = 30_000;
+/// Default of `target.tls_handshake_timeout_ms`.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Bounds of `target.tls_handshake_timeout_ms`.
+pub const TLS_HANDSHAKE_TIMEOUT_MS_MIN: u64 = 100;
+pub const TLS_HANDSHAKE_TIMEOUT_MS_MAX: u64 = 600_000;
 /// Bounds of `target.send_stall_timeout_ms`.
 pub const SEND_STALL_TIMEOUT_MS_MIN: u64 = 100;
 pub const SEND_STALL_TIMEOUT_MS_MAX: u64 = 3_600_000;
@@ -210,6 +219,7 @@ impl Default for TargetConfig {
             discovery_idle_timeout_s: 120,
             connect_timeout_ms: 10_000,
             send_stall_timeout_ms: DEFAULT_SEND_STALL_TIMEOUT_MS,
+            tls_handshake_timeout_ms: DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS,
             shutdown_grace_ms: 5_000,
             cntlid_min: 1,
             cntlid_max: MAX_CNTLID,
@@ -283,8 +293,24 @@ impl TargetConfig {
             "target.send_stall_timeout_ms {} is out of range: use {SEND_STALL_TIMEOUT_MS_MIN}..={SEND_STALL_TIMEOUT_MS_MAX}",
             t.send_stall_timeout_ms
         );
+        ensure!(
+            (TLS_HANDSHAKE_TIMEOUT_MS_MIN..=TLS_HANDSHAKE_TIMEOUT_MS_MAX).contains(&t.tls_handshake_timeout_ms),
+            "target.tls_handshake_timeout_ms {} is out of range: use {TLS_HANDSHAKE_TIMEOUT_MS_MIN}..={TLS_HANDSHAKE_TIMEOUT_MS_MAX}",
+            t.tls_handshake_timeout_ms
+        );
         Ok(())
     }
+}
+
+/// TLS on a listener (`secure_channel`; absent: plain TCP only, and a TLS
+/// ClientHello is closed at once).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SecureChannel {
+    /// Every connection must start with a TLS 1.3 handshake (TREQ: required).
+    Required,
+    /// TLS or plain, as the host starts (TREQ: not required).
+    Optional,
 }
 
 /// What a listener serves.
@@ -316,6 +342,10 @@ pub struct ListenerConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub ana_state: Option<trellis_nvme::ana::AnaState>,
+    /// NVMe/TCP TLS 1.3 with a PSK: "required" or "optional"; absent: none
+    /// (docs/target.md "TLS").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_channel: Option<SecureChannel>,
 }
 
 /// The configurable ANA states: ANA Change is transient, for `trellis ctl` only.
@@ -434,6 +464,16 @@ pub struct HostConfig {
     /// ffdhe4096, ffdhe6144, ffdhe8192, null).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dhchap_dhgroups: Vec<String>,
+    /// The host's configured TLS PSK, `NVMeTLSkey-1:XX:<base64>:` as `nvme
+    /// gen-tls-key` prints it: what a TLS listener accepts from this host
+    /// for this subsystem (docs/target.md "TLS").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<String>,
+    /// How the TLS PSK is derived from `tls_key`: "spec" (default; the
+    /// NVMe/TCP specification, SPDK, libnvme since 2025) or
+    /// "libnvme-compat" (libnvme 1.7 to 1.15, e.g. Debian 13's nvme-cli).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_derivation: Option<String>,
 }
 
 fn default_model() -> String {
@@ -621,11 +661,13 @@ impl Config {
                     addr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420)),
                     kind: None,
                     ana_state: None,
+                    secure_channel: None,
                 },
                 ListenerConfig {
                     addr: std::net::SocketAddr::from(([127, 0, 0, 1], 8009)),
                     kind: None,
                     ana_state: None,
+                    secure_channel: None,
                 },
             ],
             subsystems: vec![SubsystemConfig {
@@ -717,6 +759,9 @@ impl Config {
                     s.nqn,
                     h.nqn
                 );
+                crate::tls::host_psk(h).map_err(|e| {
+                    anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn)
+                })?;
                 crate::auth::host_keys(h)
                     .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn))?;
             }

@@ -160,6 +160,9 @@ pub struct Conn {
     /// none yet): a read whose credit is unchanged may still end with the
     /// C2HData SUCCESS flag and no CapsuleResp.
     last_credit: u32,
+    /// The TLS handshake must be done by then (`u64::MAX`: no handshake
+    /// pending). Set and cleared by the reactor, which runs the handshake.
+    tls_deadline_ns: u64,
 }
 
 /// H2CData payloads at least this long are received straight into the
@@ -225,7 +228,25 @@ impl Conn {
             direct: None,
             released: Vec::with_capacity(64),
             last_credit: NO_CREDIT,
+            tls_deadline_ns: u64::MAX,
         }
+    }
+
+    /// A TLS handshake starts: it must end within `timeout_ns`.
+    pub fn tls_handshake_started(&mut self, now_ns: u64, timeout_ns: u64) {
+        self.tls_deadline_ns = now_ns.saturating_add(timeout_ns);
+    }
+
+    /// No TLS handshake is pending any more (plain on an optional listener).
+    pub fn tls_not_used(&mut self) {
+        self.tls_deadline_ns = u64::MAX;
+    }
+
+    /// The handshake finished with the PSK of (`hostnqn`, `subnqn`): Connect
+    /// on this queue must name those.
+    pub fn tls_established(&mut self, hostnqn: String, subnqn: String) {
+        self.tls_deadline_ns = u64::MAX;
+        self.queue.tls_peer = Some((hostnqn, subnqn));
     }
 
     pub fn ctrl(&self) -> Option<&Arc<Controller>> {
@@ -1014,7 +1035,7 @@ impl Conn {
                 kato.min(self.now_ns.saturating_add(CTRL_CHECK_NS))
             }
         };
-        Some(own.min(stats)).filter(|&t| t != u64::MAX)
+        Some(own.min(stats).min(self.tls_deadline_ns)).filter(|&t| t != u64::MAX)
     }
 
     /// How long an admin queue may stay silent. KAS is 1 s: KATO is rounded
@@ -1042,6 +1063,15 @@ impl Conn {
             self.flush_stats();
         }
         if self.state == State::Closing {
+            return;
+        }
+        if now_ns >= self.tls_deadline_ns {
+            tracing::warn!(
+                peer = %self.queue.peer,
+                "TLS handshake not finished within {} ms (target.tls_handshake_timeout_ms); closing",
+                self.queue.reg.limits.tls_handshake_timeout_ms
+            );
+            self.close_as(CloseKind::Timeout, "TLS handshake timeout");
             return;
         }
         let connect_ns = self.queue.reg.limits.connect_timeout_ms * 1_000_000;

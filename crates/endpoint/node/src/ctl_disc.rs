@@ -113,10 +113,21 @@ fn listener_add(reg: &Registry, p: &Value) -> Result<Value, String> {
         Some(s) => Some(crate::config::parse_ana_state(s).map_err(|e| format!("{e:#}"))?),
         None => None,
     };
+    let secure_channel = match p.get("secure_channel").and_then(Value::as_str) {
+        None => None,
+        Some("required") => Some(crate::config::SecureChannel::Required),
+        Some("optional") => Some(crate::config::SecureChannel::Optional),
+        Some(s) => {
+            return Err(format!(
+                "secure_channel {s:?}: use \"required\" or \"optional\" (or leave it out for plain TCP)"
+            ))
+        }
+    };
     let c = crate::config::ListenerConfig {
         addr,
         kind,
         ana_state,
+        secure_channel,
     };
     let (bound, n) = reg.add_listener(c).map_err(|e| format!("{e:#}"))?;
     Ok(json!({"listener": bound.to_string(), "notified_controllers": n}))

@@ -64,6 +64,7 @@ impl ReferralConfig {
             trsvcid: self.addr.port().to_string(),
             subnqn: trellis_nvme::fabrics::DISCOVERY_NQN.into(),
             traddr: self.addr.ip().to_string(),
+            sectype: trellis_nvme::log::sectype::NONE,
         }
     }
 }

@@ -338,6 +338,9 @@ pub struct Queue {
     stats: Vec<(u32, [u64; 4])>,
     /// Per-namespace latency histograms not yet added (same order as `stats`).
     lat: Vec<[[u32; LAT_BUCKETS]; 2]>,
+    /// (host NQN, subsystem NQN) of the PSK identity this connection's TLS
+    /// handshake used: Connect must name the same (None: plain TCP).
+    pub tls_peer: Option<(String, String)>,
 }
 
 /// Latency histogram buckets: bucket i counts commands that took less than
@@ -370,6 +373,7 @@ impl Queue {
             aers: Vec::new(),
             stats: Vec::new(),
             lat: Vec::new(),
+            tls_peer: None,
         }
     }
 

@@ -28,6 +28,7 @@ fn registry_with(tune: impl FnOnce(&mut Config)) -> Arc<Registry> {
         addr: "127.0.0.1:4420".parse().unwrap(),
         kind: None,
         ana_state: None,
+        secure_channel: None,
     }];
     cfg.subsystems[0].nqn = NQN.into();
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 20)];

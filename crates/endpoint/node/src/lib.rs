@@ -43,6 +43,7 @@ pub mod ring;
 pub mod rlimit;
 pub mod server;
 pub mod subsystem;
+pub mod tls;
 pub mod uring_net;
 
 pub use config::Config;

@@ -180,6 +180,7 @@ impl Registry {
             addr: c.addr,
             kind: c.kind(),
             portid,
+            secure: c.secure_channel,
         };
         let _ = t.slots[idx].info.set(info);
         let _ = t.slots[idx].config.set(c.clone());

@@ -182,6 +182,7 @@ impl Registry {
             idx,
             controllers: Mutex::new(HashMap::new()),
             dhchap: crate::auth::subsystem_keys(&c)?,
+            tls: crate::tls::subsystem_psks(&c)?,
         });
         let _ = t.slots[idx].sub.set(sub.clone());
         let _ = t.slots[idx].config.set(c);

@@ -27,6 +27,7 @@
 //! with an error log line.
 
 use crate::backend::BackendQueue;
+use crate::config::SecureChannel;
 use crate::conn::{CloseKind, Conn};
 use crate::exec::Ctx;
 use crate::subsystem::Registry;
@@ -137,12 +138,25 @@ struct Entry {
     msg: Box<libc::msghdr>,
     /// Socket closed, waiting for backend requests to drain.
     zombie: bool,
+    /// A TLS listener's connection whose first byte is not seen yet: it
+    /// decides between TLS and plain (`secure_channel`).
+    undecided: Option<SecureChannel>,
+    /// io_uring engine: the byte a peeking receive reads into.
+    peek: Option<Box<[u8; 1]>>,
+    /// This connection speaks TLS: ciphertext on the socket, plaintext in
+    /// `conn` (None on plain connections: their path is untouched).
+    tls: Option<Box<trellis_tls::Tls>>,
 }
 
 impl Entry {
     /// The kernel may still write into this connection's buffers.
     fn kernel_owned(&self) -> bool {
         self.conn.backend_in_flight() > 0 || self.recv_armed || self.send_armed
+    }
+
+    /// Output waits: plaintext in the connection, or ciphertext in its TLS.
+    fn has_output(&self) -> bool {
+        self.conn.has_output() || self.tls.as_ref().is_some_and(|t| t.has_output())
     }
 }
 
@@ -263,6 +277,9 @@ struct Reactor {
     next_gen: u32,
     /// Some when the io_uring socket engine is in use; None means epoll + syscalls.
     uring: Option<crate::uring_net::UringNet>,
+    /// The TLS context of `secure_channel` listeners (made at the first
+    /// connection on one).
+    tls_server: Option<trellis_tls::ServerConfig>,
 }
 
 /// The text of a caught panic.
@@ -305,6 +322,7 @@ impl Reactor {
             timers: BinaryHeap::new(),
             next_gen: 0,
             uring: open_uring(id, engine),
+            tls_server: None,
         }
     }
 
@@ -546,7 +564,7 @@ impl Reactor {
             self.shared.connections.fetch_sub(1, Ordering::Relaxed);
             return;
         };
-        let (kind, portid) = (l.kind, l.portid);
+        let (kind, portid, secure) = (l.kind, l.portid, l.secure);
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -555,7 +573,11 @@ impl Reactor {
             }
         };
         let fd = nc.stream.as_raw_fd();
-        let conn = Conn::new(idx, reg, peer, local, kind, portid, now);
+        let mut conn = Conn::new(idx, reg, peer, local, kind, portid, now);
+        if secure.is_some() {
+            let t = self.shared.reg.limits.tls_handshake_timeout_ms * NS_PER_MS;
+            conn.tls_handshake_started(now, t);
+        }
         if self.uring.is_none() {
             let mut ev = libc::epoll_event {
                 events: libc::EPOLLIN as u32,
@@ -579,6 +601,9 @@ impl Reactor {
             iov: Vec::with_capacity(MAX_IOV),
             msg,
             zombie: false,
+            undecided: secure,
+            peek: secure.map(|_| Box::new([0u8; 1])),
+            tls: None,
         });
         self.arm_timer(idx as usize);
     }
@@ -607,6 +632,29 @@ impl Reactor {
             return;
         }
         let fd = e.stream.as_raw_fd();
+        if e.undecided.is_some() {
+            let mut b = [0u8; 1];
+            // SAFETY: the kernel writes at most 1 byte into the live local.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    b.as_mut_ptr() as *mut _,
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                recv_failed(e, n as i32, std::io::Error::last_os_error());
+                return;
+            }
+            decide(&mut self.tls_server, &self.shared.reg, e, b[0]);
+        }
+        if e.tls.is_some() {
+            tls_receive(e, fd);
+            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            tls_drive(e, &mut ctx);
+            return;
+        }
         let space = e.conn.rx_space();
         if space.is_empty() {
             return; // parsing is stalled on output room; the socket keeps the bytes
@@ -670,7 +718,48 @@ impl Reactor {
             // that also queued output (a completion, Connect, Set Features),
             // so only those are re-armed: idle connections cost nothing here.
             let rearm = e.conn.has_output();
-            if let Some(u) = self.uring.as_mut() {
+            let mut tls_stuck = false;
+            if e.tls.is_some() {
+                // TLS: encrypt what the connection queued, decrypt and parse
+                // what waits for room, then send the ciphertext.
+                tls_encrypt(e, &mut self.iov, budget);
+                let has_input = e.tls.as_ref().is_some_and(|t| t.has_input());
+                if has_input || e.conn.rx_pending() {
+                    let mut ctx =
+                        Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+                    if e.conn.rx_pending() {
+                        e.conn.process(&mut ctx);
+                    }
+                    tls_drive(e, &mut ctx);
+                    tls_encrypt(e, &mut self.iov, budget);
+                }
+                if let Some(u) = self.uring.as_mut() {
+                    if let Some(t) = e.tls.as_mut() {
+                        if t.has_output() && !e.zombie && !e.send_armed {
+                            let b = t.send_buf();
+                            e.iov.clear();
+                            e.iov.push(libc::iovec {
+                                iov_base: b.as_ptr() as *mut _,
+                                iov_len: b.len(),
+                            });
+                            e.msg.msg_iov = e.iov.as_mut_ptr();
+                            e.msg.msg_iovlen = 1;
+                            match u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg) {
+                                Ok(()) => e.send_armed = true,
+                                Err(err) => {
+                                    not_queued(self.id, e, "send", &err.0);
+                                    close_now = true;
+                                }
+                            }
+                            work = true;
+                        }
+                    }
+                } else if !e.zombie {
+                    let moved = tls_send(e, self.epfd, idx);
+                    work |= moved;
+                    tls_stuck = !moved;
+                }
+            } else if let Some(u) = self.uring.as_mut() {
                 // io_uring: queue the send; the completion advances tx.
                 if e.conn.has_output() && !e.zombie && !e.send_armed {
                     e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
@@ -697,7 +786,13 @@ impl Reactor {
                     }
                 }
             }
-            if close_now || e.conn.wants_close() || e.zombie {
+            // A TLS connection closes once its ciphertext is sent too (an
+            // alert, a TermReq), or when its peer takes none of it.
+            let tls_done = e
+                .tls
+                .as_ref()
+                .is_none_or(|t| !t.has_output() || tls_stuck || e.send_armed);
+            if close_now || (e.conn.wants_close() && tls_done) || e.zombie {
                 self.close(idx);
             } else if rearm {
                 self.arm_timer(idx);
@@ -783,7 +878,7 @@ impl Reactor {
         self.conns
             .iter()
             .flatten()
-            .all(|e| e.conn.backend_in_flight() == 0 && (!e.conn.has_output() || e.zombie))
+            .all(|e| e.conn.backend_in_flight() == 0 && (!e.has_output() || e.zombie))
     }
 
     /// Backend requests and connection socket operations the kernel still
@@ -1026,6 +1121,14 @@ impl Reactor {
                     &format!("recv: {}", std::io::Error::from_raw_os_error(-res)),
                 );
             }
+        } else if e.undecided.is_some() {
+            // The peeked first byte: the bytes stay in the socket.
+            let first = e.peek.as_ref().map_or(0, |b| b[0]);
+            decide(&mut self.tls_server, &self.shared.reg, e, first);
+        } else if let Some(t) = e.tls.as_mut() {
+            t.cipher_in_commit(res as usize);
+            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            tls_drive(e, &mut ctx);
         } else {
             e.conn.rx_commit(res as usize);
             let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
@@ -1050,7 +1153,10 @@ impl Reactor {
             e.conn.on_send_failure();
             return false;
         }
-        e.conn.tx_advance(res as usize);
+        match e.tls.as_mut() {
+            Some(t) => t.sent(res as usize),
+            None => e.conn.tx_advance(res as usize),
+        }
         // Parsing may have stopped for lack of output room: resume it.
         if e.conn.rx_pending() {
             let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
@@ -1070,11 +1176,20 @@ impl Reactor {
                 continue;
             }
             let fd = e.stream.as_raw_fd();
-            let space = e.conn.rx_space();
+            let (space, flags) = if e.undecided.is_some() {
+                match e.peek.as_mut() {
+                    Some(b) => (&mut b[..], libc::MSG_PEEK),
+                    None => continue,
+                }
+            } else if let Some(t) = e.tls.as_mut() {
+                (t.cipher_in_space(), 0)
+            } else {
+                (e.conn.rx_space(), 0)
+            };
             if space.is_empty() {
                 continue; // a zero-length receive would read as EOF
             }
-            match u.arm_recv(idx, fd, space) {
+            match u.arm_recv_flags(idx, fd, space, flags) {
                 Ok(()) => e.recv_armed = true,
                 Err(err) => {
                     not_queued(self.id, e, "receive", &err.0);
@@ -1086,6 +1201,215 @@ impl Reactor {
             self.close(idx);
         }
     }
+}
+
+/// A receive returned `n` <= 0: the peer closed, or the socket failed
+/// (a would-block is nothing).
+fn recv_failed(e: &mut Entry, n: i32, err: std::io::Error) {
+    if n == 0 {
+        e.conn
+            .close_as(CloseKind::PeerClosed, "peer closed the connection");
+    } else if err.kind() != std::io::ErrorKind::WouldBlock
+        && err.kind() != std::io::ErrorKind::Interrupted
+    {
+        e.conn
+            .close_as(CloseKind::TransportError, &format!("recv: {err}"));
+    }
+}
+
+/// The first byte of a connection on a TLS listener decides: a TLS
+/// handshake record (0x16) starts TLS; anything else is plain NVMe/TCP,
+/// refused where the listener requires TLS.
+fn decide(
+    server: &mut Option<trellis_tls::ServerConfig>,
+    reg: &Arc<Registry>,
+    e: &mut Entry,
+    first: u8,
+) {
+    let Some(mode) = e.undecided.take() else {
+        return;
+    };
+    if first != 0x16 {
+        if mode == SecureChannel::Required {
+            tracing::warn!(peer = %e.conn.peer(), "plain NVMe/TCP on a listener with secure_channel = \"required\" (the host did not start TLS); closing");
+            e.conn.close_as(
+                CloseKind::ProtocolError,
+                "TLS required: the host did not start a TLS handshake",
+            );
+        } else {
+            e.conn.tls_not_used();
+        }
+        return;
+    }
+    if server.is_none() {
+        match crate::tls::server_config(reg) {
+            Ok(c) => *server = Some(c),
+            Err(err) => {
+                tracing::error!(peer = %e.conn.peer(), "cannot set up TLS: {err}; closing");
+                e.conn
+                    .close_as(CloseKind::Other, &format!("TLS setup failed: {err}"));
+                return;
+            }
+        }
+    }
+    let Some(cfg) = server.as_ref() else { return };
+    match trellis_tls::Tls::server(cfg) {
+        Ok(t) => e.tls = Some(Box::new(t)),
+        Err(err) => {
+            tracing::error!(peer = %e.conn.peer(), "cannot start TLS: {err}; closing");
+            e.conn
+                .close_as(CloseKind::Other, &format!("TLS setup failed: {err}"));
+        }
+    }
+}
+
+/// epoll engine: one receive of ciphertext into the connection's TLS.
+fn tls_receive(e: &mut Entry, fd: RawFd) {
+    let Some(t) = e.tls.as_mut() else { return };
+    let space = t.cipher_in_space();
+    if space.is_empty() {
+        return; // plaintext waits for room in the connection; the socket keeps the bytes
+    }
+    // SAFETY: the kernel writes at most space.len() bytes into the live,
+    // exclusively borrowed slice; recv is synchronous.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            space.as_mut_ptr() as *mut _,
+            space.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n <= 0 {
+        recv_failed(e, n as i32, std::io::Error::last_os_error());
+        return;
+    }
+    t.cipher_in_commit(n as usize);
+}
+
+/// Runs the TLS handshake, then decrypts what was received into the
+/// connection and lets it parse, as long as the connection has room.
+fn tls_drive(e: &mut Entry, ctx: &mut Ctx) {
+    let Some(t) = e.tls.as_mut() else { return };
+    if !t.is_established() {
+        match t.handshake() {
+            Ok(false) => return,
+            Ok(true) => {
+                let (host, sub) = match t.peer_identity() {
+                    Some(id) => (id.hostnqn.clone(), id.subnqn.clone()),
+                    None => {
+                        e.conn
+                            .close_as(CloseKind::ProtocolError, "TLS without a PSK identity");
+                        return;
+                    }
+                };
+                tracing::info!(peer = %e.conn.peer(), host = %host, subsystem = %sub, cipher = t.cipher().unwrap_or("?"), "TLS 1.3 established");
+                e.conn.tls_established(host, sub);
+            }
+            Err(err) => {
+                tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
+                e.conn
+                    .close_as(CloseKind::ProtocolError, &err.to_string());
+                return;
+            }
+        }
+    }
+    while !e.conn.is_closing() {
+        let space = e.conn.rx_space();
+        if space.is_empty() {
+            break;
+        }
+        match t.read(space) {
+            Ok(0) => break,
+            Ok(n) => {
+                e.conn.rx_commit(n);
+                e.conn.process(ctx);
+            }
+            Err(trellis_tls::TlsError::Closed) => {
+                e.conn
+                    .close_as(CloseKind::PeerClosed, "peer closed the TLS session");
+            }
+            Err(err) => {
+                tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
+                e.conn
+                    .close_as(CloseKind::TransportError, &err.to_string());
+            }
+        }
+    }
+}
+
+/// Encrypts what the connection queued, as far as the TLS output bound
+/// allows (and `budget`, when set). Err: the record layer failed.
+fn tls_encrypt(e: &mut Entry, iov: &mut Vec<libc::iovec>, budget: usize) {
+    let Some(t) = e.tls.as_mut() else { return };
+    if !t.is_established() {
+        return;
+    }
+    while e.conn.has_output() {
+        let room = t.out_room();
+        if room == 0 {
+            break;
+        }
+        e.conn.tx_iovecs(iov, MAX_IOV);
+        cap_iovecs(iov, if budget == 0 { room } else { room.min(budget) });
+        if iov.is_empty() {
+            break;
+        }
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        let pieces = iov.iter().map(|v| {
+            // SAFETY: each iovec points into the connection's tx arena or a
+            // slot buffer, listed by tx_iovecs just now; nothing modifies
+            // them before tx_advance below, after this borrow ends.
+            unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) }
+        });
+        let r = t.write(pieces);
+        if let Err(err) = r {
+            tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
+            e.conn
+                .close_as(CloseKind::TransportError, &err.to_string());
+            e.conn.on_send_failure();
+            return;
+        }
+        e.conn.tx_advance(total);
+        if budget != 0 {
+            break;
+        }
+    }
+}
+
+/// epoll engine: sends the TLS ciphertext that waits. Returns whether
+/// bytes moved.
+fn tls_send(e: &mut Entry, epfd: RawFd, idx: usize) -> bool {
+    let Some(t) = e.tls.as_mut() else { return false };
+    let fd = e.stream.as_raw_fd();
+    let mut moved = false;
+    while t.has_output() {
+        let b = t.send_buf();
+        // SAFETY: b is a live slice of ciphertext; send is synchronous.
+        let n = unsafe {
+            libc::send(
+                fd,
+                b.as_ptr() as *const _,
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                arm_out(e, epfd, idx, true);
+            } else {
+                e.conn
+                    .close_as(CloseKind::TransportError, &format!("send: {err}"));
+                e.conn.on_send_failure();
+            }
+            return moved;
+        }
+        t.sent(n as usize);
+        moved |= n > 0;
+    }
+    arm_out(e, epfd, idx, false);
+    moved
 }
 
 /// Cuts `iov` after `budget` bytes (0: no bound); the rest stays queued for

@@ -95,6 +95,9 @@ pub struct Subsystem {
     /// DH-HMAC-CHAP keys by host NQN (`[[subsystem.host]]`): a host here
     /// is allowed, and must authenticate every queue before using it.
     pub dhchap: HashMap<String, Arc<crate::auth::HostKeys>>,
+    /// Configured TLS PSKs by host NQN (`[[subsystem.host]] tls_key`): a
+    /// host here is allowed; TLS listeners accept its identity.
+    pub tls: HashMap<String, crate::tls::HostPsk>,
 }
 
 /// The NSIDs a subsystem may hold, and Identify Controller's NN and MNAN
@@ -108,6 +111,7 @@ impl Subsystem {
         self.allow_any
             || crate::lock(&self.allowed_hosts).contains(hostnqn)
             || self.dhchap.contains_key(hostnqn)
+            || self.tls.contains_key(hostnqn)
     }
 }
 
@@ -258,6 +262,8 @@ pub struct ListenerInfo {
     pub addr: SocketAddr,
     pub kind: ListenerKind,
     pub portid: u16,
+    /// TLS on this listener (None: plain TCP only).
+    pub secure: Option<crate::config::SecureChannel>,
 }
 
 pub struct Registry {
@@ -363,6 +369,7 @@ impl Registry {
                 idx,
                 controllers: Mutex::new(HashMap::new()),
                 dhchap: crate::auth::subsystem_keys(s)?,
+                tls: crate::tls::subsystem_psks(s)?,
             }));
         }
         let nn = cfg
@@ -379,6 +386,7 @@ impl Registry {
                 addr: l.addr,
                 kind: l.kind(),
                 portid: i as u16 + 1,
+                secure: l.secure_channel,
             })
             .collect();
         Ok(Registry {

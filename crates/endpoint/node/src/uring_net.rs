@@ -152,7 +152,20 @@ impl UringNet {
 
     /// One receive into `buf` (the connection's free receive space).
     pub fn arm_recv(&mut self, idx: usize, fd: RawFd, buf: &mut [u8]) -> Result<(), NotQueued> {
+        self.arm_recv_flags(idx, fd, buf, 0)
+    }
+
+    /// One receive with `flags` (MSG_PEEK: look at the first byte of a
+    /// connection on a TLS listener without taking it).
+    pub fn arm_recv_flags(
+        &mut self,
+        idx: usize,
+        fd: RawFd,
+        buf: &mut [u8],
+        flags: i32,
+    ) -> Result<(), NotQueued> {
         let e = opcode::Recv::new(types::Fd(fd), buf.as_mut_ptr(), buf.len() as u32)
+            .flags(flags)
             .build()
             .user_data(encode(idx, Kind::Recv));
         self.push(e)

@@ -33,6 +33,7 @@ fn start(dir: &std::path::Path) -> trellis_target::Target {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
+        secure_channel: None,
     };
     second.ana_state = Some(AnaState::NonOptimized);
     cfg.listeners.push(second);

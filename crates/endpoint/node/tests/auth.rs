@@ -28,6 +28,7 @@ fn start_auth_target(groups: &[&str]) -> trellis_target::Target {
         dhchap_ctrl_secret: Some(secret(2, None).format()),
         dhchap_hashes: vec![],
         dhchap_dhgroups: groups.iter().map(|g| g.to_string()).collect(),
+        ..Default::default()
     }];
     trellis_target::Target::start(&cfg).unwrap()
 }

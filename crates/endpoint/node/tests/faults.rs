@@ -103,6 +103,7 @@ fn target(s: Setup) -> (trellis_target::Target, tempfile::TempDir) {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
+        secure_channel: None,
     }];
     let mut ns = NamespaceConfig::sized(s.backend, 8 << 20);
     if s.backend == BackendKind::File {

@@ -20,6 +20,7 @@ fn default_config() -> Config {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
+        secure_channel: None,
     }];
     cfg.subsystems[0].namespaces[0].size = Some(trellis_target::config::ByteSize(64 << 20));
     // The default's identity handling, in a directory of the tests' own.

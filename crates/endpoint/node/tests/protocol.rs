@@ -310,6 +310,7 @@ fn file_target(path: &std::path::Path, read_only: bool) -> trellis_target::Targe
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
+        secure_channel: None,
     }];
     let mut ns = NamespaceConfig::sized(BackendKind::File, 8 << 20);
     ns.path = Some(path.to_str().unwrap().into());
@@ -495,6 +496,7 @@ fn discovery_only_listener_refuses_io_subsystems() {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: Some(ListenerKind::Discovery),
         ana_state: None,
+        secure_channel: None,
     }];
     let t = trellis_target::Target::start(&cfg).unwrap();
     let mut q = Queue::open(t.local_addrs[0], NO);
@@ -516,6 +518,7 @@ fn null_namespace_discards_writes_and_reads_zeroes_with_digests() {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
+        secure_channel: None,
     }];
     cfg.subsystems[0].nqn = NQN.into();
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Null, 64 << 20)];

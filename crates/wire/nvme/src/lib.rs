@@ -25,6 +25,7 @@ pub mod pdu;
 pub mod resv;
 pub mod sqe;
 pub mod status;
+pub mod tls_psk;
 
 pub use pdu::{CommonHeader, Fatal, PduType};
 pub use sqe::{Cqe, Sgl, Sqe};

@@ -93,6 +93,24 @@ pub struct DiscoveryEntry {
     pub trsvcid: String,
     pub subnqn: String,
     pub traddr: String,
+    /// TSAS byte 0 for TCP: SECTYPE (0 none, 1 TLS 1.2, 2 TLS 1.3; Linux's
+    /// `NVMF_TCP_SECTYPE_*`).
+    pub sectype: u8,
+}
+
+/// TSAS SECTYPE values (NVMe/TCP transport specification 1.0 §3.6.1.1).
+pub mod sectype {
+    pub const NONE: u8 = 0;
+    pub const TLS13: u8 = 2;
+}
+
+/// TREQ bits 1:0, the secure channel requirement.
+pub mod treq {
+    pub const NOT_SPECIFIED: u8 = 0;
+    pub const REQUIRED: u8 = 1;
+    pub const NOT_REQUIRED: u8 = 2;
+    /// Bit 2: SQ flow control disable supported.
+    pub const SQFLOW_DISABLE: u8 = 4;
 }
 
 impl DiscoveryEntry {
@@ -119,7 +137,7 @@ impl DiscoveryEntry {
         put_padded_space(&mut b[32..64], &self.trsvcid);
         put_cstr(&mut b[256..512], &self.subnqn);
         put_padded_space(&mut b[512..768], &self.traddr);
-        // TSAS: SECTYPE 0 (no TLS).
+        b[768] = self.sectype; // TSAS (TCP): SECTYPE, the rest zero
     }
     pub fn decode(b: &[u8]) -> DiscoveryEntry {
         let txt = |r: std::ops::Range<usize>| get_cstr(&b[r]).unwrap_or("").trim_end().to_string();
@@ -131,6 +149,7 @@ impl DiscoveryEntry {
             trsvcid: txt(32..64),
             subnqn: txt(256..512),
             traddr: txt(512..768),
+            sectype: b[768],
         }
     }
 }
@@ -307,6 +326,7 @@ mod tests {
             trsvcid: "4420".into(),
             subnqn: "nqn.2026-11.io.trellis:default".into(),
             traddr: "127.0.0.1".into(),
+            sectype: sectype::TLS13,
         };
         let mut log = Vec::new();
         encode_discovery_log(7, &[e.clone(), e.clone()], &mut log);

@@ -40,6 +40,7 @@ pub fn test_config(ns: NamespaceConfig) -> Config {
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
+        secure_channel: None,
     }];
     cfg.subsystems = vec![SubsystemConfig {
         nqn: NQN.into(),
