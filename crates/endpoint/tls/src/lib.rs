@@ -111,6 +111,9 @@ pub type PskLookup = dyn Fn(&[u8]) -> Result<(Identity, Vec<u8>), String> + Send
 struct Outcome {
     identity: Option<Identity>,
     refused: Option<String>,
+    /// The hash the host bound its PSK with (its first binder's length), when
+    /// the ClientHello offered one: the session is built for it.
+    binder_hash: Option<PskHash>,
 }
 
 /// The client's PSK, kept on the connection for its callback.
@@ -223,9 +226,10 @@ unsafe extern "C" fn find_session_cb(
                 return 0;
             };
             let Ok(oi) = outcome_index() else { return 0 };
+            let binder_hash = ssl_ref.ex_data(oi).and_then(|o| o.binder_hash);
             match lookup(id) {
                 Ok((identity, psk)) => {
-                    let s = psk_session(ssl, identity.hash, &psk);
+                    let s = psk_session(ssl, binder_hash.unwrap_or(identity.hash), &psk);
                     if let Some(o) = ssl_ref.ex_data_mut(oi) {
                         if s.is_null() {
                             o.refused = Some("OpenSSL could not build the PSK session".into());
@@ -295,8 +299,14 @@ unsafe extern "C" fn use_session_cb(
 /// TLS extension pre_shared_key (RFC 8446 §4.2.11).
 const EXT_PRE_SHARED_KEY: u32 = 41;
 
-/// The hash of the first PSK identity a ClientHello offers, when it is an
-/// NVMe identity.
+/// The hash of the first PSK a ClientHello offers: the one its first binder
+/// was computed with (32 bytes: SHA-256, 48: SHA-384), else the one its NVMe
+/// identity names. The binder decides because that is the hash the host
+/// actually bound the PSK to, and a server that assumes another can only fail
+/// the handshake: Debian 13's tlshd (ktls-utils 1.0.0 on GnuTLS) binds every
+/// PSK with SHA-256, also an `NVMe0R02` one, as GnuTLS does for PSK credentials
+/// allocated without a MAC (ktls-utils passes the identity's hash only where
+/// GnuTLS has `gnutls_psk_allocate_client_credentials2`).
 fn offered_psk_hash(ssl: &SslRef) -> Option<PskHash> {
     let mut p: *const c_uchar = std::ptr::null();
     let mut len: usize = 0;
@@ -310,7 +320,20 @@ fn offered_psk_hash(ssl: &SslRef) -> Option<PskHash> {
     }
     // SAFETY: as above: `len` readable bytes at `p`, copied out at once.
     let ext = unsafe { std::slice::from_raw_parts(p, len) };
-    first_identity(ext).and_then(Identity::parse).map(|i| i.hash)
+    match first_binder_len(ext) {
+        Some(32) => Some(PskHash::Sha256),
+        Some(48) => Some(PskHash::Sha384),
+        _ => first_identity(ext).and_then(Identity::parse).map(|i| i.hash),
+    }
+}
+
+/// The length of the first binder of an OfferedPsks structure (after the
+/// identities: u16 length of the binders, then u8 length and bytes of each).
+fn first_binder_len(ext: &[u8]) -> Option<usize> {
+    let ids_len = u16::from_be_bytes([*ext.first()?, *ext.get(1)?]) as usize;
+    let binders = ext.get(2 + ids_len..)?;
+    let _total = u16::from_be_bytes([*binders.first()?, *binders.get(1)?]);
+    binders.get(2).map(|&n| n as usize)
 }
 
 /// The first identity of an OfferedPsks structure: u16 length of the
@@ -339,7 +362,20 @@ impl ServerConfig {
         b.set_client_hello_callback(|ssl, _alert| {
             if let Some(h) = offered_psk_hash(ssl) {
                 let suite = h.cipher_suite();
+                let offered = ssl
+                    .client_hello_ciphers()
+                    .is_some_and(|c| c.chunks_exact(2).any(|c| c == h.cipher_suite_code()));
                 ssl.set_ciphersuites(suite)?;
+                if let Ok(oi) = outcome_index() {
+                    if let Some(o) = ssl.ex_data_mut(oi) {
+                        o.binder_hash = Some(h);
+                        if !offered {
+                            o.refused = Some(format!(
+                                "the host bound its PSK with {h:?} but does not offer {suite}, the only TLS 1.3 suite such a PSK can be used with (Debian 13's tlshd, ktls-utils 1.0, does this for SHA-384 keys: give that host a SHA-256 key, NVMeTLSkey-1:01:)"
+                            ));
+                        }
+                    }
+                }
             }
             Ok(openssl::ssl::ClientHelloResponse::SUCCESS)
         });
@@ -813,6 +849,62 @@ mod tests {
             assert_eq!(&got[..3], b"hdr");
             assert_eq!(&got[got.len() - 4..], b"tail");
         }
+    }
+
+    #[test]
+    fn a_sha384_identity_bound_with_sha256_is_served_with_the_sha256_suite() {
+        // What Debian 13's tlshd sends for an NVMe0R02 key: the identity names
+        // SHA-384, the binder is SHA-256. The server follows the binder.
+        let key = ConfiguredPsk {
+            key: vec![7; 48],
+            transform: Some(PskHash::Sha384),
+        };
+        let srv = server_for(key.clone(), "h", "s");
+        let id = key.identity(0, "h", "s", Derivation::Spec);
+        assert_eq!(id.hash, PskHash::Sha384);
+        let psk = key.tls_psk(&id, Derivation::Spec).unwrap();
+        let cli = ClientConfig::new(id.format(), psk, PskHash::Sha256, None).unwrap();
+        let mut s = Tls::server(&srv).unwrap();
+        let mut c = Tls::client(&cli).unwrap();
+        let _ = c.handshake();
+        pump(&mut c, &mut s);
+        assert!(c.is_established() && s.is_established());
+        assert_eq!(s.cipher(), Some("TLS_AES_128_GCM_SHA256"));
+        assert_eq!(s.peer_identity().unwrap().hash, PskHash::Sha384);
+    }
+
+    #[test]
+    fn a_psk_bound_with_sha256_but_offered_only_with_the_sha384_suite_is_refused_with_the_reason() {
+        // Debian 13's tlshd with an NVMe0R02 key: SHA-256 binder, only
+        // TLS_AES_256_GCM_SHA384 offered. No TLS 1.3 server can accept that; the
+        // target's log says why and what to do.
+        let key = ConfiguredPsk {
+            key: vec![7; 48],
+            transform: Some(PskHash::Sha384),
+        };
+        let srv = server_for(key.clone(), "h", "s");
+        let id = key.identity(0, "h", "s", Derivation::Spec);
+        let psk = key.tls_psk(&id, Derivation::Spec).unwrap();
+        let cli = ClientConfig::new(id.format(), psk, PskHash::Sha256, Some("TLS_AES_256_GCM_SHA384"))
+            .unwrap();
+        let mut s = Tls::server(&srv).unwrap();
+        let mut c = Tls::client(&cli).unwrap();
+        let _ = c.handshake();
+        pump(&mut c, &mut s);
+        assert!(!s.is_established());
+        let e = s.handshake().unwrap_err().to_string();
+        assert!(e.contains("does not offer TLS_AES_128_GCM_SHA256") && e.contains("NVMeTLSkey-1:01:"), "{e}");
+    }
+
+    #[test]
+    fn the_first_binder_length_is_read_after_the_identities() {
+        // identities: 11 bytes (one of "abc"); binders: 33 bytes (one of 32).
+        let mut ext = vec![0, 9, 0, 3, b'a', b'b', b'c', 0, 0, 0, 0];
+        ext.extend_from_slice(&[0, 33, 32]);
+        ext.extend_from_slice(&[0u8; 32]);
+        assert_eq!(first_binder_len(&ext), Some(32));
+        assert_eq!(first_binder_len(&ext[..12]), None);
+        assert_eq!(first_binder_len(&[0, 9]), None);
     }
 
     #[test]
