@@ -58,6 +58,19 @@ pub struct BenchArgs {
     /// Never show the live progress line (it is shown only on a terminal anyway).
     #[arg(long = "no-progress", alias = "no_progress")]
     pub no_progress: bool,
+    /// NVMe/TCP TLS 1.3 on every queue with this configured PSK
+    /// (`NVMeTLSkey-1:01:...:`, as `nvme gen-tls-key` prints); the TLS PSK is
+    /// derived per (host NQN, subsystem NQN) as nvme-cli does.
+    #[arg(long = "tls-key", value_name = "KEY")]
+    pub tls_key: Option<String>,
+    /// With --tls-key: spec (default) or libnvme-compat (the HKDF label layout
+    /// of libnvme before its 2025 fix; docs/target.md "TLS").
+    #[arg(long = "tls-derivation", default_value = "spec")]
+    pub tls_derivation: String,
+    /// DH-HMAC-CHAP secret (`DHHC-1:..`, as `nvme gen-dhchap-key` prints):
+    /// every queue the target asks to authenticate does.
+    #[arg(long = "dhchap-secret", value_name = "SECRET")]
+    pub dhchap_secret: Option<String>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -140,6 +153,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
 }
 
+/// `--tls-key` and `--tls-derivation` as the host library's TLS setup.
+fn tls_opts(args: &BenchArgs) -> Result<Option<trellis_host::HostTls>> {
+    use trellis_nvme::tls_psk::{ConfiguredPsk, Derivation};
+    let derivation = match args.tls_derivation.as_str() {
+        "spec" => Derivation::Spec,
+        "libnvme-compat" => Derivation::LibnvmeCompat,
+        o => bail!("--tls-derivation {o:?}: use spec or libnvme-compat"),
+    };
+    let Some(k) = &args.tls_key else {
+        if args.tls_derivation != "spec" {
+            bail!("--tls-derivation needs --tls-key");
+        }
+        return Ok(None);
+    };
+    let key = ConfiguredPsk::parse(k)
+        .map_err(|e| anyhow::anyhow!("--tls-key: {e}"))?;
+    let mut t = trellis_host::HostTls::new(key);
+    t.derivation = derivation;
+    Ok(Some(t))
+}
+
 fn run_bench(args: BenchArgs) -> Result<()> {
     let jobs = resolve_jobs(args.jobs.as_deref(), &args.opts)?;
     // Checked before the run: a typo must not cost the results of a long one.
@@ -151,6 +185,15 @@ fn run_bench(args: BenchArgs) -> Result<()> {
         command_timeout: Duration::from_millis(args.cmd_timeout_ms),
         cpus: args.cpus.clone(),
         stack: stack_opts(&args)?,
+        tls: tls_opts(&args)?,
+        dhchap_secret: args
+            .dhchap_secret
+            .as_deref()
+            .map(|s| {
+                trellis_nvme::dhchap::Secret::parse(s)
+                    .map_err(|e| anyhow::anyhow!("--dhchap-secret: {e} (use a DHHC-1:..: secret as nvme gen-dhchap-key prints)"))
+            })
+            .transpose()?,
         ..Default::default()
     };
     if args.no_progress {

@@ -30,6 +30,10 @@ pub struct RunOpts {
     /// `--stack blk-switch`: run the jobs as apps on the switch host stack
     /// (None: the plain stack, a thread per worker).
     pub stack: Option<crate::switch_run::SwitchOpts>,
+    /// NVMe/TCP TLS on every queue (None: plain TCP).
+    pub tls: Option<trellis_host::HostTls>,
+    /// DH-HMAC-CHAP secret for every controller (None: no authentication).
+    pub dhchap_secret: Option<trellis_nvme::dhchap::Secret>,
 }
 
 impl Default for RunOpts {
@@ -42,6 +46,8 @@ impl Default for RunOpts {
             progress: std::io::stderr().is_terminal(),
             interrupted: Arc::new(AtomicBool::new(false)),
             stack: None,
+            tls: None,
+            dhchap_secret: None,
         }
     }
 }
@@ -396,6 +402,8 @@ fn host_config(k: &CtrlKey, nq: u32, opts: &RunOpts) -> HostConfig {
             .flatten(),
         // Every queue of this tenant to this subsystem shares its credits.
         credit_share: nq.min(u16::MAX as u32) as u16,
+        tls: opts.tls.clone(),
+        dhchap_secret: opts.dhchap_secret.clone(),
         ..Default::default()
     }
 }

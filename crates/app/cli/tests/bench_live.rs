@@ -807,3 +807,72 @@ fn path_rate_reserves_read_responses_and_holds_reads_only_when_the_paths_are_ful
     ]);
     assert!(plain.get("reserve_waits").is_none(), "{plain}");
 }
+
+/// A target whose only listener requires TLS, and whose one allowed host has a
+/// TLS key and a DH-HMAC-CHAP secret.
+const SECURE_TARGET: &str = r#"
+[[listener]]
+addr = "127.0.0.1:0"
+secure_channel = "required"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.trellis:secure"
+
+[[subsystem.host]]
+nqn = "nqn.2026-11.io.trellis:bench-host"
+tls_key = "NVMeTLSkey-1:01:Ggh0ZeTr4gtcM5ttLtzjFKTkCEGwn/dvDUPXq4L9i7yv4BH+:"
+dhchap_secret = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
+
+[[subsystem.namespace]]
+backend = "ram"
+size = "64MiB"
+"#;
+
+#[test]
+fn tls_key_and_dhchap_secret_run_verified_io_over_a_secure_channel() {
+    let t = LiveTarget::start_config(SECURE_TARGET);
+    let common = [
+        "--nqn",
+        "nqn.2026-11.io.trellis:secure",
+        "--hostnqn",
+        "nqn.2026-11.io.trellis:bench-host",
+        "--rw",
+        "randrw",
+        "--bs",
+        "16k",
+        "--iodepth",
+        "8",
+        "--runtime",
+        "500ms",
+        "--verify",
+    ];
+    let mut a = common.to_vec();
+    a.extend([
+        "--tls-key",
+        "NVMeTLSkey-1:01:Ggh0ZeTr4gtcM5ttLtzjFKTkCEGwn/dvDUPXq4L9i7yv4BH+:",
+        "--dhchap-secret",
+        "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:",
+    ]);
+    let o = bench(&t, &a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    t.wait_log("TLS 1.3 established").unwrap();
+    // Without the key the required listener closes the connection.
+    let o = bench(&t, &common);
+    assert!(!o.status.success(), "a plain bench ran on a TLS-required listener");
+}
+
+#[test]
+fn malformed_tls_keys_and_secrets_are_refused_before_connecting() {
+    for (args, needles) in [
+        (&["--tls-key", "bogus"][..], &["--tls-key", "NVMeTLSkey-1"][..]),
+        (&["--dhchap-secret", "DHHC-1:00:xx:"], &["--dhchap-secret", "DHHC-1"]),
+        (&["--tls-derivation", "x"], &["--tls-derivation", "libnvme-compat"]),
+    ] {
+        let mut a = vec!["bench", "--addr", "127.0.0.1:1"];
+        a.extend_from_slice(args);
+        let o = trellis(&a);
+        assert_refused(&o, needles);
+        assert_one_line(&o);
+    }
+}
