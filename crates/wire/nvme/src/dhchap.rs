@@ -281,6 +281,31 @@ pub fn ctrl_response(i: &ResponseInput) -> Vec<u8> {
     hmac(i.hash, i.key, &parts)
 }
 
+/// base^exp mod m through OpenSSL's BN_mod_exp with a constant-time
+/// exponent (feature "openssl"). Falls back to num-bigint-dig if OpenSSL
+/// cannot allocate; the result is the same number either way (test
+/// `openssl_and_num_bigint_exponentiation_agree`).
+#[cfg(feature = "openssl")]
+fn modexp(base: &BigUint, exp: &BigUint, m: &BigUint) -> BigUint {
+    use openssl::bn::{BigNum, BigNumContext};
+    let r = (|| -> Result<BigUint, openssl::error::ErrorStack> {
+        let b = BigNum::from_slice(&base.to_bytes_be())?;
+        let mut e = BigNum::from_slice(&exp.to_bytes_be())?;
+        e.set_const_time();
+        let p = BigNum::from_slice(&m.to_bytes_be())?;
+        let mut ctx = BigNumContext::new()?;
+        let mut r = BigNum::new()?;
+        r.mod_exp(&b, &e, &p, &mut ctx)?;
+        Ok(BigUint::from_bytes_be(&r.to_vec()))
+    })();
+    r.unwrap_or_else(|_| base.modpow(exp, m))
+}
+
+#[cfg(not(feature = "openssl"))]
+fn modexp(base: &BigUint, exp: &BigUint, m: &BigUint) -> BigUint {
+    base.modpow(exp, m)
+}
+
 /// One side's ephemeral Diffie-Hellman key in an FFDHE group.
 pub struct DhKey {
     group: DhGroup,
@@ -308,7 +333,7 @@ impl DhKey {
     }
     /// g^x mod p, big-endian, left-padded to the prime's length.
     pub fn public_value(&self) -> Vec<u8> {
-        let y = BigUint::from(2u32).modpow(&self.x, &self.p);
+        let y = modexp(&BigUint::from(2u32), &self.x, &self.p);
         self.padded(&y)
     }
     /// The shared secret (session key) y^x mod p, padded like the public value.
@@ -321,7 +346,7 @@ impl DhKey {
         if y <= one || y >= &self.p - &one {
             return Err(BadPublicValue);
         }
-        Ok(self.padded(&y.modpow(&self.x, &self.p)))
+        Ok(self.padded(&modexp(&y, &self.x, &self.p)))
     }
     fn padded(&self, v: &BigUint) -> Vec<u8> {
         let b = v.to_bytes_be();
@@ -490,6 +515,19 @@ mod tests {
         assert_eq!(DhGroup::Ffdhe2048.value_len_bytes(), 256);
         assert_eq!(DhGroup::Ffdhe8192.value_len_bytes(), 1024);
         assert!(DhGroup::Null.prime().is_none());
+    }
+
+    #[test]
+    #[cfg(feature = "openssl")]
+    fn openssl_and_num_bigint_exponentiation_agree() {
+        for g in [DhGroup::Ffdhe2048, DhGroup::Ffdhe3072] {
+            let p = g.prime().unwrap();
+            for seed in 1u8..4 {
+                let x = BigUint::from_bytes_be(&[seed.wrapping_mul(97); PRIVATE_KEY_LEN]);
+                let y = BigUint::from_bytes_be(&vec![seed; g.value_len_bytes() - 1]);
+                assert_eq!(modexp(&y, &x, &p), y.modpow(&x, &p), "{g:?} seed {seed}");
+            }
+        }
     }
 
     #[test]
