@@ -71,6 +71,11 @@ pub struct BenchArgs {
     /// every queue the target asks to authenticate does.
     #[arg(long = "dhchap-secret", value_name = "SECRET")]
     pub dhchap_secret: Option<String>,
+    /// With --dhchap-secret: the controller's DH-HMAC-CHAP secret; every
+    /// queue then authenticates the controller too (bidirectional) and
+    /// fails when the controller's response is wrong.
+    #[arg(long = "dhchap-ctrl-secret", value_name = "SECRET")]
+    pub dhchap_ctrl_secret: Option<String>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -174,26 +179,46 @@ fn tls_opts(args: &BenchArgs) -> Result<Option<trellis_host::HostTls>> {
     Ok(Some(t))
 }
 
+/// `--dhchap-secret` and `--dhchap-ctrl-secret` as the host library's secrets.
+type DhchapSecrets = (
+    Option<trellis_nvme::dhchap::Secret>,
+    Option<trellis_nvme::dhchap::Secret>,
+);
+fn dhchap_opts(args: &BenchArgs) -> Result<DhchapSecrets> {
+    let parse = |flag: &str, s: &Option<String>| {
+        s.as_deref()
+            .map(|s| {
+                trellis_nvme::dhchap::Secret::parse(s).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{flag}: {e} (use a DHHC-1:..: secret as nvme gen-dhchap-key prints)"
+                    )
+                })
+            })
+            .transpose()
+    };
+    let host = parse("--dhchap-secret", &args.dhchap_secret)?;
+    let ctrl = parse("--dhchap-ctrl-secret", &args.dhchap_ctrl_secret)?;
+    if ctrl.is_some() && host.is_none() {
+        bail!("--dhchap-ctrl-secret needs --dhchap-secret (the host authenticates first)");
+    }
+    Ok((host, ctrl))
+}
+
 fn run_bench(args: BenchArgs) -> Result<()> {
     let jobs = resolve_jobs(args.jobs.as_deref(), &args.opts)?;
     // Checked before the run: a typo must not cost the results of a long one.
     if let Some(p) = &args.json {
         check_output_path(p)?;
     }
+    let (dhchap_secret, dhchap_ctrl_secret) = dhchap_opts(&args)?;
     let mut opts = RunOpts {
         kato_ms: args.kato_ms,
         command_timeout: Duration::from_millis(args.cmd_timeout_ms),
         cpus: args.cpus.clone(),
         stack: stack_opts(&args)?,
         tls: tls_opts(&args)?,
-        dhchap_secret: args
-            .dhchap_secret
-            .as_deref()
-            .map(|s| {
-                trellis_nvme::dhchap::Secret::parse(s)
-                    .map_err(|e| anyhow::anyhow!("--dhchap-secret: {e} (use a DHHC-1:..: secret as nvme gen-dhchap-key prints)"))
-            })
-            .transpose()?,
+        dhchap_secret,
+        dhchap_ctrl_secret,
         ..Default::default()
     };
     if args.no_progress {

@@ -34,6 +34,8 @@ pub struct RunOpts {
     pub tls: Option<trellis_host::HostTls>,
     /// DH-HMAC-CHAP secret for every controller (None: no authentication).
     pub dhchap_secret: Option<trellis_nvme::dhchap::Secret>,
+    /// The controller's DH-HMAC-CHAP secret (bidirectional authentication).
+    pub dhchap_ctrl_secret: Option<trellis_nvme::dhchap::Secret>,
 }
 
 impl Default for RunOpts {
@@ -48,6 +50,7 @@ impl Default for RunOpts {
             stack: None,
             tls: None,
             dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         }
     }
 }
@@ -404,6 +407,7 @@ fn host_config(k: &CtrlKey, nq: u32, opts: &RunOpts) -> HostConfig {
         credit_share: nq.min(u16::MAX as u32) as u16,
         tls: opts.tls.clone(),
         dhchap_secret: opts.dhchap_secret.clone(),
+        dhchap_ctrl_secret: opts.dhchap_ctrl_secret.clone(),
         ..Default::default()
     }
 }

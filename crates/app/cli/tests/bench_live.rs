@@ -862,11 +862,81 @@ fn tls_key_and_dhchap_secret_run_verified_io_over_a_secure_channel() {
     assert!(!o.status.success(), "a plain bench ran on a TLS-required listener");
 }
 
+const BIDIRECTIONAL_TARGET: &str = r#"
+[[listener]]
+addr = "127.0.0.1:0"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.trellis:secure"
+
+[[subsystem.host]]
+nqn = "nqn.2026-11.io.trellis:bench-host"
+dhchap_secret = "DHHC-1:01:NR5My74p5ZqEnJGSMmuiPqAJFFgTb7QjxYtSk7OcR6NnZKX+:"
+dhchap_ctrl_secret = "DHHC-1:02:GdMihILgYzDrUyM1H1sKPffNn6d7ktv5X087UjJ3+e/U5vYU014/D09KPicROBVhTFn6dQ==:"
+
+[[subsystem.namespace]]
+backend = "ram"
+size = "64MiB"
+"#;
+
+#[test]
+fn dhchap_ctrl_secret_authenticates_the_controller_and_refuses_a_wrong_one() {
+    let t = LiveTarget::start_config(BIDIRECTIONAL_TARGET);
+    let host_secret = "DHHC-1:01:NR5My74p5ZqEnJGSMmuiPqAJFFgTb7QjxYtSk7OcR6NnZKX+:";
+    let run = |ctrl_secret: &str| {
+        bench(
+            &t,
+            &[
+                "--nqn",
+                "nqn.2026-11.io.trellis:secure",
+                "--hostnqn",
+                "nqn.2026-11.io.trellis:bench-host",
+                "--rw",
+                "randrw",
+                "--bs",
+                "4k",
+                "--iodepth",
+                "4",
+                "--runtime",
+                "300ms",
+                "--verify",
+                "--dhchap-secret",
+                host_secret,
+                "--dhchap-ctrl-secret",
+                ctrl_secret,
+            ],
+        )
+    };
+    let o =
+        run("DHHC-1:02:GdMihILgYzDrUyM1H1sKPffNn6d7ktv5X087UjJ3+e/U5vYU014/D09KPicROBVhTFn6dQ==:");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("ok"), "{}", stdout(&o));
+    t.wait_log("queue authenticated (DH-HMAC-CHAP)").unwrap();
+    // The target proves a secret it does not have: the host refuses it
+    // (AUTH_Failure2), so the flag really reaches every queue's exchange.
+    let o = run("DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:");
+    assert!(
+        !o.status.success(),
+        "a wrong controller secret was accepted"
+    );
+    assert!(
+        stderr(&o).contains("the host refused the controller"),
+        "{}",
+        stderr(&o)
+    );
+    t.wait_log("host reported authentication failure").unwrap();
+}
+
 #[test]
 fn malformed_tls_keys_and_secrets_are_refused_before_connecting() {
     for (args, needles) in [
         (&["--tls-key", "bogus"][..], &["--tls-key", "NVMeTLSkey-1"][..]),
         (&["--dhchap-secret", "DHHC-1:00:xx:"], &["--dhchap-secret", "DHHC-1"]),
+        (&["--dhchap-ctrl-secret", "DHHC-1:00:xx:"], &["--dhchap-ctrl-secret", "DHHC-1"]),
+        (
+            &["--dhchap-ctrl-secret", "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"],
+            &["--dhchap-ctrl-secret needs --dhchap-secret"],
+        ),
         (&["--tls-derivation", "x"], &["--tls-derivation", "libnvme-compat"]),
     ] {
         let mut a = vec!["bench", "--addr", "127.0.0.1:1"];
