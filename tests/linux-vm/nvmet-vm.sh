@@ -9,12 +9,20 @@
 #       --port: default $TRELLIS_NVMET_PORT or a free random port (tests/port-lib.sh: reserved,
 #       so concurrent test runs never pick the same one).
 #       --timeout: the VM stops by itself after S seconds (default 1800).
-#       --env: passed to guest-nvmet.sh (e.g. NVMET_SIZE_MB=512, NVMET_BACKEND=null_blk).
+#       --env: passed to guest-nvmet.sh (e.g. NVMET_SIZE_MB=512, NVMET_BACKEND=null_blk; the
+#       DH-HMAC-CHAP and TLS settings NVMET_DHCHAP_KEY, NVMET_TLS_KEY, ... are in its header).
+#       --suite trixie: boot Debian 13's 6.12 kernel with tlshd and nvme-cli 2.13 (vm.sh's
+#       TRELLIS_VM_SUITE, which is also passed through from the environment); needed for
+#       DH-HMAC-CHAP and TLS.
+#       --fwd GUESTPORT[=HOSTPORT]: forward one more guest port (e.g. a second nvmet port from
+#       NVMET_PORTS); the host port is a free random one unless given. Repeatable.
+#       `nvmet-vm.sh port GUESTPORT` prints it. The ICReq probe goes to guest port 4420 only.
 #   nvmet-vm.sh stop      ask the guest to stop (control serial), wait, kill if needed; exit = guest status
 #   nvmet-vm.sh status    print "running PORT" (exit 0) or "stopped" (exit 1)
 #   nvmet-vm.sh probe [PORT]   send an ICReq to 127.0.0.1:PORT and check the ICResp header
+#   nvmet-vm.sh port GUESTPORT print the host port forwarded to GUESTPORT (4420 or a --fwd one)
 #
-# Subsystem: nqn.2026-11.io.trellis:linux-nvmet (allow_any_host, one 256 MiB brd namespace, NSID 1).
+# Subsystem: nqn.2026-11.io.trellis:linux-nvmet (by default allow_any_host, one 256 MiB brd namespace, NSID 1).
 # State (pid files, console.log, port) lives in ${TRELLIS_NVMET_STATE:-${TMPDIR:-/tmp}/trellis-nvmet-vm};
 # one VM per state directory (tests/bench-nvmet.sh gives each run its own).
 # Example:
@@ -51,10 +59,12 @@ probe() {
 cmd=${1:-}; [ $# -gt 0 ] && shift
 case "$cmd" in
 start)
-  PORT=${TRELLIS_NVMET_PORT:-}; TIMEOUT=1800; READY=300; ENVS=()
+  PORT=${TRELLIS_NVMET_PORT:-}; TIMEOUT=1800; READY=300; ENVS=(); XFWD=()
   while [ $# -gt 0 ]; do
     case "$1" in
       --port) PORT=$2; shift 2;;
+      --suite) export TRELLIS_VM_SUITE=$2; shift 2;;
+      --fwd) case "$2" in [0-9]*) XFWD+=("$2");; *) die "--fwd wants GUESTPORT[=HOSTPORT]";; esac; shift 2;;
       --timeout) TIMEOUT=$2; shift 2;;
       --ready-timeout) READY=$2; shift 2;;
       --env) ENVS+=(--env "$2"); shift 2;;
@@ -70,14 +80,25 @@ start)
   elif port_busy "$PORT"; then
     die "127.0.0.1:$PORT is already in use"
   fi
+  FWDS=(--hostfwd "$PORT:4420"); MAP="4420 $PORT"
+  for f in ${XFWD[@]+"${XFWD[@]}"}; do
+    g=${f%%=*}; h=${f#*=}; [ "$h" = "$f" ] && h=""
+    case "$g:${h:-1}" in *[!0-9:]*|:*) die "--fwd $f: want GUESTPORT[=HOSTPORT]";; esac
+    [ "$g" != 4420 ] || die "--fwd 4420: guest port 4420 is --port's"
+    if [ -z "$h" ]; then h=$(free_port) || die "no free port for guest port $g"
+    elif port_busy "$h"; then die "127.0.0.1:$h (for guest port $g) is already in use"; fi
+    FWDS+=(--hostfwd "$h:$g"); MAP="$MAP
+$g $h"
+  done
   rm -rf "$STATE"; mkdir -p "$STATE"
+  echo "$MAP" > "$STATE/ports"
   # the guest stops itself shortly before vm.sh's hard timeout
   setsid "$DIR/vm.sh" --state-dir "$STATE" --quiet --log "$STATE/console.log" --timeout "$TIMEOUT" \
-    --hostfwd "$PORT:4420" --env "NVMET_TIMEOUT=$((TIMEOUT > 60 ? TIMEOUT - 30 : TIMEOUT))" \
+    "${FWDS[@]}" --env "NVMET_TIMEOUT=$((TIMEOUT > 60 ? TIMEOUT - 30 : TIMEOUT))" \
     ${ENVS[@]+"${ENVS[@]}"} "$DIR/guest-nvmet.sh" > "$STATE/vm.out" 2>&1 < /dev/null &
   echo $! > "$STATE/launcher.pid"
   echo "$PORT" > "$STATE/port"
-  say "booting the VM (forward 127.0.0.1:$PORT -> guest :4420), state in $STATE"
+  say "booting the VM${TRELLIS_VM_SUITE:+ ($TRELLIS_VM_SUITE)} (forward $(awk '{printf "%s127.0.0.1:%s -> guest :%s", (NR > 1 ? ", " : ""), $2, $1}' "$STATE/ports")), state in $STATE"
   T0=$SECONDS
   while ! grep -q '@@NVMET-READY@@' "$STATE/console.log" 2>/dev/null; do
     if ! alive "$STATE/launcher.pid"; then
@@ -123,8 +144,14 @@ status)
 probe)
   probe "${1:-$(cat "$STATE/port" 2>/dev/null || echo 4420)}"
   ;;
+port)
+  [ $# = 1 ] || die "usage: nvmet-vm.sh port GUESTPORT"
+  h=$(awk -v g="$1" '$1 == g {print $2}' "$STATE/ports" 2>/dev/null || true)
+  [ -n "$h" ] || die "guest port $1 is not forwarded (started with --fwd $1?; state $STATE)"
+  echo "$h"
+  ;;
 -h|--help|"")
   awk 'NR>1 && /^#/ {sub(/^# ?/,""); print; next} NR>1 {exit}' "$0"; [ -n "$cmd" ]
   ;;
-*) die "unknown command $cmd (start|stop|status|probe)";;
+*) die "unknown command $cmd (start|stop|status|probe|port)";;
 esac
