@@ -65,6 +65,12 @@ pub struct FakeConfig {
     /// Every I/O read is answered no sooner than this after it arrived (lets
     /// tests check latency accounting against a known lower bound).
     pub read_delay: Duration,
+    /// Connect asks for DH-HMAC-CHAP (ATR); the target sends a Challenge
+    /// (SHA-256, NULL group) and, once the host's Reply is in, closes the
+    /// connection instead of answering the next Authentication Receive, as
+    /// Linux nvmet can when it refuses a host (its teardown races the
+    /// AUTH_Failure1).
+    pub auth_close_after_reply: bool,
 }
 
 impl Default for FakeConfig {
@@ -79,6 +85,7 @@ impl Default for FakeConfig {
             fault: Fault::None,
             fault_after_reads: 0,
             read_delay: Duration::ZERO,
+            auth_close_after_reply: false,
         }
     }
 }
@@ -146,6 +153,8 @@ struct Conn {
     broken: bool,
     /// Capsules that arrived while H2CData for an earlier command was awaited.
     pending: std::collections::VecDeque<Pdu>,
+    /// Authentication Send commands received (auth_close_after_reply).
+    auth_sends: u32,
 }
 
 type R<T> = std::io::Result<T>;
@@ -164,6 +173,7 @@ impl Conn {
             cc: 0,
             broken: false,
             pending: Default::default(),
+            auth_sends: 0,
         }
     }
 
@@ -217,7 +227,7 @@ impl Conn {
 
     fn handle(&mut self, sqe: Sqe, icd: Vec<u8>) -> R<()> {
         if sqe.opcode() == admin::FABRICS {
-            return self.fabrics(sqe, &icd);
+            return self.fabrics(sqe, icd);
         }
         if self.qid == 0 {
             return self.admin(sqe);
@@ -245,11 +255,41 @@ impl Conn {
         }
     }
 
-    fn fabrics(&mut self, sqe: Sqe, _icd: &[u8]) -> R<()> {
+    fn fabrics(&mut self, sqe: Sqe, icd: Vec<u8>) -> R<()> {
+        let auth = self.sh.cfg.auth_close_after_reply;
         match sqe.fctype() {
             fabrics::fctype::CONNECT => {
                 self.qid = ConnectCmd::decode(&sqe).qid;
-                self.resp(&sqe, Status::SUCCESS, 1)
+                let atr = if auth {
+                    trellis_nvme::auth::CONNECT_AUTHREQ_ATR
+                } else {
+                    0
+                };
+                self.resp(&sqe, Status::SUCCESS, 1 | atr)
+            }
+            fabrics::fctype::AUTH_SEND if auth => {
+                self.data_out(&sqe, icd)?;
+                self.auth_sends += 1;
+                self.resp(&sqe, Status::SUCCESS, 0)
+            }
+            fabrics::fctype::AUTH_RECV if auth => {
+                if self.auth_sends >= 2 {
+                    // Negotiate and Reply are in: go away without an answer.
+                    let _ = self.s.shutdown(std::net::Shutdown::Both);
+                    return Err(bad("closed after the host's DH-HMAC-CHAP Reply"));
+                }
+                use trellis_nvme::auth::{AuthCmd, Challenge, Message};
+                let mut m = Message::Challenge(Challenge {
+                    t_id: self.qid,
+                    hash_id: 1,
+                    dh_id: 0,
+                    seqnum: 1,
+                    c1: vec![0x5a; 32],
+                    dhv: Vec::new(),
+                })
+                .encode();
+                m.resize(AuthCmd::decode(&sqe).len as usize, 0);
+                self.send_read(&sqe, &m, false)
             }
             fabrics::fctype::PROPERTY_GET => {
                 let p = PropertyCmd::decode(&sqe);

@@ -542,8 +542,25 @@ fn fabric_connect(
 
 /// DH-HMAC-CHAP on a queue whose Connect asked for it (NVMe Base 2.0
 /// §8.13.5): Negotiate, Challenge → Reply, Success1 (→ Success2 when the
-/// host authenticates the controller too).
+/// host authenticates the controller too). A connection lost or a command
+/// timed out during the exchange is reported as the exchange's failure:
+/// Linux nvmet, refusing a host, tears the controller down at once, and that
+/// may close the connection before its AUTH_Failure1 arrives.
 fn authenticate(q: &mut Queue, cfg: &HostConfig, subnqn: &str, qid: u16) -> Result<()> {
+    let during = "during the DH-HMAC-CHAP exchange (a controller that refuses the host may drop the connection before its AUTH_Failure1 arrives)";
+    exchange(q, cfg, subnqn, qid).map_err(|e| match e {
+        Error::Transport(io) => Error::Transport(std::io::Error::new(
+            io.kind(),
+            format!("DH-HMAC-CHAP on queue {qid} failed: {io} {during}"),
+        )),
+        Error::Timeout(t) => {
+            Error::Timeout(format!("DH-HMAC-CHAP on queue {qid} failed: {t} {during}"))
+        }
+        e => e,
+    })
+}
+
+fn exchange(q: &mut Queue, cfg: &HostConfig, subnqn: &str, qid: u16) -> Result<()> {
     let Some(secret) = cfg.dhchap_secret.clone() else {
         return Err(Error::protocol(format!(
             "{subnqn} requires in-band authentication (DH-HMAC-CHAP) of host {}: give its DHHC-1 secret",

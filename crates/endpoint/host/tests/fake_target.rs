@@ -272,3 +272,28 @@ fn transport_error_chain_names_the_os_error_once() {
     let shown = format!("{:#}", anyhow::Error::from(e));
     assert_eq!(shown.matches("os error").count(), 1, "{shown}");
 }
+
+/// Linux nvmet, refusing a host's DH-HMAC-CHAP response, may close the
+/// connection before its AUTH_Failure1 arrives: the error must still say
+/// that authentication failed, not only that the connection closed.
+#[test]
+fn a_connection_closed_during_dh_hmac_chap_is_reported_as_its_failure() {
+    let t = FakeTarget::spawn(FakeConfig {
+        auth_close_after_reply: true,
+        ..Default::default()
+    });
+    let secret = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+    let cfg = HostConfig {
+        dhchap_secret: Some(trellis_nvme::dhchap::Secret::parse(secret).unwrap()),
+        ..host(Digests::default())
+    };
+    let Err(e) = Controller::connect(&t.addr_string(), t.subnqn(), &cfg) else {
+        panic!("connected to a target that closed the connection during authentication");
+    };
+    assert!(matches!(e, Error::Transport(_)), "{e}");
+    let shown = e.to_string();
+    assert!(
+        shown.contains("DH-HMAC-CHAP on queue 0 failed: controller closed the connection"),
+        "{shown}"
+    );
+}
