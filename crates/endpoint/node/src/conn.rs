@@ -198,11 +198,38 @@ impl Conn {
         portid: u16,
         now_ns: u64,
     ) -> Conn {
+        Self::with_rx(idx, reg, peer, local, listener_kind, portid, now_ns, None)
+    }
+
+    /// As [`Conn::new`], taking over `rx` (emptied) when it is the size this
+    /// registry's limits give; else a new buffer. The fuzz harness hands the
+    /// buffers of one input's connections to the next (`crate::fuzzing`):
+    /// allocating and zeroing ~80 KiB per connection under AddressSanitizer
+    /// was a large part of an input's time.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn with_rx(
+        idx: u32,
+        reg: Arc<Registry>,
+        peer: SocketAddr,
+        local: SocketAddr,
+        listener_kind: ListenerKind,
+        portid: u16,
+        now_ns: u64,
+        rx: Option<RxBuf>,
+    ) -> Conn {
         let l = &reg.limits;
         // The largest PDU we accept: an H2CData of MAXH2CDATA or a capsule
         // with the largest in-capsule data, plus header, digests and padding.
         let icd = (l.in_capsule_data.0 as usize).max(ADMIN_ICD_BYTES);
         let max_plen = (l.max_h2c_data.0 as usize).max(icd) + pdu::MAX_HDR_LEN + 128 + 8;
+        let rx = match rx {
+            Some(mut b) if b.reusable_as(max_plen + (64 << 10), max_plen) => {
+                b.clear();
+                b
+            }
+            // 64 KiB beyond one PDU so small PDUs arrive in batches.
+            _ => RxBuf::new(max_plen + (64 << 10), max_plen),
+        };
         // Admin queues start with 32 slots; Connect resizes for I/O queues.
         let slots: Vec<Slot> = (0..64).map(|_| Slot::new()).collect();
         let free = (0..slots.len() as u16).rev().collect();
@@ -211,8 +238,7 @@ impl Conn {
             queue: Queue::new(reg, peer, local, listener_kind, portid),
             state: State::AwaitIcReq,
             digests: Digests::default(),
-            // 64 KiB beyond one PDU so small PDUs arrive in batches.
-            rx: RxBuf::new(max_plen + (64 << 10), max_plen),
+            rx,
             tx: TxQueue::default(),
             slots,
             free,
@@ -230,6 +256,11 @@ impl Conn {
             last_credit: NO_CREDIT,
             tls_deadline_ns: u64::MAX,
         }
+    }
+
+    /// The receive buffer, for a next connection ([`Conn::with_rx`]).
+    pub(crate) fn into_rx(self) -> RxBuf {
+        self.rx
     }
 
     /// A TLS handshake starts: it must end within `timeout_ns`.

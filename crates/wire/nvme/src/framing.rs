@@ -44,6 +44,18 @@ impl RxBuf {
         }
     }
 
+    /// Drops every unparsed byte: the buffer is as [`RxBuf::new`] left it,
+    /// but for its (never read) old contents.
+    pub fn clear(&mut self) {
+        self.head = 0;
+        self.tail = 0;
+    }
+
+    /// Whether this buffer is the one `RxBuf::new(capacity, max_unit)` would make.
+    pub fn reusable_as(&self, capacity: usize, max_unit: usize) -> bool {
+        self.buf.len() == capacity.max(max_unit.max(1)) && self.max_unit == max_unit.max(1)
+    }
+
     /// Free space to receive into, after the unparsed bytes.
     ///
     /// Compacts (moves the unparsed bytes to the front) when fewer than

@@ -295,3 +295,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_cleared_buffer_is_reusable_as_the_one_new_would_make() {
+    let mut b = RxBuf::new(1000, 100);
+    b.space()[..10].copy_from_slice(&[7; 10]);
+    b.commit(10);
+    assert!(!b.is_empty());
+    b.clear();
+    assert!(b.is_empty());
+    assert_eq!(b.space().len(), 1000, "all of it free again");
+    assert!(b.reusable_as(1000, 100));
+    assert!(!b.reusable_as(2000, 100) && !b.reusable_as(1000, 200));
+    // A capacity below the unit is raised to the unit, as new() does.
+    assert!(RxBuf::new(10, 100).reusable_as(10, 100));
+}
