@@ -1395,14 +1395,7 @@ fn tls_send(e: &mut Entry, epfd: RawFd, idx: usize) -> bool {
             )
         };
         if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::WouldBlock {
-                arm_out(e, epfd, idx, true);
-            } else {
-                e.conn
-                    .close_as(CloseKind::TransportError, &format!("send: {err}"));
-                e.conn.on_send_failure();
-            }
+            send_failed(e, epfd, idx);
             return moved;
         }
         t.sent(n as usize);
@@ -1453,19 +1446,25 @@ fn send(e: &mut Entry, iov: &mut Vec<libc::iovec>, epfd: RawFd, idx: usize, budg
         )
     };
     if n < 0 {
-        let err = std::io::Error::last_os_error();
-        if err.kind() == std::io::ErrorKind::WouldBlock {
-            arm_out(e, epfd, idx, true);
-        } else {
-            e.conn
-                .close_as(CloseKind::TransportError, &format!("send: {err}"));
-            e.conn.on_send_failure();
-        }
+        send_failed(e, epfd, idx);
         return false;
     }
     e.conn.tx_advance(n as usize);
     arm_out(e, epfd, idx, e.conn.has_output());
     n > 0
+}
+
+/// A send returned -1 (errno still set): a full socket buffer waits for
+/// writability; anything else closes the connection.
+fn send_failed(e: &mut Entry, epfd: RawFd, idx: usize) {
+    let err = std::io::Error::last_os_error();
+    if err.kind() == std::io::ErrorKind::WouldBlock {
+        arm_out(e, epfd, idx, true);
+    } else {
+        e.conn
+            .close_as(CloseKind::TransportError, &format!("send: {err}"));
+        e.conn.on_send_failure();
+    }
 }
 
 /// Watches for writability only while output is stuck, so a sleeping

@@ -143,43 +143,25 @@ impl std::fmt::Debug for Secret {
 
 impl Secret {
     pub fn parse(s: &str) -> Result<Secret, SecretError> {
-        use base64::Engine;
-        let rest = s
-            .trim()
-            .strip_prefix("DHHC-1:")
-            .ok_or(SecretError::Prefix)?;
-        let (ind, b64) = rest.split_once(':').ok_or(SecretError::Prefix)?;
+        use crate::keyfmt::{self, KeyText};
+        let (ind, b64) = keyfmt::split(s, "DHHC-1:").map_err(|_| SecretError::Prefix)?;
         let transform = match ind {
             "00" => None,
             "01" | "02" | "03" => HashId::from_id(ind.as_bytes()[1] - b'0'),
             _ => return Err(SecretError::Transform(ind.to_string())),
         };
-        // The trailing ':' is optional, as in Linux.
-        let b64 = b64.strip_suffix(':').unwrap_or(b64);
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|_| SecretError::Base64)?;
-        if !matches!(raw.len(), 36 | 52 | 68) {
-            return Err(SecretError::Length(raw.len()));
-        }
-        let (key, crc) = raw.split_at(raw.len() - 4);
-        if crc32fast::hash(key).to_le_bytes() != crc {
-            return Err(SecretError::Crc);
-        }
-        Ok(Secret {
-            key: key.to_vec(),
-            transform,
-        })
+        let key = keyfmt::decode(b64, &[36, 52, 68]).map_err(|e| match e {
+            KeyText::Prefix => SecretError::Prefix,
+            KeyText::Base64 => SecretError::Base64,
+            KeyText::Length(n) => SecretError::Length(n),
+            KeyText::Crc => SecretError::Crc,
+        })?;
+        Ok(Secret { key, transform })
     }
 
     /// The secret in `DHHC-1` form (what `nvme gen-dhchap-key` prints).
     pub fn format(&self) -> String {
-        use base64::Engine;
-        let mut raw = self.key.clone();
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        let ind = self.transform.map_or(0, |h| h as u8);
-        let b64 = base64::engine::general_purpose::STANDARD.encode(raw);
-        format!("DHHC-1:{ind:02}:{b64}:")
+        crate::keyfmt::format("DHHC-1:", self.transform.map_or(0, |h| h as u8), &self.key)
     }
 
     /// The key used in HMACs for `nqn` (host NQN for a host secret, subsystem

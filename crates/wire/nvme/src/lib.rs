@@ -19,6 +19,7 @@ pub mod dhchap_host;
 pub mod fabrics;
 mod ffdhe;
 pub mod framing;
+mod keyfmt;
 pub mod identify;
 pub mod log;
 pub mod pdu;

@@ -147,52 +147,39 @@ impl std::fmt::Debug for ConfiguredPsk {
 impl ConfiguredPsk {
     /// Parses the interchange format. The trailing ':' may be left out.
     pub fn parse(s: &str) -> Result<ConfiguredPsk, PskError> {
-        use base64::Engine;
-        let rest = s
-            .trim()
-            .strip_prefix("NVMeTLSkey-1:")
-            .ok_or(PskError::Prefix)?;
-        let (ind, b64) = rest.split_once(':').ok_or(PskError::Prefix)?;
+        use crate::keyfmt::{self, KeyText};
+        let (ind, b64) = keyfmt::split(s, "NVMeTLSkey-1:").map_err(|_| PskError::Prefix)?;
         let transform = match ind {
             "00" => None,
             "01" => Some(PskHash::Sha256),
             "02" => Some(PskHash::Sha384),
             _ => return Err(PskError::Hash(ind.to_string())),
         };
-        let b64 = b64.strip_suffix(':').unwrap_or(b64);
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|_| PskError::Base64)?;
-        if !matches!(raw.len(), 36 | 52) {
-            return Err(PskError::Length(raw.len()));
-        }
-        let (key, crc) = raw.split_at(raw.len() - 4);
-        if let Some(h) = transform {
-            if key.len() != h.len_bytes() {
+        let key = keyfmt::decode(b64, &[36, 52]).map_err(|e| match e {
+            KeyText::Prefix => PskError::Prefix,
+            KeyText::Base64 => PskError::Base64,
+            KeyText::Length(n) => PskError::Length(n),
+            KeyText::Crc => PskError::Crc,
+        });
+        // A key whose CRC is right but whose length is not its hash's is named as such.
+        if let (Some(h), Ok(k)) = (transform, &key) {
+            if k.len() != h.len_bytes() {
                 return Err(PskError::HashLength {
                     hash: h as u8,
                     want: h.len_bytes(),
-                    got: key.len(),
+                    got: k.len(),
                 });
             }
         }
-        if crc32fast::hash(key).to_le_bytes() != crc {
-            return Err(PskError::Crc);
-        }
         Ok(ConfiguredPsk {
-            key: key.to_vec(),
+            key: key?,
             transform,
         })
     }
 
     /// The key in interchange format (what `nvme gen-tls-key` prints).
     pub fn format(&self) -> String {
-        use base64::Engine;
-        let mut raw = self.key.clone();
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        let ind = self.transform.map_or(0, |h| h as u8);
-        let b64 = base64::engine::general_purpose::STANDARD.encode(raw);
-        format!("NVMeTLSkey-1:{ind:02}:{b64}:")
+        crate::keyfmt::format("NVMeTLSkey-1:", self.transform.map_or(0, |h| h as u8), &self.key)
     }
 
     /// The hash of the cipher suite the derived TLS PSK is bound to: the
