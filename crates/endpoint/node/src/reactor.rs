@@ -146,6 +146,9 @@ struct Entry {
     /// This connection speaks TLS: ciphertext on the socket, plaintext in
     /// `conn` (None on plain connections: their path is untouched).
     tls: Option<Box<trellis_tls::Tls>>,
+    /// When a closing TLS connection found ciphertext still going out (an
+    /// alert, a TermReq) and began waiting for it (`u64::MAX`: not waiting).
+    close_wait_since_ns: u64,
 }
 
 impl Entry {
@@ -604,6 +607,7 @@ impl Reactor {
             undecided: secure,
             peek: secure.map(|_| Box::new([0u8; 1])),
             tls: None,
+            close_wait_since_ns: u64::MAX,
         });
         self.arm_timer(idx as usize);
     }
@@ -718,7 +722,6 @@ impl Reactor {
             // that also queued output (a completion, Connect, Set Features),
             // so only those are re-armed: idle connections cost nothing here.
             let rearm = e.conn.has_output();
-            let mut tls_stuck = false;
             if e.tls.is_some() {
                 // TLS: encrypt what the connection queued, decrypt and parse
                 // what waits for room, then send the ciphertext.
@@ -755,9 +758,7 @@ impl Reactor {
                         }
                     }
                 } else if !e.zombie {
-                    let moved = tls_send(e, self.epfd, idx);
-                    work |= moved;
-                    tls_stuck = !moved;
+                    work |= tls_send(e, self.epfd, idx);
                 }
             } else if let Some(u) = self.uring.as_mut() {
                 // io_uring: queue the send; the completion advances tx.
@@ -786,12 +787,18 @@ impl Reactor {
                     }
                 }
             }
-            // A TLS connection closes once its ciphertext is sent too (an
-            // alert, a TermReq), or when its peer takes none of it.
-            let tls_done = e
-                .tls
-                .as_ref()
-                .is_none_or(|t| !t.has_output() || tls_stuck || e.send_armed);
+            // A TLS connection closes once its ciphertext is out too (an
+            // alert, a TermReq): its queued send completed (io_uring) or the
+            // socket took it (epoll); or when the peer has taken none of it
+            // for `send_stall_timeout_ms`, as plain output is dropped.
+            let tls_pending = e.tls.as_ref().is_some_and(|t| t.has_output()) || (e.tls.is_some() && e.send_armed);
+            let tls_done = !tls_pending || {
+                let stall_ns = self.shared.reg.limits.send_stall_timeout_ms * NS_PER_MS;
+                if e.close_wait_since_ns == u64::MAX && e.conn.wants_close() {
+                    e.close_wait_since_ns = now;
+                }
+                now.saturating_sub(e.close_wait_since_ns) > stall_ns && e.close_wait_since_ns != u64::MAX
+            };
             if close_now || (e.conn.wants_close() && tls_done) || e.zombie {
                 self.close(idx);
             } else if rearm {

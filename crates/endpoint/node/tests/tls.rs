@@ -294,3 +294,22 @@ fn a_silent_client_is_closed_at_the_handshake_timeout() {
     assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(4), "{waited:?}");
     t.stop().unwrap();
 }
+
+/// A refused handshake ends with the target's alert reaching the host, on
+/// both socket engines: the connection closes only once its last ciphertext
+/// is out (io_uring used to close before its queued send reached the kernel).
+#[test]
+fn a_refused_host_gets_the_target_s_alert_on_both_engines() {
+    let k = key(3, PskHash::Sha256);
+    for engine in [SocketEngine::Epoll, SocketEngine::Uring] {
+        let t = start(Some(SecureChannel::Required), &k, Derivation::Spec, engine);
+        let addr = t.local_addrs[0].to_string();
+        let cfg = host(tls(&key(4, PskHash::Sha256), 0, Derivation::Spec));
+        let e = match trellis_host::Controller::connect(&addr, NQN, &cfg) {
+            Ok(_) => panic!("{engine:?}: connected with a wrong key"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("alert"), "{engine:?}: {e}");
+        t.stop().unwrap();
+    }
+}

@@ -38,6 +38,13 @@ pub const CIPHER_IN_BYTES: usize = 80 << 10;
 /// Encrypted output is produced only while less than this waits for the
 /// socket ([`Tls::out_room`]): bounds a connection's ciphertext buffers.
 pub const CIPHER_OUT_BYTES: usize = 512 << 10;
+/// Hard limit on ciphertext OpenSSL may leave waiting in one connection's
+/// output. Our own writes stay under [`CIPHER_OUT_BYTES`] (plus record
+/// overhead) through [`Tls::out_room`]; what OpenSSL writes on its own while
+/// reading (a KeyUpdate answer to each KeyUpdate the peer requests) has no
+/// other bound, so a peer that floods requests and never reads fails its
+/// connection here instead of growing it without end.
+pub const CIPHER_OUT_HARD_BYTES: usize = CIPHER_OUT_BYTES + (64 << 10);
 /// Plaintext pieces shorter than this are gathered into one record rather
 /// than sent as one record each (a PDU header, a 4 KiB read's data).
 const COALESCE_BYTES: usize = 16 << 10;
@@ -227,6 +234,11 @@ unsafe extern "C" fn find_session_cb(
             };
             let Ok(oi) = outcome_index() else { return 0 };
             let binder_hash = ssl_ref.ex_data(oi).and_then(|o| o.binder_hash);
+            // OpenSSL may call this once per offered identity: what an earlier
+            // one found must not stand for a later one.
+            if let Some(o) = ssl_ref.ex_data_mut(oi) {
+                o.identity = None;
+            }
             match lookup(id) {
                 Ok((identity, psk)) => {
                     let s = psk_session(ssl, binder_hash.unwrap_or(identity.hash), &psk);
@@ -354,6 +366,8 @@ pub struct ServerConfig {
 impl ServerConfig {
     pub fn new(lookup: Arc<PskLookup>) -> Result<ServerConfig, TlsError> {
         let mut b = base_context(SslMethod::tls_server())?;
+        // External PSKs only: nothing is resumed from a session cache.
+        b.set_session_cache_mode(openssl::ssl::SslSessionCacheMode::OFF);
         b.set_ex_data(ctx_lookup_index()?, lookup);
         // OpenSSL picks a TLS 1.3 suite before it looks at the PSK, and
         // ignores a PSK of another hash: offer the suite of the identity's
@@ -452,6 +466,11 @@ impl Read for Wire {
 
 impl Write for Wire {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > CIPHER_OUT_HARD_BYTES {
+            return Err(std::io::Error::other(format!(
+                "more than {CIPHER_OUT_HARD_BYTES} bytes of TLS output waiting for the peer"
+            )));
+        }
         self.out.extend_from_slice(buf);
         Ok(buf.len())
     }
@@ -894,6 +913,64 @@ mod tests {
         assert!(!s.is_established());
         let e = s.handshake().unwrap_err().to_string();
         assert!(e.contains("does not offer TLS_AES_128_GCM_SHA256") && e.contains("NVMeTLSkey-1:01:"), "{e}");
+    }
+
+    extern "C" {
+        fn SSL_key_update(s: *mut openssl_sys::SSL, update_type: c_int) -> c_int;
+    }
+
+    #[test]
+    fn a_peer_that_floods_key_update_requests_and_never_reads_fails_its_connection() {
+        // Each KeyUpdate(update_requested) makes OpenSSL write a KeyUpdate back
+        // while it reads: output no out_room() check sees. The peer never takes
+        // the server's output; the server must fail the connection at the hard
+        // limit rather than grow it.
+        let key = ConfiguredPsk {
+            key: vec![3; 32],
+            transform: Some(PskHash::Sha256),
+        };
+        let srv = server_for(key.clone(), "h", "s");
+        let mut s = Tls::server(&srv).unwrap();
+        let mut c = Tls::client(&client_for(&key, "h", "s", 0)).unwrap();
+        let _ = c.handshake();
+        pump(&mut c, &mut s);
+        assert!(c.is_established() && s.is_established());
+        let mut buf = [0u8; 64];
+        let mut failed = None;
+        for _ in 0..100_000 {
+            // SAFETY: the client's connection is live; 1 = SSL_KEY_UPDATE_REQUESTED.
+            unsafe { SSL_key_update(c.s.ssl().as_ptr(), 1) };
+            c.write([&b"x"[..]]).unwrap();
+            // Client to server only: the server's output is never taken.
+            while c.has_output() {
+                let out = c.send_buf().to_vec();
+                let space = s.cipher_in_space();
+                let n = out.len().min(space.len());
+                space[..n].copy_from_slice(&out[..n]);
+                s.cipher_in_commit(n);
+                c.sent(n);
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(_) => {}
+                        Err(e) => {
+                            failed = Some(e.to_string());
+                            break;
+                        }
+                    }
+                }
+                if failed.is_some() {
+                    break;
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
+        }
+        let waiting = s.s.get_ref().out.len() + (s.sending.len() - s.send_pos);
+        assert!(waiting <= CIPHER_OUT_HARD_BYTES, "{waiting} bytes waiting");
+        let e = failed.expect("the server kept answering KeyUpdates without bound");
+        assert!(e.contains("record"), "{e}");
     }
 
     #[test]
