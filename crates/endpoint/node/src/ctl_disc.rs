@@ -113,15 +113,18 @@ fn listener_add(reg: &Registry, p: &Value) -> Result<Value, String> {
         Some(s) => Some(crate::config::parse_ana_state(s).map_err(|e| format!("{e:#}"))?),
         None => None,
     };
-    let secure_channel = match p.get("secure_channel").and_then(Value::as_str) {
+    // A value that is not a string (true, 1) is refused too, not taken as plain.
+    let secure_channel = match p.get("secure_channel").filter(|v| !v.is_null()) {
         None => None,
-        Some("required") => Some(crate::config::SecureChannel::Required),
-        Some("optional") => Some(crate::config::SecureChannel::Optional),
-        Some(s) => {
-            return Err(format!(
-                "secure_channel {s:?}: use \"required\" or \"optional\" (or leave it out for plain TCP)"
-            ))
-        }
+        Some(v) => match v.as_str() {
+            Some("required") => Some(crate::config::SecureChannel::Required),
+            Some("optional") => Some(crate::config::SecureChannel::Optional),
+            _ => {
+                return Err(format!(
+                    "secure_channel {v}: use \"required\" or \"optional\" (or leave it out for plain TCP)"
+                ))
+            }
+        },
     };
     let c = crate::config::ListenerConfig {
         addr,

@@ -488,3 +488,19 @@ fn an_ha_node_refuses_an_io_listener_added_live() {
     assert!(r.get("result").is_some(), "{r}");
     t.stop().unwrap();
 }
+
+#[test]
+fn listener_add_refuses_a_secure_channel_it_cannot_read() {
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    let _t = start_ctl(dir.path());
+    for bad in [json!(true), json!(1), json!("mandatory")] {
+        let r = rpc(
+            dir.path(),
+            "listener_add",
+            json!({"addr": "127.0.0.1:0", "secure_channel": bad}),
+        );
+        let msg = r["error"]["message"].as_str().unwrap_or_default().to_string();
+        assert!(msg.contains("secure_channel") && msg.contains("required"), "{bad}: {r}");
+    }
+}
