@@ -5,7 +5,7 @@
 #      root the suites that need it are skipped, each with its reason;
 #   1. unit, protocol, bad-input and random-input tests of the whole workspace,
 #      then the fault-injection tests (trellis-target, feature fault-injection),
-#      then clippy with warnings as errors (workspace lints in Cargo.toml);
+#      then clippy with warnings as errors (workspace lints in Cargo.toml) and rustfmt --check;
 #   2. the Linux NVMe/TCP initiator interop test (QEMU guest, Debian kernel);
 #   3. a short cargo-fuzz smoke run of the PDU and command decoders;
 #   4. extra suites other crates register in scripts/test.d/*.sh (bench smoke, nvmet interop...).
@@ -110,6 +110,9 @@ suite "cargo clippy --workspace --all-targets -- -D warnings" clippy \
 # The fault-injection code and tests/faults.rs exist only with the feature.
 suite "cargo clippy -p trellis-target --all-targets --features fault-injection -- -D warnings" clippy-faults \
   cargo clippy -p trellis-target --all-targets --features fault-injection -- -D warnings
+
+# Formatting: the workspace stays as rustfmt writes it (cargo fmt --all fixes it).
+suite "cargo fmt --all -- --check" fmt cargo fmt --all -- --check
 
 suite "build the trellis binary" build cargo build -p trellis-cli
 export TRELLIS="$CARGO_TARGET_DIR/debug/trellis"

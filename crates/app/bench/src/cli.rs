@@ -172,8 +172,7 @@ fn tls_opts(args: &BenchArgs) -> Result<Option<trellis_host::HostTls>> {
         }
         return Ok(None);
     };
-    let key = ConfiguredPsk::parse(k)
-        .map_err(|e| anyhow::anyhow!("--tls-key: {e}"))?;
+    let key = ConfiguredPsk::parse(k).map_err(|e| anyhow::anyhow!("--tls-key: {e}"))?;
     let mut t = trellis_host::HostTls::new(key);
     t.derivation = derivation;
     Ok(Some(t))

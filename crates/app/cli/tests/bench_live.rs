@@ -859,7 +859,10 @@ fn tls_key_and_dhchap_secret_run_verified_io_over_a_secure_channel() {
     t.wait_log("TLS 1.3 established").unwrap();
     // Without the key the required listener closes the connection.
     let o = bench(&t, &common);
-    assert!(!o.status.success(), "a plain bench ran on a TLS-required listener");
+    assert!(
+        !o.status.success(),
+        "a plain bench ran on a TLS-required listener"
+    );
 }
 
 const BIDIRECTIONAL_TARGET: &str = r#"
@@ -930,14 +933,29 @@ fn dhchap_ctrl_secret_authenticates_the_controller_and_refuses_a_wrong_one() {
 #[test]
 fn malformed_tls_keys_and_secrets_are_refused_before_connecting() {
     for (args, needles) in [
-        (&["--tls-key", "bogus"][..], &["--tls-key", "NVMeTLSkey-1"][..]),
-        (&["--dhchap-secret", "DHHC-1:00:xx:"], &["--dhchap-secret", "DHHC-1"]),
-        (&["--dhchap-ctrl-secret", "DHHC-1:00:xx:"], &["--dhchap-ctrl-secret", "DHHC-1"]),
         (
-            &["--dhchap-ctrl-secret", "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"],
+            &["--tls-key", "bogus"][..],
+            &["--tls-key", "NVMeTLSkey-1"][..],
+        ),
+        (
+            &["--dhchap-secret", "DHHC-1:00:xx:"],
+            &["--dhchap-secret", "DHHC-1"],
+        ),
+        (
+            &["--dhchap-ctrl-secret", "DHHC-1:00:xx:"],
+            &["--dhchap-ctrl-secret", "DHHC-1"],
+        ),
+        (
+            &[
+                "--dhchap-ctrl-secret",
+                "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:",
+            ],
             &["--dhchap-ctrl-secret needs --dhchap-secret"],
         ),
-        (&["--tls-derivation", "x"], &["--tls-derivation", "libnvme-compat"]),
+        (
+            &["--tls-derivation", "x"],
+            &["--tls-derivation", "libnvme-compat"],
+        ),
     ] {
         let mut a = vec!["bench", "--addr", "127.0.0.1:1"];
         a.extend_from_slice(args);

@@ -666,8 +666,16 @@ fn cmd_fairness(
     setup.runtime_ns = runtime_ms * 1_000_000;
     setup.ramp_ns = ramp_ms * 1_000_000;
     for (flag, us, field) in [
-        ("--program-suspend-us", program_suspend_us, &mut setup.profile.program_suspend_ns),
-        ("--erase-suspend-us", erase_suspend_us, &mut setup.profile.erase_suspend_ns),
+        (
+            "--program-suspend-us",
+            program_suspend_us,
+            &mut setup.profile.program_suspend_ns,
+        ),
+        (
+            "--erase-suspend-us",
+            erase_suspend_us,
+            &mut setup.profile.erase_suspend_ns,
+        ),
     ] {
         if let Some(us) = us {
             if us > 100_000 {

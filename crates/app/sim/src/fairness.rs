@@ -280,7 +280,11 @@ struct Engine<'a> {
 impl Engine<'_> {
     /// Loop `l` submits its next I/O at `now`.
     fn issue(&mut self, l: usize, now: Nanos) -> Result<()> {
-        let (id, dir, bs) = (self.loops[l].id, self.loops[l].spec.dir, self.loops[l].spec.bs);
+        let (id, dir, bs) = (
+            self.loops[l].id,
+            self.loops[l].spec.dir,
+            self.loops[l].spec.bs,
+        );
         let offset = self.loops[l].offset();
         let tag = match self.sched.submit(id, dir, bs, now) {
             Ok(Submitted::Dispatch(tag)) => {
@@ -556,7 +560,10 @@ mod tests {
         let t = case("pattern_rand").unwrap();
         let alone = run(&off, &t[..1]).unwrap()[0].mb_per_s;
         let together = run(&off, &t).unwrap();
-        assert!(mb(&together, "reader") < 0.6 * alone, "{together:?} vs {alone}");
+        assert!(
+            mb(&together, "reader") < 0.6 * alone,
+            "{together:?} vs {alone}"
+        );
     }
 
     #[test]

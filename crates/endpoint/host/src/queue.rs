@@ -346,7 +346,12 @@ impl Queue {
             let len = space.len().min(self.recv_max);
             // SAFETY: `space` is a valid writable slice of at least `len` bytes.
             let n = unsafe {
-                libc::recv(fd, space.as_mut_ptr() as *mut libc::c_void, len, libc::MSG_DONTWAIT)
+                libc::recv(
+                    fd,
+                    space.as_mut_ptr() as *mut libc::c_void,
+                    len,
+                    libc::MSG_DONTWAIT,
+                )
             };
             self.stats.recv_calls += 1;
             if n < 0 {

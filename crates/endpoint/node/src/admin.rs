@@ -91,7 +91,10 @@ impl Queue {
             }
             if *subnqn != data.subnqn {
                 let e = invalid_param(true, ipo::DATA_SUBNQN);
-                return Err(refuse(e, "subsystem NQN is not the one of the TLS PSK identity"));
+                return Err(refuse(
+                    e,
+                    "subsystem NQN is not the one of the TLS PSK identity",
+                ));
             }
         }
         let sub = if discovery {

@@ -759,9 +759,8 @@ impl Config {
                     s.nqn,
                     h.nqn
                 );
-                crate::tls::host_psk(h).map_err(|e| {
-                    anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn)
-                })?;
+                crate::tls::host_psk(h)
+                    .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn))?;
                 crate::auth::host_keys(h)
                     .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn))?;
             }

@@ -9,8 +9,8 @@ use crate::conn::Conn;
 use crate::exec::Ctx;
 use crate::subsystem::Registry;
 use std::sync::Arc;
-use trellis_nvme::framing::RxBuf;
 use trellis_nvme::fabrics::{ConnectCmd, ConnectData, PropertyCmd, CNTLID_DYNAMIC};
+use trellis_nvme::framing::RxBuf;
 use trellis_nvme::pdu::{self, Digests, IcReq};
 use trellis_nvme::{Sgl, Sqe};
 
@@ -261,7 +261,10 @@ mod tests {
         // Leave garbage (a long, unparsed tail) in both buffers first.
         let _ = feed(&[0u8; 4000]);
         let _ = feed(&[3 << 2, 0x04, 0x00, 0x80, 0x00, 0xff, 0xff, 0, 0]);
-        assert!(RX.with(|r| r.borrow().iter().all(|b| b.is_some())), "buffers kept");
+        assert!(
+            RX.with(|r| r.borrow().iter().all(|b| b.is_some())),
+            "buffers kept"
+        );
         assert_eq!(feed(&read), fresh);
     }
 

@@ -791,13 +791,15 @@ impl Reactor {
             // alert, a TermReq): its queued send completed (io_uring) or the
             // socket took it (epoll); or when the peer has taken none of it
             // for `send_stall_timeout_ms`, as plain output is dropped.
-            let tls_pending = e.tls.as_ref().is_some_and(|t| t.has_output()) || (e.tls.is_some() && e.send_armed);
+            let tls_pending =
+                e.tls.as_ref().is_some_and(|t| t.has_output()) || (e.tls.is_some() && e.send_armed);
             let tls_done = !tls_pending || {
                 let stall_ns = self.shared.reg.limits.send_stall_timeout_ms * NS_PER_MS;
                 if e.close_wait_since_ns == u64::MAX && e.conn.wants_close() {
                     e.close_wait_since_ns = now;
                 }
-                now.saturating_sub(e.close_wait_since_ns) > stall_ns && e.close_wait_since_ns != u64::MAX
+                now.saturating_sub(e.close_wait_since_ns) > stall_ns
+                    && e.close_wait_since_ns != u64::MAX
             };
             if close_now || (e.conn.wants_close() && tls_done) || e.zombie {
                 self.close(idx);
@@ -1315,8 +1317,7 @@ fn tls_drive(e: &mut Entry, ctx: &mut Ctx) {
             }
             Err(err) => {
                 tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
-                e.conn
-                    .close_as(CloseKind::ProtocolError, &err.to_string());
+                e.conn.close_as(CloseKind::ProtocolError, &err.to_string());
                 return;
             }
         }
@@ -1338,8 +1339,7 @@ fn tls_drive(e: &mut Entry, ctx: &mut Ctx) {
             }
             Err(err) => {
                 tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
-                e.conn
-                    .close_as(CloseKind::TransportError, &err.to_string());
+                e.conn.close_as(CloseKind::TransportError, &err.to_string());
             }
         }
     }
@@ -1372,8 +1372,7 @@ fn tls_encrypt(e: &mut Entry, iov: &mut Vec<libc::iovec>, budget: usize) {
         let r = t.write(pieces);
         if let Err(err) = r {
             tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
-            e.conn
-                .close_as(CloseKind::TransportError, &err.to_string());
+            e.conn.close_as(CloseKind::TransportError, &err.to_string());
             e.conn.on_send_failure();
             return;
         }
@@ -1387,7 +1386,9 @@ fn tls_encrypt(e: &mut Entry, iov: &mut Vec<libc::iovec>, budget: usize) {
 /// epoll engine: sends the TLS ciphertext that waits. Returns whether
 /// bytes moved.
 fn tls_send(e: &mut Entry, epfd: RawFd, idx: usize) -> bool {
-    let Some(t) = e.tls.as_mut() else { return false };
+    let Some(t) = e.tls.as_mut() else {
+        return false;
+    };
     let fd = e.stream.as_raw_fd();
     let mut moved = false;
     while t.has_output() {

@@ -79,7 +79,13 @@ pub fn lookup(reg: &Registry, raw: &[u8]) -> Result<(Identity, Vec<u8>), String>
             .find_map(|s| s.tls.get(&id.hostnqn).cloned())
     } else {
         match reg.subsystem(&id.subnqn) {
-            None => return Err(format!("no subsystem {} (PSK identity {:?})", id.subnqn, id.format())),
+            None => {
+                return Err(format!(
+                    "no subsystem {} (PSK identity {:?})",
+                    id.subnqn,
+                    id.format()
+                ))
+            }
             Some(s) => s.tls.get(&id.hostnqn).cloned(),
         }
     };
@@ -98,7 +104,9 @@ pub fn lookup(reg: &Registry, raw: &[u8]) -> Result<(Identity, Vec<u8>), String>
 }
 
 /// The TLS context of a target: identities resolved against `reg`.
-pub fn server_config(reg: &Arc<Registry>) -> Result<trellis_tls::ServerConfig, trellis_tls::TlsError> {
+pub fn server_config(
+    reg: &Arc<Registry>,
+) -> Result<trellis_tls::ServerConfig, trellis_tls::TlsError> {
     // Weak: the reactors own the context; the registry must not be kept
     // alive by it (nor own it: it holds no TLS state).
     let weak = Arc::downgrade(reg);

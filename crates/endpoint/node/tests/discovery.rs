@@ -500,7 +500,13 @@ fn listener_add_refuses_a_secure_channel_it_cannot_read() {
             "listener_add",
             json!({"addr": "127.0.0.1:0", "secure_channel": bad}),
         );
-        let msg = r["error"]["message"].as_str().unwrap_or_default().to_string();
-        assert!(msg.contains("secure_channel") && msg.contains("required"), "{bad}: {r}");
+        let msg = r["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            msg.contains("secure_channel") && msg.contains("required"),
+            "{bad}: {r}"
+        );
     }
 }

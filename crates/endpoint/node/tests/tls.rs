@@ -101,7 +101,9 @@ fn io_round_trip(c: &mut trellis_host::Controller) {
                 if dir == io::READ {
                     let i = slots.iter().find(|x| x.0 == cpl.slot).unwrap().1;
                     assert!(
-                        q.buf(cpl.slot)[..64 << 10].iter().all(|&b| b == i as u8 ^ 0xA5),
+                        q.buf(cpl.slot)[..64 << 10]
+                            .iter()
+                            .all(|&b| b == i as u8 ^ 0xA5),
                         "read back what was written"
                     );
                 }
@@ -113,8 +115,13 @@ fn io_round_trip(c: &mut trellis_host::Controller) {
     }
     // A 4 KiB read at once, small records.
     let mut out = vec![0u8; 4096];
-    q.exec_ok(Sqe::rw(io::READ, 0, 1, 0, 8, false), Xfer::FromCtrl(4096), &[], &mut out)
-        .unwrap();
+    q.exec_ok(
+        Sqe::rw(io::READ, 0, 1, 0, 8, false),
+        Xfer::FromCtrl(4096),
+        &[],
+        &mut out,
+    )
+    .unwrap();
     assert!(out.iter().all(|&b| b == 0xA5));
 }
 
@@ -187,25 +194,35 @@ fn wrong_keys_identities_and_derivations_are_refused() {
         SocketEngine::Epoll,
     );
     let addr = t.local_addrs[0].to_string();
-    let refused = |cfg: HostConfig, sub: &str| match trellis_host::Controller::connect(&addr, sub, &cfg) {
-        Ok(_) => panic!("connected"),
-        Err(e) => e.to_string(),
-    };
+    let refused =
+        |cfg: HostConfig, sub: &str| match trellis_host::Controller::connect(&addr, sub, &cfg) {
+            Ok(_) => panic!("connected"),
+            Err(e) => e.to_string(),
+        };
     // Another key under the same identity: the PSK binder does not verify.
-    let e = refused(host(tls(&key(4, PskHash::Sha384), 0, Derivation::Spec)), NQN);
+    let e = refused(
+        host(tls(&key(4, PskHash::Sha384), 0, Derivation::Spec)),
+        NQN,
+    );
     assert!(e.contains("TLS"), "{e}");
     // The right key derived the other way (libnvme before its 2025 fix).
     let e = refused(host(tls(&k, 0, Derivation::LibnvmeCompat)), NQN);
     assert!(e.contains("TLS"), "{e}");
     // A version-1 identity whose digest is another key's.
-    let e = refused(host(tls(&key(4, PskHash::Sha384), 1, Derivation::Spec)), NQN);
+    let e = refused(
+        host(tls(&key(4, PskHash::Sha384), 1, Derivation::Spec)),
+        NQN,
+    );
     assert!(e.contains("TLS"), "{e}");
     // A host with no key here, and a subsystem that does not exist.
     let mut other = host(tls(&k, 0, Derivation::Spec));
     other.hostnqn = "nqn.2014-08.org.example:other".into();
     let e = refused(other, NQN);
     assert!(e.contains("TLS"), "{e}");
-    let e = refused(host(tls(&k, 0, Derivation::Spec)), "nqn.2026-11.io.trellis:none");
+    let e = refused(
+        host(tls(&k, 0, Derivation::Spec)),
+        "nqn.2026-11.io.trellis:none",
+    );
     assert!(e.contains("TLS"), "{e}");
     // And the right one still works.
     let cfg = host(tls(&k, 0, Derivation::Spec));
@@ -230,7 +247,9 @@ fn the_libnvme_compat_derivation_works_when_configured() {
     let mut c = trellis_host::Controller::connect(&addr, NQN, &cfg).unwrap();
     io_round_trip(&mut c);
     c.shutdown().unwrap();
-    assert!(trellis_host::Controller::connect(&addr, NQN, &host(tls(&k, 0, Derivation::Spec))).is_err());
+    assert!(
+        trellis_host::Controller::connect(&addr, NQN, &host(tls(&k, 0, Derivation::Spec))).is_err()
+    );
     t.stop().unwrap();
 }
 
@@ -291,7 +310,10 @@ fn a_silent_client_is_closed_at_the_handshake_timeout() {
     };
     assert_eq!(n, 0);
     let waited = t0.elapsed();
-    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(4), "{waited:?}");
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(4),
+        "{waited:?}"
+    );
     t.stop().unwrap();
 }
 

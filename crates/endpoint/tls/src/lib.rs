@@ -335,7 +335,9 @@ fn offered_psk_hash(ssl: &SslRef) -> Option<PskHash> {
     match first_binder_len(ext) {
         Some(32) => Some(PskHash::Sha256),
         Some(48) => Some(PskHash::Sha384),
-        _ => first_identity(ext).and_then(Identity::parse).map(|i| i.hash),
+        _ => first_identity(ext)
+            .and_then(Identity::parse)
+            .map(|i| i.hash),
     }
 }
 
@@ -624,7 +626,10 @@ impl Tls {
 
     /// The negotiated cipher suite (IANA name), once established.
     pub fn cipher(&self) -> Option<&'static str> {
-        self.s.ssl().current_cipher().map(|c| c.standard_name().unwrap_or(c.name()))
+        self.s
+            .ssl()
+            .current_cipher()
+            .map(|c| c.standard_name().unwrap_or(c.name()))
     }
 
     pub fn is_server(&self) -> bool {
@@ -758,22 +763,21 @@ pub fn client_handshake(
         sock.set_read_timeout(Some(deadline - now))
             .map_err(|e| TlsError::Handshake(format!("socket: {e}")))?;
         let space = tls.cipher_in_space();
-        let n = match sock.read(space) {
-            Ok(0) => {
-                return Err(TlsError::Handshake(
+        let n =
+            match sock.read(space) {
+                Ok(0) => return Err(TlsError::Handshake(
                     "the peer closed the connection during the handshake (wrong PSK or identity?)"
                         .into(),
-                ))
-            }
-            Ok(n) => n,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut =>
-            {
-                return Err(TlsError::Handshake("timed out".into()))
-            }
-            Err(e) => return Err(TlsError::Handshake(format!("recv: {e}"))),
-        };
+                )),
+                Ok(n) => n,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    return Err(TlsError::Handshake("timed out".into()))
+                }
+                Err(e) => return Err(TlsError::Handshake(format!("recv: {e}"))),
+            };
         tls.cipher_in_commit(n);
     }
 }
@@ -904,15 +908,23 @@ mod tests {
         let srv = server_for(key.clone(), "h", "s");
         let id = key.identity(0, "h", "s", Derivation::Spec);
         let psk = key.tls_psk(&id, Derivation::Spec).unwrap();
-        let cli = ClientConfig::new(id.format(), psk, PskHash::Sha256, Some("TLS_AES_256_GCM_SHA384"))
-            .unwrap();
+        let cli = ClientConfig::new(
+            id.format(),
+            psk,
+            PskHash::Sha256,
+            Some("TLS_AES_256_GCM_SHA384"),
+        )
+        .unwrap();
         let mut s = Tls::server(&srv).unwrap();
         let mut c = Tls::client(&cli).unwrap();
         let _ = c.handshake();
         pump(&mut c, &mut s);
         assert!(!s.is_established());
         let e = s.handshake().unwrap_err().to_string();
-        assert!(e.contains("does not offer TLS_AES_128_GCM_SHA256") && e.contains("NVMeTLSkey-1:01:"), "{e}");
+        assert!(
+            e.contains("does not offer TLS_AES_128_GCM_SHA256") && e.contains("NVMeTLSkey-1:01:"),
+            "{e}"
+        );
     }
 
     extern "C" {

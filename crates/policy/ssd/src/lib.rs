@@ -85,7 +85,6 @@ pub struct SsdStats {
     pub gc_foreground_stalls: u64,
     /// Programs and erases suspended for a host read.
     pub suspends: u64,
-
 }
 
 /// One simulated or emulated SSD.
@@ -697,7 +696,14 @@ impl Ssd {
     }
 
     /// LUN `l`'s timeline now ends with a program or erase over [start, end).
-    pub(crate) fn mark_suspendable(&mut self, l: usize, start: Nanos, end: Nanos, cost: Nanos, release_bytes: u32) {
+    pub(crate) fn mark_suspendable(
+        &mut self,
+        l: usize,
+        start: Nanos,
+        end: Nanos,
+        cost: Nanos,
+        release_bytes: u32,
+    ) {
         self.suspendable[l] = (cost > 0).then_some(Suspendable {
             start_ns: start,
             end_ns: end,

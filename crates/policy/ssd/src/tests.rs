@@ -568,7 +568,10 @@ fn a_read_suspends_the_running_program_and_the_program_ends_later() {
     let (mut ssd, written2, _) = programs_running(100_000);
     assert_eq!(written, written2);
     let suspended = ssd.submit(IoDir::Read, 0, 4096, at) - at;
-    assert!(waited > p.program_ns, "without suspend the read took {waited} ns");
+    assert!(
+        waited > p.program_ns,
+        "without suspend the read took {waited} ns"
+    );
     assert!(
         (100_000..100_000 + 2 * p.read_lsb_ns).contains(&suspended),
         "with suspend the read took {suspended} ns"
@@ -597,7 +600,10 @@ fn reads_that_arrive_during_a_suspension_run_in_it_back_to_back() {
     let at = written + 1_000;
     let first = ssd.submit(IoDir::Read, 0, 4096, at);
     let second = ssd.submit(IoDir::Read, 0, 4096, at + 1_000);
-    assert!(second > first && second - first <= 2 * p.read_lsb_ns, "{first} {second}");
+    assert!(
+        second > first && second - first <= 2 * p.read_lsb_ns,
+        "{first} {second}"
+    );
     assert!(second < written + p.program_ns, "{second}");
     assert_eq!(ssd.stats().suspends, 1);
 }
@@ -639,7 +645,11 @@ fn suspended_programs_release_the_write_buffer_when_they_really_end() {
     let (held, n1, running) = held_after_original_end(100_000);
     assert!(running.is_some(), "LUN 0 should be programming");
     assert_eq!((n0, n1), (0, 1));
-    assert_eq!(held, plain + 16384, "bytes held: {plain} without suspend, {held} with");
+    assert_eq!(
+        held,
+        plain + 16384,
+        "bytes held: {plain} without suspend, {held} with"
+    );
 }
 
 #[test]
@@ -662,9 +672,16 @@ fn suspends_never_free_the_write_buffer_twice() {
     };
     let mut heap = std::collections::BinaryHeap::new();
     for i in 0..128u64 {
-        let dir = if i % 2 == 0 { IoDir::Read } else { IoDir::Write };
+        let dir = if i % 2 == 0 {
+            IoDir::Read
+        } else {
+            IoDir::Write
+        };
         let off = next(dir, &mut rng);
-        heap.push(std::cmp::Reverse((ssd.submit(dir, off, 4096, 0), dir == IoDir::Write)));
+        heap.push(std::cmp::Reverse((
+            ssd.submit(dir, off, 4096, 0),
+            dir == IoDir::Write,
+        )));
     }
     let end_ns = 50_000_000u64;
     let mut writes = 0u64;

@@ -179,7 +179,11 @@ impl ConfiguredPsk {
 
     /// The key in interchange format (what `nvme gen-tls-key` prints).
     pub fn format(&self) -> String {
-        crate::keyfmt::format("NVMeTLSkey-1:", self.transform.map_or(0, |h| h as u8), &self.key)
+        crate::keyfmt::format(
+            "NVMeTLSkey-1:",
+            self.transform.map_or(0, |h| h as u8),
+            &self.key,
+        )
     }
 
     /// The hash of the cipher suite the derived TLS PSK is bound to: the
@@ -198,14 +202,7 @@ impl ConfiguredPsk {
             None => self.key.clone(),
             Some(h) => {
                 let prk = hkdf_extract(h, &self.key);
-                expand_label(
-                    h,
-                    &prk,
-                    "HostNQN",
-                    hostnqn.as_bytes(),
-                    self.key.len(),
-                    d,
-                )
+                expand_label(h, &prk, "HostNQN", hostnqn.as_bytes(), self.key.len(), d)
             }
         }
     }
@@ -471,14 +468,20 @@ mod tests {
         assert!(s.ends_with(':'));
         assert_eq!(ConfiguredPsk::parse(&s).unwrap(), k);
         // Without the trailing colon, and with white space around it.
-        assert_eq!(ConfiguredPsk::parse(&format!(" {} ", &s[..s.len() - 1])).unwrap(), k);
+        assert_eq!(
+            ConfiguredPsk::parse(&format!(" {} ", &s[..s.len() - 1])).unwrap(),
+            k
+        );
         let k48 = ConfiguredPsk {
             key: vec![7; 48],
             transform: None,
         };
         assert_eq!(ConfiguredPsk::parse(&k48.format()).unwrap(), k48);
         assert_eq!(k48.psk_hash(), PskHash::Sha384);
-        assert_eq!(ConfiguredPsk::parse("DHHC-1:00:AAAA:"), Err(PskError::Prefix));
+        assert_eq!(
+            ConfiguredPsk::parse("DHHC-1:00:AAAA:"),
+            Err(PskError::Prefix)
+        );
         assert_eq!(
             ConfiguredPsk::parse("NVMeTLSkey-1:03:AAAA:"),
             Err(PskError::Hash("03".into()))
@@ -522,7 +525,10 @@ mod tests {
         assert_eq!(id.format(), v0);
         let v1 = "NVMe1G02 h s abc+/=";
         let id = Identity::parse(v1.as_bytes()).unwrap();
-        assert_eq!((id.version(), id.generated, id.hash), (1, true, PskHash::Sha384));
+        assert_eq!(
+            (id.version(), id.generated, id.hash),
+            (1, true, PskHash::Sha384)
+        );
         assert_eq!(id.digest.as_deref(), Some("abc+/="));
         assert_eq!(id.format(), v1);
         for bad in [
@@ -599,7 +605,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(k1.key, (0..32).collect::<Vec<u8>>());
-        assert_eq!(k1.format(), "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:");
+        assert_eq!(
+            k1.format(),
+            "NVMeTLSkey-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:"
+        );
         let id = k1.identity(0, host, sub, Derivation::LibnvmeCompat);
         assert_eq!(id.format(), format!("NVMe0R01 {host} {sub}"));
         let want = ConfiguredPsk::parse(
