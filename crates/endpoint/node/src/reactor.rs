@@ -745,15 +745,7 @@ impl Reactor {
                                 iov_base: b.as_ptr() as *mut _,
                                 iov_len: b.len(),
                             });
-                            e.msg.msg_iov = e.iov.as_mut_ptr();
-                            e.msg.msg_iovlen = 1;
-                            match u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg) {
-                                Ok(()) => e.send_armed = true,
-                                Err(err) => {
-                                    not_queued(self.id, e, "send", &err.0);
-                                    close_now = true;
-                                }
-                            }
+                            close_now |= !queue_send(u, self.id, idx, e);
                             work = true;
                         }
                     }
@@ -765,15 +757,7 @@ impl Reactor {
                 if e.conn.has_output() && !e.zombie && !e.send_armed {
                     e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
                     cap_iovecs(&mut e.iov, budget);
-                    e.msg.msg_iov = e.iov.as_mut_ptr();
-                    e.msg.msg_iovlen = e.iov.len() as _;
-                    match u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg) {
-                        Ok(()) => e.send_armed = true,
-                        Err(err) => {
-                            not_queued(self.id, e, "send", &err.0);
-                            close_now = true;
-                        }
-                    }
+                    close_now |= !queue_send(u, self.id, idx, e);
                     work = true;
                 }
             } else if e.conn.has_output() && !e.zombie {
@@ -1004,6 +988,29 @@ impl Reactor {
 }
 
 /// A socket operation could not be queued: close that connection only.
+/// io_uring engine: queues one send of `e.iov` (plain: the connection's
+/// iovecs; TLS: its ciphertext). False when it could not be queued: the
+/// connection is then closing (`not_queued`).
+fn queue_send(
+    u: &mut crate::uring_net::UringNet,
+    reactor: usize,
+    idx: usize,
+    e: &mut Entry,
+) -> bool {
+    e.msg.msg_iov = e.iov.as_mut_ptr();
+    e.msg.msg_iovlen = e.iov.len() as _;
+    match u.arm_send(idx, e.stream.as_raw_fd(), &*e.msg) {
+        Ok(()) => {
+            e.send_armed = true;
+            true
+        }
+        Err(err) => {
+            not_queued(reactor, e, "send", &err.0);
+            false
+        }
+    }
+}
+
 fn not_queued(reactor: usize, e: &mut Entry, what: &str, err: &std::io::Error) {
     tracing::error!(reactor, peer = %e.conn.peer(), "closing connection: cannot queue its io_uring {what} ({err})");
     e.conn
