@@ -383,6 +383,8 @@ fn calibration_derives_cost_slots_and_ceiling_from_the_drive() {
     assert_eq!(c.slots_per_ssd, 15);
     // The 4 GiB/s ceiling (PCIe 3.0 ×4) rises to the drive's PCIe 4.0 link.
     assert_eq!(c.rate_max_bytes_per_s, 7_025_459_200);
+    // The target rate starts at the drive's read bandwidth, not at 1000 MiB/s.
+    assert_eq!(c.rate_init_bytes_per_s, 7_025_000_000);
     assert!(c.validate().is_ok());
     // Everything else keeps Gimbal's value.
     let d = GimbalConfig::default();
@@ -410,6 +412,12 @@ fn calibration_clamps_what_the_slot_table_cannot_hold() {
     assert_eq!(
         GimbalConfig::default().calibrated(&m).io_cost_bytes,
         MAX_IO_COST_BYTES
+    );
+    // No read bandwidth: the target rate starts where Gimbal starts it.
+    m.read_bytes_per_s = 0;
+    assert_eq!(
+        GimbalConfig::default().calibrated(&m).rate_init_bytes_per_s,
+        GimbalConfig::default().rate_init_bytes_per_s
     );
 }
 
