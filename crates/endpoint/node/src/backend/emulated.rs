@@ -178,7 +178,7 @@ impl Drop for Drive {
         );
         if l.p99_us * 1000.0 > CPU_BOUND_LATENESS_P99_NS as f64 {
             tracing::warn!(
-                "emulated {}: completions ran late (lateness p99 {:.1} µs > {} µs): the reactor noticed them late. With the reactor's busy % (its own line) near 100 %, the target CPU, not the drive, set those times: raise time_scale (now {}) or lower the load; at a low busy % the delay is the reactor's long loops (sends) and host stalls (docs/ssd-model.md, Lateness)",
+                "emulated {}: completions ran late (lateness p99 {:.1} µs > {} µs): the reactor noticed them late. With the reactor's busy % (its own line) near 100 %, the target CPU, not the drive, set those times: raise time_scale (now {}) or lower the load; at a low busy % the delay is other work on the reactor's CPU (its line counts the preemptions), its long loops (sends) and host stalls (docs/ssd-model.md, Lateness)",
                 self.name,
                 l.p99_us,
                 CPU_BOUND_LATENESS_P99_NS / 1000,
