@@ -562,7 +562,7 @@ fn authenticate(q: &mut Queue, cfg: &HostConfig, subnqn: &str, qid: u16) -> Resu
 
 fn exchange(q: &mut Queue, cfg: &HostConfig, subnqn: &str, qid: u16) -> Result<()> {
     let Some(secret) = cfg.dhchap_secret.clone() else {
-        return Err(Error::protocol(format!(
+        return Err(Error::Auth(format!(
             "{subnqn} requires in-band authentication (DH-HMAC-CHAP) of host {}: give its DHHC-1 secret",
             cfg.hostnqn
         )));
@@ -594,7 +594,7 @@ fn auth_failed(q: &mut Queue, h: &HostAuth, f: HostFailure, qid: u16) -> Result<
             ("the host refused the controller", e)
         }
     };
-    Err(Error::protocol(format!(
+    Err(Error::Auth(format!(
         "DH-HMAC-CHAP on queue {qid} failed: {who} (AUTH_Failure explanation {code:#04x})"
     )))
 }

@@ -1,7 +1,8 @@
-//! The one error type of the host library. Every failure is one of five kinds,
+//! The one error type of the host library. Every failure is one of a few kinds,
 //! so callers can decide what to do without parsing messages:
 //! the transport broke, the controller said no, nobody answered in time, the
-//! peer broke the NVMe/TCP protocol, or the caller misused the API.
+//! peer broke the NVMe/TCP protocol, in-band authentication failed, or the
+//! caller misused the API.
 
 use trellis_nvme::Status;
 
@@ -22,6 +23,11 @@ pub enum Error {
     /// CID, short data, bad digest, TermReq). The queue is unusable afterwards.
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// DH-HMAC-CHAP failed: the controller refused the host, the host refused
+    /// the controller, or the subsystem asks for a secret the host was not
+    /// given. Nothing is wrong with the protocol: a key or the configuration is.
+    #[error("authentication failed: {0}")]
+    Auth(String),
     /// The caller broke the API contract (a slot it does not own, a transfer
     /// larger than the slot buffer). Nothing was sent; the queue is intact.
     #[error("invalid use: {0}")]
@@ -45,6 +51,7 @@ impl Error {
             Error::Nvme(s) => Error::Nvme(*s),
             Error::Timeout(s) => Error::Timeout(s.clone()),
             Error::Protocol(s) => Error::Protocol(s.clone()),
+            Error::Auth(s) => Error::Auth(s.clone()),
             Error::Usage(s) => Error::Usage(s.clone()),
             Error::Busy(n) => Error::Busy(*n),
         }

@@ -67,9 +67,11 @@ fn the_host_library_authenticates_every_queue() {
 fn wrong_or_missing_secrets_are_refused() {
     let t = start_auth_target(&[]);
     let addr = t.local_addrs[0].to_string();
+    // Refusals are their own error kind, not a protocol violation.
     let err = |cfg| match trellis_host::Controller::connect(&addr, NQN, &cfg) {
         Ok(_) => panic!("connected"),
-        Err(e) => e.to_string(),
+        Err(e @ trellis_host::Error::Auth(_)) => e.to_string(),
+        Err(e) => panic!("not an authentication error: {e}"),
     };
     let e = err(host(Some(secret(9, Some(HashId::Sha384))), None));
     assert!(e.contains("the controller refused the host"), "{e}");
