@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
@@ -288,7 +289,18 @@ fn save(socket: &std::path::Path, path: &std::path::Path) -> anyhow::Result<()> 
             path.display()
         )
     };
-    std::fs::write(&tmp, toml).map_err(fail)?;
+    // The configuration may hold TLS PSKs and DH-HMAC-CHAP secrets: readable
+    // by the owner only, as nvme-cli keeps /etc/nvme's keys. `mode` applies
+    // when the file is created, so a stale tmp of another mode goes first.
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(fail)?;
+    f.write_all(toml.as_bytes()).map_err(fail)?;
+    drop(f);
     std::fs::rename(&tmp, path).map_err(fail)?;
     println!("wrote the live configuration to {}", path.display());
     Ok(())

@@ -212,6 +212,10 @@ fn ctl_adds_and_removes_a_subsystem_a_referral_and_a_listener() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&saved).unwrap();
     assert!(text.contains(B) && text.contains("[[referral]]"), "{text}");
+    // It may hold secrets: owner-only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&saved).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "saved config mode {mode:o}");
     let o = ctl(&[
         "subsystem",
         "remove",
