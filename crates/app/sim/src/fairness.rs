@@ -336,7 +336,7 @@ impl Engine<'_> {
             now = match (next_done, timer) {
                 (Some(d), Some(t)) => d.min(t).max(now),
                 (Some(d), None) => d,
-                (None, Some(_)) if !self.issuing => bail!("requests held with nothing in flight"),
+                // Held by the token bucket with nothing in flight: wait for the refill.
                 (None, Some(t)) => t.max(now),
                 (None, None) if !self.issuing => return Ok(now),
                 (None, None) => bail!("nothing in flight and no timer: the loop stalled"),
@@ -568,14 +568,37 @@ mod tests {
 
     #[test]
     fn gimbal_evens_out_the_intensity_case_and_weights_move_the_split() {
-        let g = short(Policy::Gimbal);
-        let mut t = case("intensity").unwrap();
-        let r = run(&g, &t).unwrap();
-        let ratio = mb(&r, "deep") / mb(&r, "shallow");
-        assert!((0.85..1.15).contains(&ratio), "{r:?}");
-        t[1].weight = 2;
-        let r = run(&g, &t).unwrap();
-        assert!(mb(&r, "shallow") > 1.4 * mb(&r, "deep"), "{r:?}");
+        // bench/fairness.sh's acceptance metric: each tenant's bandwidth over its
+        // standalone bandwidth, as a share of the sum, within ±15 % of its fair share.
+        // (Raw MB/s are not equal under Gimbal: the iodepth-64 tenant's reads fit in
+        // its half of the in-flight budget, so it never waits in the scheduler.)
+        let share = |modes: &[CaseMode], mode: &str, name: &str| {
+            let m = modes.iter().find(|m| m.mode == mode).unwrap();
+            m.tenants.iter().find(|t| t.name == name).unwrap().share
+        };
+        let base = short(Policy::Gimbal);
+        let even = run_case("intensity", &[], &base).unwrap();
+        assert!(share(&even, "off", "deep") > 0.575, "{even:?}");
+        for who in ["deep", "shallow"] {
+            let s = share(&even, "gimbal", who);
+            assert!((0.425..=0.575).contains(&s), "{who} {s}: {even:?}");
+        }
+        let weighted = run_case("intensity", &[("shallow".into(), 2)], &base).unwrap();
+        let s = share(&weighted, "gimbal", "shallow");
+        assert!(
+            (2.0 / 3.0 * 0.85..=2.0 / 3.0 * 1.15).contains(&s),
+            "{weighted:?}"
+        );
+    }
+
+    #[test]
+    fn gimbal_keeps_small_reads_using_the_drive_in_the_intensity_case() {
+        // Utilisation (Σ BW / BW alone with QoS off) at least 85 % of QoS off. With
+        // Gimbal's whole-slot retirement a slot of ten 4 KiB reads stayed held until
+        // its slowest read was back: 0.84 of off here; the byte budget gives ~0.98.
+        let modes = run_case("intensity", &[], &Setup::daemon_like(Policy::Gimbal)).unwrap();
+        let util = |mode: &str| modes.iter().find(|m| m.mode == mode).unwrap().utilisation;
+        assert!(util("gimbal") >= 0.85 * util("off"), "{modes:?}");
     }
 
     #[test]

@@ -1,10 +1,18 @@
 //! Level 1: DRR over tenants with write-cost-weighted sizes and virtual slots (§1.c).
 //!
 //! Tenant weights are ours [R]: Gimbal gives every tenant the same quantum and the
-//! same share of slots. A tenant of weight w gets `w × Q` per DRR visit and
-//! `max(1, ⌊S × w / W_active⌋)` virtual slots (S = slots per SSD, W_active = the sum
-//! of the active tenants' weights), which is Gimbal's `max(1, ⌊S / N_active⌋)` when
-//! every weight is 1.
+//! same share of slots. A tenant of weight w gets `w × Q` per DRR visit and an
+//! in-flight budget of `max(1, S × w / W_active)` slots' worth of weighted bytes
+//! (S = slots per SSD, W_active = the sum of the active tenants' weights).
+//!
+//! [R] The budget counts bytes, not whole slots (docs/gimbal.md "Where the daemon
+//! departs"): Gimbal defers a tenant once `⌊S / N_active⌋` slots are open and returns
+//! a slot only when *every* I/O in it has completed. A slot of ten 4 KiB reads then
+//! stays held until the slowest of the ten is back, so on a drive that completes
+//! out of order a small-I/O tenant keeps about half its allowance in flight, and the
+//! floor leaves a slot of an odd S unused. Here each completion returns its own
+//! weighted length, and the share is not floored to whole slots. Slots remain the
+//! unit of the credit (I/Os per slot of the last retired slot), as in Gimbal.
 
 use crate::cc::WriteCost;
 use crate::pool::{List, ListPool};
@@ -22,7 +30,10 @@ pub struct Request {
 
 /// Which virtual slot an I/O was charged to; hand it back on completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotTag(pub u8);
+pub struct SlotTag {
+    pub slot: u8,
+    pub weighted: u32,
+}
 
 /// Slot entries per tenant: up to 32 slots in use plus one being opened. Gimbal has
 /// 8 + 1 ([G] DRR_NUM_VQE) for its 3.2 GB/s drive; [R] a calibrated faster drive needs
@@ -51,11 +62,13 @@ struct Tenant {
     deficit: i64,
     backlog: u64,
     io_processing: u32,
+    inflight_w: u64,
     slots: [Slot; SLOT_ENTRIES],
     cur_slot: Option<u8>,
     vqsize: i32,
-    /// I/Os the last retired slot held: the per-slot I/O credit [G] `credit_per_vslot`.
-    io_credits_per_vslot: u32,
+    /// I/Os per weighted byte of the last retired slot, ×2³² ([G] `credit_per_vslot`
+    /// divided by the slot's length): the credit is this times the byte budget.
+    io_credits_per_byte_fp32: u64,
     place: Where,
     weight: u32,
     /// Counted in N_active / W_active (from first enqueue until idle with nothing in flight).
@@ -86,10 +99,14 @@ impl Drr {
                 deficit: 0,
                 backlog: 0,
                 io_processing: 0,
+                inflight_w: 0,
                 slots: [Slot::default(); SLOT_ENTRIES],
                 cur_slot: Some(0),
                 vqsize: 1,
-                io_credits_per_vslot: cfg.io_credits_per_vslot_init,
+                io_credits_per_byte_fp32: per_byte_fp32(
+                    cfg.io_credits_per_vslot_init,
+                    cfg.slot_bytes,
+                ),
                 place: Where::Idle,
                 weight: 1,
                 counted: false,
@@ -114,18 +131,13 @@ impl Drr {
         self.pool.live() as usize
     }
 
-    /// Slot limit of a weight-1 tenant: Gimbal's `vqmaxqd`.
-    pub fn vqmaxqd(&self) -> i32 {
-        self.slot_limit(1)
+    /// Weighted bytes a weight-`weight` tenant may have in flight now (its budget).
+    pub fn budget_bytes(&self, weight: u32) -> u64 {
+        budget_of(self.slots_per_ssd, self.slot_bytes, weight, self.w_active)
     }
 
     pub fn n_active(&self) -> u32 {
         self.n_active
-    }
-
-    /// `max(1, ⌊S × w / W_active⌋)`, at most S; S when no tenant is active [G], [R] weights.
-    fn slot_limit(&self, weight: u32) -> i32 {
-        slot_limit_of(self.slots_per_ssd, weight, self.w_active)
     }
 
     fn count(&mut self, tenant: u16, on: bool) {
@@ -278,32 +290,21 @@ impl Drr {
         if s.length < slot_bytes {
             return true; // the slot stays open: nothing retires
         }
-        // The slot filled: serve opens the next one (or defers the tenant when
-        // out of slots), then the release retires this one, whose I/Os are all
-        // complete. Limits as both steps see them: with the tenant counted.
-        let submits = s.submits;
+        // The slot filled. Serve defers the tenant if this one I/O covers its
+        // budget (as both steps see it: with the tenant counted), else opens the
+        // next slot; the release then retires this slot, whose I/Os are all
+        // complete, and a deferred tenant, now with nothing in flight, opens a
+        // fresh one. Either way: one new open slot, the tenant Idle.
+        let (submits, length) = (s.submits, s.length);
         let w_with = self.w_active + t.weight as u64;
-        let limit = slot_limit_of(slots_per_ssd, t.weight, w_with);
-        let deferred = limit - t.vqsize <= 0;
-        if deferred {
-            t.cur_slot = None;
+        if w < budget_of(slots_per_ssd, slot_bytes, t.weight, w_with) {
+            t.cur_slot = Some(free_slot(&t.slots));
+            t.slots[cur as usize] = Slot::default();
         } else {
-            t.vqsize += 1;
+            t.slots[cur as usize] = Slot::default();
             t.cur_slot = Some(free_slot(&t.slots));
         }
-        t.vqsize -= 1;
-        t.io_credits_per_vslot = submits;
-        t.slots[cur as usize] = Slot::default();
-        if deferred {
-            if limit - t.vqsize > 0 {
-                t.cur_slot = Some(free_slot(&t.slots));
-                t.vqsize += 1;
-            } else {
-                // Still out of slots: Deferred, and counted, as the two steps leave it.
-                t.place = Where::Deferred;
-                self.count(tenant, true);
-            }
-        }
+        t.io_credits_per_byte_fp32 = per_byte_fp32(submits, length);
         true
     }
 
@@ -318,16 +319,23 @@ impl Drr {
         t.deficit -= w;
         t.backlog -= req.size_bytes as u64;
         t.io_processing += 1;
-        if s.length >= slot_bytes {
-            let limit = slot_limit_of(slots_per_ssd, t.weight, w_active);
-            if limit - t.vqsize <= 0 {
-                // Out of slots: defer until one retires ([Gimbal] §3, second-hand; §1.c).
-                t.place = Where::Deferred;
-                t.deficit = 0;
-                t.cur_slot = None;
-                self.active.pop_front();
-                return (tid, req, SlotTag(cur));
-            }
+        t.inflight_w += w as u64;
+        let tag = SlotTag {
+            slot: cur,
+            weighted: w as u32,
+        };
+        // Out of budget (the I/O that crosses it stays, as in a slot), or out of
+        // slot entries: defer until completions bring it back ([Gimbal] §3; §1.c).
+        let budget = budget_of(slots_per_ssd, slot_bytes, t.weight, w_active);
+        let full = s.length >= slot_bytes;
+        if t.inflight_w >= budget || (full && t.vqsize >= MAX_SLOTS_PER_SSD as i32) {
+            t.place = Where::Deferred;
+            t.deficit = 0;
+            t.cur_slot = None;
+            self.active.pop_front();
+            return (tid, req, tag);
+        }
+        if full {
             t.vqsize += 1;
             t.cur_slot = Some(free_slot(&t.slots));
         }
@@ -336,35 +344,39 @@ impl Drr {
             t.place = Where::Idle;
             self.active.pop_front();
         }
-        (tid, req, SlotTag(cur))
+        (tid, req, tag)
     }
 
     /// Completion of an I/O charged to `slot` (before its credit is read) [G].
     /// The caller guarantees that (tenant, slot) came from `dequeue` and completes once.
     pub fn release(&mut self, tenant: u16, slot: SlotTag) {
         let (slots_per_ssd, w_active) = (self.slots_per_ssd, self.w_active);
+        let slot_bytes = self.slot_bytes;
         let t = &mut self.tenants[tenant as usize];
-        let s = &mut t.slots[slot.0 as usize];
+        let s = &mut t.slots[slot.slot as usize];
         s.completions += 1;
         assert!(
             s.completions <= s.submits,
             "slot completed more I/Os than it held"
         );
-        if s.submits == s.completions && t.cur_slot != Some(slot.0) {
+        t.inflight_w -= slot.weighted as u64;
+        if s.submits == s.completions && t.cur_slot != Some(slot.slot) {
             t.vqsize -= 1;
-            t.io_credits_per_vslot = s.submits;
+            t.io_credits_per_byte_fp32 = per_byte_fp32(s.submits, s.length);
             *s = Slot::default();
-            if t.place == Where::Deferred
-                && slot_limit_of(slots_per_ssd, t.weight, w_active) - t.vqsize > 0
-            {
-                t.cur_slot = Some(free_slot(&t.slots));
-                t.vqsize += 1;
-                if t.backlog > 0 {
-                    t.place = Where::Active;
-                    self.active.push_back(tenant);
-                } else {
-                    t.place = Where::Idle;
-                }
+        }
+        let budget = budget_of(slots_per_ssd, slot_bytes, t.weight, w_active);
+        if t.place == Where::Deferred
+            && t.inflight_w < budget
+            && t.vqsize < MAX_SLOTS_PER_SSD as i32
+        {
+            t.cur_slot = Some(free_slot(&t.slots));
+            t.vqsize += 1;
+            if t.backlog > 0 {
+                t.place = Where::Active;
+                self.active.push_back(tenant);
+            } else {
+                t.place = Where::Idle;
             }
         }
         let t = &mut self.tenants[tenant as usize];
@@ -389,8 +401,11 @@ impl Drr {
     pub fn io_credits(&self, tenant: u16) -> Option<u32> {
         let t = self.tenants.get(tenant as usize)?;
         let w_active = self.w_active + if t.counted { 0 } else { t.weight as u64 };
-        let limit = slot_limit_of(self.slots_per_ssd, t.weight, w_active) as u32;
-        Some((limit * t.io_credits_per_vslot).min(65535))
+        let budget = budget_of(self.slots_per_ssd, self.slot_bytes, t.weight, w_active);
+        // ceil(budget × I/Os per byte): the I/Os of the last slot's mean weighted
+        // size the budget admits (the one that crosses it included).
+        let ios = (budget as u128 * t.io_credits_per_byte_fp32 as u128).div_ceil(1 << 32);
+        Some(ios.clamp(1, 65535) as u32)
     }
 
     /// (queued, in flight, weight) of `tenant`, or None outside the table.
@@ -400,19 +415,25 @@ impl Drr {
     }
 }
 
-/// `max(1, ⌊S × w / W_active⌋)`, at most S; S when no tenant is active.
+/// `S × slot_bytes × w / W_active`, at least one slot and at most S; all S slots
+/// when no other tenant is active.
 ///
 /// A tenant alone (`w_active` is its own weight, or 0) gets S without a
 /// division: on a busy reactor this runs up to three times per I/O, and a
 /// 64-bit division is the largest single cost of the scheduler's I/O path
 /// (examples/sched_cost.rs).
 #[inline]
-fn slot_limit_of(slots_per_ssd: u32, weight: u32, w_active: u64) -> i32 {
-    let s = slots_per_ssd as u64;
+fn budget_of(slots_per_ssd: u32, slot_bytes: u64, weight: u32, w_active: u64) -> u64 {
+    let all = slots_per_ssd as u64 * slot_bytes;
     if w_active == 0 || w_active == weight as u64 {
-        return s as i32;
+        return all;
     }
-    (s * weight as u64 / w_active).clamp(1, s) as i32
+    (all * weight as u64 / w_active).clamp(slot_bytes, all)
+}
+
+/// I/Os per weighted byte of a slot that held `submits` I/Os in `length` bytes, ×2³².
+fn per_byte_fp32(submits: u32, length: u64) -> u64 {
+    ((submits as u64) << 32) / length.max(1)
 }
 
 /// An unused slot entry: one more entry than slots in use, so one always exists.

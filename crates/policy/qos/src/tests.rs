@@ -178,8 +178,8 @@ fn drr_deficit_carries_between_rounds() {
 }
 
 #[test]
-fn virtual_slots_defer_after_sixteen_64k_ios() {
-    // Ex 1.c-4: one tenant, vqmaxqd = 8, two 64 KiB I/Os per slot: deferred after 16.
+fn the_budget_defers_after_sixteen_64k_ios_and_each_completion_returns_its_bytes() {
+    // Ex 1.c-4: one tenant, 8 slots = 1 MiB: deferred after 16 × 64 KiB.
     let mut drr = drr4();
     for _ in 0..40 {
         drr.enqueue(0, req(IoDir::Read, 65536)).unwrap();
@@ -189,12 +189,15 @@ fn virtual_slots_defer_after_sixteen_64k_ios() {
         out.push(d);
     }
     assert_eq!(out.len(), 16);
-    // Completing both I/Os of the first slot reopens one slot: two more I/Os.
-    drr.release(0, out[0].2);
+    // [R] One completion returns its 64 KiB at once: one more I/O, then deferred
+    // again. (Gimbal waits for both I/Os of the first slot, then sends two.)
+    drr.release(0, out[5].2);
     assert!(
-        drr.dequeue(1024).is_none(),
-        "half a slot retired: still deferred"
+        drr.dequeue(1024).is_some(),
+        "half a slot back: one more I/O"
     );
+    assert!(drr.dequeue(1024).is_none(), "1 MiB in flight again");
+    drr.release(0, out[0].2);
     drr.release(0, out[1].2);
     assert!(drr.dequeue(1024).is_some());
     assert!(drr.dequeue(1024).is_some());
@@ -202,17 +205,50 @@ fn virtual_slots_defer_after_sixteen_64k_ios() {
 }
 
 #[test]
-fn vqmaxqd_divides_slots_among_active_tenants() {
+fn a_small_io_tenant_keeps_its_whole_budget_in_flight_whatever_the_completion_order() {
+    // 4 KiB reads, 32 per slot, 8 slots: 256 in flight. Completing every other
+    // one frees half of each slot's bytes; with whole-slot retirement (Gimbal)
+    // no slot would retire and nothing more could be sent.
+    let mut drr = drr4();
+    for _ in 0..600 {
+        drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+    }
+    let mut out = Vec::new();
+    while let Some(d) = drr.dequeue(1024) {
+        out.push(d);
+    }
+    assert_eq!(out.len(), 256);
+    for d in out.iter().step_by(2) {
+        drr.release(0, d.2);
+    }
+    let mut more = 0;
+    while drr.dequeue(1024).is_some() {
+        more += 1;
+    }
+    assert_eq!(more, 128, "every byte returned is sent again");
+}
+
+#[test]
+fn the_budget_divides_among_active_tenants_by_weight_not_floored_to_slots() {
     let mut drr = Drr::new(&GimbalConfig::default(), &limits(16));
-    let expect = [(1, 8), (2, 4), (3, 2), (5, 1), (9, 1)];
+    // 8 slots of 128 KiB: 1 MiB over N tenants, at least one slot each.
+    let expect = [
+        (1, 1 << 20),
+        (2, 1 << 19),
+        (3, 349_525),
+        (5, 209_715),
+        (9, 131_072),
+    ];
     let mut active = 0;
-    for (n, limit) in expect {
+    for (n, budget) in expect {
         while active < n {
             drr.enqueue(active as u16, req(IoDir::Read, 4096)).unwrap();
             active += 1;
         }
-        assert_eq!(drr.vqmaxqd(), limit, "{n} tenants");
+        assert_eq!(drr.budget_bytes(1), budget, "{n} tenants");
     }
+    drr.set_weight(0, 3).unwrap();
+    assert_eq!(drr.budget_bytes(3), 3 * (1 << 20) / 11, "weight 3 of 11");
 }
 
 #[test]
@@ -306,6 +342,8 @@ fn gimbal_paces_writes_by_tokens_and_never_reorders() {
         limits: limits(2),
         gimbal: GimbalConfig {
             write_cost_init_fp10: 4096,
+            // A 4 MiB budget: the token bucket, not the budget, holds the writes back.
+            slots_per_ssd: 32,
             ..GimbalConfig::default()
         },
         ..SchedConfig::default()

@@ -95,7 +95,8 @@ impl GimbalScheduler {
             return None;
         }
         e.state = State::InFlight;
-        e.vslot = slot.0;
+        e.vslot = slot.slot;
+        e.weighted = slot.weighted;
         self.inflight += 1;
         Some(Dispatch {
             tag,
@@ -111,7 +112,13 @@ impl GimbalScheduler {
             .table
             .get(tag, State::InFlight)
             .expect("release of a request not in flight");
-        self.drr.release(e.tenant, SlotTag(e.vslot));
+        self.drr.release(
+            e.tenant,
+            SlotTag {
+                slot: e.vslot,
+                weighted: e.weighted,
+            },
+        );
         self.table.free(tag);
         self.inflight -= 1;
         debug_assert_eq!(self.table.live(), self.queued() + self.inflight);

@@ -23,6 +23,8 @@ pub(crate) struct Entry {
     pub state: State,
     /// Gimbal's virtual slot while in flight (0 under the FIFO policy).
     pub vslot: u8,
+    /// Gimbal's weighted length of the request while in flight (0 under FIFO).
+    pub weighted: u32,
     pub len_bytes: u32,
     generation: u32,
     next_free: u32,
@@ -60,6 +62,7 @@ impl ReqTable {
                 dir: IoDir::Read,
                 state: State::Free,
                 vslot: 0,
+                weighted: 0,
                 len_bytes: 0,
                 generation: 0,
                 next_free: NIL,
@@ -74,6 +77,7 @@ impl ReqTable {
         row.dir = dir;
         row.state = State::Queued;
         row.vslot = 0;
+        row.weighted = 0;
         row.len_bytes = len_bytes;
         self.live += 1;
         Some(Tag {

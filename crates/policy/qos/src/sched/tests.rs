@@ -259,7 +259,9 @@ fn io_credits_shrink_when_write_latency_raises_the_write_cost() {
     assert_eq!(done.io_credits, 256);
     assert_eq!(s.view(0).unwrap().write_cost_fp10, 5120);
     // At wc = 5.0 a 4 KiB write weighs 20,480 B: the 7th crosses 128 KiB and closes the
-    // slot (6 × 20,480 = 122,880 < 131,072 ≤ 143,360). Retired, it gives 8 × 7 = 56.
+    // slot (6 × 20,480 = 122,880 < 131,072 ≤ 143,360). Retired, it gives 7 I/Os per
+    // 143,360 B: the 1 MiB budget admits ⌈1,048,576 × 7 / 143,360⌉ = 52 of them
+    // (Gimbal's whole slots: 8 × 7 = 56, more than the bytes allow).
     let tags: Vec<Tag> = (0..7)
         .map(|_| submit_tag(s.as_mut(), 0, IoDir::Write, 4 * KIB, 100_000_000))
         .collect();
@@ -269,8 +271,8 @@ fn io_credits_shrink_when_write_latency_raises_the_write_cost() {
         .into_iter()
         .map(|t| s.complete(t, lat, 101_000_000).unwrap().io_credits)
         .collect();
-    assert_eq!(credits.last(), Some(&56));
-    assert_eq!(s.io_credits(0), Some(56));
+    assert_eq!(credits.last(), Some(&52));
+    assert_eq!(s.io_credits(0), Some(52));
 }
 
 #[test]
