@@ -69,10 +69,21 @@ struct Tenant {
     /// I/Os per weighted byte of the last retired slot, ×2³² ([G] `credit_per_vslot`
     /// divided by the slot's length): the credit is this times the byte budget.
     io_credits_per_byte_fp32: u64,
+    /// The credit with no other tenant active (budget = all S slots), kept with the
+    /// rate: `io_credits` runs once per I/O and a tenant alone is the common case.
+    io_credits_alone: u32,
     place: Where,
     weight: u32,
     /// Counted in N_active / W_active (from first enqueue until idle with nothing in flight).
     counted: bool,
+}
+
+impl Tenant {
+    /// A retired slot's I/Os per weighted byte (×2³²), and the credit it gives alone.
+    fn set_credit_rate(&mut self, per_byte_fp32: u64, all_bytes: u64) {
+        self.io_credits_per_byte_fp32 = per_byte_fp32;
+        self.io_credits_alone = credits_of(all_bytes, per_byte_fp32);
+    }
 }
 
 pub struct Drr {
@@ -93,7 +104,7 @@ impl Drr {
     /// `cfg` must be valid ([`GimbalConfig::validate`]); the constructor asserts it.
     pub fn new(cfg: &GimbalConfig, limits: &SchedLimits) -> Self {
         assert!(cfg.slots_per_ssd >= 1 && cfg.slots_per_ssd <= MAX_SLOTS_PER_SSD);
-        let tenants = (0..limits.max_tenants)
+        let mut tenants = (0..limits.max_tenants)
             .map(|_| Tenant {
                 queue: List::new(),
                 deficit: 0,
@@ -103,15 +114,18 @@ impl Drr {
                 slots: [Slot::default(); SLOT_ENTRIES],
                 cur_slot: Some(0),
                 vqsize: 1,
-                io_credits_per_byte_fp32: per_byte_fp32(
-                    cfg.io_credits_per_vslot_init,
-                    cfg.slot_bytes,
-                ),
+                io_credits_per_byte_fp32: 0,
+                io_credits_alone: 0,
                 place: Where::Idle,
                 weight: 1,
                 counted: false,
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let all = cfg.slots_per_ssd as u64 * cfg.slot_bytes;
+        let fp = per_byte_fp32(cfg.io_credits_per_vslot_init, cfg.slot_bytes);
+        for t in tenants.iter_mut() {
+            t.set_credit_rate(fp, all);
+        }
         Drr {
             tenants,
             pool: ListPool::new(limits.max_requests, limits.prealloc_requests),
@@ -304,7 +318,10 @@ impl Drr {
             t.slots[cur as usize] = Slot::default();
             t.cur_slot = Some(free_slot(&t.slots));
         }
-        t.io_credits_per_byte_fp32 = per_byte_fp32(submits, length);
+        t.set_credit_rate(
+            per_byte_fp32(submits, length),
+            slots_per_ssd as u64 * slot_bytes,
+        );
         true
     }
 
@@ -362,8 +379,9 @@ impl Drr {
         t.inflight_w -= slot.weighted as u64;
         if s.submits == s.completions && t.cur_slot != Some(slot.slot) {
             t.vqsize -= 1;
-            t.io_credits_per_byte_fp32 = per_byte_fp32(s.submits, s.length);
+            let fp = per_byte_fp32(s.submits, s.length);
             *s = Slot::default();
+            t.set_credit_rate(fp, slots_per_ssd as u64 * slot_bytes);
         }
         let budget = budget_of(slots_per_ssd, slot_bytes, t.weight, w_active);
         if t.place == Where::Deferred
@@ -401,11 +419,11 @@ impl Drr {
     pub fn io_credits(&self, tenant: u16) -> Option<u32> {
         let t = self.tenants.get(tenant as usize)?;
         let w_active = self.w_active + if t.counted { 0 } else { t.weight as u64 };
+        if w_active == t.weight as u64 {
+            return Some(t.io_credits_alone);
+        }
         let budget = budget_of(self.slots_per_ssd, self.slot_bytes, t.weight, w_active);
-        // ceil(budget × I/Os per byte): the I/Os of the last slot's mean weighted
-        // size the budget admits (the one that crosses it included).
-        let ios = (budget as u128 * t.io_credits_per_byte_fp32 as u128).div_ceil(1 << 32);
-        Some(ios.clamp(1, 65535) as u32)
+        Some(credits_of(budget, t.io_credits_per_byte_fp32))
     }
 
     /// (queued, in flight, weight) of `tenant`, or None outside the table.
@@ -429,6 +447,16 @@ fn budget_of(slots_per_ssd: u32, slot_bytes: u64, weight: u32, w_active: u64) ->
         return all;
     }
     (all * weight as u64 / w_active).clamp(slot_bytes, all)
+}
+
+/// ⌈budget × I/Os per byte⌉: the I/Os of the last slot's mean weighted size that the
+/// budget admits (the one that crosses it included), in 1..=65535.
+fn credits_of(budget: u64, per_byte_fp32: u64) -> u32 {
+    let ios = match budget.checked_mul(per_byte_fp32) {
+        Some(p) => p.div_ceil(1 << 32),
+        None => (budget as u128 * per_byte_fp32 as u128).div_ceil(1 << 32) as u64,
+    };
+    ios.clamp(1, 65535) as u32
 }
 
 /// I/Os per weighted byte of a slot that held `submits` I/Os in `length` bytes, ×2³².
