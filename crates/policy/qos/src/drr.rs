@@ -336,10 +336,14 @@ impl Drr {
         t.deficit -= w;
         t.backlog -= req.size_bytes as u64;
         t.io_processing += 1;
-        t.inflight_w += w as u64;
+        // Held as a u32 in the request's row: saturate, and count the same value in
+        // flight, so that the release gives back exactly what was taken. (A
+        // saturated length is still above any budget: slot_bytes ≤ 64 MiB.)
+        let w_held = (w as u64).min(u32::MAX as u64) as u32;
+        t.inflight_w += w_held as u64;
         let tag = SlotTag {
             slot: cur,
-            weighted: w as u32,
+            weighted: w_held,
         };
         // Out of budget (the I/O that crosses it stays, as in a slot), or out of
         // slot entries: defer until completions bring it back ([Gimbal] §3; §1.c).

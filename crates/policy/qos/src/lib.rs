@@ -83,6 +83,11 @@ pub struct GimbalConfig {
     pub io_cost_bytes: u64,
 }
 
+/// Largest accepted `slot_bytes`: 64 MiB, 512 × Gimbal's 128 KiB. It keeps a tenant's
+/// budget (at most 32 slots) below 2³², the range of an in-flight request's weighted
+/// length, and `budget × weight` within a u64.
+pub const MAX_SLOT_BYTES: u64 = 64 << 20;
+
 /// Largest accepted `io_cost_bytes`: 1 MiB, far above any drive's per-I/O cost (a 4 KiB
 /// read that cost more than a 1 MiB read would describe a drive that moves no data).
 pub const MAX_IO_COST_BYTES: u64 = 1 << 20;
@@ -122,7 +127,10 @@ impl GimbalConfig {
                 "need 0 < rate_min_bytes_per_s <= rate_max_bytes_per_s",
             ),
             (self.quantum_bytes > 0, "quantum_bytes must be positive"),
-            (self.slot_bytes > 0, "slot_bytes must be positive"),
+            (
+                self.slot_bytes > 0 && self.slot_bytes <= MAX_SLOT_BYTES,
+                "slot_bytes must be in 1..=67108864 (64 MiB)",
+            ),
             (
                 self.slots_per_ssd >= 1 && self.slots_per_ssd <= MAX_SLOTS_PER_SSD,
                 "slots_per_ssd must be in 1..=32",

@@ -229,6 +229,19 @@ fn a_small_io_tenant_keeps_its_whole_budget_in_flight_whatever_the_completion_or
 }
 
 #[test]
+fn a_request_heavier_than_u32_gives_back_exactly_what_it_took() {
+    // A 4 GiB write at write cost 9.0 weighs ~36 GiB: more than a request row holds.
+    let mut drr = drr4();
+    for _ in 0..2 {
+        drr.enqueue(0, req(IoDir::Write, u32::MAX)).unwrap();
+    }
+    let (_, _, first) = drr.dequeue(9216).expect("one I/O always goes");
+    assert!(drr.dequeue(9216).is_none(), "over budget: deferred");
+    drr.release(0, first);
+    assert!(drr.dequeue(9216).is_some(), "its whole weight came back");
+}
+
+#[test]
 fn the_budget_divides_among_active_tenants_by_weight_not_floored_to_slots() {
     let mut drr = Drr::new(&GimbalConfig::default(), &limits(16));
     // 8 slots of 128 KiB: 1 MiB over N tenants, at least one slot each.
