@@ -5,14 +5,15 @@
 //! in-flight budget of `max(1, S × w / W_active)` slots' worth of weighted bytes
 //! (S = slots per SSD, W_active = the sum of the active tenants' weights).
 //!
-//! [R] The budget counts bytes, not whole slots (docs/gimbal.md "Where the daemon
-//! departs"): Gimbal defers a tenant once `⌊S / N_active⌋` slots are open and returns
-//! a slot only when *every* I/O in it has completed. A slot of ten 4 KiB reads then
-//! stays held until the slowest of the ten is back, so on a drive that completes
-//! out of order a small-I/O tenant keeps about half its allowance in flight, and the
-//! floor leaves a slot of an odd S unused. Here each completion returns its own
-//! weighted length, and the share is not floored to whole slots. Slots remain the
-//! unit of the credit (I/Os per slot of the last retired slot), as in Gimbal.
+//! [R] The budget counts bytes, not whole slots (docs/gimbal.md, departures: "An
+//! in-flight budget in bytes"): Gimbal defers a tenant once `⌊S / N_active⌋` slots
+//! are open and returns a slot only when *every* I/O in it has completed. A slot of
+//! ten 4 KiB reads then stays held until the slowest of the ten is back, so on a
+//! drive that completes out of order a small-I/O tenant keeps about half its
+//! allowance in flight, and the floor leaves a slot of an odd S unused. Here each
+//! completion returns its own weighted length, and the share is not floored to
+//! whole slots. Slots remain the unit of the credit (I/Os per slot of the last
+//! retired slot), as in Gimbal.
 
 use crate::cc::WriteCost;
 use crate::pool::{List, ListPool};
