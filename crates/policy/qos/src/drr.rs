@@ -2,8 +2,18 @@
 //!
 //! Tenant weights are ours [R]: Gimbal gives every tenant the same quantum and the
 //! same share of slots. A tenant of weight w gets `w × Q` per DRR visit and an
-//! in-flight budget of `max(1, S × w / W_active)` slots' worth of weighted bytes
-//! (S = slots per SSD, W_active = the sum of the active tenants' weights).
+//! in-flight budget of weighted bytes: all S slots' worth alone, else its weight's
+//! share `S × w / W_active` (S = slots per SSD, W_active = the active tenants'
+//! weights), at least one slot; the tenants with a read latency split their part of it
+//! by weight × read latency instead (`Shares`).
+//!
+//! [R] The latency factor (docs/gimbal.md, departures: "Budgets shared by weight ×
+//! read latency"): bytes in flight give a rate of in-flight ÷ latency, so equal
+//! budgets hand the tenant whose I/Os come back sooner the larger rate. Gimbal
+//! evens tenants out only once its token bucket binds; below that its slot limits
+//! act, and with them 4 KiB reads beside 64 KiB reads took 0.67 of the shares.
+//! Writes are not sampled: write cost already prices them, and behind a full write
+//! buffer their latency is the writer's own queue, which a budget would feed.
 //!
 //! [R] The budget counts bytes, not whole slots (docs/gimbal.md, departures: "An
 //! in-flight budget in bytes"): Gimbal defers a tenant once `⌊S / N_active⌋` slots
@@ -44,6 +54,12 @@ const SLOT_ENTRIES: usize = 33;
 /// Largest slots_per_ssd the slot table can hold (one entry stays free for opening).
 pub const MAX_SLOTS_PER_SSD: u32 = SLOT_ENTRIES as u32 - 1;
 
+/// [R] Weight of a new sample in a tenant's device-latency EWMA: 1/16, the
+/// shift Gimbal's host-side port defines for its latency EWMA ([E], §1.a).
+const LAT_EWMA_SHIFT: u32 = 4;
+/// Read samples are capped at 10 s, so weight × latency stays far inside u128.
+const MAX_READ_LAT_NS: u64 = 10_000_000_000;
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Slot {
     submits: u32,
@@ -77,9 +93,17 @@ struct Tenant {
     weight: u32,
     /// Counted in N_active / W_active (from first enqueue until idle with nothing in flight).
     counted: bool,
+    /// EWMA of this tenant's read latency at the device, ns (0 until a read
+    /// completes with a nonzero latency: the tenant is then "unsampled").
+    lat_ns: u64,
 }
 
 impl Tenant {
+    /// weight × read latency: this tenant's term of `Shares::wl_sampled`.
+    fn wl(&self) -> u128 {
+        self.weight as u128 * self.lat_ns as u128
+    }
+
     /// A retired slot's I/Os per weighted byte (×2³²), and the credit it gives alone.
     fn set_credit_rate(&mut self, per_byte_fp32: u64, all_bytes: u64) {
         self.io_credits_per_byte_fp32 = per_byte_fp32;
@@ -92,13 +116,47 @@ pub struct Drr {
     pool: ListPool<Request>,
     active: VecDeque<u16>,
     n_active: u32,
-    w_active: u64,
+    /// The counted tenants' weights, and the part of them with a read latency.
+    shares: Shares,
     quantum: i64,
     slot_bytes: u64,
     slots_per_ssd: u32,
     queue_cap: u32,
     /// Per-I/O cost added to every length before weighting (`io_cost_bytes`).
     io_cost: u64,
+}
+
+/// The counted tenants' weights: all of them (W_active), and the part with a
+/// read latency (W_sampled, Σ w·L). A tenant's budget is S × w / W_active if it
+/// has no read latency yet, else S × (W_sampled / W_active) × w·L / Σ w·L.
+#[derive(Clone, Copy, Debug, Default)]
+struct Shares {
+    w_active: u64,
+    w_sampled: u64,
+    wl_sampled: u128,
+}
+
+impl Shares {
+    fn add(&mut self, t: &Tenant) {
+        self.w_active += t.weight as u64;
+        if t.lat_ns > 0 {
+            self.w_sampled += t.weight as u64;
+            self.wl_sampled += t.wl();
+        }
+    }
+
+    fn remove(&mut self, t: &Tenant) {
+        self.w_active -= t.weight as u64;
+        if t.lat_ns > 0 {
+            self.w_sampled -= t.weight as u64;
+            self.wl_sampled -= t.wl();
+        }
+    }
+
+    fn plus(mut self, t: &Tenant) -> Shares {
+        self.add(t);
+        self
+    }
 }
 
 impl Drr {
@@ -120,6 +178,7 @@ impl Drr {
                 place: Where::Idle,
                 weight: 1,
                 counted: false,
+                lat_ns: 0,
             })
             .collect::<Vec<_>>();
         let all = cfg.slots_per_ssd as u64 * cfg.slot_bytes;
@@ -132,7 +191,7 @@ impl Drr {
             pool: ListPool::new(limits.max_requests, limits.prealloc_requests),
             active: VecDeque::with_capacity(limits.max_tenants as usize),
             n_active: 0,
-            w_active: 0,
+            shares: Shares::default(),
             quantum: cfg.quantum_bytes as i64,
             slot_bytes: cfg.slot_bytes,
             slots_per_ssd: cfg.slots_per_ssd,
@@ -146,9 +205,44 @@ impl Drr {
         self.pool.live() as usize
     }
 
-    /// Weighted bytes a weight-`weight` tenant may have in flight now (its budget).
-    pub fn budget_bytes(&self, weight: u32) -> u64 {
-        budget_of(self.slots_per_ssd, self.slot_bytes, weight, self.w_active)
+    /// Weighted bytes `tenant` may have in flight now (its budget), or None
+    /// outside the table. Counted as an active tenant, as `io_credits` does.
+    pub fn budget_bytes(&self, tenant: u16) -> Option<u64> {
+        let t = self.tenants.get(tenant as usize)?;
+        Some(self.budget(t, &self.with(t)))
+    }
+
+    /// The shares with `t` counted (it is, or it is about to be).
+    fn with(&self, t: &Tenant) -> Shares {
+        if t.counted {
+            self.shares
+        } else {
+            self.shares.plus(t)
+        }
+    }
+
+    /// `t`'s budget given shares that count it.
+    #[inline]
+    fn budget(&self, t: &Tenant, shares: &Shares) -> u64 {
+        budget_of(self.slots_per_ssd, self.slot_bytes, t, shares)
+    }
+
+    /// The device latency of one of `tenant`'s reads, before its release: the
+    /// tenant's read-latency EWMA, which its budget is proportional to. Writes
+    /// are not sampled (docs/gimbal.md: write cost already prices them, and
+    /// their latency grows with the writer's own queue in the write buffer).
+    pub fn observe_read_latency(&mut self, tenant: u16, lat_ns: u64) {
+        let sample = lat_ns.min(MAX_READ_LAT_NS);
+        let Some(t) = self.tenants.get_mut(tenant as usize) else {
+            return;
+        };
+        if t.counted {
+            self.shares.remove(t);
+        }
+        t.lat_ns = ewma_step(t.lat_ns, sample);
+        if t.counted {
+            self.shares.add(t);
+        }
     }
 
     pub fn n_active(&self) -> u32 {
@@ -161,10 +255,10 @@ impl Drr {
         t.counted = on;
         if on {
             self.n_active += 1;
-            self.w_active += t.weight as u64;
+            self.shares.add(t);
         } else {
             self.n_active -= 1;
-            self.w_active -= t.weight as u64;
+            self.shares.remove(t);
         }
     }
 
@@ -178,7 +272,9 @@ impl Drr {
             return Err(QosError::BadWeight);
         }
         if t.counted {
-            self.w_active = self.w_active - t.weight as u64 + weight as u64;
+            self.shares.remove(t);
+            t.weight = weight;
+            self.shares.add(t);
         }
         t.weight = weight;
         Ok(())
@@ -298,11 +394,18 @@ impl Drr {
         // (The two-step loop cannot overflow for any w: quantum ≥ 1.)
         debug_assert!(quantum * t.weight as i64 >= 1);
         t.deficit = 0;
+        // The completion's zero-latency read sample, applied after the budget
+        // check below as in the two steps (uncounted: no shares to adjust).
+        let lat_after = match req.dir {
+            IoDir::Read => ewma_step(t.lat_ns, 0),
+            IoDir::Write => t.lat_ns,
+        };
         let s = &mut t.slots[cur as usize];
         s.length += w;
         s.submits += 1;
         s.completions += 1;
         if s.length < slot_bytes {
+            t.lat_ns = lat_after;
             return true; // the slot stays open: nothing retires
         }
         // The slot filled. Serve defers the tenant if this one I/O covers its
@@ -311,8 +414,8 @@ impl Drr {
         // complete, and a deferred tenant, now with nothing in flight, opens a
         // fresh one. Either way: one new open slot, the tenant Idle.
         let (submits, length) = (s.submits, s.length);
-        let w_with = self.w_active + t.weight as u64;
-        if w < budget_of(slots_per_ssd, slot_bytes, t.weight, w_with) {
+        let with = self.shares.plus(t);
+        if w < budget_of(slots_per_ssd, slot_bytes, t, &with) {
             t.cur_slot = Some(free_slot(&t.slots));
             t.slots[cur as usize] = Slot::default();
         } else {
@@ -323,11 +426,12 @@ impl Drr {
             per_byte_fp32(submits, length),
             slots_per_ssd as u64 * slot_bytes,
         );
+        t.lat_ns = lat_after;
         true
     }
 
     fn serve(&mut self, tid: u16, req: Request, w: i64) -> (u16, Request, SlotTag) {
-        let (slots_per_ssd, w_active) = (self.slots_per_ssd, self.w_active);
+        let (slots_per_ssd, shares) = (self.slots_per_ssd, self.shares);
         let slot_bytes = self.slot_bytes;
         let t = &mut self.tenants[tid as usize];
         let cur = t.cur_slot.expect("active tenant without an open slot");
@@ -348,8 +452,8 @@ impl Drr {
         };
         // Out of budget (the I/O that crosses it stays, as in a slot), or out of
         // slot entries: defer until completions bring it back ([Gimbal] §3; §1.c).
-        let budget = budget_of(slots_per_ssd, slot_bytes, t.weight, w_active);
         let full = s.length >= slot_bytes;
+        let budget = budget_of(slots_per_ssd, slot_bytes, t, &shares);
         if t.inflight_w >= budget || (full && t.vqsize >= MAX_SLOTS_PER_SSD as i32) {
             t.place = Where::Deferred;
             t.deficit = 0;
@@ -372,7 +476,7 @@ impl Drr {
     /// Completion of an I/O charged to `slot` (before its credit is read) [G].
     /// The caller guarantees that (tenant, slot) came from `dequeue` and completes once.
     pub fn release(&mut self, tenant: u16, slot: SlotTag) {
-        let (slots_per_ssd, w_active) = (self.slots_per_ssd, self.w_active);
+        let (slots_per_ssd, shares) = (self.slots_per_ssd, self.shares);
         let slot_bytes = self.slot_bytes;
         let t = &mut self.tenants[tenant as usize];
         let s = &mut t.slots[slot.slot as usize];
@@ -388,7 +492,7 @@ impl Drr {
             *s = Slot::default();
             t.set_credit_rate(fp, slots_per_ssd as u64 * slot_bytes);
         }
-        let budget = budget_of(slots_per_ssd, slot_bytes, t.weight, w_active);
+        let budget = budget_of(slots_per_ssd, slot_bytes, t, &shares);
         if t.place == Where::Deferred
             && t.inflight_w < budget
             && t.vqsize < MAX_SLOTS_PER_SSD as i32
@@ -423,11 +527,11 @@ impl Drr {
     /// while it has them it is counted, so we count it here too.
     pub fn io_credits(&self, tenant: u16) -> Option<u32> {
         let t = self.tenants.get(tenant as usize)?;
-        let w_active = self.w_active + if t.counted { 0 } else { t.weight as u64 };
-        if w_active == t.weight as u64 {
+        let shares = self.with(t);
+        if shares.w_active == t.weight as u64 {
             return Some(t.io_credits_alone);
         }
-        let budget = budget_of(self.slots_per_ssd, self.slot_bytes, t.weight, w_active);
+        let budget = self.budget(t, &shares);
         Some(credits_of(budget, t.io_credits_per_byte_fp32))
     }
 
@@ -438,20 +542,42 @@ impl Drr {
     }
 }
 
-/// `S × slot_bytes × w / W_active`, at least one slot and at most S; all S slots
-/// when no other tenant is active.
+/// `S × slot_bytes × w / W_active` for a tenant with no read latency, else
+/// `S × slot_bytes × (W_sampled / W_active) × w·L / Σ w·L`; at least one slot
+/// and at most S; all S slots when no other tenant is active.
 ///
 /// A tenant alone (`w_active` is its own weight, or 0) gets S without a
 /// division: on a busy reactor this runs up to three times per I/O, and a
 /// 64-bit division is the largest single cost of the scheduler's I/O path
 /// (examples/sched_cost.rs).
 #[inline]
-fn budget_of(slots_per_ssd: u32, slot_bytes: u64, weight: u32, w_active: u64) -> u64 {
+fn budget_of(slots_per_ssd: u32, slot_bytes: u64, t: &Tenant, shares: &Shares) -> u64 {
     let all = slots_per_ssd as u64 * slot_bytes;
-    if w_active == 0 || w_active == weight as u64 {
+    let w_active = shares.w_active;
+    if w_active == 0 || w_active == t.weight as u64 {
         return all;
     }
-    (all * weight as u64 / w_active).clamp(slot_bytes, all)
+    let share = if t.lat_ns == 0 {
+        // Unsampled: its weight's share, as if its latency were the mean.
+        all as u128 * t.weight as u128 / w_active as u128
+    } else {
+        // Sampled: the sampled tenants' part (w_sampled / W_active), split by w·L.
+        debug_assert!(shares.wl_sampled >= t.wl() && t.wl() > 0);
+        all as u128 * t.wl() * shares.w_sampled as u128 / (shares.wl_sampled * w_active as u128)
+    };
+    (share as u64).clamp(slot_bytes, all)
+}
+
+/// One EWMA step toward `sample` (the first sample is taken whole): 1/16 of the
+/// gap, rounded toward the old value both ways.
+fn ewma_step(old: u64, sample: u64) -> u64 {
+    if old == 0 {
+        sample
+    } else if sample >= old {
+        old + ((sample - old) >> LAT_EWMA_SHIFT)
+    } else {
+        old - ((old - sample) >> LAT_EWMA_SHIFT)
+    }
 }
 
 /// ⌈budget × I/Os per byte⌉: the I/Os of the last slot's mean weighted size that the

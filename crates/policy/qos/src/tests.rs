@@ -258,10 +258,59 @@ fn the_budget_divides_among_active_tenants_by_weight_not_floored_to_slots() {
             drr.enqueue(active as u16, req(IoDir::Read, 4096)).unwrap();
             active += 1;
         }
-        assert_eq!(drr.budget_bytes(1), budget, "{n} tenants");
+        assert_eq!(drr.budget_bytes(0), Some(budget), "{n} tenants");
     }
     drr.set_weight(0, 3).unwrap();
-    assert_eq!(drr.budget_bytes(3), 3 * (1 << 20) / 11, "weight 3 of 11");
+    assert_eq!(
+        drr.budget_bytes(0),
+        Some(3 * (1 << 20) / 11),
+        "weight 3 of 11"
+    );
+}
+
+#[test]
+fn the_budget_is_proportional_to_weight_times_read_latency() {
+    // 8 slots of 128 KiB = 1 MiB. Two tenants of weight 1: tenant 1's reads take
+    // three times as long, so it needs three times the bytes in flight for the
+    // same rate (Little's law): budgets 1/4 and 3/4 of the drive's.
+    let mut drr = drr4();
+    drr.enqueue(0, req(IoDir::Read, 4096)).unwrap();
+    drr.enqueue(1, req(IoDir::Read, 65536)).unwrap();
+    assert_eq!(drr.budget_bytes(0), Some(1 << 19), "no samples: by weight");
+    drr.observe_read_latency(0, 300_000);
+    assert_eq!(
+        drr.budget_bytes(0),
+        Some(1 << 19),
+        "one sampled: still half each"
+    );
+    drr.observe_read_latency(1, 900_000);
+    assert_eq!(drr.budget_bytes(0), Some((1 << 20) / 4));
+    assert_eq!(drr.budget_bytes(1), Some(3 * (1 << 20) / 4));
+    // The EWMA moves 1/16 of the gap per sample: 300 µs → 337.5 µs after 900 µs.
+    drr.observe_read_latency(0, 900_000);
+    assert_eq!(
+        drr.budget_bytes(0),
+        Some((1u64 << 20) * 337_500 / 1_237_500)
+    );
+    // Weight multiplies in: weight 2 at 337.5 µs against 900 µs.
+    drr.set_weight(0, 2).unwrap();
+    assert_eq!(
+        drr.budget_bytes(0),
+        Some((1u64 << 20) * 675_000 / 1_575_000)
+    );
+    // A tenant with no read latency (a writer) gets its weight's share, w / W_active
+    // = 1/4; the sampled ones split the other 3/4 by w·L.
+    drr.enqueue(2, req(IoDir::Write, 4096)).unwrap();
+    assert_eq!(drr.budget_bytes(2), Some((1 << 20) / 4));
+    assert_eq!(
+        drr.budget_bytes(1),
+        Some((1u64 << 20) * 3 * 900_000 / (4 * 1_575_000))
+    );
+    // A tenant alone gets all slots whatever its latency.
+    let mut alone = drr4();
+    alone.enqueue(3, req(IoDir::Read, 4096)).unwrap();
+    alone.observe_read_latency(3, 900_000);
+    assert_eq!(alone.budget_bytes(3), Some(1 << 20));
 }
 
 #[test]

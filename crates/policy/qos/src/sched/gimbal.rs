@@ -266,6 +266,9 @@ impl Scheduler for GimbalScheduler {
         let (tmin, tmax) = (self.cfg.thresh_min_us, self.cfg.thresh_max_us);
         self.wc
             .on_complete(e.dir, device_latency_ns, now_ns, tmin, tmax);
+        if e.dir == IoDir::Read {
+            self.drr.observe_read_latency(e.tenant, device_latency_ns);
+        }
         Ok(self.release(tag))
     }
 
