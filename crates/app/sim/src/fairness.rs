@@ -642,6 +642,40 @@ mod tests {
     }
 
     #[test]
+    fn the_cases_are_the_bench_job_files() {
+        // `bench/jobs/fairness/NAME.toml` and `case(NAME)` must describe the same
+        // tenants, or the simulator and the daemon run different experiments.
+        fn bytes(v: &toml::Value) -> u64 {
+            let s = v.as_str().unwrap();
+            let (n, mul) = match s.as_bytes().last() {
+                Some(b'k') => (&s[..s.len() - 1], 1 << 10),
+                Some(b'm') => (&s[..s.len() - 1], 1 << 20),
+                Some(b'g') => (&s[..s.len() - 1], 1 << 30),
+                _ => (s, 1),
+            };
+            n.parse::<u64>().unwrap() * mul
+        }
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../bench/jobs/fairness");
+        for name in CASES {
+            let text = std::fs::read_to_string(format!("{dir}/{name}.toml")).unwrap();
+            let file: toml::Value = toml::from_str(&text).unwrap();
+            let jobs = file["job"].as_array().unwrap();
+            let sim = case(name).unwrap();
+            assert_eq!(jobs.len(), sim.len(), "{name}");
+            for (j, t) in jobs.iter().zip(&sim) {
+                let rw = j["rw"].as_str().unwrap();
+                assert_eq!(j["tenant"].as_str(), Some(t.name.as_str()), "{name}");
+                assert_eq!(rw.contains("write"), t.dir == IoDir::Write, "{name} {rw}");
+                assert_eq!(!rw.starts_with("rand"), t.sequential, "{name} {rw}");
+                assert_eq!(bytes(&j["bs"]), t.bs as u64, "{name}");
+                assert_eq!(j["iodepth"].as_integer(), Some(t.iodepth as i64), "{name}");
+                assert_eq!(bytes(&j["offset"]), t.offset_bytes, "{name}");
+                assert_eq!(bytes(&j["size"]), t.size_bytes, "{name}");
+            }
+        }
+    }
+
+    #[test]
     fn unknown_cases_are_refused_by_name() {
         let e = case("noisy").unwrap_err().to_string();
         assert!(e.contains("noisy") && e.contains("pattern_seq"), "{e}");
