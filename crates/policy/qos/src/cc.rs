@@ -33,6 +33,12 @@ pub struct CongestionControl {
     cpl_bytes: u64,
     cpl_t0_ns: u64,
     cpl_sample_bytes: u64,
+    /// Since when the token bucket has held a request back (None: it is not).
+    limited_since_ns: Option<Nanos>,
+    /// Time in the current sample during which the bucket held a request back.
+    limited_ns: u64,
+    /// Every completion of the current sample found the drive under-utilised.
+    idle_drive_in_sample: bool,
 }
 
 impl CongestionControl {
@@ -56,6 +62,9 @@ impl CongestionControl {
             cpl_bytes: 0,
             cpl_t0_ns: 0,
             cpl_sample_bytes: cfg.cpl_sample_bytes,
+            limited_since_ns: None,
+            limited_ns: 0,
+            idle_drive_in_sample: true,
         }
     }
 
@@ -100,6 +109,7 @@ impl CongestionControl {
         };
         let state = update_dir(cc, latency_ns / 1000, tmin, tmax);
         self.last_state[dir.index()] = Some(state);
+        self.idle_drive_in_sample &= state == CcState::UnderUtilised;
         let len = len as u64;
         self.target_rate = match state {
             CcState::Overloaded => {
@@ -132,8 +142,40 @@ impl CongestionControl {
     fn resample_cpl_rate(&mut self, now_ns: Nanos) {
         self.cpl_rate =
             (self.cpl_bytes as u128 * 1_000_000_000 / (now_ns - self.cpl_t0_ns) as u128) as u64;
+        if let Some(since) = self.limited_since_ns.as_mut() {
+            self.limited_ns += now_ns.saturating_sub(*since);
+            *since = now_ns;
+        }
+        let window_ns = now_ns - self.cpl_t0_ns;
+        // [R] Held back by our own bucket for most of the sample while every
+        // completion found the drive under-utilised: the rate, not the drive, set
+        // the pace, so grow it as a slow start would (docs/gimbal.md).
+        if self.idle_drive_in_sample && self.limited_ns.saturating_mul(2) >= window_ns {
+            self.target_rate = self
+                .target_rate
+                .max(self.cpl_rate.saturating_mul(2))
+                .clamp(self.rate_min, self.rate_max);
+        }
+        self.limited_ns = 0;
+        self.idle_drive_in_sample = true;
         self.cpl_t0_ns = now_ns;
         self.cpl_bytes = 0;
+    }
+
+    /// The token bucket began holding a request back (no-op if it already was).
+    #[inline]
+    pub fn rate_limited_from(&mut self, now_ns: Nanos) {
+        if self.limited_since_ns.is_none() {
+            self.limited_since_ns = Some(now_ns);
+        }
+    }
+
+    /// A request passed the bucket: whatever it held back has gone.
+    #[inline]
+    pub fn rate_limit_ended(&mut self, now_ns: Nanos) {
+        if let Some(since) = self.limited_since_ns.take() {
+            self.limited_ns += now_ns.saturating_sub(since);
+        }
     }
 
     /// Test hook: set the measured completion rate directly.

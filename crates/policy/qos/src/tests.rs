@@ -44,6 +44,50 @@ fn cc_rate_follows_example_1a1() {
     assert_eq!(cc.target_rate(), 838_729_728);
 }
 
+/// 129 reads of 128 KiB at `lat_ns` each over 100 ms (one 16 MiB
+/// completion-rate sample, ~169 MB/s), the bucket holding a request back for the
+/// first `limited_ms` of it, the rate starting at 10 MiB/s (so it stays under
+/// twice the sample even after 129 × 8 × len). The rate after the sample, and
+/// before its last completion.
+fn rate_after_sample(limited_ms: u64, lat_ns: u64) -> (u64, u64, u64) {
+    const SPAN_NS: u64 = 100_000_000;
+    let cfg = GimbalConfig {
+        rate_init_bytes_per_s: 10 << 20,
+        rate_min_bytes_per_s: 1 << 20,
+        ..GimbalConfig::default()
+    };
+    let mut cc = CongestionControl::new(&cfg);
+    cc.rate_limited_from(0);
+    let mut limited = true;
+    let mut before = 0;
+    for i in 1..=129u64 {
+        let now = i * SPAN_NS / 129;
+        if limited && now >= limited_ms * 1_000_000 {
+            cc.rate_limit_ended(now);
+            limited = false;
+        }
+        before = cc.target_rate();
+        cc.on_complete(IoDir::Read, 131_072, lat_ns, now);
+    }
+    assert!(cc.cpl_rate() > 0, "one sample taken");
+    (cc.target_rate(), before, cc.cpl_rate())
+}
+
+#[test]
+fn a_rate_that_held_an_idle_drive_back_doubles_per_sample() {
+    // Held back all along, every completion under-utilised (100 µs < 250 µs): the
+    // rate becomes twice the completion rate.
+    let (rate, before, cpl) = rate_after_sample(200, 100_000);
+    assert!(before + 8 * 131_072 < 2 * cpl, "the test's premise");
+    assert_eq!(rate, 2 * cpl);
+    // Not if the bucket held requests back for under half of the sample...
+    let (rate, before, _) = rate_after_sample(40, 100_000);
+    assert_eq!(rate, before + 8 * 131_072, "only Gimbal's +8 × len");
+    // ...nor if the drive was not under-utilised all along (300 µs: avoidance).
+    let (rate, before, _) = rate_after_sample(200, 300_000);
+    assert_eq!(rate, before + 131_072, "only Gimbal's +len");
+}
+
 #[test]
 fn cc_underutilised_adds_eight_lengths() {
     // Ex 1.a-2: a 4 KiB read with ewma 200 µs raises the rate by 32,768 B/s.

@@ -85,15 +85,17 @@ impl GimbalScheduler {
 
     /// Dispatches the DRR-chosen request `tag` if the buckets hold its
     /// tokens; otherwise it becomes the blocked request that nothing passes.
-    fn admit(&mut self, tag: Tag, slot: SlotTag) -> Option<Dispatch> {
+    fn admit(&mut self, tag: Tag, slot: SlotTag, now_ns: Nanos) -> Option<Dispatch> {
         let e = self
             .table
             .get_mut(tag, State::Queued)
             .expect("DRR returned a request the table does not hold");
         if !self.bucket.try_take(e.dir, charged_bytes(e.len_bytes)) {
             self.blocked = Some((tag, slot));
+            self.cc.rate_limited_from(now_ns);
             return None;
         }
+        self.cc.rate_limit_ended(now_ns);
         e.state = State::InFlight;
         e.vslot = slot.slot;
         e.weighted = slot.weighted;
@@ -158,7 +160,7 @@ impl Scheduler for GimbalScheduler {
             if let Some(slot) = self.drr.serve_alone(tenant, req, self.wc.fp10()) {
                 self.bucket
                     .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
-                return Ok(match self.admit(tag, slot) {
+                return Ok(match self.admit(tag, slot, now_ns) {
                     Some(_) => Submitted::Dispatch(tag),
                     None => Submitted::Queued(tag),
                 });
@@ -242,7 +244,7 @@ impl Scheduler for GimbalScheduler {
         self.bucket
             .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
         let (tag, slot) = self.next_candidate()?;
-        self.admit(tag, slot)
+        self.admit(tag, slot, now_ns)
     }
 
     /// §1.a rate update (OVERLOADED empties the buckets), §1.b write-cost sample,
