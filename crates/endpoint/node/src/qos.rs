@@ -579,6 +579,25 @@ impl QosQueue {
         None // a later poll_dispatch (in `reap`) releases it
     }
 
+    /// A read of `len_bytes` from a namespace that reads zeroes (null): the
+    /// scheduler decides it and completes it at zero device time
+    /// (`Scheduler::run_now`); nothing goes to the backend, whose read would
+    /// do nothing (the data is the shared zero page, as with QoS off).
+    /// Its credits, or None (nothing changed) when the scheduler would not
+    /// run it at once: then `submit_for`.
+    #[inline]
+    pub fn run_zero_read(&mut self, tenant: TenantId, len_bytes: u64, now_ns: u64) -> Option<u32> {
+        if !self.inner_sync {
+            return None;
+        }
+        let len = len_bytes.min(u32::MAX as u64) as u32;
+        let c = self
+            .sched
+            .run_now(tenant, IoDir::Read, len, self.clock.ns(now_ns))?;
+        self.submit_seen_ns = now_ns;
+        Some(self.count(c, len_bytes))
+    }
+
     fn credits(&self, tenant: TenantId) -> u32 {
         self.sched.io_credits(tenant).unwrap_or(0)
     }
@@ -652,8 +671,10 @@ impl QosQueue {
         }
     }
 
-    /// The scheduler, for the virtual-view log page.
-    pub fn scheduler(&self) -> &dyn Scheduler {
+    /// The scheduler, for the virtual-view log page: settled first, so its
+    /// view counts every request run so far (`Scheduler::settle`).
+    pub fn scheduler(&mut self) -> &dyn Scheduler {
+        self.sched.settle();
         &*self.sched
     }
 
@@ -682,6 +703,7 @@ impl QosQueue {
     #[cold]
     fn publish(&mut self) {
         self.dirty = false;
+        self.sched.settle();
         let p = &self.published;
         p.headroom_bytes_per_s
             .store(self.sched.headroom_bytes_per_s(), Relaxed);

@@ -19,6 +19,7 @@ pub struct DirCc {
     pub residue: u64,
 }
 
+#[derive(Debug)]
 pub struct CongestionControl {
     pub read: DirCc,
     pub write: DirCc,
@@ -129,6 +130,66 @@ impl CongestionControl {
         state
     }
 
+    /// `on_complete(dir, len, 0, now_ns)` where the direction's EWMA is at
+    /// most Thresh_min (so the sample is UNDER-UTILISED, as it stays: a zero
+    /// sample only halves the EWMA): the same state changes without the
+    /// state dispatch. The scheduler's lane (docs/gimbal.md) calls it.
+    #[inline]
+    pub fn on_idle_complete(&mut self, dir: IoDir, len: u32, now_ns: Nanos) {
+        let (tmin, tmax) = (self.thresh_min_us, self.thresh_max_us);
+        let cc = match dir {
+            IoDir::Write => &mut self.write,
+            IoDir::Read => &mut self.read,
+        };
+        let state = update_dir(cc, 0, tmin, tmax);
+        debug_assert_eq!(state, CcState::UnderUtilised);
+        self.last_state[dir.index()] = Some(CcState::UnderUtilised);
+        let len = len as u64;
+        self.target_rate = (self.target_rate + 8 * len).clamp(self.rate_min, self.rate_max);
+        self.sample_cpl_rate(len, now_ns);
+    }
+
+    /// How many `on_idle_complete(dir, len, now_ns)` calls in a row at this
+    /// instant [`Self::on_idle_completes`] may apply at once: 0 unless the
+    /// direction sits at its fixed point under zero-latency samples (EWMA 0
+    /// or 1, threshold at Thresh_min: then only the threshold's 4-bit
+    /// remainder, the rate and the completed bytes move); otherwise as many
+    /// as close no completion-rate sample.
+    pub fn idle_room(&self, dir: IoDir, len: u32, now_ns: Nanos) -> u64 {
+        let cc = self.dir_cc(dir);
+        if cc.ewma_us > 1 || cc.thresh_us != self.thresh_min_us || self.target_rate < self.rate_min
+        {
+            return 0;
+        }
+        if now_ns <= self.cpl_t0_ns {
+            return u64::MAX; // no sample closes at this instant
+        }
+        self.cpl_sample_bytes.saturating_sub(self.cpl_bytes) / (len as u64).max(1)
+    }
+
+    /// `n` calls of `on_idle_complete(dir, len, now_ns)` that
+    /// [`Self::idle_room`] allowed: the same state in one step. The EWMA and
+    /// the threshold stay; each call adds Thresh_min − EWMA to the remainder
+    /// (kept mod 16), 8 × len to the rate (up to its ceiling) and len to the
+    /// completed bytes.
+    pub fn on_idle_completes(&mut self, dir: IoDir, len: u32, n: u64) {
+        let tmin = self.thresh_min_us;
+        let cc = match dir {
+            IoDir::Write => &mut self.write,
+            IoDir::Read => &mut self.read,
+        };
+        debug_assert!(cc.ewma_us <= 1 && cc.thresh_us == tmin);
+        let step = (tmin - cc.ewma_us) & 15;
+        cc.residue = (cc.residue + (step * (n & 15))) & 15;
+        self.last_state[dir.index()] = Some(CcState::UnderUtilised);
+        let len = len as u64;
+        self.target_rate = self
+            .target_rate
+            .saturating_add((8 * len).saturating_mul(n))
+            .clamp(self.rate_min, self.rate_max);
+        self.cpl_bytes += len * n;
+    }
+
     #[inline(always)]
     fn sample_cpl_rate(&mut self, len: u64, now_ns: Nanos) {
         self.cpl_bytes += len;
@@ -214,6 +275,7 @@ pub fn update_dir(cc: &mut DirCc, lat_us: u64, tmin: u64, tmax: u64) -> CcState 
 }
 
 /// Write cost in FP10 (1024 = 1.0), AD/MI every window [G], range [1.0, 9.0].
+#[derive(Debug)]
 pub struct WriteCost {
     fp10: u64,
     window_ns: Nanos,
@@ -277,6 +339,19 @@ impl WriteCost {
 
     /// One 100 ms window: MI toward 9.0 when writes look slow, else AD by 0.5.
     /// [G] divides a count by a count here (a bug); we use the latency sum (§1.b).
+    /// Whether a completion at `now_ns` stays in the current window.
+    pub fn window_open(&self, now_ns: Nanos) -> bool {
+        now_ns < self.window_start_ns.saturating_add(self.window_ns)
+    }
+
+    /// `n` zero-latency completions in `dir` inside the current window.
+    pub fn count_n(&mut self, dir: IoDir, n: u64) {
+        match dir {
+            IoDir::Read => self.reads += n,
+            IoDir::Write => self.writes += n,
+        }
+    }
+
     pub fn end_window(&mut self, tmin_us: u64, tmax_us: u64) {
         let w_avg = self.write_lat_sum_us.checked_div(self.writes).unwrap_or(0);
         if (self.reads > 0 && w_avg > tmin_us) || w_avg > tmax_us {

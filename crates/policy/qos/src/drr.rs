@@ -74,6 +74,7 @@ enum Where {
     Deferred,
 }
 
+#[derive(Debug)]
 struct Tenant {
     queue: List,
     deficit: i64,
@@ -111,6 +112,7 @@ impl Tenant {
     }
 }
 
+#[derive(Debug)]
 pub struct Drr {
     tenants: Vec<Tenant>,
     pool: ListPool<Request>,
@@ -428,6 +430,95 @@ impl Drr {
         );
         t.lat_ns = lat_after;
         true
+    }
+
+    /// No tenant but `tenant` is counted, none is queued, and `tenant` is
+    /// idle with an open slot: the state `serve_and_release_alone` leaves
+    /// when no other tenant has I/O (the scheduler's lane, docs/gimbal.md).
+    pub fn is_alone(&self, tenant: u16) -> bool {
+        self.shares.w_active == 0
+            && self.pool.live() == 0
+            && self.tenants.get(tenant as usize).is_some_and(|t| {
+                t.place == Where::Idle
+                    && t.backlog == 0
+                    && t.io_processing == 0
+                    && !t.counted
+                    && t.cur_slot.is_some()
+            })
+    }
+
+    /// `serve_and_release_alone` for a tenant [`Self::is_alone`] accepted
+    /// with nothing changed since but calls of this: the same state changes
+    /// where the request leaves its slot open; false, with nothing changed,
+    /// where it would fill the slot (the full call retires it).
+    #[inline]
+    pub fn serve_and_release_in_lane(&mut self, tenant: u16, req: Request, wc_fp10: u64) -> bool {
+        let slot_bytes = self.slot_bytes;
+        let w = WriteCost::weighted(req.dir, req.size_bytes as u64 + self.io_cost, wc_fp10);
+        let Some(t) = self.tenants.get_mut(tenant as usize) else {
+            return false;
+        };
+        let Some(cur) = t.cur_slot else { return false };
+        let s = &mut t.slots[cur as usize];
+        if s.length + w >= slot_bytes {
+            return false;
+        }
+        debug_assert!(t.place == Where::Idle && t.backlog == 0 && !t.counted);
+        t.deficit = 0;
+        s.length += w;
+        s.submits += 1;
+        s.completions += 1;
+        if req.dir == IoDir::Read {
+            t.lat_ns = ewma_step(t.lat_ns, 0);
+        }
+        true
+    }
+
+    /// The weighted length DRR charges a request of `size_bytes` in `dir`.
+    #[inline]
+    pub fn weighted(&self, dir: IoDir, size_bytes: u32, wc_fp10: u64) -> u64 {
+        WriteCost::weighted(dir, size_bytes as u64 + self.io_cost, wc_fp10)
+    }
+
+    /// How many `serve_and_release_in_lane` calls of weighted length `w`
+    /// [`Self::release_lane_n`] may apply at once: as many as keep the open
+    /// slot open, and none while the tenant's read latency still moves under
+    /// zero samples (an EWMA step of 1/16 leaves only values below 16).
+    pub fn lane_room(&self, tenant: u16, dir: IoDir, w: u64) -> u64 {
+        let Some(t) = self.tenants.get(tenant as usize) else {
+            return 0;
+        };
+        let Some(cur) = t.cur_slot else { return 0 };
+        if dir == IoDir::Read && ewma_step(t.lat_ns, 0) != t.lat_ns {
+            return 0;
+        }
+        let length = t.slots[cur as usize].length;
+        self.slot_bytes.saturating_sub(length + 1) / w.max(1)
+    }
+
+    /// `n` calls of `serve_and_release_in_lane` that [`Self::lane_room`]
+    /// allowed, in one step.
+    pub fn release_lane_n(&mut self, tenant: u16, dir: IoDir, w: u64, n: u64) {
+        let Some(t) = self.tenants.get_mut(tenant as usize) else {
+            return;
+        };
+        let Some(cur) = t.cur_slot else { return };
+        debug_assert!(dir == IoDir::Write || ewma_step(t.lat_ns, 0) == t.lat_ns);
+        t.deficit = 0;
+        let s = &mut t.slots[cur as usize];
+        s.length += w * n;
+        s.submits += n as u32;
+        s.completions += n as u32;
+        debug_assert!(s.length < self.slot_bytes);
+    }
+
+    /// `io_credits` of a tenant alone (no other counted): its kept credit.
+    #[inline]
+    pub fn io_credits_alone(&self, tenant: u16) -> u32 {
+        debug_assert_eq!(self.shares.w_active, 0);
+        self.tenants
+            .get(tenant as usize)
+            .map_or(0, |t| t.io_credits_alone)
     }
 
     fn serve(&mut self, tid: u16, req: Request, w: i64) -> (u16, Request, SlotTag) {

@@ -46,6 +46,7 @@ impl Default for List {
 /// Fixed-capacity node storage. `prealloc` nodes are allocated up front; beyond that
 /// the pool grows by amortised doubling up to `capacity` and never shrinks, so once
 /// warm (or with `prealloc == capacity`) pushing and popping never allocate.
+#[derive(Debug)]
 pub struct ListPool<T> {
     nodes: Vec<Node<T>>,
     free: u32,

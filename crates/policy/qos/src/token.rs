@@ -2,6 +2,7 @@
 
 use trellis_units::{IoDir, Nanos};
 
+#[derive(Debug)]
 pub struct DualTokenBucket {
     pub read_tokens: u64,
     pub write_tokens: u64,
@@ -80,6 +81,31 @@ impl DualTokenBucket {
                 .min(max);
             self.write_tokens = max;
         }
+    }
+
+    /// Tokens a request of `len` bytes takes (at most a full bucket).
+    #[inline]
+    pub fn need(&self, len: u32) -> u64 {
+        (len as u64).min(self.max_tokens)
+    }
+
+    /// Tokens in `dir`'s bucket.
+    #[inline]
+    pub fn tokens(&self, dir: IoDir) -> u64 {
+        match dir {
+            IoDir::Write => self.write_tokens,
+            IoDir::Read => self.read_tokens,
+        }
+    }
+
+    /// `try_take`s that all succeed, `bytes` in all (the lane's deferred passes).
+    pub fn take_n(&mut self, dir: IoDir, bytes: u64) {
+        let b = match dir {
+            IoDir::Write => &mut self.write_tokens,
+            IoDir::Read => &mut self.read_tokens,
+        };
+        debug_assert!(*b >= bytes, "the lane's room ends before the bucket does");
+        *b = b.saturating_sub(bytes);
     }
 
     /// Whether `try_take(dir, len)` would succeed now.

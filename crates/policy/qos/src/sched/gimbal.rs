@@ -27,6 +27,38 @@ pub struct GimbalScheduler {
     /// `submit` skips DRR's queue when nothing waits ([`Drr::serve_alone`]);
     /// off only in the test that checks both paths decide alike.
     fast_path: bool,
+    /// The last `run_now` left its tenant alone with a drive that stays
+    /// under-utilised under zero-latency completions: the same call again
+    /// takes [`Self::run_in_lane`]. Cleared by every other change of state.
+    lane: Option<Lane>,
+    /// Off only in the test that checks the lane decides like `run_now`.
+    lane_enabled: bool,
+    /// Lane passes answered but not yet applied: a streak at one instant.
+    deferred: Option<Deferred>,
+    /// Lane passes that answered, that left it for the full pass, and that
+    /// were deferred.
+    #[cfg(test)]
+    lane_counts: (u64, u64, u64),
+}
+
+/// A repeated `run_now` (docs/gimbal.md, "The lane"): which one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Lane {
+    tenant: TenantId,
+    dir: IoDir,
+    len_bytes: u32,
+}
+
+/// Lane passes of `key` at `now_ns` answered with `done` and not yet applied
+/// (`n`), and how many may be (`room`): while every state the pass touches is
+/// at a fixed point or moves linearly, n passes are applied in one step.
+#[derive(Clone, Copy, Debug)]
+struct Deferred {
+    key: Lane,
+    now_ns: Nanos,
+    n: u32,
+    room: u32,
+    done: Completed,
 }
 
 /// Length charged to DRR and the buckets: a zero-length command (Flush) costs one
@@ -48,6 +80,11 @@ impl GimbalScheduler {
             blocked: None,
             inflight: 0,
             fast_path: true,
+            lane: None,
+            lane_enabled: true,
+            deferred: None,
+            #[cfg(test)]
+            lane_counts: (0, 0, 0),
             cfg: g.clone(),
             limits: l.clone(),
         })
@@ -58,6 +95,29 @@ impl GimbalScheduler {
     pub(crate) fn without_fast_path(mut self) -> Self {
         self.fast_path = false;
         self
+    }
+
+    /// The same scheduler without the lane (`run_now` always takes its full pass).
+    #[cfg(test)]
+    pub(crate) fn without_lane(mut self) -> Self {
+        self.lane_enabled = false;
+        self
+    }
+
+    /// (lane passes that answered, lane passes that fell back to the full
+    /// pass, deferred passes): for tests that must exercise all three.
+    #[cfg(test)]
+    pub(crate) fn lane_counts(&self) -> (u64, u64, u64) {
+        self.lane_counts
+    }
+
+    /// Everything the scheduler decides with, for tests comparing two of them.
+    #[cfg(test)]
+    pub(crate) fn state_dump(&self) -> String {
+        format!(
+            "{:?}\n{:?}\n{:?}\n{:?}\n{:?} {}",
+            self.cc, self.wc, self.drr, self.bucket, self.blocked, self.inflight
+        )
     }
 
     /// Congestion-control state, for tests and traces.
@@ -129,6 +189,180 @@ impl GimbalScheduler {
             io_credits: self.drr.io_credits(e.tenant).unwrap_or(0),
         }
     }
+
+    /// `run_now` that cannot be deferred: the lane pass, else the full one.
+    /// Out of line, so that a deferred call (most of a streak) pays for no
+    /// registers this needs.
+    #[inline(never)]
+    fn run_now_undeferred(&mut self, key: Lane, now_ns: Nanos) -> Option<Completed> {
+        let Lane {
+            tenant,
+            dir,
+            len_bytes,
+        } = key;
+        self.settle_lane();
+        if self.lane == Some(key) {
+            if let Some(done) = self.run_in_lane(key, now_ns) {
+                #[cfg(test)]
+                {
+                    self.lane_counts.0 += 1;
+                }
+                self.defer_from(key, now_ns, done);
+                return Some(done);
+            }
+            #[cfg(test)]
+            {
+                self.lane_counts.1 += 1;
+            }
+        }
+        self.lane = None;
+        let done = self.run_full(tenant, dir, len_bytes, now_ns)?;
+        if self.lane_enabled && self.lane_holds(key) {
+            self.lane = Some(key);
+            self.defer_from(key, now_ns, done);
+        }
+        Some(done)
+    }
+
+    fn run_full(
+        &mut self,
+        tenant: TenantId,
+        dir: IoDir,
+        len_bytes: u32,
+        now_ns: Nanos,
+    ) -> Option<Completed> {
+        if !self.fast_path
+            || tenant >= self.limits.max_tenants
+            || self.queued() != 0
+            || self.table.is_full()
+        {
+            return None;
+        }
+        let charged = charged_bytes(len_bytes);
+        // Refilling first is what `submit` does too (its own refill at the
+        // same `now_ns` then adds nothing), so a None below changes nothing.
+        self.bucket
+            .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
+        if !self.bucket.can_take(dir, charged) {
+            return None;
+        }
+        let req = Request {
+            tag: 0,
+            dir,
+            size_bytes: charged,
+        };
+        if !self
+            .drr
+            .serve_and_release_alone(tenant, req, self.wc.fp10())
+        {
+            return None;
+        }
+        let taken = self.bucket.try_take(dir, charged);
+        debug_assert!(taken, "can_take said yes");
+        if self.cc.on_complete(dir, len_bytes, 0, now_ns) == CcState::Overloaded {
+            self.bucket.zero();
+        }
+        let (tmin, tmax) = (self.cfg.thresh_min_us, self.cfg.thresh_max_us);
+        self.wc.on_complete(dir, 0, now_ns, tmin, tmax);
+        Some(Completed {
+            tenant,
+            io_credits: self.drr.io_credits(tenant).unwrap_or(0),
+        })
+    }
+
+    /// Whether the next `run_now` with `key` may take the lane, right after a
+    /// full pass ran it: the tenant is the only one DRR counts or holds (so
+    /// its credit is its `io_credits_alone`, fixed until its slot retires),
+    /// and the direction's latency EWMA is at most Thresh_min, where
+    /// zero-latency samples keep it (they only halve it): every completion
+    /// in the lane is then UNDER-UTILISED.
+    fn lane_holds(&self, key: Lane) -> bool {
+        self.drr.is_alone(key.tenant) && self.cc.dir_cc(key.dir).ewma_us <= self.cfg.thresh_min_us
+    }
+
+    /// `run_full` for a request like the previous one, in a state
+    /// `lane_holds` accepted and nothing has changed since but lane passes:
+    /// the checks that cannot fail there are skipped, every state change is
+    /// the same. None, with nothing changed, where the full pass has work the
+    /// lane does not (a short bucket, a slot that fills); the caller then runs
+    /// the full pass. `lane_decides_like_the_full_pass` holds the two equal.
+    #[inline]
+    fn run_in_lane(&mut self, key: Lane, now_ns: Nanos) -> Option<Completed> {
+        let charged = charged_bytes(key.len_bytes);
+        self.bucket
+            .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
+        if !self.bucket.can_take(key.dir, charged) {
+            return None;
+        }
+        let req = Request {
+            tag: 0,
+            dir: key.dir,
+            size_bytes: charged,
+        };
+        if !self
+            .drr
+            .serve_and_release_in_lane(key.tenant, req, self.wc.fp10())
+        {
+            return None;
+        }
+        let taken = self.bucket.try_take(key.dir, charged);
+        debug_assert!(taken, "can_take said yes");
+        self.cc.on_idle_complete(key.dir, key.len_bytes, now_ns);
+        let (tmin, tmax) = (self.cfg.thresh_min_us, self.cfg.thresh_max_us);
+        self.wc.on_complete(key.dir, 0, now_ns, tmin, tmax);
+        Some(Completed {
+            tenant: key.tenant,
+            io_credits: self.drr.io_credits_alone(key.tenant),
+        })
+    }
+
+    /// After a lane pass of `key` at `now_ns` answered `done`: how many more
+    /// at the same instant may be deferred. At one instant the bucket gets no
+    /// refill and the write-cost window cannot end again, so each further
+    /// pass takes the same tokens and weighs the same; where congestion
+    /// control and the tenant's read latency sit at their fixed points under
+    /// zero-latency samples, only counters move, linearly. The room ends
+    /// before the bucket runs short, the slot fills or a completion-rate
+    /// sample closes (those passes take `run_in_lane`).
+    fn defer_from(&mut self, key: Lane, now_ns: Nanos, done: Completed) {
+        let need = self.bucket.need(charged_bytes(key.len_bytes));
+        let w = self.lane_weight(key);
+        let room = (self.bucket.tokens(key.dir) / need)
+            .min(self.cc.idle_room(key.dir, key.len_bytes, now_ns))
+            .min(self.drr.lane_room(key.tenant, key.dir, w))
+            .min(u32::MAX as u64) as u32;
+        self.deferred = (room > 0 && self.wc.window_open(now_ns)).then_some(Deferred {
+            key,
+            now_ns,
+            n: 0,
+            room,
+            done,
+        });
+    }
+
+    /// The weighted length DRR charges a request of `key` now.
+    fn lane_weight(&self, key: Lane) -> u64 {
+        self.drr
+            .weighted(key.dir, charged_bytes(key.len_bytes), self.wc.fp10())
+    }
+
+    /// Applies the deferred lane passes: the state `n` lane passes leave.
+    fn settle_lane(&mut self) {
+        let Some(d) = self.deferred.take() else {
+            return;
+        };
+        if d.n == 0 {
+            return;
+        }
+        let n = d.n as u64;
+        let (dir, len) = (d.key.dir, d.key.len_bytes);
+        let need = self.bucket.need(charged_bytes(len));
+        self.bucket.take_n(dir, need * n);
+        let w = self.lane_weight(d.key);
+        self.drr.release_lane_n(d.key.tenant, dir, w, n);
+        self.cc.on_idle_completes(dir, len, n);
+        self.wc.count_n(dir, n);
+    }
 }
 
 impl Scheduler for GimbalScheduler {
@@ -143,6 +377,8 @@ impl Scheduler for GimbalScheduler {
         len_bytes: u32,
         now_ns: Nanos,
     ) -> Result<Submitted, SchedError> {
+        self.settle_lane();
+        self.lane = None;
         if tenant >= self.limits.max_tenants {
             return Err(SchedError::BadTenant);
         }
@@ -200,50 +436,33 @@ impl Scheduler for GimbalScheduler {
         len_bytes: u32,
         now_ns: Nanos,
     ) -> Option<Completed> {
-        if !self.fast_path
-            || tenant >= self.limits.max_tenants
-            || self.queued() != 0
-            || self.table.is_full()
-        {
-            return None;
-        }
-        let charged = charged_bytes(len_bytes);
-        // Refilling first is what `submit` does too (its own refill at the
-        // same `now_ns` then adds nothing), so a None below changes nothing.
-        self.bucket
-            .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
-        if !self.bucket.can_take(dir, charged) {
-            return None;
-        }
-        let req = Request {
-            tag: 0,
-            dir,
-            size_bytes: charged,
-        };
-        if !self
-            .drr
-            .serve_and_release_alone(tenant, req, self.wc.fp10())
-        {
-            return None;
-        }
-        let taken = self.bucket.try_take(dir, charged);
-        debug_assert!(taken, "can_take said yes");
-        if self.cc.on_complete(dir, len_bytes, 0, now_ns) == CcState::Overloaded {
-            self.bucket.zero();
-        }
-        let (tmin, tmax) = (self.cfg.thresh_min_us, self.cfg.thresh_max_us);
-        self.wc.on_complete(dir, 0, now_ns, tmin, tmax);
-        Some(Completed {
+        let key = Lane {
             tenant,
-            io_credits: self.drr.io_credits(tenant).unwrap_or(0),
-        })
+            dir,
+            len_bytes,
+        };
+        if let Some(d) = self.deferred.as_mut() {
+            if d.key == key && d.now_ns == now_ns && d.n < d.room {
+                d.n += 1;
+                #[cfg(test)]
+                {
+                    self.lane_counts.2 += 1;
+                }
+                return Some(d.done);
+            }
+        }
+        self.run_now_undeferred(key, now_ns)
     }
 
     /// §1.d Dispatch: refill, then the blocked request or DRR's next, if it conforms.
     fn poll_dispatch(&mut self, now_ns: Nanos) -> Option<Dispatch> {
+        self.settle_lane();
         self.bucket
             .refill(self.cc.target_rate(), self.wc.fp10(), now_ns);
+        // With nothing queued it changed only the bucket, which the lane
+        // refills and checks itself: the lane stays (the daemon polls every loop).
         let (tag, slot) = self.next_candidate()?;
+        self.lane = None;
         self.admit(tag, slot, now_ns)
     }
 
@@ -255,6 +474,8 @@ impl Scheduler for GimbalScheduler {
         device_latency_ns: Nanos,
         now_ns: Nanos,
     ) -> Result<Completed, SchedError> {
+        self.settle_lane();
+        self.lane = None;
         let e = *self
             .table
             .get(tag, State::InFlight)
@@ -274,7 +495,13 @@ impl Scheduler for GimbalScheduler {
         Ok(self.release(tag))
     }
 
+    fn settle(&mut self) {
+        self.settle_lane();
+    }
+
     fn abort(&mut self, tag: Tag, _now_ns: Nanos) -> Result<Completed, SchedError> {
+        self.settle_lane();
+        self.lane = None;
         self.table
             .get(tag, State::InFlight)
             .ok_or(SchedError::BadTag)?;
@@ -297,6 +524,8 @@ impl Scheduler for GimbalScheduler {
 
     fn set_weight(&mut self, tenant: TenantId, weight: u32) -> Result<(), SchedError> {
         check_weight(weight)?;
+        self.settle_lane();
+        self.lane = None;
         self.drr
             .set_weight(tenant, weight)
             .map_err(|_| SchedError::BadTenant)

@@ -261,6 +261,12 @@ pub trait Scheduler: Send {
     /// once (something waits, a bound is full, the bucket is short) or the
     /// policy has no such pass: then use `submit`. The caller must then not
     /// have sent it to the device: a request run here is already complete.
+    ///
+    /// A policy may defer the bookkeeping of a streak of equal calls at one
+    /// instant (Gimbal's lane, docs/gimbal.md): every `&mut` call applies it
+    /// first, and [`Scheduler::settle`] does so alone. Until then the
+    /// read-only accessors may show the state before the streak, except
+    /// `io_credits`, `queued` and `inflight`, which are always current.
     fn run_now(
         &mut self,
         _tenant: TenantId,
@@ -270,6 +276,10 @@ pub trait Scheduler: Send {
     ) -> Option<Completed> {
         None
     }
+
+    /// Applies whatever `run_now` deferred, so that `view`,
+    /// `headroom_bytes_per_s` and the like show every call made so far.
+    fn settle(&mut self) {}
 
     /// A dispatched request completed successfully. `device_latency_ns` is from device
     /// submission to device completion (the congestion signal, §1.a).

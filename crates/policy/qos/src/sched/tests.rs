@@ -690,6 +690,8 @@ fn gimbal_run_now_decides_like_submit_then_complete() {
                 (steps.queued(), steps.inflight()),
                 "seed {seed}"
             );
+            // The lane may defer a streak's bookkeeping (the trait's contract).
+            fused.settle();
             assert_eq!(fused.tokens_bytes(), steps.tokens_bytes(), "seed {seed}");
             for t in 0..TENANTS {
                 assert_eq!(fused.view(t), steps.view(t), "seed {seed}: tenant {t}");
@@ -705,4 +707,213 @@ fn gimbal_run_now_decides_like_submit_then_complete() {
         zero_queued > 1_000,
         "the two-step fallback was taken only {zero_queued} times"
     );
+}
+
+/// The lane (a lone tenant's repeated zero-time request, docs/gimbal.md) makes
+/// exactly the full pass's decisions and state changes, including the passes
+/// it defers and applies in one step. A scheduler with it and one without get
+/// the same calls, shaped like the daemon's loop: a poll, then a receive
+/// batch of calls at one instant, mostly one tenant's streaks of equal
+/// requests, mixed with other tenants' slow I/O (latencies up to 3 ms, so
+/// congestion states other than UNDER-UTILISED occur and the lane must not
+/// open), weight changes and time jumps past write-cost windows. Every answer
+/// must match at once, and the whole internal state (congestion control,
+/// write cost, DRR, buckets) once the lane side has settled, at random points.
+#[test]
+fn lane_decides_like_the_full_pass() {
+    const LENS: [u32; 4] = [512, 4 * KIB, 64 * KIB, 128 * KIB];
+    // Small tables keep the state dump short.
+    let mut c = cfg(Policy::Gimbal);
+    c.limits = SchedLimits {
+        max_tenants: 6,
+        max_queued_per_tenant: 16,
+        max_requests: 64,
+        prealloc_requests: 64,
+    };
+    // Starting at the ceiling, as a null namespace's rate soon is: the
+    // bucket then passes the streaks (else it, not the lane, decides most).
+    c.gimbal.rate_init_bytes_per_s = c.gimbal.rate_max_bytes_per_s;
+    let mut counts = (0u64, 0u64, 0u64);
+    for seed in 1..=40u64 {
+        let mut lane = gimbal::GimbalScheduler::new(&c, 0).unwrap();
+        let mut full = gimbal::GimbalScheduler::new(&c, 0).unwrap().without_lane();
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut now = 0u64;
+        let mut key = (0u16, IoDir::Read, 4 * KIB);
+        // Requests in flight on both sides: (lane tag, full tag).
+        let mut slow: Vec<(Tag, Tag)> = Vec::new();
+        // Zero-time requests that queued: completed when dispatched, as the daemon does.
+        let mut zero_waiting: Vec<(Tag, Tag)> = Vec::new();
+        for step in 0..1_500 {
+            let r = next_rand(&mut rng);
+            now += match r % 16 {
+                0..=3 => 0,
+                4..=14 => (r >> 8) % 200_000,
+                _ => (r >> 8) % 120_000_000,
+            };
+            poll_both(&mut lane, &mut full, &mut slow, &mut zero_waiting, now);
+            // Other tenants' I/O comes in bursts and drains between them, so the
+            // lone tenant is sometimes alone (the lane may open) and sometimes not.
+            let burst = (step / 80) % 2 == 0;
+            for _ in 0..1 + (r >> 40) % 32 {
+                let r = next_rand(&mut rng);
+                if r.is_multiple_of(64) {
+                    let dir = if (r >> 8).is_multiple_of(3) {
+                        IoDir::Write
+                    } else {
+                        IoDir::Read
+                    };
+                    // Mostly small requests (long runs in one slot), as the daemon's
+                    // 4 KiB benchmark; the large ones fill a slot every one or two.
+                    let len = match (r >> 16) % 8 {
+                        0 => LENS[2],
+                        1 => LENS[3],
+                        2 => LENS[0],
+                        _ => LENS[1],
+                    };
+                    key = ((r >> 12) as u16 % 2, dir, len);
+                }
+                lane_step(
+                    &mut lane,
+                    &mut full,
+                    r,
+                    key,
+                    burst,
+                    now,
+                    &mut slow,
+                    &mut zero_waiting,
+                );
+            }
+            assert_eq!(
+                (lane.queued(), lane.inflight()),
+                (full.queued(), full.inflight())
+            );
+            if r.is_multiple_of(8) {
+                lane.settle();
+                assert_eq!(
+                    lane.state_dump(),
+                    full.state_dump(),
+                    "seed {seed} step {step}: state differs"
+                );
+            }
+        }
+        lane.settle();
+        assert_eq!(
+            lane.state_dump(),
+            full.state_dump(),
+            "seed {seed}: at the end"
+        );
+        assert_eq!(full.lane_counts(), (0, 0, 0), "the reference took the lane");
+        let (h, m, d) = lane.lane_counts();
+        counts = (counts.0 + h, counts.1 + m, counts.2 + d);
+    }
+    let (hits, misses, deferred) = counts;
+    eprintln!("lane: {hits} answered, {misses} fell back, {deferred} deferred");
+    assert!(hits > 5_000, "the lane answered only {hits} times");
+    assert!(
+        misses > 200,
+        "the lane fell back to the full pass only {misses} times"
+    );
+    assert!(
+        deferred > 20_000,
+        "the lane deferred only {deferred} passes"
+    );
+}
+
+/// Both schedulers' dispatches at `now`: queued zero-time requests complete at
+/// once, others stay in flight as slow ones.
+fn poll_both(
+    lane: &mut gimbal::GimbalScheduler,
+    full: &mut gimbal::GimbalScheduler,
+    slow: &mut Vec<(Tag, Tag)>,
+    zero_waiting: &mut Vec<(Tag, Tag)>,
+    now: u64,
+) {
+    loop {
+        match (lane.poll_dispatch(now), full.poll_dispatch(now)) {
+            (None, None) => break,
+            (Some(x), Some(y)) => {
+                assert_eq!(
+                    (x.tenant, x.dir, x.len_bytes),
+                    (y.tenant, y.dir, y.len_bytes)
+                );
+                match zero_waiting.iter().position(|&(_, w)| w == y.tag) {
+                    Some(k) => {
+                        let (zx, zy) = zero_waiting.swap_remove(k);
+                        assert_eq!(x.tag, zx, "a different request");
+                        assert_eq!(lane.complete(zx, 0, now), full.complete(zy, 0, now));
+                    }
+                    None => slow.push((x.tag, y.tag)),
+                }
+            }
+            other => panic!("poll_dispatch differs: {other:?}"),
+        }
+    }
+}
+
+/// One call on both sides: mostly `key`'s zero-time request (the two steps
+/// where `run_now` declines), else another tenant's slow read (in bursts), a
+/// slow completion, or a weight change.
+#[allow(clippy::too_many_arguments)]
+fn lane_step(
+    lane: &mut gimbal::GimbalScheduler,
+    full: &mut gimbal::GimbalScheduler,
+    r: u64,
+    key: (TenantId, IoDir, u32),
+    burst: bool,
+    now: u64,
+    slow: &mut Vec<(Tag, Tag)>,
+    zero_waiting: &mut Vec<(Tag, Tag)>,
+) {
+    match (r >> 24) % 100 {
+        0..=84 => {
+            let (t, dir, len) = key;
+            let a = lane.run_now(t, dir, len, now);
+            assert_eq!(a, full.run_now(t, dir, len, now), "run_now differs");
+            if a.is_none() {
+                match (lane.submit(t, dir, len, now), full.submit(t, dir, len, now)) {
+                    (Ok(Submitted::Dispatch(x)), Ok(Submitted::Dispatch(y))) => {
+                        assert_eq!(lane.complete(x, 0, now), full.complete(y, 0, now));
+                    }
+                    (Ok(Submitted::Queued(x)), Ok(Submitted::Queued(y))) => {
+                        zero_waiting.push((x, y))
+                    }
+                    (Ok(Submitted::Busy), Ok(Submitted::Busy)) => {}
+                    other => panic!("submit differs: {other:?}"),
+                }
+            }
+        }
+        85..=89 if burst => {
+            // Tenants 2-4, and sometimes 0 or 1: a slow read gives them a
+            // read latency (the lane then decays it).
+            let t = (r >> 8) as u16 % 5;
+            let len = [512, 4 * KIB, 64 * KIB, 128 * KIB][(r >> 16) as usize % 4];
+            match (
+                lane.submit(t, IoDir::Read, len, now),
+                full.submit(t, IoDir::Read, len, now),
+            ) {
+                (Ok(Submitted::Dispatch(x)), Ok(Submitted::Dispatch(y))) => slow.push((x, y)),
+                (Ok(Submitted::Queued(_)), Ok(Submitted::Queued(_))) => {}
+                (Ok(Submitted::Busy), Ok(Submitted::Busy)) => {}
+                other => panic!("submit differs: {other:?}"),
+            }
+        }
+        90..=98 if !slow.is_empty() => {
+            let (x, y) = slow.swap_remove((r >> 8) as usize % slow.len());
+            // Mostly under Thresh_max (1.5 ms); one in 16 up to 3 ms (OVERLOADED).
+            let lat = 10_000
+                + (r >> 20)
+                    % if r.is_multiple_of(16) {
+                        3_000_000
+                    } else {
+                        1_200_000
+                    };
+            assert_eq!(lane.complete(x, lat, now), full.complete(y, lat, now));
+        }
+        99 => {
+            let (t, w) = ((r >> 8) as u16 % 5, 1 + (r >> 16) as u32 % 4);
+            assert_eq!(lane.set_weight(t, w), full.set_weight(t, w));
+        }
+        _ => {}
+    }
 }
