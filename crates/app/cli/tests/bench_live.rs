@@ -235,8 +235,9 @@ fn bench_help_lists_values_and_defaults() {
 
 #[test]
 fn with_credits_the_bench_keeps_to_the_targets_io_credits() {
-    // Gimbal alone on a drive it knows nothing of: 8 slots of 128 KiB, so a
-    // 64 KiB reader is granted 8 × 2 = 16 credits (docs/gimbal.md §1.e).
+    // Gimbal alone on a null namespace (no drive: only its rate ceiling is
+    // lifted): 8 slots of 128 KiB, so a 64 KiB reader is granted 8 × 2 = 16
+    // credits (docs/gimbal.md §1.e).
     let t = LiveTarget::start(&["--null", "64M", "--qos", "gimbal"]);
     let d = tempfile::tempdir().unwrap();
     let json = d.path().join("c.json");

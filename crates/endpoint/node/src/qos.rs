@@ -1002,6 +1002,60 @@ mod calibrate_tests {
         assert_eq!(QosConfig::default().sched_for(None).gimbal, cfg.gimbal);
     }
 
+    /// Share of a lone tenant's zero-time 4 KiB reads, offered at 1.5 M a
+    /// second in batches of 32 per instant, that Gimbal runs at once over the
+    /// last 200 ms of `secs` s (virtual time), on a scheduler for `model`.
+    fn served_share(model: Option<&trellis_qos::DeviceModel>, secs: u64) -> f64 {
+        let cfg = QosConfig::default().sched_for(model);
+        let mut s = sched::build(&cfg, 0).unwrap();
+        let (step_ns, end_ns) = (32 * 1_000_000_000 / 1_500_000, secs * 1_000_000_000);
+        let (mut offered, mut served, mut now) = (0u64, 0u64, 0u64);
+        while now < end_ns {
+            now += step_ns;
+            for _ in 0..32 {
+                let ok = s.run_now(0, IoDir::Read, 4096, now).is_some();
+                if now > end_ns - 200_000_000 {
+                    offered += 1;
+                    served += ok as u64;
+                }
+            }
+        }
+        served as f64 / offered as f64
+    }
+
+    #[test]
+    fn a_namespace_without_a_drive_lifts_only_gimbals_rate_ceiling() {
+        let null = crate::backend::null::NullBackend::new(1 << 30);
+        let ram = crate::backend::ram::RamBackend::new(1 << 20).unwrap();
+        for m in [null.device_model(), ram.device_model()] {
+            let m = m.expect("null and RAM report a drive-less model");
+            let cfg = QosConfig::default();
+            let g = cfg.sched_for(Some(&m)).gimbal;
+            assert_eq!(
+                g.rate_max_bytes_per_s,
+                crate::backend::NO_DRIVE_LINK_BYTES_PER_S
+            );
+            assert_eq!(
+                (g.io_cost_bytes, g.slots_per_ssd, g.rate_init_bytes_per_s),
+                (
+                    cfg.gimbal.io_cost_bytes,
+                    cfg.gimbal.slots_per_ssd,
+                    cfg.gimbal.rate_init_bytes_per_s
+                ),
+                "only the ceiling moves"
+            );
+        }
+        // What the ceiling did: 1.5 M reads/s of 4 KiB (6.1 GB/s) against
+        // Gimbal's 4 GiB/s, which passes 1.05 M of them (0.70).
+        let m = null.device_model();
+        let (capped, lifted) = (served_share(None, 1), served_share(m.as_ref(), 1));
+        assert!(capped < 0.75, "Gimbal's own ceiling served {capped:.3}");
+        assert!(
+            lifted > 0.99,
+            "without a drive's ceiling it served {lifted:.3}"
+        );
+    }
+
     #[test]
     fn calibrate_is_read_from_the_qos_table() {
         let c: QosConfig =

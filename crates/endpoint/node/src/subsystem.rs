@@ -526,6 +526,14 @@ pub(crate) fn open_namespace(
                 m.read_128k_saturation_qd,
                 m.link_bytes_per_s / 1_000_000
             );
+        } else if m.link_bytes_per_s == crate::backend::NO_DRIVE_LINK_BYTES_PER_S {
+            tracing::info!(
+                subsystem = %s,
+                nsid,
+                "no drive ({}): Gimbal's rate ceiling rises to {} MB/s, so only the reactor's CPU bounds it",
+                backend.describe(),
+                m.link_bytes_per_s / 1_000_000
+            );
         } else {
             tracing::info!(
                 subsystem = %s,

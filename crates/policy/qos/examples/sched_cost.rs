@@ -7,6 +7,9 @@
 //!   submit (null, ram): `run_now`, else submit and complete at once with
 //!   zero device time; the clock moves 1.6 µs per I/O (one reactor's pace
 //!   at ~600 K IOPS).
+//! - `batch`: the same, but 32 requests at each instant (the clock moves
+//!   32 × 1.6 µs between them), as the daemon sees a receive batch of a
+//!   QD32 host: Gimbal's lane defers all but the first of each batch.
 //! - `qd32`: 32 requests in flight; each completion is followed by a
 //!   submit, with a 20 µs device time.
 //!
@@ -47,13 +50,15 @@ fn dispatched(s: &mut dyn Scheduler, sub: Submitted, now: &mut u64) -> Tag {
     }
 }
 
-/// ns per I/O of the sync pattern.
-fn sync_round(policy: Policy) -> f64 {
+/// ns per I/O of the sync pattern, `batch` requests at each instant.
+fn sync_round(policy: Policy, batch: u64) -> f64 {
     let mut s = sched::build(&config(policy), 0).expect("default config is valid");
     let mut now = 0u64;
     let t0 = Instant::now();
-    for _ in 0..IOS_PER_ROUND {
-        now += SYNC_STEP_NS;
+    for i in 0..IOS_PER_ROUND {
+        if i % batch == 0 {
+            now += SYNC_STEP_NS * batch;
+        }
         // The daemon's way for a backend that completes inside submit.
         if let Some(c) = s.run_now(0, IoDir::Read, 4096, now) {
             std::hint::black_box(c.io_credits);
@@ -105,20 +110,24 @@ fn main() {
             std::process::exit(2)
         }),
     };
-    let mut r = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    let mut r: [[Vec<f64>; 3]; 2] = Default::default();
     for _ in 0..rounds {
         for (p, policy) in [Policy::Fifo, Policy::Gimbal].into_iter().enumerate() {
-            r[p][0].push(sync_round(policy));
-            r[p][1].push(qd_round(policy));
+            r[p][0].push(sync_round(policy, 1));
+            r[p][1].push(sync_round(policy, QD as u64));
+            r[p][2].push(qd_round(policy));
         }
     }
-    let [[fs, fq], [gs, gq]] = &mut r;
+    let [[fs, fb, fq], [gs, gb, gq]] = &mut r;
     println!(
         "{{\"rounds\":{rounds},\"ios_per_round\":{IOS_PER_ROUND},\
          \"fifo_sync_ns_per_io\":{:.1},\"gimbal_sync_ns_per_io\":{:.1},\
+         \"fifo_batch_ns_per_io\":{:.1},\"gimbal_batch_ns_per_io\":{:.1},\
          \"fifo_qd32_ns_per_io\":{:.1},\"gimbal_qd32_ns_per_io\":{:.1}}}",
         median(fs),
         median(gs),
+        median(fb),
+        median(gb),
         median(fq),
         median(gq)
     );

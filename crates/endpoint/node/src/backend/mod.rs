@@ -34,6 +34,28 @@ pub struct IoReq {
     pub fua: bool,
 }
 
+/// The link of a backend with no drive behind it (null, RAM), reported as
+/// its `device_model`: nothing bounds its bandwidth but the reactor's CPU.
+/// Gimbal's own rate ceiling, 4 GiB/s, is the PCIe 3.0 ×4 link of its
+/// drives; on a null namespace it capped one reactor at 1.05 M 4 KiB reads/s
+/// while the reactor serves ~1.1 M here, and that cap (a token bucket that
+/// refills at 4 GiB/s and holds 256 KiB), not the scheduler's CPU, was most
+/// of what the side-by-side overhead runs measured (docs/gimbal.md,
+/// "Overhead"). 2^40 B/s (1.1 TB/s, 268 M 4 KiB I/Os a second) is above any
+/// reactor, and keeps the rate's growth (+8 × len per completion) far from
+/// overflowing.
+pub const NO_DRIVE_LINK_BYTES_PER_S: u64 = 1 << 40;
+
+/// The device model of a backend with no drive: only its link, unbounded.
+pub fn no_drive_model() -> trellis_qos::DeviceModel {
+    trellis_qos::DeviceModel {
+        read_4k_iops: 0,
+        read_bytes_per_s: 0,
+        read_128k_saturation_qd: 0,
+        link_bytes_per_s: NO_DRIVE_LINK_BYTES_PER_S,
+    }
+}
+
 pub trait Backend: Send + Sync {
     fn size_bytes(&self) -> u64;
     /// Deallocated or zeroed ranges read back as zeroes (DLFEAT).

@@ -71,6 +71,10 @@ impl Backend for RamBackend {
     fn synchronous(&self) -> bool {
         true
     }
+    /// No drive: Gimbal's rate ceiling must not stand for one ([`super::NO_DRIVE_LINK_BYTES_PER_S`]).
+    fn device_model(&self) -> Option<trellis_qos::DeviceModel> {
+        Some(super::no_drive_model())
+    }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
         Ok(Box::new(RamQueue {
             region: self.region.clone(),
