@@ -224,6 +224,8 @@ impl GimbalScheduler {
         Some(done)
     }
 
+    /// `run_now`'s full pass, with every check: `submit` that dispatches at
+    /// once followed by `complete(tag, 0, now)`, as the trait describes.
     fn run_full(
         &mut self,
         tenant: TenantId,
