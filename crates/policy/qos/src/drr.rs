@@ -381,7 +381,7 @@ impl Drr {
         }
         let (slots_per_ssd, slot_bytes, quantum) =
             (self.slots_per_ssd, self.slot_bytes, self.quantum);
-        let w = WriteCost::weighted(req.dir, req.size_bytes as u64 + self.io_cost, wc_fp10);
+        let w = self.weighted(req.dir, req.size_bytes, wc_fp10);
         let Some(t) = self.tenants.get_mut(tenant as usize) else {
             return false;
         };
@@ -454,7 +454,7 @@ impl Drr {
     #[inline]
     pub fn serve_and_release_in_lane(&mut self, tenant: u16, req: Request, wc_fp10: u64) -> bool {
         let slot_bytes = self.slot_bytes;
-        let w = WriteCost::weighted(req.dir, req.size_bytes as u64 + self.io_cost, wc_fp10);
+        let w = self.weighted(req.dir, req.size_bytes, wc_fp10);
         let Some(t) = self.tenants.get_mut(tenant as usize) else {
             return false;
         };
