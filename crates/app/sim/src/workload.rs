@@ -101,9 +101,24 @@ pub struct FioGen {
     targets: Targets,
     qd: u32,
     mean_gap_ns: f64,
+    /// Next byte of the sequential stream in the job's address space: the one SSD's
+    /// (`Targets::One`) or the striped volume's (`Targets::All`, `stripe_chunk`).
     seq_offset: u64,
-    seq_ssd: u32,
     c: Cluster,
+}
+
+/// Chunk of the striped volume a sequential job over every SSD writes to: RAID-0 over the
+/// cluster's SSDs in index order (node by node), with Linux md's default chunk of 512 KiB
+/// (`mdadm(8)`, `--chunk`: "The default when creating an array is 512KB"; docs/sim.md).
+pub const STRIPE_CHUNK_BYTES: u64 = 512 << 10;
+
+/// Where byte `offset` of a RAID-0 volume of `n_ssds` members and `chunk`-byte chunks
+/// lives: (member, byte on the member), the member's bytes wrapped at `ssd_bytes`.
+pub fn stripe(offset: u64, chunk: u64, n_ssds: u32, ssd_bytes: u64) -> (u32, u64) {
+    let c = offset / chunk;
+    let n = n_ssds.max(1) as u64;
+    let on_member = (c / n) * chunk + offset % chunk;
+    ((c % n) as u32, on_member % ssd_bytes)
 }
 
 pub struct TraceGen {
@@ -236,8 +251,10 @@ impl FioGen {
             } else {
                 0.0
             },
-            seq_offset: (c.host_index as u64) << 30,
-            seq_ssd: c.host_index % c.n_ssds,
+            // Host h's stream starts h GiB into each member (wrapped at its size) and on
+            // member h: hosts start on different SSDs. One SSD: h GiB, as before striping.
+            seq_offset: ((c.host_index as u64 * c.n_ssds.max(1) as u64) << 30)
+                + (c.host_index % c.n_ssds.max(1)) as u64 * STRIPE_CHUNK_BYTES,
             c,
         })
     }
@@ -249,21 +266,28 @@ impl FioGen {
         } else {
             IoDir::Write
         };
-        let ssd = match self.targets {
-            Targets::One(s) => s % self.c.n_ssds,
-            Targets::All if self.pattern == Pattern::Sequential => self.seq_ssd,
-            Targets::All => rng.below(self.c.n_ssds as u64) as u32,
-        };
-        let offset = match self.pattern {
-            Pattern::Random => rng.below(self.c.ssd_bytes / 4096) * 4096,
-            Pattern::Sequential => {
+        let (ssd, offset) = match (&self.targets, self.pattern) {
+            (Targets::One(s), Pattern::Random) => {
+                (s % self.c.n_ssds, rng.below(self.c.ssd_bytes / 4096) * 4096)
+            }
+            (Targets::All, Pattern::Random) => (
+                rng.below(self.c.n_ssds as u64) as u32,
+                rng.below(self.c.ssd_bytes / 4096) * 4096,
+            ),
+            (Targets::One(s), Pattern::Sequential) => {
                 let o = self.seq_offset % self.c.ssd_bytes;
                 self.seq_offset += size as u64;
-                // A sequential stream moves to the next SSD every 1 GiB, like a striped volume.
-                if self.seq_offset % (1 << 30) < size as u64 {
-                    self.seq_ssd = (self.seq_ssd + 1) % self.c.n_ssds;
-                }
-                o
+                (s % self.c.n_ssds, o)
+            }
+            (Targets::All, Pattern::Sequential) => {
+                let at = stripe(
+                    self.seq_offset,
+                    STRIPE_CHUNK_BYTES,
+                    self.c.n_ssds,
+                    self.c.ssd_bytes,
+                );
+                self.seq_offset += size as u64;
+                at
             }
         };
         IoSpec {
@@ -505,6 +529,54 @@ mod tests {
         }
         assert!((13_600..14_400).contains(&reads), "{reads}");
         assert!((4_600..5_400).contains(&big), "{big}");
+    }
+
+    /// A sequential job over every SSD is a RAID-0 stream: 512 KiB on one member, then the
+    /// next, each member's bytes contiguous; a second host starts on another member.
+    #[test]
+    fn a_sequential_job_over_every_ssd_writes_a_striped_volume() {
+        let job = JobConfig {
+            read_pct: 0,
+            sizes: vec![(131072, 1)],
+            pattern: Pattern::Sequential,
+            qd: 8,
+            ..JobConfig::default()
+        };
+        let mut g = Gen::new(&job, cluster()).unwrap();
+        let mut rng = Rng::new(5);
+        let per_chunk = (STRIPE_CHUNK_BYTES / 131072) as u32;
+        let mut next_on = [None::<u64>; 8];
+        for i in 0..(8 * per_chunk * 3) {
+            let s = g.first(i % 8, &mut rng);
+            assert_eq!(s.ssd, (i / per_chunk) % 8, "I/O {i}");
+            if let Some(want) = next_on[s.ssd as usize] {
+                assert_eq!(s.offset_bytes, want, "I/O {i} on SSD {}", s.ssd);
+            }
+            next_on[s.ssd as usize] = Some(s.offset_bytes + 131072);
+        }
+        let mut other = Gen::new(
+            &job,
+            Cluster {
+                host_index: 1,
+                ..cluster()
+            },
+        )
+        .unwrap();
+        let s = other.first(0, &mut rng);
+        assert_eq!(s.ssd, 1);
+        assert_eq!(
+            s.offset_bytes, 0,
+            "8 GiB + 512 KiB on 8 members: 1 GiB into member 1, wrapped"
+        );
+        assert_eq!(
+            stripe(
+                3 * STRIPE_CHUNK_BYTES + 4096,
+                STRIPE_CHUNK_BYTES,
+                2,
+                1 << 30
+            ),
+            (1, STRIPE_CHUNK_BYTES + 4096)
+        );
     }
 
     #[test]
