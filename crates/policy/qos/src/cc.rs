@@ -40,6 +40,12 @@ pub struct CongestionControl {
     limited_ns: u64,
     /// Every completion of the current sample found the drive under-utilised.
     idle_drive_in_sample: bool,
+    /// Some completion of the current sample found the drive OVERLOADED.
+    overloaded_in_sample: bool,
+    /// The last sample was taken while the drive was overloaded (some completion
+    /// in it was OVERLOADED): only such a completion rate is what an overloaded
+    /// drive delivers, the rate Gimbal cuts to (docs/gimbal.md).
+    cpl_rate_overloaded: bool,
 }
 
 impl CongestionControl {
@@ -66,6 +72,8 @@ impl CongestionControl {
             limited_since_ns: None,
             limited_ns: 0,
             idle_drive_in_sample: true,
+            overloaded_in_sample: false,
+            cpl_rate_overloaded: false,
         }
     }
 
@@ -111,10 +119,16 @@ impl CongestionControl {
         let state = update_dir(cc, latency_ns / 1000, tmin, tmax);
         self.last_state[dir.index()] = Some(state);
         self.idle_drive_in_sample &= state == CcState::UnderUtilised;
+        self.overloaded_in_sample |= state == CcState::Overloaded;
         let len = len as u64;
         self.target_rate = match state {
             CcState::Overloaded => {
-                let r = if self.cpl_rate > 0 {
+                // [R] Gimbal cuts to the last sample's completion rate whatever the
+                // drive did in it; we cut only to a sample that saw the drive
+                // overloaded. Otherwise (a lone stall, as an erase, or the first
+                // sample of an overload) this is CONGESTED's step, and the
+                // bucket is still emptied (docs/gimbal.md).
+                let r = if self.cpl_rate > 0 && self.cpl_rate_overloaded {
                     self.target_rate.min(self.cpl_rate)
                 } else {
                     self.target_rate
@@ -217,6 +231,8 @@ impl CongestionControl {
                 .max(self.cpl_rate.saturating_mul(2))
                 .clamp(self.rate_min, self.rate_max);
         }
+        self.cpl_rate_overloaded = self.overloaded_in_sample;
+        self.overloaded_in_sample = false;
         self.limited_ns = 0;
         self.idle_drive_in_sample = true;
         self.cpl_t0_ns = now_ns;
@@ -239,9 +255,11 @@ impl CongestionControl {
         }
     }
 
-    /// Test hook: set the measured completion rate directly.
+    /// Test hook: set the measured completion rate directly, as a sample taken
+    /// while the drive was overloaded.
     pub fn set_cpl_rate(&mut self, rate: u64) {
         self.cpl_rate = rate;
+        self.cpl_rate_overloaded = true;
     }
 }
 

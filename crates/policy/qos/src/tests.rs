@@ -88,6 +88,53 @@ fn a_rate_that_held_an_idle_drive_back_doubles_per_sample() {
     assert_eq!(rate, before + 131_072, "only Gimbal's +len");
 }
 
+/// Gimbal cuts the rate to the last completion-rate sample on any OVERLOADED
+/// completion; we cut only to a sample that itself saw the drive overloaded. A
+/// lone stall after a calm sample (an erase, a phase change) takes CONGESTED's
+/// step; once a sample closes with OVERLOADED completions in it, the next one cuts
+/// to that sample's rate.
+#[test]
+fn an_overloaded_completion_cuts_only_to_a_rate_measured_under_overload() {
+    const LEN: u32 = 131_072;
+    let mut cc = CongestionControl::new(&GimbalConfig::default());
+    // A calm sample: 129 reads of 128 KiB at 100 µs over 100 ms (~169 MB/s).
+    for i in 1..=129u64 {
+        cc.on_complete(IoDir::Read, LEN, 100_000, i * 100_000_000 / 129);
+    }
+    let calm = cc.cpl_rate();
+    let before = cc.target_rate();
+    assert!(
+        calm > 0 && calm < before,
+        "the premise: a sample below the rate"
+    );
+    // One read stalls 10 ms: OVERLOADED, but the sample saw no overload.
+    let t0 = 100_000_000;
+    let s = cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + 1);
+    assert_eq!(s, CcState::Overloaded);
+    assert_eq!(
+        cc.target_rate(),
+        before - LEN as u64,
+        "no cut to {calm} B/s"
+    );
+    // The overload goes on for a whole sample (16 MiB more, 1 ms apart)...
+    let mut k = 1;
+    let sampled = cc.cpl_rate();
+    while cc.cpl_rate() == sampled {
+        k += 1;
+        let s = cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + k * 1_000_000);
+        assert_eq!(s, CcState::Overloaded);
+    }
+    let overloaded = cc.cpl_rate();
+    let before = cc.target_rate();
+    assert!(
+        overloaded < before,
+        "the premise: the overloaded sample is below the rate"
+    );
+    // ...so the next OVERLOADED completion cuts to what the drive delivered then.
+    cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + (k + 1) * 1_000_000);
+    assert_eq!(cc.target_rate(), overloaded - LEN as u64);
+}
+
 #[test]
 fn cc_underutilised_adds_eight_lengths() {
     // Ex 1.a-2: a 4 KiB read with ewma 200 µs raises the rate by 32,768 B/s.
