@@ -42,10 +42,15 @@ pub struct CongestionControl {
     idle_drive_in_sample: bool,
     /// Some completion of the current sample found the drive OVERLOADED.
     overloaded_in_sample: bool,
-    /// The last sample was taken while the drive was overloaded (some completion
-    /// in it was OVERLOADED): only such a completion rate is what an overloaded
-    /// drive delivers, the rate Gimbal cuts to (docs/gimbal.md).
+    /// The last sample measured an overloaded drive: it began at or after the
+    /// overload's first completion, some completion in it was OVERLOADED, and our
+    /// bucket held requests back for less than half of it (else it measured our
+    /// own pace). Only such a completion rate is what an overloaded drive
+    /// delivers, the rate Gimbal cuts to (docs/gimbal.md).
     cpl_rate_overloaded: bool,
+    /// An overload is under way: some completion was OVERLOADED, and no sample
+    /// since has closed without one.
+    overload_episode: bool,
 }
 
 impl CongestionControl {
@@ -74,6 +79,7 @@ impl CongestionControl {
             idle_drive_in_sample: true,
             overloaded_in_sample: false,
             cpl_rate_overloaded: false,
+            overload_episode: false,
         }
     }
 
@@ -118,16 +124,19 @@ impl CongestionControl {
         };
         let state = update_dir(cc, latency_ns / 1000, tmin, tmax);
         self.last_state[dir.index()] = Some(state);
+        if state == CcState::Overloaded && !self.overload_episode {
+            self.begin_overload(now_ns);
+        }
         self.idle_drive_in_sample &= state == CcState::UnderUtilised;
         self.overloaded_in_sample |= state == CcState::Overloaded;
         let len = len as u64;
         self.target_rate = match state {
             CcState::Overloaded => {
                 // [R] Gimbal cuts to the last sample's completion rate whatever the
-                // drive did in it; we cut only to a sample that saw the drive
-                // overloaded. Otherwise (a lone stall, as an erase, or the first
-                // sample of an overload) this is CONGESTED's step, and the
-                // bucket is still emptied (docs/gimbal.md).
+                // drive did in it; we cut only to a sample that measured the
+                // overloaded drive. Until one has closed (a lone stall, as an
+                // erase, or the first 16 MiB of an overload) this is CONGESTED's
+                // step, and the bucket is still emptied (docs/gimbal.md).
                 let r = if self.cpl_rate > 0 && self.cpl_rate_overloaded {
                     self.target_rate.min(self.cpl_rate)
                 } else {
@@ -231,12 +240,31 @@ impl CongestionControl {
                 .max(self.cpl_rate.saturating_mul(2))
                 .clamp(self.rate_min, self.rate_max);
         }
-        self.cpl_rate_overloaded = self.overloaded_in_sample;
+        self.cpl_rate_overloaded =
+            self.overloaded_in_sample && self.limited_ns.saturating_mul(2) < window_ns;
+        self.overload_episode = self.overloaded_in_sample;
         self.overloaded_in_sample = false;
         self.limited_ns = 0;
         self.idle_drive_in_sample = true;
         self.cpl_t0_ns = now_ns;
         self.cpl_bytes = 0;
+    }
+
+    /// The first OVERLOADED completion of an overload: the sample under way began
+    /// before it (and may span idle time or another load), so it starts again
+    /// here, and the last rate is not one to cut to.
+    #[cold]
+    fn begin_overload(&mut self, now_ns: Nanos) {
+        self.overload_episode = true;
+        self.cpl_rate_overloaded = false;
+        self.cpl_t0_ns = now_ns;
+        self.cpl_bytes = 0;
+        self.limited_ns = 0;
+        if let Some(since) = self.limited_since_ns.as_mut() {
+            *since = now_ns;
+        }
+        self.idle_drive_in_sample = true;
+        self.overloaded_in_sample = false;
     }
 
     /// The token bucket began holding a request back (no-op if it already was).
@@ -256,10 +284,11 @@ impl CongestionControl {
     }
 
     /// Test hook: set the measured completion rate directly, as a sample taken
-    /// while the drive was overloaded.
+    /// during an overload that is still under way.
     pub fn set_cpl_rate(&mut self, rate: u64) {
         self.cpl_rate = rate;
         self.cpl_rate_overloaded = true;
+        self.overload_episode = true;
     }
 }
 

@@ -135,6 +135,87 @@ fn an_overloaded_completion_cuts_only_to_a_rate_measured_under_overload() {
     assert_eq!(cc.target_rate(), overloaded - LEN as u64);
 }
 
+/// An overload whose first completions close a sample begun before it (after idle
+/// time or another load) is not cut to that sample: the sample starts again at the
+/// overload's first completion.
+#[test]
+fn an_overload_is_measured_from_its_first_completion() {
+    const LEN: u32 = 131_072;
+    let mut cc = CongestionControl::new(&GimbalConfig::default());
+    for i in 1..=129u64 {
+        cc.on_complete(IoDir::Read, LEN, 100_000, i * 100_000_000 / 129);
+    }
+    // 127 calm reads of the next sample: 16 MiB less one read, so the next two
+    // completions would close it.
+    for i in 1..=127u64 {
+        cc.on_complete(
+            IoDir::Read,
+            LEN,
+            100_000,
+            100_000_000 + i * 100_000_000 / 129,
+        );
+    }
+    let (calm, before) = (cc.cpl_rate(), cc.target_rate());
+    let t0 = 200_000_000;
+    for k in 1..=3u64 {
+        let s = cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + k * 1_000_000);
+        assert_eq!(s, CcState::Overloaded);
+    }
+    assert_eq!(
+        cc.cpl_rate(),
+        calm,
+        "no sample closed: it began again at the overload"
+    );
+    assert_eq!(cc.target_rate(), before - 3 * LEN as u64, "no cut");
+}
+
+/// A sample during which our own bucket held requests back for at least half the
+/// time measured our rate, not the drive (BBR's application-limited samples): an
+/// overload is not cut to it, as cutting to it would feed on itself.
+#[test]
+fn an_overload_is_not_cut_to_a_sample_paced_by_our_own_bucket() {
+    const LEN: u32 = 131_072;
+    let mut cc = CongestionControl::new(&GimbalConfig::default());
+    let t0 = 1_000_000;
+    assert_eq!(
+        cc.on_complete(IoDir::Read, LEN, 10_000_000, t0),
+        CcState::Overloaded
+    );
+    // A whole sample of the overload, the bucket holding a request back throughout.
+    cc.rate_limited_from(t0);
+    let mut k = 0;
+    while cc.cpl_rate() == 0 {
+        k += 1;
+        cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + k * 1_000_000);
+    }
+    let before = cc.target_rate();
+    assert!(
+        cc.cpl_rate() < before,
+        "the premise: the sample is below the rate"
+    );
+    cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + (k + 1) * 1_000_000);
+    assert_eq!(
+        cc.target_rate(),
+        before - LEN as u64,
+        "no cut to our own pace"
+    );
+    // The next sample of the overload, the bucket no longer binding: cut to it.
+    cc.rate_limit_ended(t0 + (k + 1) * 1_000_000);
+    let paced = cc.cpl_rate();
+    let mut j = k + 1;
+    while cc.cpl_rate() == paced {
+        j += 1;
+        cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + j * 1_000_000);
+    }
+    let measured = cc.cpl_rate();
+    cc.on_complete(IoDir::Read, LEN, 10_000_000, t0 + (j + 1) * 1_000_000);
+    assert_eq!(
+        cc.target_rate(),
+        measured - LEN as u64,
+        "cut to the drive-paced sample"
+    );
+}
+
 #[test]
 fn cc_underutilised_adds_eight_lengths() {
     // Ex 1.a-2: a 4 KiB read with ewma 200 µs raises the rate by 32,768 B/s.
