@@ -88,6 +88,17 @@ fn a_rate_that_held_an_idle_drive_back_doubles_per_sample() {
     assert_eq!(rate, before + 131_072, "only Gimbal's +len");
 }
 
+/// Congestion control after one calm completion-rate sample: 129 reads of
+/// 128 KiB at 100 µs (under-utilised) over 100 ms, ~169 MB/s.
+fn after_a_calm_sample() -> CongestionControl {
+    let mut cc = CongestionControl::new(&GimbalConfig::default());
+    for i in 1..=129u64 {
+        cc.on_complete(IoDir::Read, 131_072, 100_000, i * 100_000_000 / 129);
+    }
+    assert!(cc.cpl_rate() > 0, "one sample taken");
+    cc
+}
+
 /// Gimbal cuts the rate to the last completion-rate sample on any OVERLOADED
 /// completion; we cut only to a sample that itself saw the drive overloaded. A
 /// lone stall after a calm sample (an erase, a phase change) takes CONGESTED's
@@ -96,11 +107,7 @@ fn a_rate_that_held_an_idle_drive_back_doubles_per_sample() {
 #[test]
 fn an_overloaded_completion_cuts_only_to_a_rate_measured_under_overload() {
     const LEN: u32 = 131_072;
-    let mut cc = CongestionControl::new(&GimbalConfig::default());
-    // A calm sample: 129 reads of 128 KiB at 100 µs over 100 ms (~169 MB/s).
-    for i in 1..=129u64 {
-        cc.on_complete(IoDir::Read, LEN, 100_000, i * 100_000_000 / 129);
-    }
+    let mut cc = after_a_calm_sample();
     let calm = cc.cpl_rate();
     let before = cc.target_rate();
     assert!(
@@ -141,10 +148,7 @@ fn an_overloaded_completion_cuts_only_to_a_rate_measured_under_overload() {
 #[test]
 fn an_overload_is_measured_from_its_first_completion() {
     const LEN: u32 = 131_072;
-    let mut cc = CongestionControl::new(&GimbalConfig::default());
-    for i in 1..=129u64 {
-        cc.on_complete(IoDir::Read, LEN, 100_000, i * 100_000_000 / 129);
-    }
+    let mut cc = after_a_calm_sample();
     // 127 calm reads of the next sample: 16 MiB less one read, so the next two
     // completions would close it.
     for i in 1..=127u64 {
