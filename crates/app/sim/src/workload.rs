@@ -102,7 +102,7 @@ pub struct FioGen {
     qd: u32,
     mean_gap_ns: f64,
     /// Next byte of the sequential stream in the job's address space: the one SSD's
-    /// (`Targets::One`) or the striped volume's (`Targets::All`, `stripe_chunk`).
+    /// (`Targets::One`) or the striped volume's (`Targets::All`, [`STRIPE_CHUNK_BYTES`]).
     seq_offset: u64,
     c: Cluster,
 }
@@ -266,26 +266,22 @@ impl FioGen {
         } else {
             IoDir::Write
         };
-        let (ssd, offset) = match (&self.targets, self.pattern) {
-            (Targets::One(s), Pattern::Random) => {
-                (s % self.c.n_ssds, rng.below(self.c.ssd_bytes / 4096) * 4096)
+        let n = self.c.n_ssds;
+        let (ssd, offset) = match self.pattern {
+            Pattern::Random => {
+                let ssd = match self.targets {
+                    Targets::One(s) => s % n,
+                    Targets::All => rng.below(n as u64) as u32,
+                };
+                (ssd, rng.below(self.c.ssd_bytes / 4096) * 4096)
             }
-            (Targets::All, Pattern::Random) => (
-                rng.below(self.c.n_ssds as u64) as u32,
-                rng.below(self.c.ssd_bytes / 4096) * 4096,
-            ),
-            (Targets::One(s), Pattern::Sequential) => {
-                let o = self.seq_offset % self.c.ssd_bytes;
-                self.seq_offset += size as u64;
-                (s % self.c.n_ssds, o)
-            }
-            (Targets::All, Pattern::Sequential) => {
-                let at = stripe(
-                    self.seq_offset,
-                    STRIPE_CHUNK_BYTES,
-                    self.c.n_ssds,
-                    self.c.ssd_bytes,
-                );
+            Pattern::Sequential => {
+                let at = match self.targets {
+                    Targets::One(s) => (s % n, self.seq_offset % self.c.ssd_bytes),
+                    Targets::All => {
+                        stripe(self.seq_offset, STRIPE_CHUNK_BYTES, n, self.c.ssd_bytes)
+                    }
+                };
                 self.seq_offset += size as u64;
                 at
             }

@@ -243,11 +243,20 @@ impl CongestionControl {
         self.cpl_rate_overloaded =
             self.overloaded_in_sample && self.limited_ns.saturating_mul(2) < window_ns;
         self.overload_episode = self.overloaded_in_sample;
-        self.overloaded_in_sample = false;
-        self.limited_ns = 0;
-        self.idle_drive_in_sample = true;
+        self.start_sample(now_ns);
+    }
+
+    /// A completion-rate sample begins at `now_ns`: nothing completed, limited or
+    /// seen in it yet.
+    fn start_sample(&mut self, now_ns: Nanos) {
         self.cpl_t0_ns = now_ns;
         self.cpl_bytes = 0;
+        self.limited_ns = 0;
+        if let Some(since) = self.limited_since_ns.as_mut() {
+            *since = now_ns;
+        }
+        self.idle_drive_in_sample = true;
+        self.overloaded_in_sample = false;
     }
 
     /// The first OVERLOADED completion of an overload: the sample under way began
@@ -257,14 +266,7 @@ impl CongestionControl {
     fn begin_overload(&mut self, now_ns: Nanos) {
         self.overload_episode = true;
         self.cpl_rate_overloaded = false;
-        self.cpl_t0_ns = now_ns;
-        self.cpl_bytes = 0;
-        self.limited_ns = 0;
-        if let Some(since) = self.limited_since_ns.as_mut() {
-            *since = now_ns;
-        }
-        self.idle_drive_in_sample = true;
-        self.overloaded_in_sample = false;
+        self.start_sample(now_ns);
     }
 
     /// The token bucket began holding a request back (no-op if it already was).
