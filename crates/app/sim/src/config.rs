@@ -143,6 +143,14 @@ pub struct TopologyConfig {
     /// Floor of the NVMe/TCP connections' retransmission timeout (Linux TCP_RTO_MIN,
     /// 200 ms; docs/sim.md). A lost packet's I/O is resent after the connection's RTO.
     pub tcp_rto_min_ns: u64,
+    /// Each connection direction sends within an ACK-clocked congestion window
+    /// (`trellis_fabric::tcp_window`; docs/sim.md). Off: PDUs leave at once, as before.
+    pub tcp_window: bool,
+    /// Initial congestion window, segments (10: RFC 6928, Linux TCP_INIT_CWND).
+    pub tcp_init_cwnd_segments: u32,
+    /// The receiver's advertised window, the cap of the congestion window (3 MiB: half
+    /// of Linux's default tcp_rmem maximum of 6 MiB, tcp_adv_win_scale = 1; docs/sim.md).
+    pub tcp_rwnd_bytes: u64,
     /// Private drop-tail buffer of each adapter and host egress port.
     pub queue_bytes: u64,
     /// Each switch's shared buffer (Tomahawk-class, 16 MB) and its dynamic-threshold
@@ -175,6 +183,9 @@ impl Default for TopologyConfig {
             switch_hop_ns: 800,
             inline_data_bytes: 16 << 10,
             tcp_rto_min_ns: 200_000_000,
+            tcp_window: true,
+            tcp_init_cwnd_segments: 10,
+            tcp_rwnd_bytes: 3 << 20,
             queue_bytes: 4 << 20,
             switch_buffer_bytes: 16 << 20,
             switch_dt_alpha_log2: 3,

@@ -22,6 +22,7 @@ use trellis_fabric::reserve::{self, PortReservation};
 use trellis_fabric::rto::RtoEstimator;
 use trellis_fabric::shared_buffer::SharedBuffer;
 use trellis_fabric::ssd_credit::{self, HostRateLimiter};
+use trellis_fabric::tcp_window::SendWindow;
 use trellis_host::replica::{IsrPaths, ReplicaState, MAX_PATHS};
 use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
 use trellis_ssd::Ssd;
@@ -42,6 +43,8 @@ const EV_ISSUE: u8 = 8;
 const EV_FAIL_DETECT: u8 = 9;
 /// Global routes are recomputed after a detected failure.
 const EV_FAIL_CONVERGE: u8 = 10;
+/// An ACK is back at the sender of a connection direction whose messages wait for it.
+const EV_ACK: u8 = 11;
 
 /// Egress classes: 0 = reserved responses and write completions, 1..=8 = rank 0..7.
 const NQ: usize = 9;
@@ -103,6 +106,9 @@ struct Io {
     /// `NO_LOCAL_PORT`, and when its command left (the round trip's start).
     host_lp: u8,
     sent_ns: u64,
+    /// Bytes of this attempt counted in each direction's send window (`UP`, `DOWN`)
+    /// and not yet delivered: acked on delivery, or dropped from the flight at the RTO.
+    win_bytes: [u32; 2],
 }
 
 const NO_LOCAL_PORT: u8 = u8::MAX;
@@ -128,6 +134,37 @@ enum R2t {
     Await,
     /// The H2CData is on its way; once it has arrived the write goes to the SSD.
     Data,
+}
+
+/// Connection directions: host → target (commands, H2CData) and target → host (R2T,
+/// C2HData, completions).
+const UP: usize = 0;
+const DOWN: usize = 1;
+
+/// An NVMe/TCP PDU that waits for its connection's send window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Msg {
+    Command,
+    WriteData,
+    R2t,
+    Response,
+}
+
+impl Msg {
+    fn dir(self) -> usize {
+        match self {
+            Msg::Command | Msg::WriteData => UP,
+            Msg::R2t | Msg::Response => DOWN,
+        }
+    }
+}
+
+/// One direction of an NVMe/TCP connection: its send window, and the PDUs queued
+/// behind it in order (TCP's send buffer: a later PDU never overtakes an earlier one).
+struct TcpDir {
+    win: SendWindow,
+    waiting: VecDeque<(u32, u16, Msg)>,
+    timer_armed: bool,
 }
 
 struct PortQ {
@@ -215,6 +252,9 @@ pub struct Sim {
     pub path_checks: u64,
     pub path_mismatches: u64,
     cand: [u32; 64],
+    /// NVMe/TCP connection directions, indexed by `tcp_ix` (host, storage node, direction):
+    /// one flat table, so a PDU costs one lookup.
+    tcp: Vec<TcpDir>,
     /// Switched fabric (ToR or leaf-spine): parallel links are LAGs hashed per flow.
     switched: bool,
 }
@@ -266,6 +306,27 @@ impl Sim {
                     .then(|| IsrTable::new(cfg.isr.clone(), n_targets, g.node_ports[u].len()))
             })
             .collect();
+        let t = &cfg.topology;
+        anyhow::ensure!(
+            t.mtu_bytes > t.frame_overhead_bytes,
+            "mtu_bytes {} must exceed frame_overhead_bytes {}",
+            t.mtu_bytes,
+            t.frame_overhead_bytes
+        );
+        let payload_max = t.mtu_bytes - t.frame_overhead_bytes;
+        anyhow::ensure!(
+            t.tcp_init_cwnd_segments > 0 && t.tcp_rwnd_bytes >= payload_max as u64,
+            "tcp_init_cwnd_segments must be at least 1 and tcp_rwnd_bytes at least one \
+             segment ({payload_max} B); got {} and {}",
+            t.tcp_init_cwnd_segments,
+            t.tcp_rwnd_bytes
+        );
+        let n_dirs = g.hosts.len() as u64 * n_targets as u64 * 2;
+        anyhow::ensure!(
+            n_dirs <= u32::MAX as u64,
+            "{} hosts × {n_targets} storage nodes: too many connections for the event payload",
+            g.hosts.len()
+        );
         let mut hosts = Vec::new();
         for (hi, &node) in g.hosts.iter().enumerate() {
             let c = Cluster {
@@ -307,8 +368,10 @@ impl Sim {
             });
         }
         let _ = rng.next_u64();
-        let payload_max = cfg.topology.mtu_bytes - cfg.topology.frame_overhead_bytes;
         let metrics = Metrics::new(&cfg, g.ports.len());
+        let tcp = (0..n_dirs)
+            .map(|_| new_tcp_dir(&cfg, payload_max))
+            .collect();
         let (n_ports, n_failures) = (g.ports.len(), cfg.failures.len());
         Ok(Sim {
             payload_max,
@@ -330,6 +393,7 @@ impl Sim {
             failed_ports: vec![Vec::new(); n_failures],
             metrics,
             cand: [0; 64],
+            tcp,
             switched: matches!(
                 cfg.topology.kind,
                 TopologyKind::Tor | TopologyKind::LeafSpine
@@ -402,6 +466,10 @@ impl Sim {
                 EV_FAIL_DETECT => self.on_fail_detected(e.a as usize),
                 EV_FAIL_CONVERGE => self.g.compute_routes(),
                 EV_RETRY => self.on_retry(e.a),
+                EV_ACK => {
+                    self.tcp[e.a as usize].timer_armed = false;
+                    self.tcp_pump(e.a as usize);
+                }
                 EV_ISSUE => {
                     self.metrics.on_start(e.t);
                     self.admit(e.a)
@@ -441,6 +509,7 @@ impl Sim {
             r2t: R2t::None,
             host_lp: NO_LOCAL_PORT,
             sent_ns: 0,
+            win_bytes: [0; 2],
         })
     }
 
@@ -504,7 +573,7 @@ impl Sim {
             }
             return;
         }
-        self.send_command(io);
+        self.tcp_send(io, Msg::Command);
     }
 
     /// Admit waiting I/Os of (host, ssd) in order while the limiter allows; else arm its timer.
@@ -538,7 +607,7 @@ impl Sim {
             } else {
                 ssd_credit::rank(headroom, cap)
             };
-            self.send_command(io);
+            self.tcp_send(io, Msg::Command);
         }
     }
 
@@ -746,6 +815,134 @@ impl Sim {
         for &(p, r) in &grants[..n] {
             self.ports[p as usize].resv.release(r);
         }
+    }
+
+    // ---------------------------------------------------------------- NVMe/TCP
+
+    /// Hand a PDU of `io` to its connection direction: it leaves now if the send
+    /// window lets it and nothing waits ahead of it; otherwise it waits in order.
+    fn tcp_send(&mut self, io: u32, msg: Msg) {
+        if !self.cfg.topology.tcp_window {
+            self.transmit(io, msg, 0);
+            return;
+        }
+        let now = self.q.now;
+        let gen = self.ios.get(io).gen;
+        let ix = self.tcp_ix(io, msg.dir());
+        let bytes = self.msg_bytes(io, msg);
+        let td = &mut self.tcp[ix];
+        td.win.poll(now);
+        if td.waiting.is_empty() && td.win.fits(bytes) {
+            td.win.on_send(bytes);
+            self.transmit(io, msg, bytes);
+        } else {
+            td.waiting.push_back((io, gen, msg));
+            self.arm_ack_timer(ix);
+        }
+    }
+
+    /// Direction `d` of the connection from `io`'s host to its target, in `self.tcp`.
+    fn tcp_ix(&self, io: u32, d: usize) -> usize {
+        let o = self.ios.get(io);
+        (o.host as usize * self.g.storage.len() + o.target_node as usize) * 2 + d
+    }
+
+    /// The PDU leaves: `bytes` join its direction's flight (0 with windows off).
+    fn transmit(&mut self, io: u32, msg: Msg, bytes: u32) {
+        self.ios.get_mut(io).win_bytes[msg.dir()] += bytes;
+        match msg {
+            Msg::Command => self.send_command(io),
+            Msg::WriteData => self.send_write_data(io),
+            Msg::R2t => self.send_rev(io, R2T_BYTES),
+            Msg::Response => self.send_response(io),
+        }
+    }
+
+    /// Send the PDUs that now fit, in order; wait for the next ACK if some still wait.
+    fn tcp_pump(&mut self, ix: usize) {
+        let now = self.q.now;
+        self.tcp[ix].win.poll(now);
+        while let Some(&(io, gen, msg)) = self.tcp[ix].waiting.front() {
+            // A waiting PDU's I/O has nothing in flight, so it cannot have been lost.
+            debug_assert!(self.ios.get(io).gen == gen && !self.ios.get(io).lost);
+            let bytes = self.msg_bytes(io, msg);
+            let td = &mut self.tcp[ix];
+            if !td.win.fits(bytes) {
+                break;
+            }
+            td.waiting.pop_front();
+            td.win.on_send(bytes);
+            self.transmit(io, msg, bytes);
+        }
+        self.arm_ack_timer(ix);
+    }
+
+    /// PDUs wait and an ACK is on its way: wake when it is back (one timer per direction).
+    fn arm_ack_timer(&mut self, ix: usize) {
+        let td = &mut self.tcp[ix];
+        if td.timer_armed || td.waiting.is_empty() {
+            return;
+        }
+        if let Some(at) = td.win.next_ack_ns() {
+            td.timer_armed = true;
+            self.q.push(at, EV_ACK, ix as u32);
+        }
+    }
+
+    /// The last byte of the current PDU of `io` in direction `d` reached its receiver:
+    /// its ACK is back at the sender after the path's unloaded one-way delay.
+    fn tcp_delivered(&mut self, io: u32, d: usize) {
+        let bytes = std::mem::take(&mut self.ios.get_mut(io).win_bytes[d]);
+        if bytes == 0 {
+            return;
+        }
+        let at = self.q.now + self.ack_delay_ns(io);
+        let ix = self.tcp_ix(io, d);
+        self.tcp[ix].win.on_delivered(at, bytes);
+        self.arm_ack_timer(ix);
+    }
+
+    /// The RTO of a lost attempt expired: each direction that lost bytes of it
+    /// collapses to the loss window, and what waited may go.
+    fn tcp_timeout(&mut self, io: u32) {
+        let lost = std::mem::take(&mut self.ios.get_mut(io).win_bytes);
+        for (d, &b) in lost.iter().enumerate() {
+            if b > 0 {
+                let ix = self.tcp_ix(io, d);
+                self.tcp[ix].win.on_timeout(b);
+                self.tcp_pump(ix);
+            }
+        }
+    }
+
+    /// Bytes of a PDU in TCP's sequence space (headers and data, no framing).
+    fn msg_bytes(&self, io: u32, msg: Msg) -> u32 {
+        let o = self.ios.get(io);
+        let (op, size) = (o.spec.op, o.spec.size_bytes);
+        let r2t = op == IoDir::Write && size > self.cfg.topology.inline_data_bytes;
+        let capsule = reserve::request_bytes(IoDir::Read, 0);
+        match msg {
+            Msg::Command if r2t => capsule,
+            Msg::Command => reserve::request_bytes(op, size),
+            Msg::WriteData => reserve::request_bytes(IoDir::Write, size) - capsule,
+            Msg::R2t => R2T_BYTES,
+            Msg::Response if r2t => reserve::response_bytes(op, size) - R2T_BYTES,
+            Msg::Response => reserve::response_bytes(op, size),
+        }
+    }
+
+    /// An ACK's way back: propagation and forwarding over the I/O's recorded hops,
+    /// without queueing (ACKs are not simulated as packets; docs/sim.md).
+    /// Every link has the topology's `prop_ns` (topo.rs); the hop records hold the host
+    /// and the transit nodes, one link each.
+    fn ack_delay_ns(&self, io: u32) -> u64 {
+        let hdr = &self.ios.get(io).hdr;
+        let hops = &hdr.hops[..hdr.n_hops as usize];
+        let mut t = hops.len() as u64 * self.cfg.topology.prop_ns;
+        for rec in hops.iter().skip(1) {
+            t += self.forwarding_ns(rec.node, io);
+        }
+        t
     }
 
     // ---------------------------------------------------------------- fabric
@@ -987,12 +1184,13 @@ impl Sim {
             o.target_in_port = in_port;
             o.fwd_arrived += 1;
             if o.fwd_arrived == o.fwd_expected {
+                self.tcp_delivered(pk.io, UP);
                 if pk.marker {
                     self.reserve_at(pk.io, in_port);
                 }
                 if self.ios.get(pk.io).r2t == R2t::Command {
                     self.ios.get_mut(pk.io).r2t = R2t::Await;
-                    self.send_rev(pk.io, R2T_BYTES);
+                    self.tcp_send(pk.io, Msg::R2t);
                 } else {
                     self.ssd_enqueue(pk.io);
                 }
@@ -1071,7 +1269,8 @@ impl Sim {
         if node == host_node {
             self.pkts.remove(p);
             if self.ios.get(pk.io).r2t == R2t::Await {
-                self.send_write_data(pk.io);
+                self.tcp_delivered(pk.io, DOWN);
+                self.tcp_send(pk.io, Msg::WriteData);
                 return;
             }
             if pk.marker && n_hops > 0 && self.isr[node as usize].is_some() {
@@ -1081,6 +1280,7 @@ impl Sim {
             let o = self.ios.get_mut(pk.io);
             o.rev_arrived += 1;
             if o.rev_arrived == o.rev_expected {
+                self.tcp_delivered(pk.io, DOWN);
                 self.host_complete(pk.io);
             }
             return;
@@ -1174,6 +1374,7 @@ impl Sim {
     fn on_retry(&mut self, io: u32) {
         self.end_host_done(io, false);
         self.release_grants(io);
+        self.tcp_timeout(io);
         let o = self.ios.get_mut(io);
         o.gen = o.gen.wrapping_add(1);
         o.lost = false;
@@ -1188,7 +1389,7 @@ impl Sim {
             self.finish_io_without_completion(io);
             return;
         }
-        self.send_command(io);
+        self.tcp_send(io, Msg::Command);
     }
 
     /// The link (or node) dies now; the nodes next to it notice only after the
@@ -1344,7 +1545,7 @@ impl Sim {
             o.headroom_bytes_per_s = headroom;
             o.ssd_latency_ns = lat;
             o.hdr.ssd_latency_ns = lat;
-            self.send_response(row.io);
+            self.tcp_send(row.io, Msg::Response);
         }
         self.pump(ssd);
     }
@@ -1444,6 +1645,15 @@ impl Sim {
 }
 
 /// One SSD model and one scheduler (the shared core) per SSD of every storage node.
+fn new_tcp_dir(cfg: &SimConfig, mss_bytes: u32) -> TcpDir {
+    let t = &cfg.topology;
+    TcpDir {
+        win: SendWindow::new(mss_bytes, t.tcp_init_cwnd_segments, t.tcp_rwnd_bytes),
+        waiting: VecDeque::new(),
+        timer_armed: false,
+    }
+}
+
 fn build_ssds(cfg: &SimConfig, g: &Graph) -> Result<Vec<SsdSlot>> {
     let profile = cfg.ssd.profile()?;
     let sched_cfg = SchedConfig {

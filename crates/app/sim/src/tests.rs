@@ -449,3 +449,45 @@ fn a_multi_port_client_uses_its_longer_paths_once_its_direct_link_is_full() {
     assert!(isr > 1.3 * ecmp, "ISR {isr} K IOPS vs ECMP {ecmp} K");
     eprintln!("ECMP {ecmp} K IOPS (max link {ecmp_util}), ISR {isr} K IOPS");
 }
+
+/// An NVMe/TCP connection sends within its window, and ACKs clock it: over a long link
+/// (50 µs each way), 4 KiB reads at QD 64 to one drive deliver at most one receive window
+/// (64 KiB, plus the response that leaves alone) per round trip of data and ACK, and about
+/// that much: the window is refilled as ACKs come back, not stalled. With windows off the
+/// same reads are bound by the queue depth and the drive instead.
+#[test]
+fn a_connection_sends_at_most_a_window_per_round_trip() {
+    const PROP_NS: u64 = 50_000;
+    const RWND: u64 = 64 << 10;
+    let kiops = |window: bool| {
+        let mut cfg = small(TopologyKind::Torus2d, 4);
+        cfg.duration_ns = 6_000_000;
+        cfg.warmup_ns = 1_000_000;
+        cfg.topology.hosts = 1;
+        cfg.topology.prop_ns = PROP_NS;
+        cfg.topology.tcp_window = window;
+        cfg.topology.tcp_rwnd_bytes = RWND;
+        cfg.mechanisms = Mechanisms::all_off();
+        cfg.workload.jobs = vec![JobConfig {
+            qd: 64,
+            read_pct: 100,
+            sizes: vec![(4096, 1)],
+            targets: Targets::One(0),
+            ..JobConfig::default()
+        }];
+        run(cfg, false).unwrap().results.read.kiops
+    };
+    // A 4 KiB read's response is 4,144 B of PDUs (C2HData header + data + completion).
+    let per_rtt = (RWND / 4144 + 1) as f64;
+    let bound_kiops = per_rtt / (2.0 * PROP_NS as f64 / 1e9) / 1e3;
+    let (on, off) = (kiops(true), kiops(false));
+    assert!(
+        on <= bound_kiops,
+        "{on} kIOPS over a window per RTT ({bound_kiops})"
+    );
+    assert!(
+        on >= 0.8 * bound_kiops,
+        "{on} kIOPS: the window is not refilled ({bound_kiops})"
+    );
+    assert!(off > 1.5 * on, "windows off {off} vs on {on} kIOPS");
+}

@@ -10,6 +10,8 @@
 //!   NSDI'26 mechanism: the switched baseline's ToR, docs/sim.md).
 //! - [`rto`]: the TCP retransmission timeout of one NVMe/TCP connection (transport, not an
 //!   NSDI'26 mechanism; docs/sim.md).
+//! - [`tcp_window`]: the ACK-clocked send window of one direction of an NVMe/TCP
+//!   connection (transport, not an NSDI'26 mechanism; docs/sim.md).
 //! - [`ssd_credit`]: storage-driven scheduling: the SSD credit (bandwidth headroom, MiB/s),
 //!   host rate limit, packet rank. Not Gimbal's per-tenant I/O credits (`trellis-qos`).
 //!
@@ -20,3 +22,4 @@ pub mod reserve;
 pub mod rto;
 pub mod shared_buffer;
 pub mod ssd_credit;
+pub mod tcp_window;
