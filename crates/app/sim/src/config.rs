@@ -146,6 +146,10 @@ pub struct TopologyConfig {
     /// Each connection direction sends within an ACK-clocked congestion window
     /// (`trellis_fabric::tcp_window`; docs/sim.md). Off: PDUs leave at once, as before.
     pub tcp_window: bool,
+    /// With windows on: a loss is found from later deliveries on the same connection
+    /// (RACK, RFC 8985, Linux's default with SACK) and the I/O resent then; off, or
+    /// with nothing delivered after it, it waits for the RTO (docs/sim.md).
+    pub tcp_rack: bool,
     /// Initial congestion window, segments (10: RFC 6928, Linux TCP_INIT_CWND).
     pub tcp_init_cwnd_segments: u32,
     /// The receiver's advertised window, the cap of the congestion window (3 MiB: half
@@ -184,6 +188,7 @@ impl Default for TopologyConfig {
             inline_data_bytes: 16 << 10,
             tcp_rto_min_ns: 200_000_000,
             tcp_window: true,
+            tcp_rack: true,
             tcp_init_cwnd_segments: 10,
             tcp_rwnd_bytes: 3 << 20,
             queue_bytes: 4 << 20,

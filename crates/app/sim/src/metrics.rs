@@ -20,6 +20,8 @@ pub struct Metrics {
     pub bins: Vec<u64>,
     pub drops: u64,
     pub lost_ios: u64,
+    /// Lost I/Os resent after RACK found the loss, before their RTO.
+    pub rack_recoveries: u64,
     pub failed_ios: u64,
     /// Commands the SSD scheduler answered Busy (a bound was full); each is retried.
     pub sched_busy: u64,
@@ -71,6 +73,7 @@ impl Metrics {
             bins: vec![0; n_bins],
             drops: 0,
             lost_ios: 0,
+            rack_recoveries: 0,
             failed_ios: 0,
             sched_busy: 0,
             failure_at_ns: None,
@@ -211,6 +214,8 @@ pub struct FailureStats {
     /// recovery time) or when it did not recover within the run.
     pub recovery_ns: Option<u64>,
     pub lost_ios: u64,
+    /// Of those, resent after RACK found the loss (the rest waited for their RTO).
+    pub rack_recoveries: u64,
 }
 
 /// Resilience metrics (§5): compare throughput before and after the failure.
@@ -255,6 +260,7 @@ pub fn failure_stats(m: &Metrics, at_ns: u64, warmup_ns: u64, end_ns: u64) -> Fa
         dipped,
         recovery_ns: recovery,
         lost_ios: m.lost_ios,
+        rack_recoveries: m.rack_recoveries,
     }
 }
 

@@ -109,6 +109,13 @@ struct Io {
     /// Bytes of this attempt counted in each direction's send window (`UP`, `DOWN`)
     /// and not yet delivered: acked on delivery, or dropped from the flight at the RTO.
     win_bytes: [u32; 2],
+    /// Per direction: the sequence number and send time of this attempt's current PDU
+    /// (RACK compares them with later deliveries).
+    win_seq: [u64; 2],
+    win_sent_ns: [u64; 2],
+    /// When the one retry that counts is due (EV_RETRY events at other times are stale:
+    /// an RTO timer after RACK already resent the I/O); u64::MAX: none.
+    retry_at_ns: u64,
 }
 
 const NO_LOCAL_PORT: u8 = u8::MAX;
@@ -165,6 +172,16 @@ struct TcpDir {
     win: SendWindow,
     waiting: VecDeque<(u32, u16, Msg)>,
     timer_armed: bool,
+    /// PDUs lost and not yet found lost by the sender (usually empty).
+    lost: Vec<LostPdu>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct LostPdu {
+    seq: u64,
+    sent_ns: u64,
+    io: u32,
+    gen: u16,
 }
 
 struct PortQ {
@@ -255,6 +272,8 @@ pub struct Sim {
     /// NVMe/TCP connection directions, indexed by `tcp_ix` (host, storage node, direction):
     /// one flat table, so a PDU costs one lookup.
     tcp: Vec<TcpDir>,
+    /// Bytes still counted in a send window when their I/O left (always 0; tests read it).
+    pub tcp_leaked_bytes: u64,
     /// Switched fabric (ToR or leaf-spine): parallel links are LAGs hashed per flow.
     switched: bool,
 }
@@ -306,27 +325,7 @@ impl Sim {
                     .then(|| IsrTable::new(cfg.isr.clone(), n_targets, g.node_ports[u].len()))
             })
             .collect();
-        let t = &cfg.topology;
-        anyhow::ensure!(
-            t.mtu_bytes > t.frame_overhead_bytes,
-            "mtu_bytes {} must exceed frame_overhead_bytes {}",
-            t.mtu_bytes,
-            t.frame_overhead_bytes
-        );
-        let payload_max = t.mtu_bytes - t.frame_overhead_bytes;
-        anyhow::ensure!(
-            t.tcp_init_cwnd_segments > 0 && t.tcp_rwnd_bytes >= payload_max as u64,
-            "tcp_init_cwnd_segments must be at least 1 and tcp_rwnd_bytes at least one \
-             segment ({payload_max} B); got {} and {}",
-            t.tcp_init_cwnd_segments,
-            t.tcp_rwnd_bytes
-        );
-        let n_dirs = g.hosts.len() as u64 * n_targets as u64 * 2;
-        anyhow::ensure!(
-            n_dirs <= u32::MAX as u64,
-            "{} hosts × {n_targets} storage nodes: too many connections for the event payload",
-            g.hosts.len()
-        );
+        let (payload_max, tcp) = tcp_table(&cfg, g.hosts.len(), n_targets)?;
         let mut hosts = Vec::new();
         for (hi, &node) in g.hosts.iter().enumerate() {
             let c = Cluster {
@@ -369,9 +368,6 @@ impl Sim {
         }
         let _ = rng.next_u64();
         let metrics = Metrics::new(&cfg, g.ports.len());
-        let tcp = (0..n_dirs)
-            .map(|_| new_tcp_dir(&cfg, payload_max))
-            .collect();
         let (n_ports, n_failures) = (g.ports.len(), cfg.failures.len());
         Ok(Sim {
             payload_max,
@@ -394,6 +390,7 @@ impl Sim {
             metrics,
             cand: [0; 64],
             tcp,
+            tcp_leaked_bytes: 0,
             switched: matches!(
                 cfg.topology.kind,
                 TopologyKind::Tor | TopologyKind::LeafSpine
@@ -510,6 +507,9 @@ impl Sim {
             host_lp: NO_LOCAL_PORT,
             sent_ns: 0,
             win_bytes: [0; 2],
+            win_seq: [0; 2],
+            win_sent_ns: [0; 2],
+            retry_at_ns: u64::MAX,
         })
     }
 
@@ -775,6 +775,7 @@ impl Sim {
         self.metrics
             .on_complete(spec.op, spec.size_bytes, now - submit, ssd_lat, submit, now);
         self.metrics.on_finish(submit, now);
+        self.check_no_window_bytes(io);
         self.ios.remove(io);
         let gen = self.hosts[host as usize].jobs[job as usize]
             .as_mut()
@@ -792,6 +793,7 @@ impl Sim {
             (o.host, o.job, o.spec, o.submit_ns)
         };
         self.release_grants(io);
+        self.check_no_window_bytes(io);
         self.ios.remove(io);
         // Keep closed loops alive: the application moves on to its next I/O.
         let now = self.q.now;
@@ -823,7 +825,7 @@ impl Sim {
     /// window lets it and nothing waits ahead of it; otherwise it waits in order.
     fn tcp_send(&mut self, io: u32, msg: Msg) {
         if !self.cfg.topology.tcp_window {
-            self.transmit(io, msg, 0);
+            self.transmit(io, msg, 0, 0);
             return;
         }
         let now = self.q.now;
@@ -833,8 +835,8 @@ impl Sim {
         let td = &mut self.tcp[ix];
         td.win.poll(now);
         if td.waiting.is_empty() && td.win.fits(bytes) {
-            td.win.on_send(bytes);
-            self.transmit(io, msg, bytes);
+            let seq = td.win.on_send(bytes);
+            self.transmit(io, msg, bytes, seq);
         } else {
             td.waiting.push_back((io, gen, msg));
             self.arm_ack_timer(ix);
@@ -847,9 +849,13 @@ impl Sim {
         (o.host as usize * self.g.storage.len() + o.target_node as usize) * 2 + d
     }
 
-    /// The PDU leaves: `bytes` join its direction's flight (0 with windows off).
-    fn transmit(&mut self, io: u32, msg: Msg, bytes: u32) {
-        self.ios.get_mut(io).win_bytes[msg.dir()] += bytes;
+    /// The PDU leaves: `bytes` join its direction's flight (0 with windows off) as PDU `seq`.
+    fn transmit(&mut self, io: u32, msg: Msg, bytes: u32, seq: u64) {
+        let (d, now) = (msg.dir(), self.q.now);
+        let o = self.ios.get_mut(io);
+        o.win_bytes[d] += bytes;
+        o.win_seq[d] = seq;
+        o.win_sent_ns[d] = now;
         match msg {
             Msg::Command => self.send_command(io),
             Msg::WriteData => self.send_write_data(io),
@@ -871,8 +877,8 @@ impl Sim {
                 break;
             }
             td.waiting.pop_front();
-            td.win.on_send(bytes);
-            self.transmit(io, msg, bytes);
+            let seq = td.win.on_send(bytes);
+            self.transmit(io, msg, bytes, seq);
         }
         self.arm_ack_timer(ix);
     }
@@ -899,20 +905,70 @@ impl Sim {
         let at = self.q.now + self.ack_delay_ns(io);
         let ix = self.tcp_ix(io, d);
         self.tcp[ix].win.on_delivered(at, bytes);
+        if !self.tcp[ix].lost.is_empty() {
+            self.rack_detect(ix, io, d, at);
+        }
         self.arm_ack_timer(ix);
+    }
+
+    /// RACK (RFC 8985, Linux's default loss detection with SACK): the ACK of `io`'s PDU,
+    /// back at `ack_at`, also tells the sender that every PDU sent before it and still
+    /// unacknowledged is lost once it is older than that PDU's round trip plus the
+    /// reordering window. Each such I/O is resent then, without waiting for the RTO.
+    fn rack_detect(&mut self, ix: usize, io: u32, d: usize, ack_at: u64) {
+        let (seq, sent_ns, h, t) = {
+            let o = self.ios.get(io);
+            let (h, t) = (o.host as usize, o.target_node as usize);
+            (o.win_seq[d], o.win_sent_ns[d], h, t)
+        };
+        let rack_rtt_ns = ack_at - sent_ns;
+        let reo_ns = self.hosts[h].rto[t].reo_wnd_ns();
+        let mut i = 0;
+        while i < self.tcp[ix].lost.len() {
+            let e = self.tcp[ix].lost[i];
+            if e.seq >= seq {
+                i += 1;
+                continue;
+            }
+            self.tcp[ix].lost.swap_remove(i);
+            let o = self.ios.get_mut(e.io);
+            debug_assert!(o.gen == e.gen && o.lost, "an RTO retry removes its entries");
+            let bytes = std::mem::take(&mut o.win_bytes[d]);
+            let at = ack_at.max(e.sent_ns + rack_rtt_ns + reo_ns);
+            o.retry_at_ns = at;
+            self.tcp[ix].win.on_loss_detected(e.seq, bytes);
+            self.metrics.rack_recoveries += 1;
+            self.q.push(at, EV_RETRY, e.io);
+        }
     }
 
     /// The RTO of a lost attempt expired: each direction that lost bytes of it
     /// collapses to the loss window, and what waited may go.
     fn tcp_timeout(&mut self, io: u32) {
+        if !self.cfg.topology.tcp_window {
+            return;
+        }
         let lost = std::mem::take(&mut self.ios.get_mut(io).win_bytes);
+        let seqs = self.ios.get(io).win_seq;
         for (d, &b) in lost.iter().enumerate() {
+            let ix = self.tcp_ix(io, d);
+            // Resent now: RACK must not find this attempt lost again later.
+            if !self.tcp[ix].lost.is_empty() {
+                self.tcp[ix].lost.retain(|e| e.io != io);
+            }
             if b > 0 {
-                let ix = self.tcp_ix(io, d);
-                self.tcp[ix].win.on_timeout(b);
+                self.tcp[ix].win.on_timeout(seqs[d], b);
                 self.tcp_pump(ix);
             }
         }
+    }
+
+    /// An I/O leaves with none of its bytes in a send window: each was acked, or left the
+    /// flight at its loss. Counted (not asserted) so that a test can check release builds.
+    fn check_no_window_bytes(&mut self, io: u32) {
+        let b = self.ios.get(io).win_bytes;
+        debug_assert_eq!(b, [0, 0], "an I/O leaves with bytes in its send windows");
+        self.tcp_leaked_bytes += (b[0] + b[1]) as u64;
     }
 
     /// Bytes of a PDU in TCP's sequence space (headers and data, no framing).
@@ -1349,29 +1405,53 @@ impl Sim {
     }
 
     fn drop_packet(&mut self, p: u32) {
-        let io = self.pkts.get(p).io;
-        let gen = self.pkts.get(p).gen;
+        let pk = *self.pkts.get(p);
         self.pkts.remove(p);
-        self.lose_io(io, gen);
+        let d = match pk.kind {
+            PktKind::Fwd => UP,
+            PktKind::Rev => DOWN,
+        };
+        self.lose_io(pk.io, pk.gen, d);
     }
 
-    /// A packet of generation `gen` of `io` was lost (or could not be routed).
-    fn lose_io(&mut self, io: u32, gen: u16) {
+    /// A packet of generation `gen` of `io`, in connection direction `d`, was lost (or
+    /// could not be routed).
+    fn lose_io(&mut self, io: u32, gen: u16, d: usize) {
+        let now = self.q.now;
+        let rack = self.cfg.topology.tcp_window && self.cfg.topology.tcp_rack;
         let o = self.ios.get_mut(io);
         if o.gen != gen || o.lost {
             return;
         }
-        // The host's TCP notices by its retransmission timeout and the I/O is sent again.
+        // The host's TCP notices by its retransmission timeout and the I/O is sent again,
+        // unless RACK finds the loss first from later deliveries (`rack_detect`).
         o.lost = true;
         let (host, target) = (o.host as usize, o.target_node as usize);
+        let lost = LostPdu {
+            seq: o.win_seq[d],
+            sent_ns: o.win_sent_ns[d],
+            io,
+            gen,
+        };
+        let counted = o.win_bytes[d] > 0;
         self.metrics.lost_ios += 1;
         let conn = &mut self.hosts[host].rto[target];
-        let t = self.q.now + conn.rto_ns(self.cfg.topology.tcp_rto_min_ns, RTO_MAX_NS);
+        let t = now + conn.rto_ns(self.cfg.topology.tcp_rto_min_ns, RTO_MAX_NS);
         conn.on_timeout();
+        self.ios.get_mut(io).retry_at_ns = t;
         self.q.push(t, EV_RETRY, io);
+        if rack && counted {
+            let ix = self.tcp_ix(io, d);
+            self.tcp[ix].lost.push(lost);
+        }
     }
 
     fn on_retry(&mut self, io: u32) {
+        let o = self.ios.get_mut(io);
+        if o.retry_at_ns != self.q.now {
+            return; // superseded: RACK resent it earlier (or it has completed since)
+        }
+        o.retry_at_ns = u64::MAX;
         self.end_host_done(io, false);
         self.release_grants(io);
         self.tcp_timeout(io);
@@ -1478,6 +1558,7 @@ impl Sim {
                 // A bound is full: the target answers "busy, retry" and the host resends
                 // the command after the retry timeout [R].
                 self.metrics.sched_busy += 1;
+                self.ios.get_mut(io).retry_at_ns = now + self.retry_ns;
                 self.q.push(now + self.retry_ns, EV_RETRY, io);
                 return;
             }
@@ -1585,7 +1666,7 @@ impl Sim {
             left -= payload;
             let Some(out) = out else {
                 // No route back (a failure not yet converged): the host times out.
-                self.lose_io(io, gen);
+                self.lose_io(io, gen, DOWN);
                 return;
             };
             let p = self.pkts.insert(Packet {
@@ -1644,16 +1725,48 @@ impl Sim {
     }
 }
 
-/// One SSD model and one scheduler (the shared core) per SSD of every storage node.
-fn new_tcp_dir(cfg: &SimConfig, mss_bytes: u32) -> TcpDir {
+/// Most connection directions a run may hold (112 B each: 3.8 GB), so a huge cluster
+/// fails with an error naming the fix instead of an allocation abort.
+const MAX_TCP_DIRS: u64 = 1 << 25;
+
+/// Checks the transport settings; returns the segment payload and, with windows on, one
+/// send window per (host, storage node, direction) (empty with `tcp_window = false`).
+fn tcp_table(cfg: &SimConfig, hosts: usize, targets: usize) -> Result<(u32, Vec<TcpDir>)> {
     let t = &cfg.topology;
-    TcpDir {
-        win: SendWindow::new(mss_bytes, t.tcp_init_cwnd_segments, t.tcp_rwnd_bytes),
+    let capsule = reserve::request_bytes(IoDir::Read, 0);
+    anyhow::ensure!(
+        t.mtu_bytes >= t.frame_overhead_bytes + capsule,
+        "mtu_bytes {} must hold frame_overhead_bytes {} plus a {capsule} B command capsule",
+        t.mtu_bytes,
+        t.frame_overhead_bytes
+    );
+    let payload_max = t.mtu_bytes - t.frame_overhead_bytes;
+    if !t.tcp_window {
+        return Ok((payload_max, Vec::new()));
+    }
+    anyhow::ensure!(
+        t.tcp_init_cwnd_segments > 0 && t.tcp_rwnd_bytes >= payload_max as u64,
+        "tcp_init_cwnd_segments must be at least 1 and tcp_rwnd_bytes at least one \
+         segment ({payload_max} B); got {} and {}",
+        t.tcp_init_cwnd_segments,
+        t.tcp_rwnd_bytes
+    );
+    let n_dirs = hosts as u64 * targets as u64 * 2;
+    anyhow::ensure!(
+        n_dirs <= MAX_TCP_DIRS,
+        "{hosts} hosts × {targets} storage nodes need {n_dirs} TCP send windows, more than \
+         {MAX_TCP_DIRS}; set tcp_window = false to run without them"
+    );
+    let dir = || TcpDir {
+        win: SendWindow::new(payload_max, t.tcp_init_cwnd_segments, t.tcp_rwnd_bytes),
         waiting: VecDeque::new(),
         timer_armed: false,
-    }
+        lost: Vec::new(),
+    };
+    Ok((payload_max, (0..n_dirs).map(|_| dir()).collect()))
 }
 
+/// One SSD model and one scheduler (the shared core) per SSD of every storage node.
 fn build_ssds(cfg: &SimConfig, g: &Graph) -> Result<Vec<SsdSlot>> {
     let profile = cfg.ssd.profile()?;
     let sched_cfg = SchedConfig {

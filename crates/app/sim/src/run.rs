@@ -35,6 +35,8 @@ pub struct Results {
     pub ycsb: Option<YcsbStats>,
     pub drops: u64,
     pub lost_ios: u64,
+    /// Lost I/Os resent after RACK found the loss, before their RTO.
+    pub rack_recoveries: u64,
     pub failed_ios: u64,
     /// Commands refused by a full scheduler bound and resent by the host.
     pub sched_busy: u64,
@@ -191,6 +193,7 @@ fn summarise(sim: &Sim, cfg: &SimConfig) -> Results {
         ycsb,
         drops: m.drops,
         lost_ios: m.lost_ios,
+        rack_recoveries: m.rack_recoveries,
         failed_ios: m.failed_ios,
         sched_busy: m.sched_busy,
         events: sim.q.processed,

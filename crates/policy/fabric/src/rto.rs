@@ -17,6 +17,7 @@ pub const RTO_INIT_NS: u64 = 1_000_000_000;
 pub struct RtoEstimator {
     srtt_ns: u64,
     rttvar_ns: u64,
+    min_rtt_ns: u64,
     has_sample: bool,
     backoff: u8,
 }
@@ -27,9 +28,11 @@ impl RtoEstimator {
             let err = self.srtt_ns.abs_diff(rtt_ns);
             self.rttvar_ns = (3 * self.rttvar_ns + err) / 4;
             self.srtt_ns = (7 * self.srtt_ns + rtt_ns) / 8;
+            self.min_rtt_ns = self.min_rtt_ns.min(rtt_ns);
         } else {
             self.srtt_ns = rtt_ns;
             self.rttvar_ns = rtt_ns / 2;
+            self.min_rtt_ns = rtt_ns;
             self.has_sample = true;
         }
         self.backoff = 0;
@@ -38,6 +41,14 @@ impl RtoEstimator {
     /// A retransmission timer expired: back off exponentially.
     pub fn on_timeout(&mut self) {
         self.backoff = self.backoff.saturating_add(1).min(30);
+    }
+
+    /// RACK's reordering window (RFC 8985 §6.2): a quarter of the minimum RTT, at most
+    /// srtt / 8, as Linux's `tcp_rack_reo_wnd` once reordering has been seen (a client
+    /// that spreads one connection's PDUs over several paths reorders them). 0 before any
+    /// sample.
+    pub fn reo_wnd_ns(&self) -> u64 {
+        (self.min_rtt_ns / 4).min(self.srtt_ns / 8)
     }
 
     pub fn rto_ns(&self, rto_min_ns: u64, rto_max_ns: u64) -> u64 {
@@ -72,6 +83,22 @@ mod tests {
         assert_eq!(e.rto_ns(MIN, MAX), 200_100_000);
         // With a 1 ms floor (a tuned route) the variance still does not bind.
         assert_eq!(e.rto_ns(1_000_000, MAX), 1_100_000);
+    }
+
+    #[test]
+    fn the_reordering_window_is_a_quarter_of_the_minimum_rtt_capped_by_srtt_over_8() {
+        let mut e = RtoEstimator::default();
+        assert_eq!(e.reo_wnd_ns(), 0, "no sample yet");
+        e.on_rtt_sample(40_000);
+        assert_eq!(
+            e.reo_wnd_ns(),
+            5_000,
+            "srtt/8 = 5 µs binds before min_rtt/4 = 10 µs"
+        );
+        for _ in 0..40 {
+            e.on_rtt_sample(200_000);
+        }
+        assert_eq!(e.reo_wnd_ns(), 10_000, "min_rtt/4 once srtt has grown");
     }
 
     #[test]

@@ -10,12 +10,20 @@
 //! - Initial window 10 segments (RFC 6928; Linux `TCP_INIT_CWND`), ssthresh unbounded
 //!   (RFC 5681 §3.1: "arbitrarily high").
 //! - Slow start (cwnd < ssthresh): cwnd grows by the bytes each ACK covers (RFC 3465's
-//!   byte counting; Linux `tcp_slow_start` adds the packets acked).
+//!   byte counting; Linux `tcp_slow_start` adds the packets acked), up to ssthresh; the
+//!   rest of that ACK counts as congestion avoidance (as `tcp_slow_start` returns it).
 //! - Congestion avoidance: cwnd grows by SMSS × acked / cwnd (RFC 5681 eq. 3, in bytes),
 //!   about one segment per window of ACKs (Reno; Linux's default CUBIC grows faster
 //!   far from its last loss, which a µs-RTT fabric reaches within a few RTTs anyway).
 //! - Retransmission timeout: ssthresh = max(FlightSize / 2, 2 SMSS), cwnd = 1 SMSS, the
-//!   loss window (RFC 5681 eq. 4 and §3.1), and the lost bytes leave the flight.
+//!   loss window (RFC 5681 eq. 4 and §3.1), and the lost bytes leave the flight. Once per
+//!   recovery episode: a PDU sent before the last reduction that times out too (one
+//!   burst, one loss event; RFC 5681 §3.1 holds ssthresh when a retransmission times out
+//!   again) only leaves the flight.
+//! - A loss detected from later deliveries (RACK, RFC 8985; the caller decides when):
+//!   ssthresh = max(FlightSize / 2, 2 SMSS) and cwnd = ssthresh, once per recovery episode
+//!   (RFC 6675's recovery point: losses of PDUs sent before the first reduction's point do
+//!   not reduce again), and the lost bytes leave the flight.
 //! - The window never exceeds the receiver's advertised window (`rwnd_bytes`).
 //!
 //! ACKs are data, not packets: the caller reports when a message's last byte reached the
@@ -39,6 +47,10 @@ pub struct SendWindow {
     cwnd_bytes: u64,
     ssthresh_bytes: u64,
     inflight_bytes: u64,
+    /// Sequence number of the next PDU sent (counts PDUs, not bytes).
+    next_seq: u64,
+    /// PDUs sent before this one belong to the current recovery episode.
+    recovery_point: u64,
     /// ACKs on their way back: (arrival at the sender, bytes acked), in arrival order.
     acks: VecDeque<(u64, u32)>,
 }
@@ -57,6 +69,8 @@ impl SendWindow {
             cwnd_bytes: (init_cwnd_segments as u64 * mss).min(rwnd_bytes),
             ssthresh_bytes: u64::MAX,
             inflight_bytes: 0,
+            next_seq: 0,
+            recovery_point: 0,
             acks: VecDeque::new(),
         }
     }
@@ -66,19 +80,18 @@ impl SendWindow {
         self.inflight_bytes == 0 || self.inflight_bytes + bytes as u64 <= self.window_bytes()
     }
 
-    /// A message of `bytes` left.
-    pub fn on_send(&mut self, bytes: u32) {
+    /// A message of `bytes` left; returns its sequence number.
+    pub fn on_send(&mut self, bytes: u32) -> u64 {
         self.inflight_bytes += bytes as u64;
+        self.next_seq += 1;
+        self.next_seq - 1
     }
 
     /// The message's last byte reached the receiver; its ACK is back at `ack_at_ns`.
-    /// ACKs are cumulative, so one never takes effect before an earlier one.
+    /// ACKs are cumulative: they take effect in the order the messages were delivered,
+    /// so one due earlier than the one before it waits for that one (`poll` is FIFO).
     pub fn on_delivered(&mut self, ack_at_ns: u64, bytes: u32) {
-        let at = self
-            .acks
-            .back()
-            .map_or(ack_at_ns, |&(t, _)| t.max(ack_at_ns));
-        self.acks.push_back((at, bytes));
+        self.acks.push_back((ack_at_ns, bytes));
     }
 
     /// Apply the ACKs that are back by `now_ns`.
@@ -97,22 +110,43 @@ impl SendWindow {
         self.acks.front().map(|&(t, _)| t)
     }
 
-    fn on_ack(&mut self, acked: u64) {
-        debug_assert!(acked <= self.inflight_bytes, "an ACK for bytes never sent");
-        self.inflight_bytes = self.inflight_bytes.saturating_sub(acked);
+    fn on_ack(&mut self, acked_bytes: u64) {
+        debug_assert!(
+            acked_bytes <= self.inflight_bytes,
+            "an ACK for bytes never sent"
+        );
+        self.inflight_bytes = self.inflight_bytes.saturating_sub(acked_bytes);
+        let mut rest_bytes = acked_bytes;
         if self.cwnd_bytes < self.ssthresh_bytes {
-            self.cwnd_bytes += acked;
-        } else {
-            self.cwnd_bytes += (self.mss_bytes * acked / self.cwnd_bytes).max(1);
+            let step = rest_bytes.min(self.ssthresh_bytes - self.cwnd_bytes);
+            self.cwnd_bytes += step;
+            rest_bytes -= step;
         }
-        // Growth beyond what the receiver allows would only be a burst later.
+        if rest_bytes > 0 {
+            self.cwnd_bytes += (self.mss_bytes * rest_bytes / self.cwnd_bytes).max(1);
+        }
+        // The sender can use no more than the receiver advertises; a cwnd grown past it
+        // would make congestion avoidance after a loss slower than Reno's.
         self.cwnd_bytes = self.cwnd_bytes.min(self.rwnd_bytes);
     }
 
-    /// The retransmission timer expired for `lost_bytes` that will never be acked.
-    pub fn on_timeout(&mut self, lost_bytes: u32) {
-        self.ssthresh_bytes = (self.inflight_bytes / 2).max(2 * self.mss_bytes);
-        self.cwnd_bytes = self.mss_bytes;
+    /// The retransmission timer of PDU `seq` expired; its `lost_bytes` will never be acked.
+    pub fn on_timeout(&mut self, seq: u64, lost_bytes: u32) {
+        if seq >= self.recovery_point {
+            self.ssthresh_bytes = (self.inflight_bytes / 2).max(2 * self.mss_bytes);
+            self.cwnd_bytes = self.mss_bytes;
+            self.recovery_point = self.next_seq;
+        }
+        self.inflight_bytes = self.inflight_bytes.saturating_sub(lost_bytes as u64);
+    }
+
+    /// PDU `seq` of `lost_bytes` was found lost from later deliveries (fast recovery).
+    pub fn on_loss_detected(&mut self, seq: u64, lost_bytes: u32) {
+        if seq >= self.recovery_point {
+            self.ssthresh_bytes = (self.inflight_bytes / 2).max(2 * self.mss_bytes);
+            self.cwnd_bytes = self.ssthresh_bytes.min(self.rwnd_bytes);
+            self.recovery_point = self.next_seq;
+        }
         self.inflight_bytes = self.inflight_bytes.saturating_sub(lost_bytes as u64);
     }
 
@@ -126,6 +160,10 @@ impl SendWindow {
 
     pub fn ssthresh_bytes(&self) -> u64 {
         self.ssthresh_bytes
+    }
+
+    pub fn cwnd_bytes(&self) -> u64 {
+        self.cwnd_bytes
     }
 }
 
@@ -149,6 +187,14 @@ mod tests {
             w.on_send(MSS);
         }
         assert!(!w.fits(1), "an eleventh segment waits for an ACK");
+    }
+
+    #[test]
+    fn a_message_goes_only_if_it_fits_whole() {
+        let mut w = w();
+        w.on_send(9 * MSS + MSS / 2);
+        assert!(w.fits(MSS / 2), "exactly fills the window");
+        assert!(!w.fits(MSS / 2 + 1), "one byte over: it waits");
     }
 
     #[test]
@@ -208,10 +254,11 @@ mod tests {
     #[test]
     fn a_timeout_halves_ssthresh_and_restarts_from_one_segment() {
         let mut w = w();
-        for _ in 0..8 {
+        let first = w.on_send(MSS);
+        for _ in 0..7 {
             w.on_send(MSS);
         }
-        w.on_timeout(MSS);
+        w.on_timeout(first, MSS);
         assert_eq!(w.ssthresh_bytes(), 4 * MSS as u64, "FlightSize / 2");
         assert_eq!(w.window_bytes(), MSS as u64, "the loss window");
         assert_eq!(
@@ -219,22 +266,69 @@ mod tests {
             7 * MSS as u64,
             "the lost bytes left the flight"
         );
-        // Below ssthresh again: slow start; above it, about a segment per window.
+        // One ACK for 7 segments: slow start takes 3 of them (1 -> ssthresh = 4), the
+        // other 4 count as congestion avoidance (4 MSS · MSS / 4 MSS = one segment).
         w.on_delivered(1, 7 * MSS);
         w.poll(1);
-        assert_eq!(w.window_bytes(), 8 * MSS as u64);
-        let before = w.window_bytes();
-        w.on_send(8 * MSS);
-        w.on_delivered(2, 8 * MSS);
+        assert_eq!(w.cwnd_bytes(), 5 * MSS as u64);
+        // Congestion avoidance: about one segment per window of ACKs.
+        let before = w.cwnd_bytes();
+        w.on_send(before as u32);
+        w.on_delivered(2, before as u32);
         w.poll(2);
-        assert_eq!(w.window_bytes(), before + MSS as u64);
+        assert_eq!(w.cwnd_bytes(), before + MSS as u64);
+    }
+
+    #[test]
+    fn the_pdus_of_one_flight_time_out_as_one_loss_event() {
+        let mut w = w();
+        let seqs: Vec<u64> = (0..8).map(|_| w.on_send(MSS)).collect();
+        w.on_timeout(seqs[0], MSS);
+        w.on_delivered(1, MSS);
+        w.poll(1);
+        let (cwnd, ssthresh) = (w.cwnd_bytes(), w.ssthresh_bytes());
+        w.on_timeout(seqs[5], MSS);
+        assert_eq!((w.cwnd_bytes(), w.ssthresh_bytes()), (cwnd, ssthresh));
+        assert_eq!(w.inflight_bytes(), 5 * MSS as u64);
+    }
+
+    #[test]
+    fn pdus_are_numbered_in_send_order() {
+        let mut w = w();
+        assert_eq!((w.on_send(72), w.on_send(72), w.on_send(72)), (0, 1, 2));
+    }
+
+    #[test]
+    fn a_detected_loss_halves_the_window_once_per_recovery_episode() {
+        let mut w = w();
+        let seqs: Vec<u64> = (0..10).map(|_| w.on_send(MSS)).collect();
+        w.on_loss_detected(seqs[2], MSS);
+        assert_eq!(w.ssthresh_bytes(), 5 * MSS as u64, "FlightSize / 2");
+        assert_eq!(
+            w.window_bytes(),
+            5 * MSS as u64,
+            "fast recovery: cwnd = ssthresh"
+        );
+        assert_eq!(w.inflight_bytes(), 9 * MSS as u64);
+        // Another PDU of the same flight lost: same episode, no second halving.
+        w.on_loss_detected(seqs[7], MSS);
+        assert_eq!(w.window_bytes(), 5 * MSS as u64);
+        assert_eq!(w.inflight_bytes(), 8 * MSS as u64);
+        // A PDU sent after the reduction starts a new episode.
+        let later = w.on_send(MSS);
+        w.on_loss_detected(later, MSS);
+        assert_eq!(
+            w.ssthresh_bytes(),
+            9 * MSS as u64 / 2,
+            "half of the 9 segments out"
+        );
     }
 
     #[test]
     fn a_tiny_flight_still_leaves_a_two_segment_ssthresh() {
         let mut w = w();
-        w.on_send(72);
-        w.on_timeout(72);
+        let seq = w.on_send(72);
+        w.on_timeout(seq, 72);
         assert_eq!(w.ssthresh_bytes(), 2 * MSS as u64);
         assert_eq!(w.inflight_bytes(), 0);
     }
@@ -249,5 +343,13 @@ mod tests {
             w.poll(t);
         }
         assert_eq!(w.window_bytes(), 200_000);
+        assert_eq!(
+            w.cwnd_bytes(),
+            200_000,
+            "cwnd itself stops at the receive window"
+        );
+        let n = w.window_bytes() as u32;
+        w.on_send(n);
+        assert!(!w.fits(1), "and the sender is held to it");
     }
 }
