@@ -116,6 +116,10 @@ struct Io {
     /// When the one retry that counts is due (EV_RETRY events at other times are stale:
     /// an RTO timer after RACK already resent the I/O); u64::MAX: none.
     retry_at_ns: u64,
+    /// That retry is the connection's RTO expiring (not RACK, not a Busy answer).
+    retry_is_rto: bool,
+    /// Some attempt was resent: Karn's rule, no RTT sample from its completion.
+    retried: bool,
 }
 
 const NO_LOCAL_PORT: u8 = u8::MAX;
@@ -274,6 +278,8 @@ pub struct Sim {
     tcp: Vec<TcpDir>,
     /// Bytes still counted in a send window when their I/O left (always 0; tests read it).
     pub tcp_leaked_bytes: u64,
+    /// Per I/O slot: the generation its next I/O starts at.
+    slot_gen: Vec<u16>,
     /// Switched fabric (ToR or leaf-spine): parallel links are LAGs hashed per flow.
     switched: bool,
 }
@@ -391,6 +397,7 @@ impl Sim {
             cand: [0; 64],
             tcp,
             tcp_leaked_bytes: 0,
+            slot_gen: Vec::new(),
             switched: matches!(
                 cfg.topology.kind,
                 TopologyKind::Tor | TopologyKind::LeafSpine
@@ -484,7 +491,7 @@ impl Sim {
 
     fn alloc_io(&mut self, host: u32, job: u16, spec: IoSpec, now: u64) -> u32 {
         let target_node = self.ssds[spec.ssd as usize].node;
-        self.ios.insert(Io {
+        let io = self.ios.insert(Io {
             gen: 0,
             host,
             job,
@@ -510,7 +517,14 @@ impl Sim {
             win_seq: [0; 2],
             win_sent_ns: [0; 2],
             retry_at_ns: u64::MAX,
-        })
+            retry_is_rto: false,
+            retried: false,
+        });
+        // A slot keeps counting generations across the I/Os that use it, so a packet of
+        // an earlier I/O still in a queue never matches the new one.
+        let g = self.slot_gen.get(io as usize).copied().unwrap_or(0);
+        self.ios.get_mut(io).gen = g;
+        io
     }
 
     fn new_io(&mut self, host: u32, job: u16, spec: IoSpec, now: u64) {
@@ -771,12 +785,13 @@ impl Sim {
         // the target's queueing, so the RTO errs long; with a 200 ms floor it hardly matters).
         let target = self.ios.get(io).target_node as usize;
         let rtt_ns = (now - submit).saturating_sub(ssd_lat);
-        self.hosts[host as usize].rto[target].on_rtt_sample(rtt_ns);
+        if !self.ios.get(io).retried {
+            self.hosts[host as usize].rto[target].on_rtt_sample(rtt_ns);
+        }
         self.metrics
             .on_complete(spec.op, spec.size_bytes, now - submit, ssd_lat, submit, now);
         self.metrics.on_finish(submit, now);
-        self.check_no_window_bytes(io);
-        self.ios.remove(io);
+        self.free_io(io);
         let gen = self.hosts[host as usize].jobs[job as usize]
             .as_mut()
             .expect("job");
@@ -793,8 +808,7 @@ impl Sim {
             (o.host, o.job, o.spec, o.submit_ns)
         };
         self.release_grants(io);
-        self.check_no_window_bytes(io);
-        self.ios.remove(io);
+        self.free_io(io);
         // Keep closed loops alive: the application moves on to its next I/O.
         let now = self.q.now;
         self.metrics.on_finish(submit, now);
@@ -930,12 +944,19 @@ impl Sim {
                 i += 1;
                 continue;
             }
-            self.tcp[ix].lost.swap_remove(i);
             let o = self.ios.get_mut(e.io);
             debug_assert!(o.gen == e.gen && o.lost, "an RTO retry removes its entries");
-            let bytes = std::mem::take(&mut o.win_bytes[d]);
             let at = ack_at.max(e.sent_ns + rack_rtt_ns + reo_ns);
+            if at >= o.retry_at_ns {
+                i += 1; // its RTO comes first; that retry removes the entry
+                continue;
+            }
+            self.tcp[ix].lost.swap_remove(i);
+            let bytes = std::mem::take(&mut o.win_bytes[d]);
             o.retry_at_ns = at;
+            o.retry_is_rto = false;
+            let now = self.q.now;
+            self.tcp[ix].win.poll(now);
             self.tcp[ix].win.on_loss_detected(e.seq, bytes);
             self.metrics.rack_recoveries += 1;
             self.q.push(at, EV_RETRY, e.io);
@@ -957,6 +978,8 @@ impl Sim {
                 self.tcp[ix].lost.retain(|e| e.io != io);
             }
             if b > 0 {
+                let now = self.q.now;
+                self.tcp[ix].win.poll(now);
                 self.tcp[ix].win.on_timeout(seqs[d], b);
                 self.tcp_pump(ix);
             }
@@ -964,11 +987,19 @@ impl Sim {
     }
 
     /// An I/O leaves with none of its bytes in a send window: each was acked, or left the
-    /// flight at its loss. Counted (not asserted) so that a test can check release builds.
-    fn check_no_window_bytes(&mut self, io: u32) {
-        let b = self.ios.get(io).win_bytes;
+    /// flight at its loss (counted, not only asserted, so a test can check release builds).
+    /// Its slot's next I/O starts at the next generation.
+    fn free_io(&mut self, io: u32) {
+        let o = self.ios.get(io);
+        let (b, gen) = (o.win_bytes, o.gen);
         debug_assert_eq!(b, [0, 0], "an I/O leaves with bytes in its send windows");
         self.tcp_leaked_bytes += (b[0] + b[1]) as u64;
+        let i = io as usize;
+        if i >= self.slot_gen.len() {
+            self.slot_gen.resize(i + 1, 0);
+        }
+        self.slot_gen[i] = gen.wrapping_add(1);
+        self.ios.remove(io);
     }
 
     /// Bytes of a PDU in TCP's sequence space (headers and data, no framing).
@@ -1435,10 +1466,11 @@ impl Sim {
         };
         let counted = o.win_bytes[d] > 0;
         self.metrics.lost_ios += 1;
-        let conn = &mut self.hosts[host].rto[target];
+        let conn = &self.hosts[host].rto[target];
         let t = now + conn.rto_ns(self.cfg.topology.tcp_rto_min_ns, RTO_MAX_NS);
-        conn.on_timeout();
-        self.ios.get_mut(io).retry_at_ns = t;
+        let o = self.ios.get_mut(io);
+        o.retry_at_ns = t;
+        o.retry_is_rto = true;
         self.q.push(t, EV_RETRY, io);
         if rack && counted {
             let ix = self.tcp_ix(io, d);
@@ -1452,6 +1484,12 @@ impl Sim {
             return; // superseded: RACK resent it earlier (or it has completed since)
         }
         o.retry_at_ns = u64::MAX;
+        o.retried = true;
+        if std::mem::take(&mut o.retry_is_rto) {
+            let (h, t) = (o.host as usize, o.target_node as usize);
+            let (min, now) = (self.cfg.topology.tcp_rto_min_ns, self.q.now);
+            self.hosts[h].rto[t].on_timeout(now, min, RTO_MAX_NS);
+        }
         self.end_host_done(io, false);
         self.release_grants(io);
         self.tcp_timeout(io);
@@ -1725,9 +1763,9 @@ impl Sim {
     }
 }
 
-/// Most connection directions a run may hold (112 B each: 3.8 GB), so a huge cluster
+/// Most connection directions a run may hold (160 B each: 2.7 GB), so a huge cluster
 /// fails with an error naming the fix instead of an allocation abort.
-const MAX_TCP_DIRS: u64 = 1 << 25;
+const MAX_TCP_DIRS: u64 = 1 << 24;
 
 /// Checks the transport settings; returns the segment payload and, with windows on, one
 /// send window per (host, storage node, direction) (empty with `tcp_window = false`).
@@ -1831,5 +1869,31 @@ mod mix_tests {
         for z in [0u64, 1, 42, 1 << 32 | 7, u64::MAX, 0x9E37_79B9_7F4A_7C15] {
             assert_eq!(super::mix64(z), former(z), "{z:#x}");
         }
+    }
+}
+
+#[cfg(test)]
+mod slot_tests {
+    use super::*;
+
+    /// A freed I/O slot is reused at once (the free list is last in, first out): the new
+    /// I/O must start at a later generation, or a packet of the earlier I/O (one of a
+    /// lost attempt, still queued somewhere) would be taken for one of the new I/O's.
+    #[test]
+    fn a_reused_io_slot_starts_at_the_next_generation() {
+        let mut sim = Sim::new(SimConfig::default()).unwrap();
+        let spec = IoSpec {
+            ssd: 0,
+            op: IoDir::Read,
+            size_bytes: 4096,
+            offset_bytes: 0,
+            ctx: 0,
+        };
+        let a = sim.alloc_io(0, 0, spec, 0);
+        sim.ios.get_mut(a).gen = 7; // resent 7 times
+        sim.free_io(a);
+        let b = sim.alloc_io(0, 0, spec, 0);
+        assert_eq!(a, b, "the slot is reused");
+        assert_eq!(sim.ios.get(b).gen, 8);
     }
 }

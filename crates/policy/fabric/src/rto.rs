@@ -6,7 +6,10 @@
 //! - RTO = srtt + max(4·rttvar, rto_min): Linux floors the variance term, not the sum
 //!   (`tcp_rtt_estimator`/`__tcp_set_rto`), so the RTO is rto_min *plus* the smoothed RTT.
 //! - Before any sample the RTO is the initial 1 s (RFC 6298 §2.1, Linux TCP_TIMEOUT_INIT).
-//! - Each expiry doubles it (§5.5) up to `rto_max`; a new sample ends the back-off.
+//! - Each expiry doubles it (§5.5) up to `rto_max`; a new sample ends the back-off. A
+//!   connection has one retransmission timer: several I/Os lost together expire as one
+//!   (the first expiry backs off; the others within that backed-off RTO do not).
+//! - Karn's rule (§3): the caller takes no sample from a retransmitted I/O.
 //!
 //! Sans-IO and integer-only (time in ns), so simulations replay bit-identically.
 
@@ -20,6 +23,8 @@ pub struct RtoEstimator {
     min_rtt_ns: u64,
     has_sample: bool,
     backoff: u8,
+    /// Until then, another expiry is the same timer's (no further back-off).
+    backoff_until_ns: u64,
 }
 
 impl RtoEstimator {
@@ -36,11 +41,17 @@ impl RtoEstimator {
             self.has_sample = true;
         }
         self.backoff = 0;
+        self.backoff_until_ns = 0;
     }
 
-    /// A retransmission timer expired: back off exponentially.
-    pub fn on_timeout(&mut self) {
+    /// The retransmission timer expired at `now_ns`: back off exponentially, once per
+    /// expiry of the connection's one timer.
+    pub fn on_timeout(&mut self, now_ns: u64, rto_min_ns: u64, rto_max_ns: u64) {
+        if now_ns < self.backoff_until_ns {
+            return;
+        }
         self.backoff = self.backoff.saturating_add(1).min(30);
+        self.backoff_until_ns = now_ns + self.rto_ns(rto_min_ns, rto_max_ns);
     }
 
     /// RACK's reordering window (RFC 8985 §6.2): a quarter of the minimum RTT, at most
@@ -107,8 +118,10 @@ mod tests {
         e.on_rtt_sample(8_000); // srtt 8000, rttvar 4000
         e.on_rtt_sample(16_000); // rttvar (12000 + 8000)/4 = 5000, srtt (56000 + 16000)/8 = 9000
         assert_eq!(e.rto_ns(0, MAX), 9_000 + 20_000);
-        e.on_timeout();
-        e.on_timeout();
+        e.on_timeout(0, 0, MAX);
+        e.on_timeout(1, 0, MAX); // the same expiry of the one timer: no second back-off
+        assert_eq!(e.rto_ns(0, MAX), 2 * 29_000);
+        e.on_timeout(58_000, 0, MAX); // the backed-off timer expires again
         assert_eq!(e.rto_ns(0, MAX), 4 * 29_000);
         assert_eq!(e.rto_ns(0, 100_000), 100_000, "capped at rto_max");
         e.on_rtt_sample(9_000);

@@ -16,10 +16,10 @@
 //!   about one segment per window of ACKs (Reno; Linux's default CUBIC grows faster
 //!   far from its last loss, which a µs-RTT fabric reaches within a few RTTs anyway).
 //! - Retransmission timeout: ssthresh = max(FlightSize / 2, 2 SMSS), cwnd = 1 SMSS, the
-//!   loss window (RFC 5681 eq. 4 and §3.1), and the lost bytes leave the flight. Once per
-//!   recovery episode: a PDU sent before the last reduction that times out too (one
-//!   burst, one loss event; RFC 5681 §3.1 holds ssthresh when a retransmission times out
-//!   again) only leaves the flight.
+//!   loss window (RFC 5681 eq. 4 and §3.1), and the lost bytes leave the flight. The PDUs
+//!   of one flight that time out together are one expiry of TCP's one timer: a PDU sent
+//!   before the last timeout's cut only leaves the flight. A fast-recovery cut does not
+//!   shield the window from a later timeout.
 //! - A loss detected from later deliveries (RACK, RFC 8985; the caller decides when):
 //!   ssthresh = max(FlightSize / 2, 2 SMSS) and cwnd = ssthresh, once per recovery episode
 //!   (RFC 6675's recovery point: losses of PDUs sent before the first reduction's point do
@@ -49,8 +49,10 @@ pub struct SendWindow {
     inflight_bytes: u64,
     /// Sequence number of the next PDU sent (counts PDUs, not bytes).
     next_seq: u64,
-    /// PDUs sent before this one belong to the current recovery episode.
+    /// PDUs sent before this one belong to the current fast-recovery episode.
     recovery_point: u64,
+    /// PDUs sent before this one timed out with the last timeout's cut.
+    timeout_point: u64,
     /// ACKs on their way back: (arrival at the sender, bytes acked), in arrival order.
     acks: VecDeque<(u64, u32)>,
 }
@@ -71,6 +73,7 @@ impl SendWindow {
             inflight_bytes: 0,
             next_seq: 0,
             recovery_point: 0,
+            timeout_point: 0,
             acks: VecDeque::new(),
         }
     }
@@ -132,9 +135,11 @@ impl SendWindow {
 
     /// The retransmission timer of PDU `seq` expired; its `lost_bytes` will never be acked.
     pub fn on_timeout(&mut self, seq: u64, lost_bytes: u32) {
-        if seq >= self.recovery_point {
+        if seq >= self.timeout_point {
             self.ssthresh_bytes = (self.inflight_bytes / 2).max(2 * self.mss_bytes);
             self.cwnd_bytes = self.mss_bytes;
+            self.timeout_point = self.next_seq;
+            // Losses found later among what was sent before are this same event.
             self.recovery_point = self.next_seq;
         }
         self.inflight_bytes = self.inflight_bytes.saturating_sub(lost_bytes as u64);
@@ -290,6 +295,16 @@ mod tests {
         w.on_timeout(seqs[5], MSS);
         assert_eq!((w.cwnd_bytes(), w.ssthresh_bytes()), (cwnd, ssthresh));
         assert_eq!(w.inflight_bytes(), 5 * MSS as u64);
+    }
+
+    #[test]
+    fn a_timeout_after_a_fast_recovery_cut_still_collapses_the_window() {
+        let mut w = w();
+        let seqs: Vec<u64> = (0..8).map(|_| w.on_send(MSS)).collect();
+        w.on_loss_detected(seqs[5], MSS);
+        assert_eq!(w.cwnd_bytes(), 4 * MSS as u64);
+        w.on_timeout(seqs[1], MSS);
+        assert_eq!(w.cwnd_bytes(), MSS as u64, "the loss window");
     }
 
     #[test]
