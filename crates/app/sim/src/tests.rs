@@ -32,6 +32,22 @@ fn small(kind: TopologyKind, nodes: u32) -> SimConfig {
     }
 }
 
+/// A 3×3 torus whose node 0 loses its busiest link 1 ms into a 6 ms run, noticed after
+/// `detect_ns`; routes converge 0.5 ms later.
+fn blackhole_9(detect_ns: u64) -> SimConfig {
+    let mut cfg = small(TopologyKind::Torus2d, 9);
+    cfg.duration_ns = 6_000_000;
+    cfg.failures = vec![FailureConfig {
+        at_ns: 1_000_000,
+        what: "link".into(),
+        a: 0,
+        b: None,
+        detect_ns,
+        converge_ns: 500_000,
+    }];
+    cfg
+}
+
 #[test]
 fn same_seed_gives_bit_identical_json() {
     let a = run(small(TopologyKind::Torus2d, 4), false).unwrap().results;
@@ -276,17 +292,7 @@ fn ycsb_throughput_is_bounded_by_client_cores_not_threads_over_latency() {
 #[test]
 fn undetected_link_failure_blackholes_until_detection() {
     let lost = |detect_ns: u64| {
-        let mut cfg = small(TopologyKind::Torus2d, 9);
-        cfg.duration_ns = 6_000_000;
-        cfg.failures = vec![FailureConfig {
-            at_ns: 1_000_000,
-            what: "link".into(),
-            a: 0,
-            b: None,
-            detect_ns,
-            converge_ns: 500_000,
-        }];
-        let r = run(cfg, false).unwrap().results;
+        let r = run(blackhole_9(detect_ns), false).unwrap().results;
         let f = r.failure.expect("failure stats");
         assert!(f.mb_s_after > 0.0, "traffic continues after the failure");
         r.lost_ios
@@ -378,19 +384,10 @@ fn writes_above_the_in_capsule_limit_pay_the_r2t_round_trip() {
 #[test]
 fn lost_ios_wait_for_the_connections_rto() {
     let drop = |rto_min_ns: u64| {
-        let mut cfg = small(TopologyKind::Torus2d, 9);
-        cfg.duration_ns = 6_000_000;
+        let mut cfg = blackhole_9(500_000);
         cfg.topology.tcp_rto_min_ns = rto_min_ns;
         // Every loss waits for its RTO (RACK, which finds most losses sooner, is off).
         cfg.topology.tcp_rack = false;
-        cfg.failures = vec![FailureConfig {
-            at_ns: 1_000_000,
-            what: "link".into(),
-            a: 0,
-            b: None,
-            detect_ns: 500_000,
-            converge_ns: 500_000,
-        }];
         let r = run(cfg, false).unwrap().results;
         r.failure.expect("failure stats").throughput_drop
     };
@@ -500,17 +497,8 @@ fn a_connection_sends_at_most_a_window_per_round_trip() {
 #[test]
 fn rack_resends_a_lost_io_once_later_pdus_are_delivered() {
     let run_with = |rack: bool| {
-        let mut cfg = small(TopologyKind::Torus2d, 9);
-        cfg.duration_ns = 6_000_000;
+        let mut cfg = blackhole_9(500_000);
         cfg.topology.tcp_rack = rack;
-        cfg.failures = vec![FailureConfig {
-            at_ns: 1_000_000,
-            what: "link".into(),
-            a: 0,
-            b: None,
-            detect_ns: 500_000,
-            converge_ns: 500_000,
-        }];
         run(cfg, false).unwrap().results
     };
     let (on, off) = (run_with(true), run_with(false));
