@@ -632,11 +632,7 @@ impl Sim {
         };
         let r2t = op == IoDir::Write && size > self.cfg.topology.inline_data_bytes;
         self.ios.get_mut(io).r2t = if r2t { R2t::Command } else { R2t::None };
-        let fwd = if r2t {
-            reserve::request_bytes(IoDir::Read, 0) // the command capsule alone
-        } else {
-            reserve::request_bytes(op, size)
-        };
+        let fwd = self.msg_bytes(io, Msg::Command); // with an R2T, the capsule alone
         let n = fwd.div_ceil(self.payload_max);
         let hnode = self.hosts[host as usize].node;
         let mut hport = self.hosts[host as usize].port;
@@ -692,15 +688,14 @@ impl Sim {
     /// The R2T arrived: send the H2CData along the command's recorded path (an R2T and
     /// its data belong to one command and take one path).
     fn send_write_data(&mut self, io: u32) {
-        let (host, size, gen, rank) = {
+        let (host, gen, rank) = {
             let o = self.ios.get(io);
-            (o.host, o.spec.size_bytes, o.gen, o.rank)
+            (o.host, o.gen, o.rank)
         };
         let hnode = self.hosts[host as usize].node;
         let first = self.ios.get(io).hdr.hops[0].out_port;
         let hport = self.g.node_ports[hnode as usize][first as usize];
-        let bytes =
-            reserve::request_bytes(IoDir::Write, size) - reserve::request_bytes(IoDir::Read, 0);
+        let bytes = self.msg_bytes(io, Msg::WriteData);
         let n = bytes.div_ceil(self.payload_max);
         {
             let o = self.ios.get_mut(io);
@@ -1670,11 +1665,8 @@ impl Sim {
     }
 
     fn send_response(&mut self, io: u32) {
-        let o = self.ios.get(io);
-        let mut total = reserve::response_bytes(o.spec.op, o.spec.size_bytes);
-        if o.r2t != R2t::None {
-            total -= R2T_BYTES; // the R2T already went back on its own
-        }
+        // After an R2T, which went back on its own, the rest of the response.
+        let total = self.msg_bytes(io, Msg::Response);
         self.send_rev(io, total);
     }
 
