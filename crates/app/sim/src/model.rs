@@ -997,18 +997,20 @@ impl Sim {
         self.ios.remove(io);
     }
 
-    /// Bytes of a PDU in TCP's sequence space (headers and data, no framing).
+    /// Bytes of a PDU in TCP's sequence space (headers and data, no framing). A write up
+    /// to the in-capsule limit is one CapsuleCmd with its data and one CapsuleResp; a
+    /// larger one is a bare CapsuleCmd, an R2T, H2CData and a CapsuleResp.
     fn msg_bytes(&self, io: u32, msg: Msg) -> u32 {
         let o = self.ios.get(io);
         let (op, size) = (o.spec.op, o.spec.size_bytes);
         let r2t = op == IoDir::Write && size > self.cfg.topology.inline_data_bytes;
-        let capsule = reserve::request_bytes(IoDir::Read, 0);
+        let capsule = reserve::capsule_bytes(IoDir::Read, 0);
         match msg {
             Msg::Command if r2t => capsule,
-            Msg::Command => reserve::request_bytes(op, size),
+            Msg::Command => reserve::capsule_bytes(op, size),
             Msg::WriteData => reserve::request_bytes(IoDir::Write, size) - capsule,
             Msg::R2t => R2T_BYTES,
-            Msg::Response if r2t => reserve::response_bytes(op, size) - R2T_BYTES,
+            Msg::Response if op == IoDir::Write => reserve::CAPSULE_RESP_BYTES,
             Msg::Response => reserve::response_bytes(op, size),
         }
     }
@@ -1887,5 +1889,35 @@ mod slot_tests {
         let b = sim.alloc_io(0, 0, spec, 0);
         assert_eq!(a, b, "the slot is reused");
         assert_eq!(sim.ios.get(b).gen, 8);
+    }
+
+    /// PDU sizes as NVMe/TCP puts them on the wire (no digests): CapsuleCmd 72 B (+ data
+    /// in the capsule), C2HData / H2CData / R2T / CapsuleResp headers 24 B.
+    #[test]
+    fn pdu_sizes_follow_nvme_tcp() {
+        let mut sim = Sim::new(SimConfig::default()).unwrap();
+        let mut size_of = |op: IoDir, size_bytes: u32, msg: Msg| {
+            let spec = IoSpec {
+                ssd: 0,
+                op,
+                size_bytes,
+                offset_bytes: 0,
+                ctx: 0,
+            };
+            let io = sim.alloc_io(0, 0, spec, 0);
+            let b = sim.msg_bytes(io, msg);
+            sim.free_io(io);
+            b
+        };
+        assert_eq!(size_of(IoDir::Read, 4096, Msg::Command), 72);
+        assert_eq!(size_of(IoDir::Read, 4096, Msg::Response), 24 + 4096 + 24);
+        // In-capsule (16 KiB limit): one CapsuleCmd with the data, one CapsuleResp.
+        assert_eq!(size_of(IoDir::Write, 4096, Msg::Command), 72 + 4096);
+        assert_eq!(size_of(IoDir::Write, 4096, Msg::Response), 24);
+        // Beyond it: bare command, R2T, H2CData, CapsuleResp.
+        assert_eq!(size_of(IoDir::Write, 65536, Msg::Command), 72);
+        assert_eq!(size_of(IoDir::Write, 65536, Msg::R2t), 24);
+        assert_eq!(size_of(IoDir::Write, 65536, Msg::WriteData), 24 + 65536);
+        assert_eq!(size_of(IoDir::Write, 65536, Msg::Response), 24);
     }
 }

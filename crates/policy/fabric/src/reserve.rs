@@ -13,7 +13,21 @@ pub fn response_bytes(dir: IoDir, len: u32) -> u32 {
     }
 }
 
-/// NVMe/TCP bytes host→controller: CapsuleCmd, plus H2CData header and data for writes.
+/// NVMe/TCP CapsuleResp PDU (no digest): a write's whole response when its data rode in
+/// the command capsule (no R2T, so `response_bytes(Write)` overcounts it by the R2T).
+pub const CAPSULE_RESP_BYTES: u32 = 24;
+
+/// NVMe/TCP bytes host→controller of a command whose data, if any, ride in the capsule:
+/// CapsuleCmd header plus in-capsule data (no H2CData PDU).
+pub fn capsule_bytes(dir: IoDir, len: u32) -> u32 {
+    match dir {
+        IoDir::Read => 72,
+        IoDir::Write => 72 + len,
+    }
+}
+
+/// NVMe/TCP bytes host→controller: CapsuleCmd, plus H2CData header and data for writes
+/// (the R2T path).
 pub fn request_bytes(dir: IoDir, len: u32) -> u32 {
     match dir {
         IoDir::Read => 72,
