@@ -70,6 +70,10 @@ pub enum SimCmd {
         /// Shorter simulated times (for CI smoke runs); numbers are noisier.
         #[arg(long)]
         quick: bool,
+        /// Seed every scenario with this (default: each config's own, 1), to see how much a
+        /// row moves with the random draws alone.
+        #[arg(long)]
+        seed: Option<u64>,
     },
     /// Open-loop load sweep: each preset at each offered load (a multiple of every client's
     /// link rate), past the knee; sweep.json, latency and throughput plots, and a table.
@@ -360,16 +364,21 @@ pub fn run(args: SimArgs) -> Result<()> {
             prices,
             out,
         } => cmd_cost(nodes, max_nodes, prices, &out),
-        SimCmd::Reproduce { which, out, quick } => {
+        SimCmd::Reproduce {
+            which,
+            out,
+            quick,
+            seed,
+        } => {
             if which != "nsdi26" {
                 bail!("only `reproduce nsdi26` exists");
             }
             let t0 = std::time::Instant::now();
-            let rep = reproduce::nsdi26(
-                if quick { Scale::quick() } else { Scale::full() },
-                &out,
-                true,
-            )?;
+            let scale = Scale {
+                seed,
+                ..if quick { Scale::quick() } else { Scale::full() }
+            };
+            let rep = reproduce::nsdi26(scale, &out, true)?;
             println!("{}", reproduce::format_table(&rep.rows));
             println!(
                 "wall time {:.1} s; outputs in {}",

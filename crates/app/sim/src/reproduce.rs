@@ -51,6 +51,9 @@ pub fn leading_number(text: &str) -> Option<f64> {
 pub struct Scale {
     pub small_ms: u64,
     pub large_ms: u64,
+    /// Seed every scenario with this instead of the configs' own (1): how much a row
+    /// moves with the random draws alone.
+    pub seed: Option<u64>,
 }
 
 impl Scale {
@@ -58,12 +61,14 @@ impl Scale {
         Scale {
             small_ms: 20,
             large_ms: 20,
+            seed: None,
         }
     }
     pub fn quick() -> Self {
         Scale {
             small_ms: 4,
             large_ms: 3,
+            seed: None,
         }
     }
 }
@@ -427,6 +432,11 @@ pub fn nsdi26(scale: Scale, out_dir: &Path, progress: bool) -> Result<Report> {
             sm,
             lg
         );
+    }
+    if let Some(seed) = scale.seed {
+        for c in &mut cfgs {
+            c.seed = seed;
+        }
     }
     let runs = run_all(cfgs, progress)?;
     let rows = table(&runs);
