@@ -29,7 +29,7 @@ use trellis_host::{ctrl::Controller, HostConfig};
 use trellis_nvme::fabrics::DISCOVERY_NQN;
 use trellis_nvme::log::{subtype, DiscoveryEntry};
 use trellis_target::config::{Config, ListenerConfig, ListenerKind};
-use trellis_target::subsystem::Registry;
+use trellis_target::state::subsystem::Registry;
 
 /// Asynchronous Event Configuration bit 31: Discovery Log Page Change.
 const AEN_DISC_CHANGE: u32 = 1 << 31;

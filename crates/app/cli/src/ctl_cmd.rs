@@ -1,5 +1,5 @@
 //! `trellis ctl`: the management socket's client (JSON-RPC 2.0 over a Unix
-//! socket; the server is `trellis_target::ctl`, docs/target.md "Management
+//! socket; the server is `trellis_target::control::rpc`, docs/target.md "Management
 //! socket").
 
 use anyhow::Context;

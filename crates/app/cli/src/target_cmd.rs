@@ -69,7 +69,7 @@ pub struct TargetArgs {
     /// Traffic control for every namespace: off (the default) or gimbal
     /// (docs/gimbal.md); overrides each namespace's `qos`.
     #[arg(long)]
-    qos: Option<trellis_target::qos::QosMode>,
+    qos: Option<trellis_target::config::qos::QosMode>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (e.g.
     /// 127.0.0.1:9464 or localhost:9464); overrides `[metrics] listen`.
     #[arg(long, value_name = "HOST:PORT")]
@@ -242,7 +242,8 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
 
 /// The --ha-* flags over `[ha]` (creating it with its defaults).
 fn ha_flags(cfg: &mut Config, a: &TargetArgs) -> anyhow::Result<()> {
-    use trellis_target::ha::{HaConfig, StoreKind};
+    use trellis_target::config::ha::HaConfig;
+    use trellis_target::control::ha::StoreKind;
     let any = a.ha_store.is_some()
         || !a.ha_endpoints.is_empty()
         || a.ha_node.is_some()
@@ -304,8 +305,8 @@ fn state_dir(
 /// yet, says so (the values shown are then placeholders from a fresh id).
 fn identities(cfg: &Config) -> anyhow::Result<String> {
     use std::fmt::Write;
-    use trellis_target::identity::NodeId;
-    let dir = trellis_target::subsystem::state_dir(cfg);
+    use trellis_target::state::identity::NodeId;
+    let dir = trellis_target::state::subsystem::state_dir(cfg);
     let Some(node) = NodeId::peek(&dir)? else {
         return Ok(format!(
             "node identity: none yet in {}; the first start creates one (serials, NGUIDs, EUI-64s and UUIDs derive from it)\n",

@@ -5,9 +5,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::config::{BackendKind, Config, ListenerConfig, NamespaceConfig};
-use crate::conn::Conn;
-use crate::exec::Ctx;
-use crate::subsystem::Registry;
+use crate::data::nvme::exec::Ctx;
+use crate::data::tcp::conn::Conn;
+use crate::state::subsystem::Registry;
 use std::sync::Arc;
 use trellis_nvme::fabrics::{ConnectCmd, ConnectData, PropertyCmd, CNTLID_DYNAMIC};
 use trellis_nvme::framing::RxBuf;
@@ -35,7 +35,7 @@ fn registry_with(tune: impl FnOnce(&mut Config)) -> Arc<Registry> {
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 20)];
     tune(&mut cfg);
     // An identity in memory: a registry per input must not touch files.
-    let node = crate::identity::NodeId::in_memory(uuid::Uuid::from_u128(0xF022));
+    let node = crate::state::identity::NodeId::in_memory(uuid::Uuid::from_u128(0xF022));
     Arc::new(Registry::build_with(&cfg, node).expect("fuzz registry"))
 }
 
@@ -131,16 +131,16 @@ pub fn feed(data: &[u8]) -> Report {
 /// branch of the target depends, and statistics counters.
 fn reset(reg: &Registry) {
     for s in reg.subsystems.iter() {
-        let n = crate::lock(&s.controllers).len();
+        let n = crate::sys::lock(&s.controllers).len();
         assert_eq!(
             n, 0,
             "{n} controllers of {} outlived their connections",
             s.nqn
         );
     }
-    let n = crate::lock(&reg.discovery_controllers).len();
+    let n = crate::sys::lock(&reg.discovery_controllers).len();
     assert_eq!(n, 0, "{n} discovery controllers outlived their connections");
-    *crate::lock(&reg.next_cntlid) = reg.limits.cntlid_min;
+    *crate::sys::lock(&reg.next_cntlid) = reg.limits.cntlid_min;
     reg.tenants.forget_assigned();
     for ns in reg.ns.load().by_uid.iter().flatten() {
         ns.resv.forget();
@@ -196,7 +196,7 @@ pub struct Report {
 fn run(
     c: &mut Conn,
     input: &[u8],
-    queues: &mut Vec<Option<Box<dyn crate::backend::BackendQueue>>>,
+    queues: &mut Vec<Option<crate::data::nvme::exec::NsQueue>>,
     reg: &Registry,
     scratch: &mut Vec<u8>,
     now: &mut u64,
@@ -286,11 +286,11 @@ mod tests {
         }
         assert_eq!(feed(&read), first);
         REGISTRY.with(|reg| {
-            assert_eq!(*crate::lock(&reg.next_cntlid), reg.limits.cntlid_min);
+            assert_eq!(*crate::sys::lock(&reg.next_cntlid), reg.limits.cntlid_min);
             assert!(reg
                 .subsystems
                 .iter()
-                .all(|s| crate::lock(&s.controllers).is_empty()));
+                .all(|s| crate::sys::lock(&s.controllers).is_empty()));
             // The harness's host would get the first dynamic tenant again.
             assert_eq!(reg.tenants.tenant_of(HOST), 0);
         });
@@ -333,7 +333,7 @@ mod tests {
             let held = ns.resv.snapshot().held.map(|h| h.rtype);
             assert_eq!(held, Some(RType::ExclusiveAccess), "the input acquired");
             reset(reg);
-            assert_eq!(ns.resv.snapshot(), crate::resv::State::default());
+            assert_eq!(ns.resv.snapshot(), crate::state::resv::State::default());
             assert!(!ns.resv.any_held());
         });
     }
@@ -386,7 +386,10 @@ mod timer_tests {
             .expect("the admin queue checks its controller");
         c.handle_timeout(check);
         assert!(!c.is_closing());
-        assert_eq!(c.next_timeout(), Some(check + crate::conn::CTRL_CHECK_NS));
+        assert_eq!(
+            c.next_timeout(),
+            Some(check + crate::data::tcp::conn::CTRL_CHECK_NS)
+        );
         let kato_ms = 4_500u64; // rounds up to 5 s
         ctrl.kato_ms
             .store(kato_ms as u32, std::sync::atomic::Ordering::Relaxed);
@@ -415,7 +418,7 @@ mod direct_h2c_tests {
 
     struct Drive {
         reg: Arc<Registry>,
-        queues: Vec<Option<Box<dyn crate::backend::BackendQueue>>>,
+        queues: Vec<Option<crate::data::nvme::exec::NsQueue>>,
         scratch: Vec<u8>,
         now: u64,
     }

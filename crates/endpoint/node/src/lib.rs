@@ -1,60 +1,37 @@
 //! Trellis storage node: an NVMe/TCP target.
 //!
-//! Layers, bottom up (as in Linux nvmet): `backend` (null, ram, file via
-//! io_uring), `subsystem` (namespaces, controllers), `admin`/`io` (command
-//! handlers, dispatched by opcode), `conn` (the sans-IO NVMe/TCP transport of
-//! one queue), `reactor` (threads, sockets, polling) and `server` (listeners,
-//! lifecycle). Only `reactor` and `server` touch sockets or threads.
+//! Three wings over two foundations, with `server` on top as the only module
+//! that sees everything (docs/architecture.md has the picture and the rules):
+//!
+//! - `sys`: leaves (clock, locks, CPU placement, the io_uring ring, fault
+//!   injection); `config`: the configuration's types, serde and
+//!   self-contained checks; `backend`: null, ram, file (io_uring) and the
+//!   emulated SSD.
+//! - `state`: what both planes read: the registry of subsystems,
+//!   namespaces and controllers, keys, tenants, ANA, AEN, reservations,
+//!   identity, stats. It imports only `sys`, `config` and `backend`.
+//! - `data`: the I/O path: `data::tcp` (reactor, the sans-IO connection,
+//!   socket engines, TLS) and `data::nvme` (the command table, admin, I/O,
+//!   fabrics, authentication handlers), and the Gimbal decorator `data::qos`.
+//!   It never imports `control`.
+//! - `control`: the management plane: the JSON-RPC socket, the live
+//!   changes, the HA lease, metrics. It never imports `data`.
 //!
 //! Nothing reachable from a peer may panic: unwrap and expect are denied
 //! outside tests, and a panic that happens anyway (a bug) is caught by its
-//! reactor, logged, and stops the target with an error (see `reactor`).
+//! reactor, logged, and stops the target with an error (see
+//! `data::tcp::reactor`).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod admin;
-pub mod aen;
-pub mod ana;
-pub mod auth;
 pub mod backend;
-pub mod buf;
-pub mod cmd;
 pub mod config;
-pub mod conn;
-pub mod ctl;
-pub mod ctl_disc;
-pub mod ctl_state;
-pub mod discovery;
-pub mod exec;
-pub mod fault;
+pub mod control;
+pub mod data;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod ha;
-pub mod identity;
-pub mod io;
-pub mod live;
-pub mod livelisten;
-pub mod livesub;
-pub mod metrics;
-pub mod nsset;
-pub mod qos;
-pub mod reactor;
-pub mod resv;
-pub mod ring;
-pub mod rlimit;
 pub mod server;
-pub mod subsystem;
-pub mod tls;
-pub mod uring_net;
+pub mod state;
+pub mod sys;
 
 pub use config::Config;
 pub use server::Target;
-
-/// Locks a mutex whether or not it is poisoned. A poisoned lock means a
-/// reactor panicked while holding it; that reactor's failure already stops
-/// the target with an error, and the guarded data (controller maps, error
-/// logs, feature values) stay usable for the other reactors to finish their
-/// in-flight commands and tear down cleanly, so recovering the guard beats
-/// spreading the panic to every thread that touches the lock.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}

@@ -1,8 +1,9 @@
 //! The daemon: listeners, an acceptor thread, reactors, and clean shutdown.
 
 use crate::config::Config;
-use crate::reactor::{self, NewConn, ReactorHandle, Shared};
-use crate::subsystem::Registry;
+use crate::data::tcp::reactor::{self, NewConn, ReactorHandle, Shared};
+use crate::state::subsystem::Registry;
+use crate::sys::avoid_reactor_cpus;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,7 +27,7 @@ pub struct Target {
     /// The management socket's thread, when `[ctl] socket` is set.
     ctl: Option<std::thread::JoinHandle<()>>,
     /// The HA lease thread and fence watchdog, when `[ha]` is set.
-    ha: Option<crate::ha::Threads>,
+    ha: Option<crate::control::ha::Threads>,
 }
 
 impl Target {
@@ -54,17 +55,20 @@ impl Target {
         // Bound before any thread starts, so a taken port fails the start cleanly.
         let (metrics_addr, metrics) = match cfg.metrics.listen {
             Some(addr) => {
-                let src = crate::metrics::Sources {
+                let src = crate::control::metrics::Sources {
                     reg: reg.clone(),
                     connections: connections.clone(),
                 };
-                let (a, t) = crate::metrics::spawn(addr, src, shutdown.clone())?;
+                let (a, t) = crate::control::metrics::spawn(addr, src, shutdown.clone())?;
                 (Some(a), Some(t))
             }
             None => (None, None),
         };
+        // The management plane's handle: the HA lease joins it when started below.
+        let control = crate::control::Control::new(reg.clone());
         let ctl = match &cfg.ctl.socket {
-            Some(path) => match crate::ctl::spawn(path, reg.clone(), shutdown.clone()) {
+            Some(path) => match crate::control::rpc::spawn(path, control.clone(), shutdown.clone())
+            {
                 Ok(t) => Some(t),
                 Err(e) => {
                     shutdown.store(true, Ordering::SeqCst); // stops the metrics thread
@@ -93,7 +97,7 @@ impl Target {
         }
         let reactors = Arc::new(reactors);
         // Before the acceptor: no host sees this node optimized before it holds the lease.
-        let ha = match crate::ha::start(&cfg, &reg, &shutdown) {
+        let ha = match crate::control::ha::start(&cfg, &control, &shutdown) {
             Ok(h) => h,
             Err(e) => {
                 shutdown.store(true, Ordering::SeqCst);
@@ -192,7 +196,7 @@ impl Target {
                 self.note_failure(e);
             }
         }
-        let failures = std::mem::take(&mut *crate::lock(&self.failures));
+        let failures = std::mem::take(&mut *crate::sys::lock(&self.failures));
         if failures.is_empty() {
             tracing::info!("target stopped");
             Ok(())
@@ -204,42 +208,7 @@ impl Target {
 
     fn note_failure(&self, why: String) {
         tracing::error!("{why}");
-        crate::lock(&self.failures).push(why);
-    }
-}
-
-/// Keeps the calling helper thread (acceptor, metrics) off the CPUs that
-/// reactors are pinned to, so its wake-ups never preempt a busy-polling
-/// reactor. Nothing changes when no reactor is pinned, or when the pinned
-/// CPUs are all the process may use.
-pub(crate) fn avoid_reactor_cpus(pinned: &[usize]) {
-    if pinned.is_empty() {
-        return;
-    }
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is this thread; the size is the set's own size.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
-        return;
-    }
-    let mut left = 0;
-    for cpu in 0..libc::CPU_SETSIZE as usize {
-        // SAFETY: cpu < CPU_SETSIZE, within the set.
-        if unsafe { libc::CPU_ISSET(cpu, &set) } {
-            if pinned.contains(&cpu) {
-                // SAFETY: as above.
-                unsafe { libc::CPU_CLR(cpu, &mut set) };
-            } else {
-                left += 1;
-            }
-        }
-    }
-    if left == 0 {
-        return;
-    }
-    // SAFETY: a valid set of the right size for this thread.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
-        tracing::debug!("could not keep a helper thread off the reactor CPUs");
+        crate::sys::lock(&self.failures).push(why);
     }
 }
 
@@ -271,14 +240,14 @@ fn pollfds(socks: &[(usize, TcpListener)]) -> Vec<libc::pollfd> {
 /// Raises the descriptor limit for `max_connections` (`rlimit`); warns,
 /// naming the fix, when even the hard limit is too low.
 fn check_nofile(max_connections: usize) {
-    match crate::rlimit::ensure_nofile(max_connections) {
+    match crate::sys::rlimit::ensure_nofile(max_connections) {
         Some(n) if n.enough() => {}
         // The default bound is a ceiling few nodes reach: below it, say so
         // quietly; a bound the operator chose gets a warning.
         Some(n) if max_connections == crate::config::DEFAULT_MAX_CONNECTIONS => tracing::info!(
             "RLIMIT_NOFILE (hard limit {}) allows about {} connections, below the default target.max_connections {max_connections}",
             n.hard,
-            n.soft.saturating_sub(crate::rlimit::FD_RESERVE)
+            n.soft.saturating_sub(crate::sys::rlimit::FD_RESERVE)
         ),
         Some(n) => tracing::warn!(
             "target.max_connections {max_connections} needs {} file descriptors, but RLIMIT_NOFILE allows {} (hard limit {}): connections past it will be refused; raise the limit (ulimit -n, systemd LimitNOFILE=) or lower max_connections",

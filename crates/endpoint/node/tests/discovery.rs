@@ -14,8 +14,8 @@ use trellis_nvme::pdu::Digests;
 use trellis_nvme::sqe::admin;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Cqe, Sgl, Sqe};
+use trellis_target::config::referral::ReferralConfig;
 use trellis_target::config::{BackendKind, NamespaceConfig};
-use trellis_target::discovery::ReferralConfig;
 
 const NO: Digests = Digests {
     header: false,
@@ -470,7 +470,7 @@ fn an_ha_node_refuses_an_io_listener_added_live() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.ctl.socket = Some(dir.path().join("ctl.sock"));
-    cfg.ha = Some(trellis_target::ha::HaConfig {
+    cfg.ha = Some(trellis_target::config::ha::HaConfig {
         path: Some(dir.path().join("lease")),
         node: "node-a".into(),
         key: "pair-1".into(),

@@ -127,13 +127,13 @@ fn gimbal_on_a_time_scaled_drive_sees_the_drive_s_own_latency() {
     let scale = 8.0;
     let t = start(|n| {
         n.time_scale = Some(scale);
-        n.qos = trellis_target::qos::QosMode::Gimbal;
+        n.qos = trellis_target::config::qos::QosMode::Gimbal;
     });
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
     let wall_us = min_read_ns(&mut c.io[0], 20) / 1000;
-    let (cqe, page) = get_log(&mut c.admin, trellis_target::qos::VIEW_LID, 1, 4096);
+    let (cqe, page) = get_log(&mut c.admin, trellis_target::data::qos::VIEW_LID, 1, 4096);
     assert!(cqe.status.is_success(), "{:?}", cqe.status);
-    let e = &page[trellis_target::qos::VIEW_HEADER_BYTES..];
+    let e = &page[trellis_target::data::qos::VIEW_HEADER_BYTES..];
     let ewma_us = trellis_nvme::le32(e, 32) as u64;
     assert!(
         ewma_us >= idle_us && ewma_us * 4 < wall_us,

@@ -18,8 +18,8 @@ use trellis_nvme::sqe::io;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Sgl, Sqe};
 use trellis_target::config::*;
-use trellis_target::fault;
-use trellis_target::ring::SUBMIT_ATTEMPTS;
+use trellis_target::sys::fault;
+use trellis_target::sys::ring::SUBMIT_ATTEMPTS;
 
 const NO: Digests = Digests {
     header: false,
@@ -410,7 +410,7 @@ fn shutdown_leaks_buffers_the_kernel_still_owns_when_cancel_fails() {
     t.stop().unwrap();
     let took = t0.elapsed();
     let bound = Duration::from_millis(200 + 100)
-        + Duration::from_nanos(trellis_target::reactor::CANCEL_WAIT_NS);
+        + Duration::from_nanos(trellis_target::data::tcp::reactor::CANCEL_WAIT_NS);
     assert!(took < bound + Duration::from_secs(2), "bounded: {took:?}");
     assert!(
         took >= bound - Duration::from_millis(300),

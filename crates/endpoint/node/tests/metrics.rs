@@ -193,11 +193,11 @@ const BOB: &str = "nqn.2026-11.io.trellis:test:bob";
 #[test]
 fn gimbal_state_and_each_tenants_completions_are_scraped() {
     let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
-    ns.qos = trellis_target::qos::QosMode::Gimbal;
+    ns.qos = trellis_target::config::qos::QosMode::Gimbal;
     let mut cfg = test_config(ns);
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
     cfg.subsystems[0].allowed_hosts.push(BOB.into());
-    cfg.tenants = vec![trellis_target::qos::TenantConfig {
+    cfg.tenants = vec![trellis_target::config::qos::TenantConfig {
         host: HOST.to_string(),
         name: "alice".into(),
         weight: 2,
@@ -317,7 +317,7 @@ fn every_metric_the_grafana_dashboard_queries_is_served() {
     let names = dashboard_metrics();
     assert!(names.len() >= 15, "{names:?}");
     let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
-    ns.qos = trellis_target::qos::QosMode::Gimbal;
+    ns.qos = trellis_target::config::qos::QosMode::Gimbal;
     let mut cfg = test_config(ns);
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
     let t = trellis_target::Target::start(&cfg).unwrap();

@@ -8,8 +8,9 @@ use common::*;
 use trellis_nvme::pdu::{Digests, PduType};
 use trellis_nvme::sqe::{io, Sgl};
 use trellis_nvme::{le16, le32, le64, Cqe, Sqe};
+use trellis_target::config::qos::{QosMode, TenantConfig};
 use trellis_target::config::{BackendKind, Config, NamespaceConfig};
-use trellis_target::qos::{QosMode, TenantConfig, VIEW_ENTRY_BYTES, VIEW_HEADER_BYTES, VIEW_LID};
+use trellis_target::data::qos::{VIEW_ENTRY_BYTES, VIEW_HEADER_BYTES, VIEW_LID};
 
 const NO: Digests = Digests {
     header: false,

@@ -1,8 +1,10 @@
 //! SAN traffic control co-designed with NVMe-oF ([NSDI'26]; rules, sources and the
 //! §3.1–§3.4 labels used below: docs/isr.md, docs/sources.md).
 //!
-//! Three sans-IO mechanisms, each usable by a fabric node (adapter or switch)
-//! that passes in the current time:
+//! Sans-IO cores, each usable by a fabric node (adapter or switch) that passes
+//! in the current time: the paper's three mechanisms (`isr`, `reserve`,
+//! `ssd_credit`) and three models of the baseline and the transport the
+//! simulator needs (`shared_buffer`, `rto`, `tcp_window`):
 //! - [`isr`]: INT-assisted symmetric routing (per-hop telemetry, least-congested next hop,
 //!   completion retraces the command's hops).
 //! - [`reserve`]: eager bandwidth reservation for the predicted response.

@@ -1,4 +1,5 @@
-//! SSD timing model shared by the simulator and (later) the emulated backend.
+//! SSD timing model shared by the simulator and the target's emulated backend
+//! (`backend = "emulated"`, crates/endpoint/node/src/backend/emulated.rs).
 //!
 //! Sans-IO: `submit` takes the current time in nanoseconds and returns the
 //! completion time; the caller schedules it. No threads, no clock, no

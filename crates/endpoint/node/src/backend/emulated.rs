@@ -2,7 +2,7 @@
 //! or write completed on the wall clock when the SSD timing model
 //! (`trellis-ssd`) says a real drive would.
 //!
-//! - Clock: the reactor clock [`crate::reactor::now_ns`], read at submit
+//! - Clock: the reactor clock [`crate::sys::now_ns`], read at submit
 //!   and at reap. No thread sleeps: `submit` computes the due time and parks
 //!   the command in a per-queue min-heap; `reap`, which the reactor calls
 //!   every loop (and busy-polls while anything is in flight), returns those
@@ -20,22 +20,18 @@
 //!   returns what the medium holds when the drive would have returned it.
 
 use super::{Backend, BackendQueue, IoReq, Op};
+pub use crate::config::emulated::{
+    EmulatedParams, DEFAULT_PROFILE, FRAGMENTED_OVERWRITE_PERMILLE, MAX_TIME_SCALE,
+};
 use hdrhistogram::Histogram;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex, PoisonError};
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
-use trellis_ssd::{Precondition, Ssd, SsdProfile};
+use trellis_ssd::Ssd;
 use trellis_units::IoDir;
 
-/// Profile used when a namespace names none.
-pub const DEFAULT_PROFILE: &str = "pm9a3-gen4";
-/// Largest accepted `time_scale` (a 60 µs read then takes 60 ms).
-pub const MAX_TIME_SCALE: f64 = 1000.0;
-/// `fragmented`: after the sequential fill, random 4 KiB overwrites of this
-/// share (‰) of the capacity, as `trellis sim reproduce nsdi26` does.
-pub const FRAGMENTED_OVERWRITE_PERMILLE: u32 = 1000;
 /// Seed of the fragmented precondition (a fixed seed: reproducible runs).
 pub const PRECONDITION_SEED: u64 = 1;
 /// Pending completions each queue pre-allocates room for. Past it the heap
@@ -47,62 +43,6 @@ pub const QUEUE_PREALLOC: usize = 4096;
 pub const CPU_BOUND_LATENESS_P99_NS: u64 = 20_000;
 /// Highest lateness the histograms track (larger values are clamped).
 const LATENESS_MAX_NS: u64 = 60_000_000_000;
-
-/// The validated emulation parameters of one namespace.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EmulatedParams {
-    pub profile: SsdProfile,
-    pub precondition: Precondition,
-    pub time_scale: f64,
-}
-
-impl EmulatedParams {
-    /// Reads and checks the emulation fields; they are refused on other
-    /// backends, where they would silently do nothing.
-    pub fn from_config(n: &crate::config::NamespaceConfig) -> Result<Option<Self>, String> {
-        use crate::config::BackendKind;
-        if n.backend != BackendKind::Emulated {
-            for (key, set) in [
-                ("profile", n.profile.is_some()),
-                ("precondition", n.precondition.is_some()),
-                ("time_scale", n.time_scale.is_some()),
-            ] {
-                if set {
-                    return Err(format!(
-                        "{key} applies only to backend = \"emulated\": remove it or change the backend"
-                    ));
-                }
-            }
-            return Ok(None);
-        }
-        let name = n.profile.as_deref().unwrap_or(DEFAULT_PROFILE);
-        let profile = SsdProfile::by_name(name).ok_or_else(|| {
-            format!("unknown profile {name:?}: use pm9a3-gen4, nvmevirt-970pro or femu")
-        })?;
-        let precondition = match n.precondition.as_deref().unwrap_or("clean") {
-            "clean" => Precondition::Clean,
-            "fragmented" => Precondition::Fragmented {
-                overwrite_permille: FRAGMENTED_OVERWRITE_PERMILLE,
-            },
-            other => {
-                return Err(format!(
-                    "unknown precondition {other:?}: use clean or fragmented"
-                ))
-            }
-        };
-        let time_scale = n.time_scale.unwrap_or(1.0);
-        if !(1.0..=MAX_TIME_SCALE).contains(&time_scale) {
-            return Err(format!(
-                "time_scale {time_scale} out of range: use a number from 1 to {MAX_TIME_SCALE}"
-            ));
-        }
-        Ok(Some(EmulatedParams {
-            profile,
-            precondition,
-            time_scale,
-        }))
-    }
-}
 
 /// Lateness of completions vs model time, over the queues closed so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -147,7 +87,7 @@ impl Drive {
     /// Runs one read or write through the model at the current wall time;
     /// returns its wall-clock due time in ns.
     fn schedule(&self, dir: IoDir, offset: u64, len: u32) -> u64 {
-        let wall = crate::reactor::now_ns();
+        let wall = crate::sys::now_ns();
         let mut m = self.model.lock().unwrap_or_else(PoisonError::into_inner);
         let model_now = ((wall as f64 / self.scale) as u64).max(m.last_ns);
         m.last_ns = model_now;
@@ -393,7 +333,7 @@ impl EmulatedQueue {
     /// Completes what fell due by now; with `due`, also reports when each
     /// fell due in model time (the drive's own completion time, scaled).
     fn reap_due(&mut self, out: &mut Vec<(u64, Status)>, mut due: Option<&mut Vec<u64>>) -> usize {
-        let now = crate::reactor::now_ns();
+        let now = crate::sys::now_ns();
         let mut n = 0;
         while let Some(Reverse(p)) = self.pending.peek() {
             if p.due_ns > now && !self.draining {

@@ -7,7 +7,7 @@
 //! queue falls back to synchronous pread/pwrite with the same semantics.
 
 use super::{Backend, BackendQueue, IoReq, Op};
-use crate::ring::Ring;
+use crate::sys::ring::Ring;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -314,7 +314,7 @@ struct SyncQueue {
 
 impl BackendQueue for SyncQueue {
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
-        crate::fault::io_panic_point();
+        crate::sys::fault::io_panic_point();
         let fd = self.file.as_raw_fd();
         let mut done = 0u64;
         // SAFETY (the calls below): by this function's contract req.buf is
@@ -380,7 +380,7 @@ struct Pending {
 }
 
 /// Requests go to a per-reactor io_uring. When a submit fails for good the
-/// ring is retired (see [`crate::ring`]): requests it never consumed fail
+/// ring is retired (see [`crate::sys::ring`]): requests it never consumed fail
 /// with [`super::SUBMIT_FAILED`], its running requests are still reaped, and
 /// the next request opens a new ring.
 struct UringQueue {
@@ -464,7 +464,7 @@ impl UringQueue {
     fn push(&mut self, idx: u32) -> Result<(), Status> {
         let e = self.entry(idx).ok_or(super::SUBMIT_FAILED)?;
         let is_read = matches!(self.slots[idx as usize], Some(p) if p.req.op == Op::Read);
-        if let Some(ms) = is_read.then(crate::fault::read_delay_ms).flatten() {
+        if let Some(ms) = is_read.then(crate::sys::fault::read_delay_ms).flatten() {
             return self.push_delayed(idx, e, ms);
         }
         for _ in 0..2 {
@@ -528,7 +528,7 @@ impl UringQueue {
         tracing::error!(
             "backend io_uring submit failed after {} attempts ({e}); failing {} queued \
              requests with {} and opening a new ring",
-            crate::ring::SUBMIT_ATTEMPTS,
+            crate::sys::ring::SUBMIT_ATTEMPTS,
             lost.iter()
                 .filter(|&&ud| ud & (CANCEL_BIT | DELAY_BIT) == 0)
                 .count(),
@@ -589,7 +589,7 @@ impl UringQueue {
 
 impl BackendQueue for UringQueue {
     unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
-        crate::fault::io_panic_point();
+        crate::sys::fault::io_panic_point();
         if let Some(st) = zero_or_discard(&self.file, req) {
             return Some(st);
         }
@@ -658,7 +658,7 @@ impl BackendQueue for UringQueue {
     }
 
     fn cancel_all(&mut self) -> usize {
-        if crate::fault::cancels_ignored() {
+        if crate::sys::fault::cancels_ignored() {
             return 0;
         }
         self.kick();

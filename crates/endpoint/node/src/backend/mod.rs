@@ -128,7 +128,7 @@ pub trait BackendQueue {
     fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
         let n = self.reap(out);
         if n > 0 {
-            let now = crate::reactor::now_ns();
+            let now = crate::sys::now_ns();
             due_ns.extend(std::iter::repeat_n(now, n));
         }
         n
@@ -143,14 +143,10 @@ pub trait BackendQueue {
     fn cancel_all(&mut self) -> usize {
         0
     }
-    /// The Gimbal wrapper of a `qos = "gimbal"` namespace (see `crate::qos`).
-    fn qos(&mut self) -> Option<&mut crate::qos::QosQueue> {
-        None
-    }
 }
 
 /// Status of a request that could not be handed to the kernel: a submit
-/// failed for good (after the retries of [`crate::ring::SUBMIT_ATTEMPTS`]) or
+/// failed for good (after the retries of [`crate::sys::ring::SUBMIT_ATTEMPTS`]) or
 /// no ring could be opened.
 ///
 /// Internal Error (generic 06h, NVMe Base 2.1 §4.2.3.1: "not completed

@@ -47,7 +47,7 @@ impl BackendQueue for NullQueue {
         true
     }
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
-        crate::fault::io_panic_point();
+        crate::sys::fault::io_panic_point();
         if req.op == Op::Read {
             // SAFETY: by this function's contract req.buf is valid for
             // len_bytes bytes and ours alone during the call.

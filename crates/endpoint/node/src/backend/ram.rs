@@ -123,7 +123,7 @@ impl BackendQueue for RamQueue {
         true
     }
     unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
-        crate::fault::io_panic_point();
+        crate::sys::fault::io_panic_point();
         let (Ok(off), Ok(len)) = (
             usize::try_from(req.offset_bytes),
             usize::try_from(req.len_bytes),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::config::{BackendKind, NamespaceConfig};
+use trellis_ssd::{Precondition, SsdProfile};
 
 fn params(profile: &str, scale: f64) -> EmulatedParams {
     let mut n = NamespaceConfig::sized(BackendKind::Emulated, 1 << 20);
@@ -36,18 +37,18 @@ fn config_values_are_checked_with_the_fix_in_the_message() {
 
 /// Submits one request and reaps until it completes; returns (status, ns).
 fn run_one(q: &mut dyn BackendQueue, req: &IoReq) -> (Status, u64) {
-    let t0 = crate::reactor::now_ns();
+    let t0 = crate::sys::now_ns();
     // SAFETY: req.buf points at a live buffer of len_bytes the caller owns
     // for the whole call, and the request completes before we return.
     if let Some(st) = unsafe { q.submit(req, 7) } {
-        return (st, crate::reactor::now_ns() - t0);
+        return (st, crate::sys::now_ns() - t0);
     }
     let mut out = Vec::new();
     while q.reap(&mut out) == 0 {
         std::hint::spin_loop();
     }
     assert_eq!(out[0].0, 7);
-    (out[0].1, crate::reactor::now_ns() - t0)
+    (out[0].1, crate::sys::now_ns() - t0)
 }
 
 fn req(op: Op, off: u64, buf: &mut [u8]) -> IoReq {
@@ -125,13 +126,13 @@ fn a_late_reap_reports_when_the_model_completed_the_read() {
     let b = EmulatedBackend::new(1 << 20, params("femu", 2.0)).unwrap();
     let mut q = b.open_queue().unwrap();
     let mut buf = vec![0u8; 4096];
-    let t0 = crate::reactor::now_ns();
+    let t0 = crate::sys::now_ns();
     // SAFETY: buf outlives the request, which is reaped below.
     assert!(unsafe { q.submit(&req(Op::Read, 0, &mut buf), 3) }.is_none());
     std::thread::sleep(std::time::Duration::from_millis(30));
     let (mut out, mut due) = (Vec::new(), Vec::new());
     assert_eq!(q.reap_timed(&mut out, &mut due), 1);
-    let reaped = crate::reactor::now_ns();
+    let reaped = crate::sys::now_ns();
     assert_eq!((out[0].0, due.len()), (3, 1));
     let lat = due[0] - t0;
     assert!(lat >= 2 * read_ns, "{lat} ns < the scaled model time");

@@ -1,0 +1,149 @@
+//! Key material of `[[subsystem.host]]`, parsed and checked once: the
+//! DH-HMAC-CHAP secrets and groups, and the TLS PSK.
+
+use crate::config::HostConfig;
+use std::collections::HashMap;
+use std::sync::Arc;
+use trellis_nvme::dhchap::{DhGroup, HashId, Secret};
+use trellis_nvme::tls_psk::{ConfiguredPsk, Derivation};
+
+/// A host's DH-HMAC-CHAP configuration in one subsystem.
+#[derive(Clone, Debug)]
+pub struct HostKeys {
+    /// The host's secret (it proves itself with it).
+    pub secret: Secret,
+    /// The controller's secret, for bidirectional authentication.
+    pub ctrl_secret: Option<Secret>,
+    /// Hash functions the controller accepts, most preferred first.
+    pub hashes: Vec<HashId>,
+    /// DH groups the controller accepts, most preferred first.
+    pub dhgroups: Vec<DhGroup>,
+}
+
+impl HostKeys {
+    /// The default preferences: SHA-256 first (every host has it), and a DH
+    /// exchange before the NULL group so a recorded exchange does not
+    /// suffice to attack the secret offline.
+    pub fn new(secret: Secret, ctrl_secret: Option<Secret>) -> HostKeys {
+        HostKeys {
+            secret,
+            ctrl_secret,
+            hashes: HashId::ALL.to_vec(),
+            dhgroups: DEFAULT_DHGROUPS.to_vec(),
+        }
+    }
+}
+
+/// The keys of a `[[subsystem.host]]` entry; None when it has no secret.
+/// Errors name the key and the fix (the caller adds subsystem and host).
+pub fn host_keys(h: &crate::config::HostConfig) -> anyhow::Result<Option<HostKeys>> {
+    use anyhow::{bail, Context};
+    let Some(text) = &h.dhchap_secret else {
+        if h.dhchap_ctrl_secret.is_some() {
+            bail!("dhchap_ctrl_secret needs a dhchap_secret too (the host authenticates first)");
+        }
+        return Ok(None);
+    };
+    let secret = Secret::parse(text).context("dhchap_secret")?;
+    let ctrl_secret = match &h.dhchap_ctrl_secret {
+        Some(t) => Some(Secret::parse(t).context("dhchap_ctrl_secret")?),
+        None => None,
+    };
+    let mut keys = HostKeys::new(secret, ctrl_secret);
+    if !h.dhchap_hashes.is_empty() {
+        keys.hashes = names(
+            &h.dhchap_hashes,
+            "dhchap_hashes",
+            "sha256, sha384, sha512",
+            HashId::from_name,
+        )?;
+    }
+    if !h.dhchap_dhgroups.is_empty() {
+        keys.dhgroups = names(
+            &h.dhchap_dhgroups,
+            "dhchap_dhgroups",
+            "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
+            DhGroup::from_name,
+        )?;
+    }
+    Ok(Some(keys))
+}
+
+fn names<T>(
+    v: &[String],
+    key: &str,
+    valid: &str,
+    f: fn(&str) -> Option<T>,
+) -> anyhow::Result<Vec<T>> {
+    v.iter()
+        .map(|n| f(n).ok_or_else(|| anyhow::anyhow!("{key}: unknown {n:?}: use {valid}")))
+        .collect()
+}
+
+/// The authentication keys of every host of a subsystem that has some.
+pub fn subsystem_keys(
+    c: &crate::config::SubsystemConfig,
+) -> anyhow::Result<std::collections::HashMap<String, Arc<HostKeys>>> {
+    let mut m = std::collections::HashMap::new();
+    for h in &c.hosts {
+        if let Some(k) = host_keys(h)
+            .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", c.nqn, h.nqn))?
+        {
+            m.insert(h.nqn.clone(), Arc::new(k));
+        }
+    }
+    Ok(m)
+}
+
+pub const DEFAULT_DHGROUPS: [DhGroup; 6] = [
+    DhGroup::Ffdhe2048,
+    DhGroup::Ffdhe3072,
+    DhGroup::Ffdhe4096,
+    DhGroup::Ffdhe6144,
+    DhGroup::Ffdhe8192,
+    DhGroup::Null,
+];
+
+/// A host's configured PSK for one subsystem.
+#[derive(Clone, Debug)]
+pub struct HostPsk {
+    pub key: ConfiguredPsk,
+    pub derivation: Derivation,
+}
+
+/// The host's `tls_key` (None without one), or a one-line error naming the
+/// key and what is wrong.
+pub fn host_psk(h: &HostConfig) -> anyhow::Result<Option<HostPsk>> {
+    let derivation = match h.tls_key_derivation.as_deref() {
+        None => Derivation::Spec,
+        Some(s) => Derivation::from_name(s).ok_or_else(|| {
+            anyhow::anyhow!(
+                "tls_key_derivation {s:?}: use \"spec\" (the NVMe/TCP specification) or \"libnvme-compat\" (nvme-cli with libnvme 1.7 to 1.15)"
+            )
+        })?,
+    };
+    let Some(text) = &h.tls_key else {
+        anyhow::ensure!(
+            h.tls_key_derivation.is_none(),
+            "tls_key_derivation needs a tls_key"
+        );
+        return Ok(None);
+    };
+    let key = ConfiguredPsk::parse(text).map_err(|e| anyhow::anyhow!("tls_key: {e}"))?;
+    Ok(Some(HostPsk { key, derivation }))
+}
+
+/// Every host's PSK of a subsystem, by host NQN.
+pub fn subsystem_psks(
+    c: &crate::config::SubsystemConfig,
+) -> anyhow::Result<HashMap<String, HostPsk>> {
+    let mut m = HashMap::new();
+    for h in &c.hosts {
+        let k = host_psk(h)
+            .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", c.nqn, h.nqn))?;
+        if let Some(k) = k {
+            m.insert(h.nqn.clone(), k);
+        }
+    }
+    Ok(m)
+}

@@ -1,0 +1,1205 @@
+//! Target configuration: listeners, subsystems, namespaces and limits, read
+//! from TOML (`trellis target --config FILE`) or built from flags.
+//!
+//! Every bound the daemon enforces lives here with a sane default, so an
+//! operator can see and change all of them in one place.
+
+pub mod emulated;
+pub mod ha;
+pub mod keys;
+pub mod qos;
+pub mod referral;
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub const DEFAULT_NQN: &str = "nqn.2026-11.io.trellis:default";
+/// The largest controller ID (FFEFh; FFF0h and up are reserved).
+pub const MAX_CNTLID: u16 = 0xFFEF;
+/// Upper bound of `target.max_io_size`.
+pub const MAX_IO_SIZE_LIMIT: u64 = 8 << 20;
+
+// Serialize: `to_toml` (what `--check` prints). A new field needs a
+// Serialize type here, so --check can never silently leave one out.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub target: TargetConfig,
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+    #[serde(default, rename = "subsystem")]
+    pub subsystems: Vec<SubsystemConfig>,
+    /// Bounds and parameters of `qos = "gimbal"` namespaces' schedulers.
+    #[serde(default, serialize_with = "qos_table")]
+    pub qos: crate::config::qos::QosConfig,
+    /// Host NQN → tenant name and weight; other hosts are tenants of weight 1.
+    #[serde(
+        default,
+        rename = "tenant",
+        serialize_with = "tenant_tables",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub tenants: Vec<crate::config::qos::TenantConfig>,
+    /// Prometheus `/metrics` endpoint (off unless `listen` is set).
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    /// Management socket (JSON-RPC 2.0; `trellis ctl`), off unless `socket` is set.
+    #[serde(default)]
+    pub ctl: CtlConfig,
+    /// HA pair: the ownership lease (`[ha]`, run by the management plane's
+    /// lease thread); absent: no lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ha: Option<crate::config::ha::HaConfig>,
+    /// Other nodes' discovery controllers, listed as referrals (SUBTYPE 1h)
+    /// in our discovery log.
+    #[serde(default, rename = "referral", skip_serializing_if = "Vec::is_empty")]
+    pub referrals: Vec<crate::config::referral::ReferralConfig>,
+}
+
+/// `[ctl]`: where the management socket (`trellis ctl`) listens.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CtlConfig {
+    /// Unix socket path, e.g. "/run/trellis/ctl.sock". None: no socket.
+    /// Off by default: no default path is writable by every user, and two
+    /// targets on one machine (tests, `trellis san`) would fight over one.
+    pub socket: Option<std::path::PathBuf>,
+}
+
+/// `[metrics]`: where to serve Prometheus text-format metrics over HTTP.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of the HTTP listener serving `GET /metrics` (for example
+    /// "127.0.0.1:9464"; port 0 picks a free one). None: no endpoint.
+    pub listen: Option<std::net::SocketAddr>,
+}
+
+/// Daemon-wide settings and limits.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TargetConfig {
+    /// Reactor threads (each owns its connections for their whole life).
+    pub reactors: usize,
+    /// CPUs to pin reactors to, in order (empty: no pinning).
+    pub cpus: Vec<usize>,
+    /// Largest data transfer per command (MDTS), a power of two ≥ 4 KiB.
+    pub max_io_size: ByteSize,
+    /// Command data buffers up to this size are kept for reuse when their
+    /// command completes (no allocation per I/O); larger ones are freed. An
+    /// idle queue pair thus holds at most 2 × queue depth × this, however
+    /// large the transfers it served, plus its share of `large_buffer_budget`;
+    /// in flight, each command holds its own.
+    pub slot_buffer_keep: ByteSize,
+    /// Node-wide bytes of buffers larger than `slot_buffer_keep` kept for
+    /// reuse after their command. Within it, large transfers allocate
+    /// nothing once warm; beyond it, their buffers are freed after use.
+    pub large_buffer_budget: ByteSize,
+    /// In-capsule data accepted on I/O queues (IOCCSZ). Admin queues and
+    /// Connect always accept 8 KiB, as hosts require.
+    pub in_capsule_data: ByteSize,
+    /// MAXH2CDATA: the largest H2CData PDU payload.
+    pub max_h2c_data: ByteSize,
+    /// Largest queue a host may create (CAP.MQES + 1).
+    pub max_queue_depth: u16,
+    /// I/O queues granted per controller.
+    pub max_io_queues: u16,
+    /// Connections accepted across all listeners.
+    pub max_connections: usize,
+    /// Live controllers per subsystem.
+    pub max_controllers: usize,
+    /// Most bytes one connection sends per reactor loop (0: no bound, one
+    /// sendmsg of everything queued). With a bound, a connection streaming
+    /// large reads takes a turn of at most this many bytes before the
+    /// reactor reads and answers its other connections, so a 4 KiB read on
+    /// another queue does not wait behind megabytes of someone else's data
+    /// (blk-switch's and nvmet's target-side budget; i10 caravans are 64 KiB).
+    /// Costs single-connection throughput (more sendmsg calls), hence off by
+    /// default; docs/target.md "Send budget".
+    pub send_budget: ByteSize,
+    /// How long a reactor keeps spinning without work before it sleeps.
+    pub idle_spin_us: u64,
+    /// Longest sleep of an idle reactor (bounds timer latency).
+    pub idle_sleep_ms: u64,
+    /// Idle timeout of discovery controllers connected with KATO 0.
+    pub discovery_idle_timeout_s: u64,
+    /// A connection must send ICReq and Connect within this time.
+    pub connect_timeout_ms: u64,
+    /// A connection whose peer accepts none of its queued output for this
+    /// long is closed (a peer that stopped reading: "slowloris"). Its
+    /// output is bounded meanwhile (the reactor stops parsing its commands
+    /// when the output queue is full).
+    pub send_stall_timeout_ms: u64,
+    /// A connection on a TLS listener (`secure_channel`) must finish its
+    /// TLS handshake within this time, or it is closed (nvmet's
+    /// `tls_handshake_timeout` is 10 s too).
+    pub tls_handshake_timeout_ms: u64,
+    /// Time allowed at shutdown to finish in-flight commands.
+    pub shutdown_grace_ms: u64,
+    /// Controller IDs this node hands out, inclusive (1..=`MAX_CNTLID`).
+    /// Two nodes a host reaches as one subsystem (an HA pair) need disjoint
+    /// ranges: Linux refuses a controller whose CNTLID it already has in the
+    /// subsystem ("Duplicate cntlid"), which is why nvmet has cntlid_min/max.
+    pub cntlid_min: u16,
+    pub cntlid_max: u16,
+    /// Reservation registrants per namespace (hosts registered with
+    /// Reservation Register); one more is refused with Capacity Exceeded.
+    pub max_registrants: usize,
+    /// Socket I/O engine: plain syscalls with epoll, or io_uring.
+    pub socket_engine: SocketEngine,
+    /// Where the node identity file (`node-id`) lives. Default: the config
+    /// file's directory (`trellis target --config`), else
+    /// [`crate::config::default_state_dir`].
+    pub state_dir: Option<std::path::PathBuf>,
+}
+
+/// How reactors do socket I/O (the same protocol code runs on both).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SocketEngine {
+    /// Non-blocking recv/sendmsg, readiness from epoll (works everywhere).
+    Epoll,
+    /// Receives and gathered sends through one io_uring per reactor.
+    Uring,
+}
+
+impl std::str::FromStr for SocketEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "epoll" => Ok(SocketEngine::Epoll),
+            "uring" | "io_uring" => Ok(SocketEngine::Uring),
+            _ => Err(format!("unknown socket engine {s:?} (epoll or uring)")),
+        }
+    }
+}
+
+/// Default of `target.max_connections`: every NVMe/TCP queue pair is a
+/// connection, so 1,000 hosts with 10 I/O queues each need 11,000 of them
+/// (issue 13's load case; `crates/app/cli/tests/scale.rs`). Memory follows
+/// the connections actually open, not this bound (docs/target.md "Limits").
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+/// Default of `target.max_controllers` (per subsystem): enough for every
+/// host the default connection bound can serve; a controller costs its
+/// connections, which `max_connections` bounds. Was 64, which refused the
+/// 65th host (SPDK allows ~65,000 controller IDs).
+pub const DEFAULT_MAX_CONTROLLERS: usize = 4_096;
+
+/// Default of `target.send_stall_timeout_ms`: 30 s without a byte accepted
+/// by the peer. Far above any healthy stall (a host's keep-alive period is
+/// 5-15 s, Linux's default KATO), far below TCP's own give-up time (about
+/// 15 minutes with `tcp_retries2` = 15), which never fires for a peer that
+/// still ACKs with a zero window.
+pub const DEFAULT_SEND_STALL_TIMEOUT_MS: u64 = 30_000;
+/// Default of `target.tls_handshake_timeout_ms`.
+pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Bounds of `target.tls_handshake_timeout_ms`.
+pub const TLS_HANDSHAKE_TIMEOUT_MS_MIN: u64 = 100;
+pub const TLS_HANDSHAKE_TIMEOUT_MS_MAX: u64 = 600_000;
+/// Bounds of `target.send_stall_timeout_ms`.
+pub const SEND_STALL_TIMEOUT_MS_MIN: u64 = 100;
+pub const SEND_STALL_TIMEOUT_MS_MAX: u64 = 3_600_000;
+
+/// Bounds of `target.send_budget` (when not 0): one page, and far above any
+/// socket buffer.
+pub const SEND_BUDGET_MIN: u64 = 4 << 10;
+pub const SEND_BUDGET_MAX: u64 = 64 << 20;
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            reactors: 1,
+            cpus: Vec::new(),
+            max_io_size: ByteSize(1 << 20),
+            slot_buffer_keep: ByteSize(128 << 10),
+            large_buffer_budget: ByteSize(256 << 20),
+            in_capsule_data: ByteSize(8 << 10),
+            max_h2c_data: ByteSize(128 << 10),
+            max_queue_depth: 128,
+            max_io_queues: 16,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_controllers: DEFAULT_MAX_CONTROLLERS,
+            send_budget: ByteSize(0),
+            idle_spin_us: 200,
+            idle_sleep_ms: 10,
+            discovery_idle_timeout_s: 120,
+            connect_timeout_ms: 10_000,
+            send_stall_timeout_ms: DEFAULT_SEND_STALL_TIMEOUT_MS,
+            tls_handshake_timeout_ms: DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS,
+            shutdown_grace_ms: 5_000,
+            cntlid_min: 1,
+            cntlid_max: MAX_CNTLID,
+            max_registrants: crate::config::DEFAULT_MAX_REGISTRANTS,
+            socket_engine: SocketEngine::Epoll,
+            state_dir: None,
+        }
+    }
+}
+
+impl TargetConfig {
+    /// Checks every daemon-wide bound.
+    fn validate(&self) -> anyhow::Result<()> {
+        use anyhow::ensure;
+        let t = self;
+        ensure!(
+            1 <= t.cntlid_min && t.cntlid_min <= t.cntlid_max && t.cntlid_max <= MAX_CNTLID,
+            "target.cntlid_min = {} and cntlid_max = {}: use 1 <= cntlid_min <= cntlid_max <= {MAX_CNTLID} (65519)",
+            t.cntlid_min,
+            t.cntlid_max
+        );
+        let max_regs = crate::config::MAX_REGISTRANTS_LIMIT;
+        ensure!(
+            (1..=max_regs).contains(&t.max_registrants),
+            "target.max_registrants = {}: use 1..={max_regs}",
+            t.max_registrants
+        );
+        ensure!(
+            t.reactors >= 1 && t.reactors <= 256,
+            "target.reactors must be 1..=256"
+        );
+        let io = t.max_io_size.0;
+        ensure!(
+            io.is_power_of_two() && (4096..=MAX_IO_SIZE_LIMIT).contains(&io),
+            "target.max_io_size must be a power of two in 4KiB..=8MiB"
+        );
+        ensure!(
+            t.slot_buffer_keep.0 <= MAX_IO_SIZE_LIMIT,
+            "target.slot_buffer_keep {} is above 8MiB: use at most max_io_size",
+            t.slot_buffer_keep.0
+        );
+        ensure!(
+            t.in_capsule_data.0.is_multiple_of(16) && t.in_capsule_data.0 <= 64 << 10,
+            "target.in_capsule_data must be a multiple of 16 up to 64KiB"
+        );
+        let h2c = t.max_h2c_data.0;
+        ensure!(
+            h2c >= 4096 && h2c.is_multiple_of(4) && h2c <= 1 << 20,
+            "target.max_h2c_data must be 4KiB..=1MiB and a multiple of 4"
+        );
+        ensure!(
+            t.max_queue_depth >= 2 && t.max_queue_depth <= 4096,
+            "target.max_queue_depth must be 2..=4096"
+        );
+        ensure!(
+            t.max_io_queues >= 1 && t.max_io_queues <= 1024,
+            "target.max_io_queues must be 1..=1024"
+        );
+        ensure!(t.max_connections >= 1, "target.max_connections must be ≥ 1");
+        let b = t.send_budget.0;
+        ensure!(
+            b == 0 || (SEND_BUDGET_MIN..=SEND_BUDGET_MAX).contains(&b),
+            "target.send_budget {b} is out of range: 0 (no bound) or 4KiB..=64MiB, e.g. \"64KiB\""
+        );
+        ensure!(
+            t.max_controllers >= 1 && t.max_controllers < 0xFFEF,
+            "target.max_controllers out of range"
+        );
+        ensure!(
+            (SEND_STALL_TIMEOUT_MS_MIN..=SEND_STALL_TIMEOUT_MS_MAX).contains(&t.send_stall_timeout_ms),
+            "target.send_stall_timeout_ms {} is out of range: use {SEND_STALL_TIMEOUT_MS_MIN}..={SEND_STALL_TIMEOUT_MS_MAX}",
+            t.send_stall_timeout_ms
+        );
+        ensure!(
+            (TLS_HANDSHAKE_TIMEOUT_MS_MIN..=TLS_HANDSHAKE_TIMEOUT_MS_MAX).contains(&t.tls_handshake_timeout_ms),
+            "target.tls_handshake_timeout_ms {} is out of range: use {TLS_HANDSHAKE_TIMEOUT_MS_MIN}..={TLS_HANDSHAKE_TIMEOUT_MS_MAX}",
+            t.tls_handshake_timeout_ms
+        );
+        Ok(())
+    }
+}
+
+/// TLS on a listener (`secure_channel`; absent: plain TCP only, and a TLS
+/// ClientHello is closed at once).
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SecureChannel {
+    /// Every connection must start with a TLS 1.3 handshake (TREQ: required).
+    Required,
+    /// TLS or plain, as the host starts (TREQ: not required).
+    Optional,
+}
+
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    /// I/O controllers and the discovery controller.
+    Both,
+    /// Only the discovery subsystem (the 8009 convention).
+    Discovery,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// HOST:PORT: an IP address, or a host name resolved when the
+    /// configuration is read (as `--listen` and `bench --addr`).
+    #[serde(deserialize_with = "host_port")]
+    pub addr: SocketAddr,
+    /// Default: discovery-only on port 8009, both elsewhere.
+    pub kind: Option<ListenerKind>,
+    /// ANA state of every ANA group reached through this listener at start
+    /// ("optimized", "non-optimized", "inaccessible", "persistent-loss";
+    /// default optimized). `trellis ctl ana set` changes it while running.
+    #[serde(
+        default,
+        deserialize_with = "ana_state_name",
+        serialize_with = "ana_state_write",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ana_state: Option<trellis_nvme::ana::AnaState>,
+    /// NVMe/TCP TLS 1.3 with a PSK: "required" or "optional"; absent: none
+    /// (docs/target.md "TLS").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_channel: Option<SecureChannel>,
+}
+
+/// The configurable ANA states: ANA Change is transient, for `trellis ctl` only.
+pub const ANA_CONFIG_STATES: &str =
+    "\"optimized\", \"non-optimized\", \"inaccessible\" or \"persistent-loss\"";
+
+/// An ANA state by name, as the config and `trellis ctl` write it.
+pub fn parse_ana_state(s: &str) -> anyhow::Result<trellis_nvme::ana::AnaState> {
+    use trellis_nvme::ana::AnaState;
+    match AnaState::from_name(s) {
+        Some(AnaState::Change) | None => {
+            anyhow::bail!("unknown ANA state {s:?}: use {ANA_CONFIG_STATES}")
+        }
+        Some(st) => Ok(st),
+    }
+}
+
+fn ana_state_name<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<trellis_nvme::ana::AnaState>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_ana_state(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn ana_state_write<S: serde::Serializer>(
+    st: &Option<trellis_nvme::ana::AnaState>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match st {
+        Some(st) => s.serialize_str(st.name()),
+        None => s.serialize_none(),
+    }
+}
+
+fn host_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    resolve_host_port(&s).map_err(serde::de::Error::custom)
+}
+
+/// HOST:PORT to one socket address: an IP literal as is, a host name to its
+/// first IPv4 address (else its first address), as `bench --addr` resolves.
+pub fn resolve_host_port(s: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let fix = "use HOST:PORT, e.g. 127.0.0.1:4420, [::1]:4420 or localhost:4420";
+    let addrs: Vec<_> = s
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("address {s:?}: {e}: {fix}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("address {s:?}: the name has no address: {fix}"))
+}
+
+impl ListenerConfig {
+    pub fn kind(&self) -> ListenerKind {
+        self.kind.unwrap_or(if self.addr.port() == 8009 {
+            ListenerKind::Discovery
+        } else {
+            ListenerKind::Both
+        })
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    /// Serial number (SN); empty: derived from the node identity and NQN.
+    #[serde(default)]
+    pub serial: String,
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Any host may connect (default true when no host list is given).
+    pub allow_any_host: Option<bool>,
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Per-host settings (`[[subsystem.host]]`): DH-HMAC-CHAP keys. A host
+    /// listed here is allowed, as if in `allowed_hosts`.
+    #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostConfig>,
+    #[serde(default, rename = "namespace")]
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+impl SubsystemConfig {
+    pub fn allow_any(&self) -> bool {
+        self.allow_any_host
+            .unwrap_or(self.allowed_hosts.is_empty() && self.hosts.is_empty())
+    }
+}
+
+/// One host of a subsystem (`[[subsystem.host]]`): in-band authentication
+/// (DH-HMAC-CHAP, NVMe Base 2.0 §8.13; docs/target.md "Authentication").
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    pub nqn: String,
+    /// The host's secret, `DHHC-1:XX:<base64>:` as `nvme gen-dhchap-key`
+    /// prints it: the host must prove it knows it before any other command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_secret: Option<String>,
+    /// The controller's secret: a host that asks (`--dhchap-ctrl-secret`)
+    /// gets the controller's proof of it (bidirectional authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrl_secret: Option<String>,
+    /// Hash functions accepted, preferred first (default all: sha256,
+    /// sha384, sha512).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dhchap_hashes: Vec<String>,
+    /// DH groups accepted, preferred first (default ffdhe2048, ffdhe3072,
+    /// ffdhe4096, ffdhe6144, ffdhe8192, null).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dhchap_dhgroups: Vec<String>,
+    /// The host's configured TLS PSK, `NVMeTLSkey-1:XX:<base64>:` as `nvme
+    /// gen-tls-key` prints it: what a TLS listener accepts from this host
+    /// for this subsystem (docs/target.md "TLS").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<String>,
+    /// How the TLS PSK is derived from `tls_key`: "spec" (default; the
+    /// NVMe/TCP specification, SPDK, libnvme since 2025) or
+    /// "libnvme-compat" (libnvme 1.7 to 1.15, e.g. Debian 13's nvme-cli).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key_derivation: Option<String>,
+}
+
+fn default_model() -> String {
+    "Trellis".into()
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// Discards writes and reads zeroes: for benchmarks.
+    Null,
+    /// Memory-backed, lost at exit.
+    Ram,
+    /// A regular file or a block device, through io_uring.
+    File,
+    /// Data in RAM, each command completed when the SSD timing model
+    /// (`trellis-ssd`) says a real drive would (docs/ssd-model.md).
+    Emulated,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Default: position in the list, from 1.
+    pub nsid: Option<u32>,
+    pub backend: BackendKind,
+    /// Size for null/ram; for a file, the size to create it with if missing
+    /// (an existing file or device keeps its own size).
+    pub size: Option<ByteSize>,
+    pub path: Option<String>,
+    /// Logical block size: 512 or 4096.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    #[serde(default)]
+    pub read_only: bool,
+    /// Traffic control: "off" (default) or "gimbal" (docs/gimbal.md).
+    #[serde(default, serialize_with = "qos_mode_name")]
+    pub qos: crate::config::qos::QosMode,
+    /// Open files with O_DIRECT when the filesystem or device allows it.
+    #[serde(default = "yes")]
+    pub direct: bool,
+    /// Emulated backend only: the SSD model profile (`pm9a3-gen4`,
+    /// `nvmevirt-970pro`, `femu`; default pm9a3-gen4).
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Emulated backend only: `clean` (default) or `fragmented`.
+    #[serde(default)]
+    pub precondition: Option<String>,
+    /// Emulated backend only: every device time is multiplied by this
+    /// (≥ 1, default 1), so a slow CPU keeps up with the emulated drive.
+    #[serde(default)]
+    pub time_scale: Option<f64>,
+    /// Namespace UUID (8-4-4-4-12 hex digits); default: derived from the
+    /// node identity, subsystem NQN and NSID. Likewise `nguid` (32 hex
+    /// digits) and `eui64` (16 hex digits); `-` and `:` separators allowed.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    #[serde(default)]
+    pub nguid: Option<String>,
+    #[serde(default)]
+    pub eui64: Option<String>,
+    /// ANA group (ANAGRPID, ≥ 1); default: the NSID. Namespaces of one
+    /// group change ANA state together (docs/target.md "ANA").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ana_group: Option<u32>,
+}
+
+/// The `[qos]` table, written from the qos module's fields (its types are
+/// read-only there), in the layout `Deserialize` reads.
+fn qos_table<S: serde::Serializer>(
+    q: &crate::config::qos::QosConfig,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Qos<'a> {
+        limits: &'a trellis_qos::sched::SchedLimits,
+        device_qd: u32,
+        calibrate: &'static str,
+        gimbal: &'a trellis_qos::GimbalConfig,
+    }
+    Qos {
+        limits: &q.limits,
+        device_qd: q.device_qd,
+        calibrate: match q.calibrate {
+            crate::config::qos::Calibrate::Auto => "auto",
+            crate::config::qos::Calibrate::Off => "off",
+        },
+        gimbal: &q.gimbal,
+    }
+    .serialize(s)
+}
+
+/// The `[[tenant]]` tables, as [`qos_table`].
+fn tenant_tables<S: serde::Serializer>(
+    t: &[crate::config::qos::TenantConfig],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Tenant<'a> {
+        host: &'a str,
+        name: &'a str,
+        weight: u32,
+    }
+    s.collect_seq(t.iter().map(|t| Tenant {
+        host: &t.host,
+        name: &t.name,
+        weight: t.weight,
+    }))
+}
+
+fn qos_mode_name<S: serde::Serializer>(
+    m: &crate::config::qos::QosMode,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match m {
+        crate::config::qos::QosMode::Off => "off",
+        crate::config::qos::QosMode::Gimbal => "gimbal",
+    })
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+fn yes() -> bool {
+    true
+}
+
+/// A byte count written as an integer or a string like "1GiB", "512M", "4k".
+///
+/// Grammar (the `parse-size` crate in binary mode, the same parser
+/// `trellis bench` uses): a number, optionally fractional, then an optional
+/// unit k, M, G, T, P or E, any case, with or without "B" or "iB"; every unit
+/// is a power of 1024, as in fio ("4k" = "4KB" = "4KiB" = 4096).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_size::Config::new()
+            .with_binary()
+            .parse_size(s.trim())
+            .map(ByteSize)
+            .map_err(|e| format!("bad size {s:?}: {e} (use e.g. 4096, 4k, 512M, 1GiB)"))
+    }
+}
+
+/// Written back as the largest binary unit that divides it ("1GiB", "4KiB"),
+/// which [`ByteSize::from_str`] reads back to the same number.
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let n = self.0;
+        for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+            if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+                return s.serialize_str(&format!("{}{unit}", n >> shift));
+            }
+        }
+        s.serialize_u64(n)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> anyhow::Result<Config> {
+        let c: Config = toml::from_str(text)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The embedded default: one subsystem with a 1 GiB RAM namespace, I/O on
+    /// 127.0.0.1:4420 and discovery on 4420 and 8009.
+    pub fn embedded_default() -> Config {
+        let c = Config {
+            target: TargetConfig::default(),
+            listeners: vec![
+                ListenerConfig {
+                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420)),
+                    kind: None,
+                    ana_state: None,
+                    secure_channel: None,
+                },
+                ListenerConfig {
+                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], 8009)),
+                    kind: None,
+                    ana_state: None,
+                    secure_channel: None,
+                },
+            ],
+            subsystems: vec![SubsystemConfig {
+                nqn: DEFAULT_NQN.into(),
+                serial: String::new(),
+                model: default_model(),
+                allow_any_host: Some(true),
+                allowed_hosts: vec![],
+                hosts: vec![],
+                namespaces: vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 30)],
+            }],
+            qos: Default::default(),
+            tenants: Vec::new(),
+            metrics: MetricsConfig::default(),
+            ctl: CtlConfig::default(),
+            ha: None,
+            referrals: Vec::new(),
+        };
+        // Checked by a unit test; `Target::start` validates again anyway.
+        debug_assert!(c.validate().is_ok(), "embedded default is valid");
+        c
+    }
+
+    /// The configuration as TOML that [`Config::from_toml`] reads back to
+    /// the same values (what `trellis target --check` prints).
+    pub fn to_toml(&self) -> anyhow::Result<String> {
+        Ok(toml::to_string_pretty(self)?)
+    }
+
+    /// What starting would find wrong beyond [`Config::validate`], checked
+    /// without creating, locking or binding anything: every file namespace
+    /// can be opened, or created where it does not exist.
+    pub fn preflight(&self) -> anyhow::Result<()> {
+        for s in &self.subsystems {
+            for (i, n) in s.namespaces.iter().enumerate() {
+                if n.backend != BackendKind::File {
+                    continue;
+                }
+                let id = n.nsid.unwrap_or(i as u32 + 1);
+                let path = n.path.as_deref().unwrap_or_default();
+                preflight_file(path, n)
+                    .map_err(|e| anyhow::anyhow!("file namespace {id} of {}: {e}", s.nqn))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every bound and name before anything is opened.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        use anyhow::{bail, ensure};
+        self.target.validate()?;
+        self.qos.validate(&self.tenants)?;
+        if let Some(ha) = &self.ha {
+            ha.validate()?;
+        }
+        crate::config::referral::check_referrals(&self.referrals)?;
+        ensure!(
+            !self.listeners.is_empty(),
+            "at least one [[listener]] is needed"
+        );
+        let mut nqns = std::collections::HashSet::new();
+        for s in &self.subsystems {
+            check_nqn(&s.nqn)?;
+            ensure!(
+                s.nqn != trellis_nvme::fabrics::DISCOVERY_NQN,
+                "the discovery NQN is reserved"
+            );
+            ensure!(nqns.insert(s.nqn.clone()), "duplicate subsystem {}", s.nqn);
+            ensure!(
+                s.serial.len() <= 20 && s.serial.bytes().all(|c| c.is_ascii_graphic() || c == b' '),
+                "serial {:?} of {} must be at most 20 printable ASCII characters (or leave it out to derive one)",
+                s.serial,
+                s.nqn
+            );
+            ensure!(
+                s.model.len() <= 40 && s.model.is_ascii(),
+                "model of {} must be ≤ 40 ASCII chars",
+                s.nqn
+            );
+            for h in &s.allowed_hosts {
+                check_nqn(h)?;
+            }
+            let mut hosts = std::collections::HashSet::new();
+            for h in &s.hosts {
+                check_nqn(&h.nqn)?;
+                ensure!(
+                    hosts.insert(&h.nqn),
+                    "subsystem {}: host {} is listed twice in [[subsystem.host]]",
+                    s.nqn,
+                    h.nqn
+                );
+                crate::config::keys::host_psk(h)
+                    .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn))?;
+                crate::config::keys::host_keys(h)
+                    .map_err(|e| anyhow::anyhow!("subsystem {} host {}: {e:#}", s.nqn, h.nqn))?;
+            }
+            if s.allow_any_host == Some(false) && s.allowed_hosts.is_empty() && s.hosts.is_empty() {
+                bail!("subsystem {} allows no host at all", s.nqn);
+            }
+            let mut ids = std::collections::HashSet::new();
+            for (i, n) in s.namespaces.iter().enumerate() {
+                let id = n.nsid.unwrap_or(i as u32 + 1);
+                ensure!((1..0xFFFF_FFFE).contains(&id), "nsid {id} out of range");
+                ensure!(
+                    n.ana_group != Some(0),
+                    "namespace {id} of {}: ana_group 0 is reserved: use 1 or more, or leave it out (the NSID)",
+                    s.nqn
+                );
+                ensure!(ids.insert(id), "duplicate nsid {id} in {}", s.nqn);
+                ensure!(
+                    n.block_size == 512 || n.block_size == 4096,
+                    "namespace {id} of {}: block_size {} is not supported: use 512 or 4096",
+                    s.nqn,
+                    n.block_size
+                );
+                check_ns_size(n, id, &s.nqn)?;
+                emulated::EmulatedParams::from_config(n)
+                    .map_err(|e| anyhow::anyhow!("namespace {id} of {}: {e}", s.nqn))?;
+            }
+        }
+        self.validate_identities()
+    }
+
+    /// Explicit serials and namespace identifiers: well formed, and unique
+    /// within the node (hosts merge namespaces with equal identifiers).
+    fn validate_identities(&self) -> anyhow::Result<()> {
+        use anyhow::bail;
+        let mut seen = std::collections::HashMap::new();
+        let mut once = |what: String, key: String| -> anyhow::Result<()> {
+            if let Some(first) = seen.insert(key.clone(), what.clone()) {
+                bail!("{what} repeats {first} ({key}): give each a different value, or leave it out to derive one");
+            }
+            Ok(())
+        };
+        for s in &self.subsystems {
+            if !s.serial.is_empty() {
+                once(
+                    format!("serial of {}", s.nqn),
+                    format!("serial {:?}", s.serial),
+                )?;
+            }
+            for (i, n) in s.namespaces.iter().enumerate() {
+                let at = format!("namespace {} of {}", n.nsid.unwrap_or(i as u32 + 1), s.nqn);
+                if let Some(u) = &n.uuid {
+                    let id = uuid::Uuid::parse_str(u).ok().filter(|u| !u.is_nil()).ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "{at}: uuid {u:?} is not a UUID (write 8-4-4-4-12 hex digits, not all zero, or leave it out to derive one)"
+                        )
+                    })?;
+                    once(format!("uuid of {at}"), format!("uuid {id}"))?;
+                }
+                for (name, v, len) in [("nguid", &n.nguid, 16), ("eui64", &n.eui64, 8)] {
+                    let Some(v) = v else { continue };
+                    let b = crate::sys::parse_hex_id(v, len).map_err(|why| {
+                        anyhow::anyhow!("{at}: {name} {v:?} {why} (or leave it out to derive one)")
+                    })?;
+                    once(
+                        format!("{name} of {at}"),
+                        format!("{name} {}", crate::sys::hex(&b)),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl NamespaceConfig {
+    pub fn sized(backend: BackendKind, size_bytes: u64) -> NamespaceConfig {
+        NamespaceConfig {
+            nsid: None,
+            backend,
+            size: Some(ByteSize(size_bytes)),
+            path: None,
+            block_size: 512,
+            read_only: false,
+            qos: crate::config::qos::QosMode::Off,
+            direct: true,
+            profile: None,
+            precondition: None,
+            time_scale: None,
+            uuid: None,
+            nguid: None,
+            eui64: None,
+            ana_group: None,
+        }
+    }
+}
+
+fn preflight_file(path: &str, n: &NamespaceConfig) -> anyhow::Result<()> {
+    use anyhow::{bail, Context};
+    let p = std::path::Path::new(path);
+    if !p.exists() {
+        if n.size.is_none() {
+            bail!("{path} does not exist and no size was given to create it: add --file-size SIZE (or `size` in the config), or fix the path");
+        }
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() {
+            bail!(
+                "cannot create {path}: directory {} does not exist",
+                dir.display()
+            );
+        }
+        return Ok(());
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!n.read_only)
+        .open(p)
+        .with_context(|| format!("cannot open {path}"))?;
+    let meta = f.metadata()?;
+    if meta.is_file() && meta.len() < n.block_size as u64 {
+        bail!(
+            "{path} is {} bytes, smaller than one {}-byte block",
+            meta.len(),
+            n.block_size
+        );
+    }
+    Ok(())
+}
+
+/// A namespace's size: given where needed, at least one block and a whole
+/// number of blocks (a file's `size` is what it is created with).
+fn check_ns_size(n: &NamespaceConfig, id: u32, nqn: &str) -> anyhow::Result<()> {
+    use anyhow::{bail, ensure};
+    let bs = n.block_size as u64;
+    let what = format!("{} namespace {id} of {nqn}", backend_name(n.backend));
+    match (n.backend, n.size) {
+        (BackendKind::File, _) => ensure!(
+            n.path.is_some(),
+            "{what} needs a path (`path = \"...\"`, or --file PATH)"
+        ),
+        (_, None) => bail!("{what} needs a size (`size = \"1GiB\"`, or e.g. --ram 1G)"),
+        _ => {}
+    }
+    let Some(ByteSize(size)) = n.size else {
+        return Ok(());
+    };
+    ensure!(
+        size >= bs,
+        "{what}: size {size} is less than one {bs}-byte block: give at least {bs} bytes, e.g. 64M"
+    );
+    ensure!(
+        size.is_multiple_of(bs),
+        "{what}: size {size} is not a whole number of {bs}-byte blocks: use {} or {}",
+        size / bs * bs,
+        (size / bs + 1) * bs
+    );
+    Ok(())
+}
+
+fn backend_name(b: BackendKind) -> &'static str {
+    match b {
+        BackendKind::Null => "null",
+        BackendKind::Ram => "ram",
+        BackendKind::File => "file",
+        BackendKind::Emulated => "emulated",
+    }
+}
+
+/// NQNs: "nqn." prefix, at most 223 bytes, printable ASCII.
+pub fn check_nqn(n: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        n.starts_with("nqn.")
+            && n.len() <= trellis_nvme::fabrics::NQN_MAX_LEN
+            && n.bytes().all(|c| c.is_ascii_graphic()),
+        "bad NQN {n:?}: must start with \"nqn.\", be ≤ 223 printable ASCII bytes"
+    );
+    Ok(())
+}
+
+/// The state directory when none is configured: systemd's
+/// `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/trellis`, else
+/// `$HOME/.local/state/trellis`, else `/var/lib/trellis`.
+pub fn default_state_dir() -> PathBuf {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = var("STATE_DIRECTORY") {
+        // systemd passes a colon-separated list when several are configured.
+        let first = d
+            .to_string_lossy()
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        if !first.is_empty() {
+            return PathBuf::from(first);
+        }
+    }
+    // The XDG spec ignores relative paths in these variables.
+    if let Some(d) = var("XDG_STATE_HOME").map(PathBuf::from) {
+        if d.is_absolute() {
+            return d.join("trellis");
+        }
+    }
+    if let Some(h) = var("HOME") {
+        return PathBuf::from(h).join(".local/state/trellis");
+    }
+    PathBuf::from("/var/lib/trellis")
+}
+
+/// Default bound on registrants per namespace (`target.max_registrants`).
+pub const DEFAULT_MAX_REGISTRANTS: usize = 128;
+/// The largest `target.max_registrants` accepted: REGCTL is 16 bits, and
+/// a Report of every registrant (64 bytes each) fits in 64 KiB plus header.
+pub const MAX_REGISTRANTS_LIMIT: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trellis_nvme::dhchap::DhGroup;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!("1GiB".parse::<ByteSize>().unwrap().0, 1 << 30);
+        assert_eq!("512M".parse::<ByteSize>().unwrap().0, 512 << 20);
+        assert_eq!("4096".parse::<ByteSize>().unwrap().0, 4096);
+        assert!("12 parsecs".parse::<ByteSize>().is_err());
+        // Everything the two former parsers (node and bench) accepted.
+        for (text, want) in [
+            ("4k", 4096),
+            ("4K", 4096),
+            ("4kb", 4096),
+            ("4KiB", 4096),
+            ("128K", 128 << 10),
+            ("1m", 1 << 20),
+            ("2MB", 2 << 20),
+            ("1g", 1 << 30),
+            ("1t", 1 << 40),
+            ("1TiB", 1 << 40),
+            ("512b", 512),
+            ("512", 512),
+            (" 8k ", 8192),
+        ] {
+            assert_eq!(text.parse::<ByteSize>().unwrap().0, want, "{text}");
+        }
+        assert!("99999999999T".parse::<ByteSize>().is_err(), "overflow");
+    }
+
+    #[test]
+    fn toml_config_reads_listeners_subsystems_namespaces() {
+        let c = Config::from_toml(
+            r#"
+            [target]
+            reactors = 2
+            [[listener]]
+            addr = "127.0.0.1:4420"
+            [[listener]]
+            addr = "127.0.0.1:8009"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.trellis:a"
+            allowed_hosts = ["nqn.2014-08.org.nvmexpress:uuid:1"]
+            [[subsystem.namespace]]
+            backend = "ram"
+            size = "64MiB"
+            [[subsystem.namespace]]
+            backend = "null"
+            size = 1073741824
+            nsid = 7
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.target.reactors, 2);
+        assert_eq!(c.listeners[1].kind(), ListenerKind::Discovery);
+        let named = Config::from_toml("[[listener]]\naddr = \"localhost:4420\"\n").unwrap();
+        assert!(
+            named.listeners[0].addr.ip().is_loopback(),
+            "host names resolve"
+        );
+        assert_eq!(c.listeners[0].kind(), ListenerKind::Both);
+        let s = &c.subsystems[0];
+        assert!(
+            !s.allow_any(),
+            "a host list without allow_any_host means only those hosts"
+        );
+        assert_eq!(s.namespaces[0].size, Some(ByteSize(64 << 20)));
+        assert_eq!(s.namespaces[1].nsid, Some(7));
+    }
+
+    #[test]
+    fn dhchap_host_keys_are_read_and_bad_ones_named() {
+        let base = |host: &str| {
+            format!(
+                "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"nqn.2026-11.io.trellis:a\"\n[[subsystem.host]]\nnqn = \"nqn.2014-08.org.nvmexpress:uuid:1\"\n{host}"
+            )
+        };
+        let good = "dhchap_secret = \"DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\"\ndhchap_dhgroups = [\"null\", \"ffdhe3072\"]\n";
+        let c = Config::from_toml(&base(good)).unwrap();
+        let s = &c.subsystems[0];
+        assert!(
+            !s.allow_any(),
+            "a [[subsystem.host]] list restricts the subsystem"
+        );
+        let keys = crate::config::keys::subsystem_keys(s).unwrap();
+        let k = &keys["nqn.2014-08.org.nvmexpress:uuid:1"];
+        assert_eq!(k.dhgroups, [DhGroup::Null, DhGroup::Ffdhe3072]);
+        assert_eq!(k.hashes.len(), 3);
+        for (bad, want) in [
+            ("dhchap_secret = \"DHHC-1:00:AAAA:\"\n", "dhchap_secret: decodes to 3 bytes"),
+            ("dhchap_secret = \"secret\"\n", "dhchap_secret: does not start with"),
+            (
+                "dhchap_secret = \"DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaS:\"\n",
+                "CRC-32 does not match",
+            ),
+            ("dhchap_ctrl_secret = \"DHHC-1:00:AAAA:\"\n", "needs a dhchap_secret"),
+            (
+                "dhchap_secret = \"DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\"\ndhchap_hashes = [\"md5\"]\n",
+                "dhchap_hashes: unknown \"md5\": use sha256, sha384, sha512",
+            ),
+        ] {
+            let e = Config::from_toml(&base(bad)).unwrap_err();
+            let msg = format!("{e:#}");
+            assert!(msg.contains(want), "{msg}");
+            assert!(msg.contains("host nqn.2014-08.org.nvmexpress:uuid:1"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn invalid_configs_are_refused_with_a_reason() {
+        let bad = Config::from_toml(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"bogus\"\n",
+        );
+        assert!(bad.unwrap_err().to_string().contains("bad NQN"));
+        let bad = Config::from_toml("[[listener]]\naddr = \"4420\"\n");
+        assert!(bad.unwrap_err().to_string().contains("HOST:PORT"));
+        let bad = Config::from_toml(
+            "[target]\nmax_io_size = \"3k\"\n[[listener]]\naddr = \"127.0.0.1:1\"\n",
+        );
+        assert!(bad.unwrap_err().to_string().contains("max_io_size"));
+        assert!(
+            Config::from_toml("[target]\nnonsense = 1\n").is_err(),
+            "unknown keys are errors"
+        );
+    }
+
+    fn one_ns(extra: &str) -> anyhow::Result<Config> {
+        Config::from_toml(&format!(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"nqn.x:a\"\n[[subsystem.namespace]]\n{extra}\n"
+        ))
+    }
+
+    #[test]
+    fn namespace_sizes_are_whole_blocks_and_errors_say_which_fix() {
+        let e = one_ns("backend = \"ram\"\nsize = 1000")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("size 1000 is not a whole number of 512-byte blocks: use 512 or 1024"),
+            "{e}"
+        );
+        let e = one_ns("backend = \"ram\"\nsize = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("size 0 is less than one 512-byte block"), "{e}");
+        assert!(!e.contains("needs a size"), "a size was given: {e}");
+        let e = one_ns("backend = \"null\"").unwrap_err().to_string();
+        assert!(e.contains("needs a size"), "{e}");
+        let e = one_ns("backend = \"ram\"\nsize = 8192\nblock_size = 1024")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("block_size 1024") && e.contains("512 or 4096"),
+            "{e}"
+        );
+        one_ns("backend = \"ram\"\nsize = \"1M\"\nblock_size = 4096").unwrap();
+    }
+
+    #[test]
+    fn to_toml_reads_back_to_the_same_config() {
+        let mut c = one_ns("backend = \"null\"\nsize = \"3MiB\"\nqos = \"gimbal\"").unwrap();
+        c.target.reactors = 3;
+        c.target.state_dir = Some("/tmp/x".into());
+        c.metrics.listen = Some(([127, 0, 0, 1], 9464).into());
+        c.tenants.push(crate::config::qos::TenantConfig {
+            host: "nqn.2026-11.io.x:h".into(),
+            name: "alice".into(),
+            weight: 2,
+        });
+        let text = c.to_toml().unwrap();
+        assert!(text.contains("size = \"3MiB\""), "{text}");
+        let back = Config::from_toml(&text).unwrap();
+        assert_eq!(back.to_toml().unwrap(), text);
+        assert_eq!(back.target.reactors, 3);
+        assert_eq!(back.metrics.listen, c.metrics.listen);
+        assert_eq!(back.tenants[0].weight, 2);
+        assert_eq!(
+            back.subsystems[0].namespaces[0].qos,
+            crate::config::qos::QosMode::Gimbal
+        );
+        let d = Config::embedded_default();
+        assert_eq!(
+            Config::from_toml(&d.to_toml().unwrap())
+                .unwrap()
+                .to_toml()
+                .unwrap(),
+            d.to_toml().unwrap()
+        );
+    }
+
+    #[test]
+    fn preflight_finds_files_that_cannot_be_opened_or_created() {
+        let missing =
+            one_ns("backend = \"file\"\npath = \"/nonexistent/x\"\nsize = \"1M\"").unwrap();
+        let e = missing.preflight().unwrap_err().to_string();
+        assert!(e.contains("directory /nonexistent does not exist"), "{e}");
+        let nosize = one_ns("backend = \"file\"\npath = \"/nonexistent/x\"").unwrap();
+        let e = nosize.preflight().unwrap_err().to_string();
+        assert!(e.contains("--file-size"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        let ok = one_ns(&format!(
+            "backend = \"file\"\npath = {:?}\nsize = \"1M\"",
+            p
+        ))
+        .unwrap();
+        ok.preflight().unwrap();
+        assert!(!p.exists(), "preflight creates nothing");
+    }
+}

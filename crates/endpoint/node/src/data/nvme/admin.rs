@@ -1,0 +1,918 @@
+//! Fabrics (Connect, Property Get/Set) and admin commands, dispatched by
+//! opcode as in Linux nvmet's admin-cmd.c: one handler per command.
+
+use crate::config::ListenerKind;
+use crate::data::nvme::exec::Request;
+use crate::data::nvme::exec::{Ctx, Exec, Queue, QueueCtx, QueueKind};
+use crate::state::subsystem::{Controller, Features, QueueInfo, Subsystem};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use trellis_nvme::ana;
+use trellis_nvme::fabrics::{self, cc, csts, ipo, ConnectCmd, ConnectData, PropertyCmd};
+use trellis_nvme::identify::{self, cns, ControllerInfo, ControllerType};
+use trellis_nvme::log::{self, lid, DiscoveryEntry, GetLogPage, Smart};
+use trellis_nvme::status::{generic, specific};
+use trellis_nvme::Status;
+
+/// Async event requests held per controller (AERL + 1).
+pub const AER_LIMIT: usize = 4;
+const FIRMWARE: &str = env!("CARGO_PKG_VERSION");
+
+fn invalid_param(in_data: bool, offset: u16) -> Exec {
+    Exec::DoneWith(
+        specific::CONNECT_INVALID_PARAMS.dnr(),
+        fabrics::invalid_param_dw0(in_data, offset),
+        0,
+    )
+}
+
+/// A refused Connect: the completion to send and the reason to log.
+pub(crate) struct Refusal {
+    exec: Exec,
+    why: &'static str,
+}
+
+fn refuse(exec: Exec, why: &'static str) -> Refusal {
+    Refusal { exec, why }
+}
+
+impl Queue {
+    /// Fabrics Connect: creates a controller (admin queue) or attaches an I/O
+    /// queue. Every refusal is logged at info: a host that cannot connect
+    /// otherwise sees only a status code, and the operator nothing.
+    pub(crate) fn connect(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let cmd = ConnectCmd::decode(&req.sqe);
+        let data = match connect_data(req) {
+            Ok(d) => d,
+            Err(r) => return self.refused(r, &cmd, None),
+        };
+        match self.connect_checked(ctx, &cmd, &data) {
+            Ok(e) => e,
+            Err(r) => self.refused(r, &cmd, Some(&data)),
+        }
+    }
+
+    fn refused(&self, r: Refusal, cmd: &ConnectCmd, data: Option<&ConnectData>) -> Exec {
+        let (host, sub) = data.map_or(("?", "?"), |d| (d.hostnqn.as_str(), d.subnqn.as_str()));
+        tracing::info!(
+            peer = %self.peer,
+            host = ?host,
+            subsystem = ?sub,
+            qid = cmd.qid,
+            "connect refused: {}",
+            r.why
+        );
+        r.exec
+    }
+
+    fn connect_checked(
+        &mut self,
+        ctx: &mut Ctx,
+        cmd: &ConnectCmd,
+        data: &ConnectData,
+    ) -> Result<Exec, Refusal> {
+        if cmd.recfmt != 0 {
+            let e = Exec::Done(specific::CONNECT_INCOMPATIBLE_FORMAT.dnr());
+            return Err(refuse(e, "unsupported record format"));
+        }
+        let discovery = data.subnqn == fabrics::DISCOVERY_NQN;
+        if let Some((host, subnqn)) = &self.tls_peer {
+            // The TLS PSK was the one for (host, subsystem): a Connect for
+            // another host or subsystem on this channel is refused, as the
+            // key vouches for nothing else.
+            if *host != data.hostnqn {
+                let e = Exec::DoneWith(
+                    specific::CONNECT_INVALID_HOST.dnr(),
+                    fabrics::invalid_param_dw0(true, ipo::DATA_HOSTNQN),
+                    0,
+                );
+                return Err(refuse(e, "host NQN is not the one of the TLS PSK identity"));
+            }
+            if *subnqn != data.subnqn {
+                let e = invalid_param(true, ipo::DATA_SUBNQN);
+                return Err(refuse(
+                    e,
+                    "subsystem NQN is not the one of the TLS PSK identity",
+                ));
+            }
+        }
+        let sub = if discovery {
+            None
+        } else {
+            let Some(sub) = self.reg.subsystem(&data.subnqn).cloned() else {
+                let e = invalid_param(true, ipo::DATA_SUBNQN);
+                return Err(refuse(e, "no such subsystem"));
+            };
+            if self.listener_kind == ListenerKind::Discovery {
+                let e = invalid_param(true, ipo::DATA_SUBNQN);
+                return Err(refuse(e, "subsystem not exposed on a discovery-only port"));
+            }
+            // An empty host NQN (SPDK's perf sends one) is refused only
+            // when an allow-list applies: it can never be on the list.
+            if !sub.host_allowed(&data.hostnqn) {
+                let e = Exec::DoneWith(
+                    specific::CONNECT_INVALID_HOST.dnr(),
+                    fabrics::invalid_param_dw0(true, ipo::DATA_HOSTNQN),
+                    0,
+                );
+                return Err(refuse(e, "host not allowed"));
+            }
+            Some(sub)
+        };
+        if cmd.sqsize == 0 || cmd.sqsize >= self.reg.limits.max_queue_depth {
+            let e = invalid_param(false, ipo::SQE_SQSIZE);
+            return Err(refuse(
+                e,
+                "queue size out of range (target.max_queue_depth)",
+            ));
+        }
+        if cmd.qid == 0 {
+            self.connect_admin(ctx, cmd, data, sub)
+        } else {
+            self.connect_io(cmd, data, sub)
+        }
+    }
+
+    fn connect_admin(
+        &mut self,
+        ctx: &mut Ctx,
+        cmd: &ConnectCmd,
+        data: &ConnectData,
+        sub: Option<Arc<Subsystem>>,
+    ) -> Result<Exec, Refusal> {
+        if data.cntlid != fabrics::CNTLID_DYNAMIC {
+            let e = invalid_param(true, ipo::DATA_CNTLID);
+            return Err(refuse(e, "static controller model is not offered"));
+        }
+        let max = self.reg.limits.max_controllers;
+        let map = match &sub {
+            Some(s) => &s.controllers,
+            None => &self.reg.discovery_controllers,
+        };
+        let busy = || Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
+        let mut ctrls = crate::sys::lock(map);
+        // Checked under the lock a subsystem removal holds (`livesub`).
+        if sub
+            .as_ref()
+            .is_some_and(|s| self.reg.subsystems.is_removed(s.idx))
+        {
+            let e = invalid_param(true, ipo::DATA_SUBNQN);
+            return Err(refuse(e, "subsystem removed"));
+        }
+        if ctrls.len() >= max {
+            return Err(refuse(
+                busy(),
+                "controller limit reached (target.max_controllers)",
+            ));
+        }
+        let Some(cntlid) = self.reg.alloc_cntlid(&|id| ctrls.contains_key(&id)) else {
+            return Err(refuse(busy(), "no free controller ID"));
+        };
+        let ctrl = Arc::new(Controller {
+            cntlid,
+            subsys: sub.clone(),
+            hostnqn: data.hostnqn.clone(),
+            hostid: data.hostid,
+            kato_ms: AtomicU32::new(kato_ms(cmd.kato_ms, sub.is_none(), &self.reg.limits)),
+            last_keepalive_ns: AtomicU64::new(ctx.now_ns),
+            cc: AtomicU32::new(0),
+            csts: AtomicU32::new(0),
+            io_queues: AtomicU16::new(self.reg.limits.max_io_queues),
+            connected_qids: Mutex::new(HashMap::from([(
+                0,
+                QueueInfo {
+                    sqsize: cmd.sqsize,
+                    peer: self.peer,
+                },
+            )])),
+            dead: AtomicBool::new(false),
+            async_event_config: AtomicU32::new(0),
+            portid: self.portid,
+            aen_pending: AtomicU32::new(0),
+            aen_masked: AtomicU32::new(0),
+            changed_ns: Mutex::new(Default::default()),
+            resv_log: Mutex::new(Default::default()),
+            features: Mutex::new(Features::default()),
+            errors: Mutex::new(Default::default()),
+            tenant: match &sub {
+                Some(_) => self.reg.tenants.tenant_of(&data.hostnqn),
+                None => 0,
+            },
+        });
+        ctrls.insert(cntlid, ctrl.clone());
+        drop(ctrls);
+        tracing::info!(cntlid, host = ?data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
+        self.q = Some(QueueCtx {
+            qid: 0,
+            sqsize: cmd.sqsize,
+            kind: QueueKind::Admin,
+            ctrl,
+            sqflow_disabled: cmd.disable_sqflow(),
+            sqhd: 0,
+            auth: crate::data::nvme::auth::session_for(sub.as_deref(), data),
+        });
+        Ok(crate::data::nvme::auth::connected(self.q.as_ref(), cntlid))
+    }
+
+    fn connect_io(
+        &mut self,
+        cmd: &ConnectCmd,
+        data: &ConnectData,
+        sub: Option<Arc<Subsystem>>,
+    ) -> Result<Exec, Refusal> {
+        let seq_error = || Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        let Some(sub) = sub else {
+            let e = invalid_param(false, ipo::SQE_QID);
+            return Err(refuse(e, "discovery controllers have no I/O queues"));
+        };
+        let ctrl = crate::sys::lock(&sub.controllers)
+            .get(&data.cntlid)
+            .cloned();
+        let Some(ctrl) = ctrl.filter(|c| c.hostnqn == data.hostnqn && !c.dead.load(Relaxed)) else {
+            let e = invalid_param(true, ipo::DATA_CNTLID);
+            return Err(refuse(e, "no live controller with this ID for this host"));
+        };
+        if cmd.qid > ctrl.io_queues.load(Relaxed) {
+            let e = invalid_param(false, ipo::SQE_QID);
+            return Err(refuse(e, "queue ID above the granted number of I/O queues"));
+        }
+        if !ctrl.ready() {
+            return Err(refuse(seq_error(), "controller not enabled (CSTS.RDY 0)"));
+        }
+        let info = QueueInfo {
+            sqsize: cmd.sqsize,
+            peer: self.peer,
+        };
+        match crate::sys::lock(&ctrl.connected_qids).entry(cmd.qid) {
+            std::collections::hash_map::Entry::Occupied(_) => {
+                return Err(refuse(seq_error(), "queue already connected"));
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(info);
+            }
+        }
+        tracing::debug!(
+            cntlid = ctrl.cntlid,
+            qid = cmd.qid,
+            sqsize = cmd.sqsize,
+            "I/O queue connected"
+        );
+        self.q = Some(QueueCtx {
+            qid: cmd.qid,
+            sqsize: cmd.sqsize,
+            kind: QueueKind::Io,
+            ctrl,
+            sqflow_disabled: cmd.disable_sqflow(),
+            sqhd: 0,
+            auth: crate::data::nvme::auth::session_for(Some(&sub), data),
+        });
+        Ok(crate::data::nvme::auth::connected(
+            self.q.as_ref(),
+            data.cntlid,
+        ))
+    }
+}
+
+/// KATO from Connect; a discovery controller connected with 0 gets the
+/// discovery idle timeout, as nvmet gives NVMET_DISC_KATO_MS (120 s), so
+/// Get Features KATO reports what reaps the controller.
+fn kato_ms(asked: u32, discovery: bool, l: &crate::config::TargetConfig) -> u32 {
+    match asked {
+        0 if discovery => l
+            .discovery_idle_timeout_s
+            .saturating_mul(1000)
+            .min(u32::MAX as u64) as u32,
+        k => k,
+    }
+}
+
+/// The Connect data (the command table admits exactly its 1024 bytes).
+fn connect_data(req: &Request) -> Result<ConnectData, Refusal> {
+    ConnectData::decode(req.buf.slice(fabrics::CONNECT_DATA_LEN))
+        .map_err(|bad| refuse(invalid_param(true, bad.0), "malformed Connect data"))
+}
+
+impl Queue {
+    pub(crate) fn property_get(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let p = PropertyCmd::decode(&req.sqe);
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let cap = fabrics::cap(self.reg.limits.max_queue_depth - 1, 15);
+        let v: u64 = match (p.offset, p.size8) {
+            (fabrics::prop::CAP, true) => cap,
+            (fabrics::prop::CAP, false) => cap & 0xffff_ffff,
+            (0x04, false) => cap >> 32,
+            (fabrics::prop::VS, false) => fabrics::VS_1_4 as u64,
+            (fabrics::prop::CC, false) => ctrl.cc.load(Relaxed) as u64,
+            (fabrics::prop::CSTS, false) => ctrl.csts.load(Relaxed) as u64,
+            (fabrics::prop::NSSR, false) => 0,
+            _ => return Exec::Done(generic::INVALID_FIELD.dnr()),
+        };
+        Exec::DoneWith(Status::SUCCESS, v as u32, (v >> 32) as u32)
+    }
+
+    pub(crate) fn property_set(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let p = PropertyCmd::decode(&req.sqe);
+        if p.offset != fabrics::prop::CC || p.size8 {
+            return Exec::Done(generic::INVALID_FIELD.dnr());
+        }
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let new = p.value as u32;
+        let old = ctrl.cc.swap(new, Relaxed);
+        if new & cc::EN != 0 && old & cc::EN == 0 {
+            if cc_valid(new, ctrl.is_discovery()) {
+                ctrl.csts.fetch_or(csts::RDY, Relaxed);
+                ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+            } else {
+                tracing::warn!(
+                    cntlid = ctrl.cntlid,
+                    "CC {new:#x} invalid; controller fatal status"
+                );
+                ctrl.csts.fetch_or(csts::CFS, Relaxed);
+            }
+        }
+        if new & cc::EN == 0 && old & cc::EN != 0 {
+            ctrl.csts.fetch_and(!csts::RDY, Relaxed); // controller reset
+        }
+        let (shn_new, shn_old) = (new & cc::SHN_MASK, old & cc::SHN_MASK);
+        if shn_new != 0 && shn_old == 0 {
+            // A shutdown notification: make every acknowledged write durable
+            // before reporting shutdown complete.
+            if ctrl.subsys.is_some() {
+                for ns in &self.sub_ns().namespaces {
+                    if let Err(e) = ns.backend.sync_all() {
+                        tracing::error!("flush of nsid {} at shutdown failed: {e}", ns.nsid);
+                    }
+                }
+            }
+            ctrl.csts.fetch_or(csts::SHST_COMPLETE, Relaxed);
+        } else if shn_new == 0 && shn_old != 0 {
+            ctrl.csts.fetch_and(!(0x3 << 2), Relaxed);
+        }
+        Exec::Done(Status::SUCCESS)
+    }
+
+    /// This queue's controller (every queue past Connect has one).
+    pub fn ctrl(&self) -> Option<Arc<Controller>> {
+        self.q.as_ref().map(|q| q.ctrl.clone())
+    }
+
+    pub(crate) fn abort(&mut self, _ctx: &mut Ctx, _req: &mut Request) -> Exec {
+        Exec::DoneWith(Status::SUCCESS, 1, 0) // bit 0: command not aborted
+    }
+
+    fn controller_info(&self, ctrl: &Controller) -> ControllerInfo {
+        let l = &self.reg.limits;
+        let mdts = (l.max_io_size.0 / 4096).trailing_zeros() as u8;
+        match &ctrl.subsys {
+            Some(sub) => ControllerInfo {
+                kind: ControllerType::Io,
+                serial: sub.serial.clone(),
+                model: sub.model.clone(),
+                firmware: FIRMWARE.into(),
+                cntlid: ctrl.cntlid,
+                version: fabrics::VS_1_4,
+                mdts,
+                subnqn: sub.nqn.clone(),
+                nn: self.reg.nn,
+                icd_bytes: l.in_capsule_data.0 as u32,
+                maxcmd: l.max_queue_depth,
+                vwc: true,
+                kas: 10,
+                aerl: AER_LIMIT as u8 - 1,
+                // OAES bits 8 and 11: namespace attribute and ANA change notices.
+                oaes: crate::state::aen::SUPPORTED,
+                ana: Some(self.reg.ana_caps()),
+                reservations: true,
+            },
+            None => ControllerInfo {
+                kind: ControllerType::Discovery,
+                serial: "TRELLIS-DISCOVERY".into(),
+                model: "Trellis Discovery".into(),
+                firmware: FIRMWARE.into(),
+                cntlid: ctrl.cntlid,
+                version: fabrics::VS_1_4,
+                mdts,
+                subnqn: fabrics::DISCOVERY_NQN.into(),
+                nn: 0,
+                icd_bytes: 0,
+                maxcmd: l.max_queue_depth,
+                vwc: false,
+                kas: 10,
+                aerl: AER_LIMIT as u8 - 1,
+                // OAES bit 31: Discovery Log Page Change notices.
+                oaes: crate::state::aen::DISCOVERY_SUPPORTED,
+                ana: None,
+                reservations: false,
+            },
+        }
+    }
+
+    pub(crate) fn identify(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let ctrl = &*ctrl;
+        let sqe = &req.sqe;
+        let c = (sqe.cdw10() & 0xff) as u8;
+        let csi = (sqe.cdw11() >> 24) as u8;
+        let nsid = sqe.nsid();
+        let mut page = std::mem::take(ctx.scratch);
+        page.clear();
+        page.resize(identify::IDENTIFY_LEN, 0);
+        let r = match (&ctrl.subsys, c) {
+            (_, cns::CONTROLLER) => {
+                identify::encode_controller(&self.controller_info(ctrl), &mut page);
+                Ok(())
+            }
+            (None, _) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(_), cns::NAMESPACE) => match self.namespace(nsid) {
+                Some(ns) => {
+                    identify::encode_namespace(&ns.identify_info(), &mut page);
+                    Ok(())
+                }
+                // An inactive NSID within NN reads as zeroes (NCAP 0).
+                None if nsid != 0 && nsid <= self.reg.nn => Ok(()),
+                None => Err(generic::INVALID_NAMESPACE.dnr()),
+            },
+            (Some(_), cns::ACTIVE_NS_LIST) if nsid < 0xFFFF_FFFE => {
+                let nsids = self.sub_ns().namespaces.iter().map(|n| n.nsid);
+                identify::encode_ns_list(nsids, nsid, &mut page);
+                Ok(())
+            }
+            (Some(_), cns::NS_ID_DESCRIPTORS) => match self.namespace(nsid) {
+                Some(ns) => {
+                    identify::encode_ns_descriptors(&ns.info, &mut page);
+                    Ok(())
+                }
+                None => Err(generic::INVALID_NAMESPACE.dnr()),
+            },
+            // NVM command set specific structures: no limits to report.
+            (Some(_), cns::CSI_CONTROLLER | cns::CSI_NAMESPACE) if csi == 0 => Ok(()),
+            _ => Err(generic::INVALID_FIELD.dnr()),
+        };
+        let e = match r {
+            Ok(()) => req.reply_data(&page),
+            Err(st) => Exec::Done(st),
+        };
+        *ctx.scratch = page;
+        e
+    }
+
+    pub(crate) fn get_log_page(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let ctrl = &*ctrl;
+        let sqe = &req.sqe;
+        // The command table has checked NUMD against the transfer length.
+        let lp = GetLogPage::decode(sqe);
+        if !lp.offset_bytes.is_multiple_of(4) {
+            return Exec::Done(generic::INVALID_FIELD.dnr());
+        }
+        let mut page = std::mem::take(ctx.scratch);
+        page.clear();
+        let r = match (&ctrl.subsys, lp.lid) {
+            (None, lid::DISCOVERY) => {
+                self.discovery_log(ctrl, &mut page);
+                // Reading it with RAE clear re-arms the change notice,
+                // as nvmet's `nvmet_clear_aen_bit` in discovery.c.
+                if !lp.rae {
+                    crate::state::aen::acknowledge(ctrl, lid::DISCOVERY);
+                }
+                Ok(())
+            }
+            (None, _) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(_), lid::DISCOVERY) => Err(generic::INVALID_FIELD.dnr()),
+            (Some(_), lid::ANA) => {
+                self.ana_log(ctrl, &lp, &mut page);
+                Ok(())
+            }
+            (Some(_), lid::CHANGED_NS_LIST) => {
+                // Cleared, and the notice unmasked, when read with RAE
+                // clear (NVMe Base 2.0 §5.16.1.5, §5.2).
+                crate::sys::lock(&ctrl.changed_ns).encode(&mut page, !lp.rae);
+                if !lp.rae {
+                    crate::state::aen::acknowledge(ctrl, lid::CHANGED_NS_LIST);
+                }
+                Ok(())
+            }
+            (Some(_), lid::RESERVATION) => {
+                resv_log(ctrl, lp.rae, &mut page);
+                Ok(())
+            }
+            (Some(sub), crate::data::qos::VIEW_LID) => {
+                let nss = self.ns.clone();
+                crate::data::qos::view_log(
+                    ctx,
+                    nss.sub(sub.idx),
+                    ctrl.tenant,
+                    sqe.nsid(),
+                    &mut page,
+                )
+            }
+            (Some(_), l) => self.io_log(l, sqe.nsid(), ctrl, &mut page),
+        };
+        let e = match r {
+            Ok(()) => {
+                let len = lp.len_bytes as usize;
+                log::copy_window(&page, lp.offset_bytes, req.buf.slice_mut(len));
+                Exec::Done(Status::SUCCESS)
+            }
+            Err(st) => Exec::Done(st),
+        };
+        *ctx.scratch = page;
+        e
+    }
+
+    fn io_log(
+        &mut self,
+        l: u8,
+        nsid: u32,
+        ctrl: &Controller,
+        page: &mut Vec<u8>,
+    ) -> Result<(), Status> {
+        match l {
+            lid::SUPPORTED_LOGS => {
+                page.resize(1024, 0);
+                let mut lids = vec![
+                    lid::SUPPORTED_LOGS,
+                    lid::ERROR,
+                    lid::SMART,
+                    lid::FIRMWARE_SLOT,
+                    lid::CHANGED_NS_LIST,
+                    lid::COMMANDS_EFFECTS,
+                    crate::data::qos::VIEW_LID,
+                    lid::RESERVATION,
+                ];
+                lids.push(lid::ANA);
+                log::encode_supported_logs(&lids, page);
+            }
+            lid::ERROR => {
+                let errs = crate::sys::lock(&ctrl.errors);
+                page.resize(crate::state::subsystem::ERROR_LOG_ENTRIES * 64, 0);
+                for (i, e) in errs.entries.iter().enumerate() {
+                    e.encode(&mut page[i * 64..]);
+                }
+            }
+            lid::SMART => {
+                page.resize(log::SMART_LEN, 0);
+                self.smart(nsid, ctrl)?.encode(page);
+            }
+            lid::FIRMWARE_SLOT => {
+                page.resize(512, 0);
+                page[0] = 1; // active firmware in slot 1
+                trellis_nvme::put_ascii_padded(&mut page[8..16], FIRMWARE);
+            }
+            lid::COMMANDS_EFFECTS => {
+                page.resize(4096, 0);
+                crate::data::nvme::cmd::effects_log(page);
+            }
+            _ => return Err(generic::INVALID_FIELD.dnr()),
+        }
+        Ok(())
+    }
+
+    /// The ANA log (LID 0Ch) as this controller's listener reports it:
+    /// every ANA group of the subsystem, with its NSIDs unless the host set
+    /// RGO. Reading it with RAE clear re-arms the ANA change event.
+    fn ana_log(&self, ctrl: &Controller, lp: &GetLogPage, page: &mut Vec<u8>) {
+        let rgo = lp.lsp & ana::LSP_RGO != 0;
+        self.reg
+            .ana
+            .log(ctrl.portid, &self.sub_ns().ana_groups)
+            .encode(rgo, page);
+        if !lp.rae {
+            crate::state::aen::acknowledge(ctrl, lid::ANA);
+        }
+    }
+
+    /// SMART / health from the live counters: all namespaces for NSID 0 or
+    /// FFFFFFFFh, else the one named.
+    fn smart(&mut self, nsid: u32, ctrl: &Controller) -> Result<Smart, Status> {
+        self.flush_stats();
+        let sub_ns = self.sub_ns();
+        let nss: Vec<_> = if nsid == 0 || nsid == 0xFFFF_FFFF {
+            sub_ns.namespaces.iter().collect()
+        } else {
+            vec![sub_ns
+                .namespace(nsid)
+                .ok_or(generic::INVALID_NAMESPACE.dnr())?]
+        };
+        let mut s = Smart {
+            available_spare_pct: 100,
+            ..Default::default()
+        };
+        let (mut rb, mut wb) = (0u64, 0u64);
+        for ns in nss {
+            rb += ns.stats.read_bytes.load(Relaxed);
+            wb += ns.stats.write_bytes.load(Relaxed);
+            s.host_read_commands += ns.stats.read_cmds.load(Relaxed) as u128;
+            s.host_write_commands += ns.stats.write_cmds.load(Relaxed) as u128;
+            s.media_errors += ns.stats.media_errors.load(Relaxed) as u128;
+        }
+        s.data_units_read = log::data_units(rb);
+        s.data_units_written = log::data_units(wb);
+        s.power_on_hours = self.reg.uptime_hours() as u128;
+        s.unsafe_shutdowns = self.reg.unsafe_shutdowns.load(Relaxed) as u128;
+        s.error_log_entries = crate::sys::lock(&ctrl.errors).count as u128;
+        Ok(s)
+    }
+
+    /// The discovery log as this host sees it: our own entry, then one entry
+    /// per (allowed subsystem, I/O listener).
+    fn discovery_log(&self, ctrl: &Controller, page: &mut Vec<u8>) {
+        let mut entries = Vec::new();
+        let here = self.reg.listeners.iter().find(|l| l.portid == self.portid);
+        let addr_of = |a: std::net::SocketAddr| {
+            // Never advertise 0.0.0.0: report the address the host reached us on.
+            if a.ip().is_unspecified() {
+                self.local.ip()
+            } else {
+                a.ip()
+            }
+        };
+        // TREQ and TSAS say whether the listener speaks TLS 1.3 and whether
+        // it must be used (nvmet refuses "not specified" with TLS 1.3);
+        // SQ flow control disable is supported everywhere.
+        let entry = |sub_type, nqn: &str, l: &crate::state::subsystem::ListenerInfo| {
+            let (treq, sectype) = match l.secure {
+                None => (log::treq::NOT_REQUIRED, log::sectype::NONE),
+                Some(crate::config::SecureChannel::Required) => {
+                    (log::treq::REQUIRED, log::sectype::TLS13)
+                }
+                Some(crate::config::SecureChannel::Optional) => {
+                    (log::treq::NOT_REQUIRED, log::sectype::TLS13)
+                }
+            };
+            DiscoveryEntry {
+                adrfam: if addr_of(l.addr).is_ipv4() { 1 } else { 2 },
+                subtype: sub_type,
+                treq: treq | log::treq::SQFLOW_DISABLE,
+                portid: l.portid,
+                trsvcid: l.addr.port().to_string(),
+                subnqn: nqn.into(),
+                traddr: addr_of(l.addr).to_string(),
+                sectype,
+            }
+        };
+        if let Some(l) = here {
+            entries.push(entry(
+                log::subtype::CURRENT_DISCOVERY,
+                fabrics::DISCOVERY_NQN,
+                l,
+            ));
+        }
+        for sub in self
+            .reg
+            .subsystems
+            .iter()
+            .filter(|s| s.host_allowed(&ctrl.hostnqn))
+        {
+            for l in self
+                .reg
+                .listeners
+                .iter()
+                .filter(|l| l.kind == ListenerKind::Both)
+            {
+                entries.push(entry(log::subtype::NVME, &sub.nqn, l));
+            }
+        }
+        self.reg.disc.extend_entries(&mut entries);
+        log::encode_discovery_log(self.reg.discovery_genctr.load(Relaxed), &entries, page);
+    }
+
+    pub(crate) fn set_features(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let sqe = &req.sqe;
+        let fid = (sqe.cdw10() & 0xff) as u8;
+        let v = sqe.cdw11();
+        if sqe.cdw10() & (1 << 31) != 0 {
+            return Exec::Done(specific::FEATURE_NOT_SAVEABLE.dnr());
+        }
+        let disc = ctrl.is_discovery();
+        let mut f = crate::sys::lock(&ctrl.features);
+        match fid {
+            feat::KATO => {
+                ctrl.kato_ms.store(v, Relaxed);
+                ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+            }
+            feat::ASYNC_EVENT_CONFIG => {
+                let allowed = if disc {
+                    crate::state::aen::DISCOVERY_SUPPORTED
+                } else {
+                    0x0000_0BFF
+                };
+                if v & !allowed != 0 {
+                    return Exec::Done(generic::INVALID_FIELD.dnr());
+                }
+                ctrl.async_event_config.store(v, Relaxed);
+            }
+            _ if disc => return Exec::Done(generic::INVALID_FIELD.dnr()),
+            feat::NUM_QUEUES => {
+                let (nsq, ncq) = (v & 0xffff, v >> 16);
+                if nsq == 0xffff || ncq == 0xffff {
+                    return Exec::Done(generic::INVALID_FIELD.dnr());
+                }
+                let n = (nsq.max(ncq) + 1).min(self.reg.limits.max_io_queues as u32);
+                ctrl.io_queues.store(n as u16, Relaxed);
+                return Exec::DoneWith(Status::SUCCESS, (n - 1) | (n - 1) << 16, 0);
+            }
+            feat::ARBITRATION => f.arbitration = v,
+            feat::POWER_MGMT if v & 0x1f == 0 => f.power_mgmt = v, // one power state
+            feat::TEMP_THRESHOLD => f.temp_threshold = v,
+            feat::ERROR_RECOVERY => f.error_recovery = v,
+            feat::WRITE_CACHE => f.write_cache = v & 1,
+            feat::IRQ_COALESCING => f.irq_coalescing = v,
+            feat::IRQ_CONFIG => f.irq_config = v,
+            feat::WRITE_ATOMICITY => f.write_atomicity = v,
+            feat::RESV_MASK | feat::RESV_PERSIST => {
+                drop(f);
+                return Exec::Done(match self.set_resv_feature(&ctrl, fid, sqe.nsid(), v) {
+                    Ok(()) => Status::SUCCESS,
+                    Err(st) => st,
+                });
+            }
+            _ => return Exec::Done(generic::INVALID_FIELD.dnr()),
+        }
+        Exec::Done(Status::SUCCESS)
+    }
+
+    /// Set Features Reservation Notification Mask (82h; NSID FFFFFFFFh:
+    /// every namespace) or Reservation Persistence (83h; one namespace).
+    fn set_resv_feature(
+        &self,
+        ctrl: &Controller,
+        fid: u8,
+        nsid: u32,
+        v: u32,
+    ) -> Result<(), Status> {
+        let bad_ns = generic::INVALID_NAMESPACE.dnr();
+        if fid == feat::RESV_MASK {
+            if v & !crate::state::resv::MASK_BITS != 0 {
+                return Err(generic::INVALID_FIELD.dnr());
+            }
+            if nsid != u32::MAX && self.namespace(nsid).is_none() {
+                return Err(bad_ns);
+            }
+            crate::sys::lock(&ctrl.resv_log).set_mask(nsid, v);
+            return Ok(());
+        }
+        let ns = self.namespace(nsid).ok_or(bad_ns)?;
+        ns.resv.set_ptpl(v & 1 != 0)
+    }
+
+    /// Get Features 82h / 83h for namespace `nsid`.
+    fn get_resv_feature(&self, ctrl: &Controller, fid: u8, nsid: u32) -> Result<u32, Status> {
+        if fid == feat::RESV_MASK && nsid == u32::MAX {
+            return Ok(crate::sys::lock(&ctrl.resv_log).mask(nsid));
+        }
+        let ns = self
+            .namespace(nsid)
+            .ok_or(generic::INVALID_NAMESPACE.dnr())?;
+        Ok(match fid {
+            feat::RESV_MASK => crate::sys::lock(&ctrl.resv_log).mask(nsid),
+            _ => ns.resv.snapshot().ptpl as u32,
+        })
+    }
+
+    pub(crate) fn get_features(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        let sqe = req.sqe;
+        let fid = (sqe.cdw10() & 0xff) as u8;
+        let sel = (sqe.cdw10() >> 8) & 0x7;
+        let disc = ctrl.is_discovery();
+        let known = matches!(fid, feat::KATO | feat::ASYNC_EVENT_CONFIG)
+            || (!disc
+                && (fid == feat::NUM_QUEUES
+                    || fid == feat::HOST_ID
+                    || fid == feat::RESV_MASK
+                    || fid == feat::RESV_PERSIST
+                    || (feat::ARBITRATION..=feat::WRITE_ATOMICITY).contains(&fid) && fid != 0x03));
+        if !known {
+            return Exec::Done(generic::INVALID_FIELD.dnr());
+        }
+        if sel == 3 {
+            return Exec::DoneWith(Status::SUCCESS, 0x4, 0); // changeable, not saveable
+        }
+        let d = if sel == 1 {
+            Features::default()
+        } else {
+            crate::sys::lock(&ctrl.features).clone()
+        };
+        let v = match fid {
+            feat::KATO => ctrl.kato_ms.load(Relaxed),
+            feat::ASYNC_EVENT_CONFIG => ctrl.async_event_config.load(Relaxed),
+            feat::NUM_QUEUES => {
+                let n = ctrl.io_queues.load(Relaxed) as u32;
+                (n - 1) | (n - 1) << 16
+            }
+            feat::HOST_ID => {
+                if sqe.cdw11() & 1 == 0 || req.xfer_len < 16 {
+                    return Exec::Done(generic::INVALID_FIELD.dnr()); // only the 128-bit host ID
+                }
+                let id = ctrl.hostid;
+                return req.reply_data(&id);
+            }
+            feat::ARBITRATION => d.arbitration,
+            feat::POWER_MGMT => d.power_mgmt,
+            feat::TEMP_THRESHOLD => d.temp_threshold,
+            feat::ERROR_RECOVERY => d.error_recovery,
+            feat::WRITE_CACHE => d.write_cache,
+            feat::IRQ_COALESCING => d.irq_coalescing,
+            feat::IRQ_CONFIG => d.irq_config,
+            feat::WRITE_ATOMICITY => d.write_atomicity,
+            feat::RESV_MASK | feat::RESV_PERSIST => {
+                match self.get_resv_feature(&ctrl, fid, sqe.nsid()) {
+                    Ok(v) => v,
+                    Err(st) => return Exec::Done(st),
+                }
+            }
+            _ => unreachable!(),
+        };
+        Exec::DoneWith(Status::SUCCESS, v, 0)
+    }
+
+    /// AERs are held until an event; the controller keeps at most AER_LIMIT.
+    pub(crate) fn async_event_request(&mut self, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+        if self.aers.len() >= AER_LIMIT {
+            return Exec::Done(specific::AER_LIMIT_EXCEEDED);
+        }
+        if let Some(dw0) = self.take_event() {
+            return Exec::DoneWith(Status::SUCCESS, dw0, 0);
+        }
+        self.aers.push(req.slot());
+        Exec::Held
+    }
+
+    /// The completion DW0 of an asynchronous event raised on this queue's
+    /// controller and not yet sent (`Controller::raise_event`), taking it.
+    pub(crate) fn take_event(&self) -> Option<u32> {
+        crate::state::aen::take(&self.q.as_ref()?.ctrl)
+    }
+}
+
+impl Queue {
+    pub(crate) fn keep_alive(&mut self, ctx: &mut Ctx, _req: &mut Request) -> Exec {
+        let Some(ctrl) = self.ctrl() else {
+            return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        };
+        if ctrl.kato_ms.load(Relaxed) == 0 && !ctrl.is_discovery() {
+            return Exec::Done(generic::KEEP_ALIVE_INVALID);
+        }
+        ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+        Exec::Done(Status::SUCCESS)
+    }
+}
+
+/// On enable, the controller configuration must match what we implement.
+fn cc_valid(v: u32, discovery: bool) -> bool {
+    let css = (v >> 4) & 0x7;
+    let mps = (v >> 7) & 0xf;
+    let ams = (v >> 11) & 0x7;
+    let iosqes = (v >> 16) & 0xf;
+    let iocqes = (v >> 20) & 0xf;
+    let queues_ok = discovery || (iosqes == 6 && iocqes == 4);
+    (css == 0 || css == 6) && mps == 0 && ams == 0 && queues_ok
+}
+
+/// Feature identifiers.
+mod feat {
+    pub const ARBITRATION: u8 = 0x01;
+    pub const POWER_MGMT: u8 = 0x02;
+    pub const TEMP_THRESHOLD: u8 = 0x04;
+    pub const ERROR_RECOVERY: u8 = 0x05;
+    pub const WRITE_CACHE: u8 = 0x06;
+    pub const NUM_QUEUES: u8 = 0x07;
+    pub const IRQ_COALESCING: u8 = 0x08;
+    pub const IRQ_CONFIG: u8 = 0x09;
+    pub const WRITE_ATOMICITY: u8 = 0x0A;
+    pub const ASYNC_EVENT_CONFIG: u8 = 0x0B;
+    pub const KATO: u8 = 0x0F;
+    pub const HOST_ID: u8 = 0x81;
+    pub const RESV_MASK: u8 = 0x82;
+    pub const RESV_PERSIST: u8 = 0x83;
+}
+
+/// One page of the Reservation Notification log (LID 80h): the oldest
+/// notice, taken. Read with RAE clear, it re-arms the event, raised again
+/// at once while notices remain.
+fn resv_log(ctrl: &Controller, rae: bool, page: &mut Vec<u8>) {
+    let mut log = crate::sys::lock(&ctrl.resv_log);
+    page.resize(trellis_nvme::resv::LOG_LEN, 0);
+    log.pop().encode(page);
+    if !rae {
+        crate::state::aen::acknowledge(ctrl, lid::RESERVATION);
+        if !log.is_empty() {
+            ctrl.raise_ungated(crate::state::aen::RESV_LOG);
+        }
+    }
+}

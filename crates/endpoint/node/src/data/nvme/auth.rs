@@ -1,0 +1,418 @@
+//! NVMe in-band authentication, controller side: the DH-HMAC-CHAP
+//! transaction of one queue (NVMe Base 2.0 §8.13.5) as a sans-IO state
+//! machine. The Authentication Send handler feeds it the host's messages
+//! ([`Session::send`]), the Authentication Receive handler takes the
+//! controller's ([`Session::receive`]); randomness comes in through a
+//! closure, so tests are deterministic and no socket is needed.
+//!
+//! The sequence, as Linux's nvmet runs it (drivers/nvme/target/
+//! fabrics-cmd-auth.c): Negotiate (host) → Challenge (controller) → Reply
+//! (host) → Success1 (controller) → Success2 (host, bidirectional only). Any
+//! error turns into an AUTH_Failure1 for the host's next Receive, after which
+//! the transaction is over: the queue stays unauthenticated and refuses every
+//! other command, so the host can only disconnect. A Negotiate on an
+//! authenticated queue starts re-authentication.
+
+use crate::config::keys::HostKeys;
+use crate::data::nvme::exec::{Command, Ctx, Exec, Queue, QueueCtx, Request};
+use crate::state::subsystem::Subsystem;
+use std::sync::Arc;
+use trellis_nvme::auth::{failure, BadMessage, Challenge, Failure, Message, Negotiate, Reply};
+use trellis_nvme::auth::{AuthCmd, CONNECT_AUTHREQ_ATR};
+use trellis_nvme::auth::{Success1, MAX_MSG_LEN};
+use trellis_nvme::dhchap::{self, DhGroup, DhKey, HashId, ResponseInput};
+use trellis_nvme::fabrics::{fctype, ConnectData};
+use trellis_nvme::sqe::admin::FABRICS;
+use trellis_nvme::status::generic;
+use trellis_nvme::Status;
+
+/// Where the transaction is: what the host must do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Waiting for AUTH_Negotiate (Send).
+    Negotiate,
+    /// Negotiated: the host receives the Challenge.
+    Challenge,
+    /// Waiting for the Reply (Send).
+    Reply,
+    /// The host receives Success1.
+    Success1,
+    /// Waiting for Success2 (Send), bidirectional only.
+    Success2,
+    /// The host receives AUTH_Failure1 (explanation in `Session::failure`).
+    Failure1,
+    /// Transaction over, successfully.
+    Done,
+    /// Transaction over, failed: nothing but Disconnect is left.
+    Failed,
+}
+
+/// The negotiated parameters and values of the current transaction.
+struct Exchange {
+    t_id: u16,
+    hash: HashId,
+    group: DhGroup,
+    dh: Option<DhKey>,
+    c1: Vec<u8>,
+    s1: u32,
+    session_key: Option<Vec<u8>>,
+    /// C2 and S2 when the host authenticates the controller too.
+    c2: Option<(Vec<u8>, u32)>,
+}
+
+/// One queue's authentication state.
+pub struct Session {
+    keys: Arc<HostKeys>,
+    hostnqn: String,
+    subnqn: String,
+    step: Step,
+    failure: u8,
+    x: Option<Exchange>,
+    authenticated: bool,
+}
+
+/// Fills a buffer with cryptographically secure random bytes.
+pub type Rng<'a> = &'a mut dyn FnMut(&mut [u8]);
+
+/// The operating system's generator, for the target.
+pub fn os_rng(buf: &mut [u8]) {
+    use rand::RngCore;
+    rand::rngs::OsRng.fill_bytes(buf);
+}
+
+impl Session {
+    pub fn new(keys: Arc<HostKeys>, hostnqn: &str, subnqn: &str) -> Session {
+        Session {
+            keys,
+            hostnqn: hostnqn.to_string(),
+            subnqn: subnqn.to_string(),
+            step: Step::Negotiate,
+            failure: 0,
+            x: None,
+            authenticated: false,
+        }
+    }
+
+    /// Whether the queue may run other commands.
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+
+    /// Whether the last transaction failed (for logs and tests).
+    pub fn failed(&self) -> bool {
+        matches!(self.step, Step::Failure1 | Step::Failed)
+    }
+
+    /// Authentication Send: one message from the host. Protocol errors are
+    /// not command errors: they become the next Receive's AUTH_Failure1.
+    pub fn send(&mut self, data: &[u8]) -> Result<(), Status> {
+        if self.step == Step::Failed {
+            return Err(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        }
+        let msg = match Message::decode(data) {
+            Ok(m) => m,
+            Err(BadMessage(why)) => {
+                self.fail(why);
+                return Ok(());
+            }
+        };
+        let r = match (self.step, msg) {
+            // A Negotiate (re)starts a transaction at any step.
+            (_, Message::Negotiate(n)) => self.negotiate(&n),
+            (Step::Reply, Message::Reply(r)) => self.reply(&r),
+            (Step::Success2, Message::Success2 { t_id }) if Some(t_id) == self.t_id() => {
+                self.authenticated = true;
+                self.step = Step::Done;
+                Ok(())
+            }
+            (_, Message::Failure2(f)) => {
+                tracing::info!(host = %self.hostnqn, explanation = f.explanation, "host reported authentication failure");
+                self.authenticated = false;
+                self.step = Step::Failed;
+                Ok(())
+            }
+            _ => Err(failure::INCORRECT_MESSAGE),
+        };
+        if let Err(why) = r {
+            self.fail(why);
+        }
+        Ok(())
+    }
+
+    /// Authentication Receive of `al` bytes: the controller's next message,
+    /// zero-padded to `al` as Linux's target does.
+    pub fn receive(&mut self, al: usize, rng: Rng) -> Result<Vec<u8>, Status> {
+        let msg = match self.step {
+            Step::Challenge => match self.challenge(rng) {
+                Ok(m) => m,
+                Err(why) => self.failure1(why),
+            },
+            Step::Success1 => self.success1(),
+            Step::Failure1 => {
+                let why = self.failure;
+                self.failure1(why)
+            }
+            // Nothing to receive now: the transaction fails (as in nvmet).
+            _ => self.failure1(failure::FAILED),
+        };
+        let mut b = msg.encode();
+        if b.len() > al || al > MAX_MSG_LEN {
+            // The host's buffer cannot hold the message: nothing is sent,
+            // and the transaction cannot go on.
+            self.step = Step::Failed;
+            self.authenticated = false;
+            return Err(generic::INVALID_FIELD.dnr());
+        }
+        b.resize(al, 0);
+        Ok(b)
+    }
+
+    fn t_id(&self) -> Option<u16> {
+        self.x.as_ref().map(|x| x.t_id)
+    }
+
+    fn fail(&mut self, why: u8) {
+        tracing::info!(host = %self.hostnqn, subsystem = %self.subnqn, explanation = why, "authentication failed");
+        self.failure = why;
+        self.step = Step::Failure1;
+    }
+
+    fn failure1(&mut self, why: u8) -> Message {
+        self.step = Step::Failed;
+        self.authenticated = false;
+        Message::Failure1(Failure {
+            t_id: self.t_id().unwrap_or(0),
+            reason: failure::REASON_FAILED,
+            explanation: why,
+        })
+    }
+
+    /// Picks the first hash and DH group of ours that the host offers.
+    fn negotiate(&mut self, n: &Negotiate) -> Result<(), u8> {
+        // A new transaction: forget the old one's values (its transaction
+        // ID identifies a Failure1 for this one).
+        self.x = None;
+        if n.sc_c != 0 {
+            return Err(failure::CONCAT_MISMATCH);
+        }
+        let hash = self
+            .keys
+            .hashes
+            .iter()
+            .copied()
+            .find(|h| n.hash_ids.contains(&(*h as u8)));
+        let hash = hash.ok_or(failure::HASH_UNUSABLE)?;
+        let group = self
+            .keys
+            .dhgroups
+            .iter()
+            .copied()
+            .find(|g| n.dh_ids.contains(&(*g as u8)));
+        let group = group.ok_or(failure::DHGROUP_UNUSABLE)?;
+        self.x = Some(Exchange {
+            t_id: n.t_id,
+            hash,
+            group,
+            dh: None,
+            c1: Vec::new(),
+            s1: 0,
+            session_key: None,
+            c2: None,
+        });
+        self.step = Step::Challenge;
+        Ok(())
+    }
+
+    fn challenge(&mut self, rng: Rng) -> Result<Message, u8> {
+        let x = self.x.as_mut().ok_or(failure::FAILED)?;
+        x.c1 = vec![0u8; x.hash.len_bytes()];
+        rng(&mut x.c1);
+        let mut s = [0u8; 4];
+        // S1 is never 0 (0 means "no sequence number" in a Reply's S2).
+        while x.s1 == 0 {
+            rng(&mut s);
+            x.s1 = u32::from_le_bytes(s);
+        }
+        let mut priv_key = [0u8; dhchap::PRIVATE_KEY_LEN];
+        rng(&mut priv_key);
+        x.dh = DhKey::new(x.group, &priv_key);
+        let dhv = x.dh.as_ref().map_or(Vec::new(), |k| k.public_value());
+        self.step = Step::Reply;
+        Ok(Message::Challenge(Challenge {
+            t_id: x.t_id,
+            hash_id: x.hash as u8,
+            dh_id: x.group as u8,
+            seqnum: x.s1,
+            c1: x.c1.clone(),
+            dhv,
+        }))
+    }
+
+    fn reply(&mut self, r: &Reply) -> Result<(), u8> {
+        let x = self.x.as_mut().ok_or(failure::FAILED)?;
+        if r.t_id != x.t_id || r.response.len() != x.hash.len_bytes() {
+            return Err(failure::INCORRECT_PAYLOAD);
+        }
+        x.session_key = match (&x.dh, r.dhv.is_empty()) {
+            (None, true) => None,
+            (Some(k), false) => Some(
+                k.shared_secret(&r.dhv)
+                    .map_err(|_| failure::DHGROUP_UNUSABLE)?,
+            ),
+            _ => return Err(failure::INCORRECT_PAYLOAD),
+        };
+        let challenge = dhchap::challenge_for(x.hash, &x.c1, x.session_key.as_deref());
+        let key = self.keys.secret.transformed(&self.hostnqn);
+        let want = dhchap::host_response(&ResponseInput {
+            hash: x.hash,
+            key: &key,
+            challenge: &challenge,
+            seqnum: x.s1,
+            t_id: x.t_id,
+            hostnqn: &self.hostnqn,
+            subnqn: &self.subnqn,
+        });
+        if !dhchap::same(&want, &r.response) {
+            return Err(failure::FAILED);
+        }
+        // S2 = 0 with a C2 is no controller authentication (§8.13.5.5).
+        x.c2 =
+            r.c2.clone()
+                .filter(|_| r.seqnum != 0)
+                .map(|c| (c, r.seqnum));
+        if x.c2.is_some() && self.keys.ctrl_secret.is_none() {
+            // The host wants us to prove ourselves; we have no key to.
+            return Err(failure::FAILED);
+        }
+        if x.c2.is_none() {
+            self.authenticated = true;
+        }
+        self.step = Step::Success1;
+        Ok(())
+    }
+
+    fn success1(&mut self) -> Message {
+        let Some(x) = self.x.as_ref() else {
+            return self.failure1(failure::FAILED);
+        };
+        let response = match (&x.c2, &self.keys.ctrl_secret) {
+            (Some((c2, s2)), Some(secret)) => {
+                let challenge = dhchap::challenge_for(x.hash, c2, x.session_key.as_deref());
+                let key = secret.transformed(&self.subnqn);
+                Some(dhchap::ctrl_response(&ResponseInput {
+                    hash: x.hash,
+                    key: &key,
+                    challenge: &challenge,
+                    seqnum: *s2,
+                    t_id: x.t_id,
+                    hostnqn: &self.hostnqn,
+                    subnqn: &self.subnqn,
+                }))
+            }
+            _ => None,
+        };
+        self.step = if response.is_some() {
+            Step::Success2
+        } else {
+            Step::Done
+        };
+        Message::Success1(Success1 {
+            t_id: x.t_id,
+            hl: x.hash.len_bytes() as u8,
+            response,
+        })
+    }
+}
+
+/// The session a new queue of `data.hostnqn` starts with: Some when the
+/// subsystem has keys for the host (discovery controllers never do).
+pub fn session_for(sub: Option<&Subsystem>, data: &ConnectData) -> Option<Box<Session>> {
+    let keys = sub?.dhchap.get(&data.hostnqn)?;
+    Some(Box::new(Session::new(
+        keys.clone(),
+        &data.hostnqn,
+        &data.subnqn,
+    )))
+}
+
+/// The Connect completion: CNTLID, and ATR when the queue must authenticate.
+pub fn connected(q: Option<&QueueCtx>, cntlid: u16) -> Exec {
+    let atr = q.is_some_and(|q| q.auth.is_some());
+    let dw0 = cntlid as u32 | if atr { CONNECT_AUTHREQ_ATR } else { 0 };
+    Exec::DoneWith(Status::SUCCESS, dw0, 0)
+}
+
+/// Whether `cmd` must wait for authentication on this queue: everything but
+/// Authentication Send/Receive does until it succeeds (NVMe Base 2.0
+/// §8.13.1; Linux's nvmet refuses with the same status).
+#[inline]
+pub fn refuses(q: &Queue, cmd: &Command) -> bool {
+    let pending =
+        q.q.as_ref()
+            .is_some_and(|c| c.auth.as_ref().is_some_and(|s| !s.authenticated()));
+    pending
+        && !(cmd.opcode == FABRICS && matches!(cmd.fctype, fctype::AUTH_SEND | fctype::AUTH_RECV))
+}
+
+/// SECP/SPSP and the length in CDW11 (TL or AL), checked against the SGL.
+fn check_cmd(req: &Request) -> Result<usize, Status> {
+    let c = AuthCmd::decode(&req.sqe);
+    let invalid = generic::INVALID_FIELD.dnr();
+    if !c.is_dhchap() || c.len == 0 || c.len as usize > MAX_MSG_LEN {
+        return Err(invalid);
+    }
+    if c.len != req.xfer_len {
+        return Err(generic::DATA_SGL_LENGTH_INVALID.dnr());
+    }
+    Ok(c.len as usize)
+}
+
+/// The queue's session, or the status for a host that has no key here.
+fn session(q: &mut Queue) -> Result<(&mut Session, u16), Status> {
+    let c = q.q.as_mut().ok_or(generic::COMMAND_SEQUENCE_ERROR.dnr())?;
+    let qid = c.qid;
+    let s = c
+        .auth
+        .as_deref_mut()
+        .ok_or(generic::COMMAND_SEQUENCE_ERROR.dnr())?;
+    Ok((s, qid))
+}
+
+/// Fabrics Authentication Send (05h).
+pub(crate) fn auth_send(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let peer = q.peer;
+    let r = check_cmd(req).and_then(|len| {
+        let (s, qid) = session(q)?;
+        let was = s.authenticated();
+        s.send(req.buf.slice(len))?;
+        log_change(s, was, qid, peer);
+        Ok(())
+    });
+    Exec::Done(r.err().unwrap_or(Status::SUCCESS))
+}
+
+/// Fabrics Authentication Receive (06h).
+pub(crate) fn auth_receive(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+    let peer = q.peer;
+    let r = check_cmd(req).and_then(|al| {
+        let (s, qid) = session(q)?;
+        let was = s.authenticated();
+        let msg = s.receive(al, &mut os_rng)?;
+        log_change(s, was, qid, peer);
+        Ok(msg)
+    });
+    match r {
+        Ok(msg) => req.reply_data(&msg),
+        Err(st) => Exec::Done(st),
+    }
+}
+
+fn log_change(s: &Session, was: bool, qid: u16, peer: std::net::SocketAddr) {
+    if s.authenticated() && !was {
+        tracing::info!(host = %s.hostnqn, subsystem = %s.subnqn, qid, %peer, "queue authenticated (DH-HMAC-CHAP)");
+    }
+}
+
+#[cfg(test)]
+#[path = "auth_tests.rs"]
+mod tests;

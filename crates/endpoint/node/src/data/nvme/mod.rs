@@ -1,0 +1,8 @@
+//! NVMe commands: the opcode table (`cmd`), the execution context
+//! (`exec`), and the admin, I/O and DH-HMAC-CHAP handlers.
+
+pub mod admin;
+pub mod auth;
+pub mod cmd;
+pub mod exec;
+pub mod io;

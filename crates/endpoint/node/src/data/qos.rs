@@ -1,0 +1,704 @@
+//! Gimbal in the I/O path (docs/gimbal.md "In the daemon").
+//!
+//! A namespace with `qos = "gimbal"` gets, on each reactor, a [`QosQueue`]:
+//! its backend queue wrapped with one `trellis_qos::sched` scheduler. The
+//! wrapper is itself a [`BackendQueue`], so the reactor's loop (`kick`,
+//! `reap`, `in_flight`) drives it unchanged: `reap` completes finished
+//! requests into the scheduler and dispatches what it then releases, so the
+//! poll step runs every loop. A namespace with `qos = "off"` never sees this
+//! module: its queue is the bare backend queue.
+//!
+//! Tenants are host NQNs mapped to a dense [`TenantId`] at Connect
+//! ([`Tenants`]); the I/O path carries the id, never the string.
+
+use crate::backend::{BackendQueue, IoReq, Op};
+use crate::config::qos::{QosConfig, QosMode};
+use crate::state::tenants::{QosBoard, QosPublished, Tenants, PUBLISH_INTERVAL_NS};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use trellis_nvme::Status;
+use trellis_qos::sched::{self, Scheduler, Submitted, Tag, TenantId};
+use trellis_units::IoDir;
+
+/// Status of a command the scheduler refused because a bound is full
+/// (`Submitted::Busy`): Namespace Not Ready (generic 82h) with DNR clear.
+/// Hosts retry it (Linux after its requeue delay; SPDK likewise), and it
+/// needs nothing negotiated: Command Interrupted (21h) says "retry" more
+/// exactly but may only be returned to hosts that enabled ACRE in Host
+/// Behavior Support, which stock Linux does not. Not Internal Error (06h):
+/// nothing failed, and an operator should not read a full queue as a fault.
+pub const QOS_BUSY: Status = trellis_nvme::status::generic::NS_NOT_READY;
+
+/// Backend tags of scheduled requests carry this bit; bypassed ones (DSM
+/// Discard) keep the connection's tag, which never sets it (bits 0..47).
+const SCHEDULED: u64 = 1 << 63;
+/// On reaped completions: bit 47 says bits 48..63 hold the tenant's I/O
+/// credits. Connection indexes stay below 2^31 (`max_connections` is far
+/// smaller), so bit 47 is free in a connection's tag.
+pub const CREDIT_FLAG: u64 = 1 << 47;
+pub const CREDIT_SHIFT: u32 = 48;
+/// The bits of a tag that name the connection and slot.
+pub const TAG_MASK: u64 = CREDIT_FLAG - 1;
+
+/// Splits a reaped tag into the connection's tag and the I/O credits it carries.
+pub fn split_tag(tag: u64) -> (u64, Option<u16>) {
+    let credit = (tag & CREDIT_FLAG != 0).then_some((tag >> CREDIT_SHIFT) as u16);
+    (tag & TAG_MASK, credit)
+}
+
+fn with_credit(tag: u64, credits: u32) -> u64 {
+    tag | CREDIT_FLAG | (credits.min(u16::MAX as u32) as u64) << CREDIT_SHIFT
+}
+
+/// A request the scheduler holds or the backend runs: what to submit, and
+/// whom to answer. Indexed by `Tag::index()`, pre-allocated.
+#[derive(Clone, Copy)]
+struct Held {
+    io: IoReq,
+    tag: u64,
+    sched: Option<Tag>,
+    submitted_ns: u64,
+}
+
+const EMPTY: Held = Held {
+    io: IoReq::NONE,
+    tag: 0,
+    sched: None,
+    submitted_ns: 0,
+};
+
+/// One reactor's queue for one Gimbal namespace.
+pub struct QosQueue {
+    inner: Box<dyn BackendQueue>,
+    sched: Box<dyn Scheduler>,
+    held: Vec<Held>,
+    /// Completions reaped from `inner` (reused: no allocation per I/O).
+    reaped: Vec<(u64, Status)>,
+    /// When each of those fell due on the device (`reap_timed`), wall ns.
+    due_ns: Vec<u64>,
+    /// The device's clock: wall ÷ `Backend::time_scale` (1 except on a
+    /// time-scaled emulated SSD). The scheduler sees times and latencies on
+    /// it, so Gimbal's thresholds (µs) and rates (B/s) apply to the drive
+    /// the model emulates, exactly as they would on that drive in real time.
+    clock: DeviceClock,
+    published: Arc<QosPublished>,
+    /// Completed (commands, bytes) per tenant, kept here and copied out
+    /// when publishing, so the I/O path writes no shared cache line.
+    completed: Vec<(u64, u64)>,
+    next_publish_ns: u64,
+    /// Something changed since the last publish.
+    dirty: bool,
+    /// `inner.completes_in_submit()`: scheduling goes through `run_now`.
+    inner_sync: bool,
+    /// The reactor's clock at the latest `submit_for` since the last
+    /// `reap` (0: none since). A busy reactor on a synchronous backend then
+    /// checks its publish deadline against it and reads no clock per loop.
+    submit_seen_ns: u64,
+}
+
+/// Converts wall-clock ns to the device's clock.
+#[derive(Clone, Copy, Debug)]
+struct DeviceClock {
+    /// None: the device runs on the wall clock (every backend but a
+    /// time-scaled emulated SSD), and converting is a no-op, decided by one
+    /// branch rather than a float compare on every call.
+    scale: Option<f64>,
+}
+
+impl DeviceClock {
+    fn new(scale: f64) -> DeviceClock {
+        DeviceClock {
+            scale: (scale.is_finite() && scale > 1.0).then_some(scale),
+        }
+    }
+    #[inline]
+    fn ns(self, wall_ns: u64) -> u64 {
+        match self.scale {
+            None => wall_ns,
+            Some(s) => (wall_ns as f64 / s) as u64,
+        }
+    }
+}
+
+/// Wraps `inner` with a Gimbal scheduler configured by `cfg`.
+pub fn wrap(
+    inner: Box<dyn BackendQueue>,
+    cfg: &QosConfig,
+    tenants: &Tenants,
+    now_ns: u64,
+    time_scale: f64,
+    model: Option<&trellis_qos::DeviceModel>,
+    board: Option<&QosBoard>,
+) -> anyhow::Result<Box<QosQueue>> {
+    let clock = DeviceClock::new(time_scale);
+    let mut sched = sched::build(&cfg.sched_for(model), clock.ns(now_ns))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for (t, w) in tenants.weights() {
+        sched
+            .set_weight(t, w)
+            .map_err(|e| anyhow::anyhow!("tenant {t} weight {w}: {e:?}"))?;
+    }
+    let n = cfg.limits.max_requests as usize;
+    let max_tenants = cfg.limits.max_tenants as usize;
+    let published = Arc::new(QosPublished::new(max_tenants));
+    if let Some(b) = board {
+        crate::sys::lock(b).push(published.clone());
+    }
+    Ok(Box::new(QosQueue {
+        inner_sync: inner.completes_in_submit(),
+        inner,
+        sched,
+        held: vec![EMPTY; n],
+        reaped: Vec::with_capacity(n),
+        due_ns: Vec::with_capacity(n),
+        clock,
+        published,
+        completed: vec![(0, 0); max_tenants],
+        next_publish_ns: 0,
+        dirty: false,
+        submit_seen_ns: 0,
+    }))
+}
+
+fn dir_of(op: Op) -> IoDir {
+    match op {
+        Op::Write => IoDir::Write,
+        _ => IoDir::Read,
+    }
+}
+
+impl QosQueue {
+    /// Submits `io` for `tenant`. `Some((status, credits))` when it finished
+    /// now (a synchronous backend, or Busy); `None` when its completion will
+    /// come from `reap`.
+    ///
+    /// # Safety
+    /// As [`BackendQueue::submit`]; the buffer must also stay valid while
+    /// the scheduler holds the request (it is submitted later).
+    pub unsafe fn submit_for(
+        &mut self,
+        tenant: TenantId,
+        io: &IoReq,
+        tag: u64,
+        now_ns: u64,
+    ) -> Option<(Status, u32)> {
+        let len = io.len_bytes.min(u32::MAX as u64) as u32;
+        self.submit_seen_ns = now_ns;
+        let dev_ns = self.clock.ns(now_ns);
+        if self.inner_sync {
+            if let Some(c) = self.sched.run_now(tenant, dir_of(io.op), len, dev_ns) {
+                // SAFETY: as `dispatch_now`; the backend finishes it inside
+                // this call (`completes_in_submit`).
+                let st = unsafe { self.inner.submit(io, tag) };
+                let credits = self.count(c, io.len_bytes);
+                // Not finished after all: its completion comes from `reap`
+                // under the connection's own tag, as a bypassed request's.
+                return st.map(|st| (st, credits));
+            }
+        }
+        let (t, now) = match self.sched.submit(tenant, dir_of(io.op), len, dev_ns) {
+            Ok(Submitted::Dispatch(t)) => (t, true),
+            Ok(Submitted::Queued(t)) => (t, false),
+            Ok(Submitted::Busy) => return Some((QOS_BUSY, self.credits(tenant))),
+            Err(e) => {
+                tracing::error!(tenant, "qos submit refused: {e:?}");
+                return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+            }
+        };
+        if now {
+            return self.dispatch_now(t, io, tag, now_ns);
+        }
+        let Some(h) = self.held.get_mut(t.index()) else {
+            // Tag indexes stay below max_requests, the table's length.
+            let _ = self.sched.abort(t, dev_ns);
+            return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+        };
+        *h = Held {
+            io: *io,
+            tag,
+            sched: Some(t),
+            submitted_ns: now_ns,
+        };
+        None // a later poll_dispatch (in `reap`) releases it
+    }
+
+    /// A read of `len_bytes` from a namespace that reads zeroes (null): the
+    /// scheduler decides it and completes it at zero device time
+    /// (`Scheduler::run_now`); nothing goes to the backend, whose read would
+    /// do nothing (the data is the shared zero page, as with QoS off).
+    /// Its credits, or None (nothing changed) when the scheduler would not
+    /// run it at once: then `submit_for`.
+    #[inline]
+    pub fn run_zero_read(&mut self, tenant: TenantId, len_bytes: u64, now_ns: u64) -> Option<u32> {
+        if !self.inner_sync {
+            return None;
+        }
+        let len = len_bytes.min(u32::MAX as u64) as u32;
+        let c = self
+            .sched
+            .run_now(tenant, IoDir::Read, len, self.clock.ns(now_ns))?;
+        self.submit_seen_ns = now_ns;
+        Some(self.count(c, len_bytes))
+    }
+
+    fn credits(&self, tenant: TenantId) -> u32 {
+        self.sched.io_credits(tenant).unwrap_or(0)
+    }
+
+    /// Sends `io`, which the scheduler released at once, to the backend. Only
+    /// an asynchronous submit needs a held row (for `reap` to find); the
+    /// request itself is not copied.
+    fn dispatch_now(&mut self, t: Tag, io: &IoReq, tag: u64, now_ns: u64) -> Option<(Status, u32)> {
+        if t.index() >= self.held.len() {
+            let _ = self.sched.abort(t, self.clock.ns(now_ns));
+            return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+        }
+        // SAFETY: the buffer is the request's own (or none), valid until it
+        // completes: the caller of `submit_for` promised so.
+        match unsafe { self.inner.submit(io, SCHEDULED | t.index() as u64) } {
+            Some(st) => Some((st, self.finish_sync(t, io.len_bytes, now_ns))),
+            None => {
+                let h = &mut self.held[t.index()];
+                h.tag = tag;
+                h.sched = Some(t);
+                h.submitted_ns = now_ns;
+                None
+            }
+        }
+    }
+
+    /// Sends the held request `t` to the backend; returns (status, its
+    /// connection tag, credits) when the backend finished it synchronously.
+    fn dispatch(&mut self, t: Tag, now_ns: u64) -> Option<(Status, u64, u32)> {
+        let h = self.held.get_mut(t.index())?;
+        h.submitted_ns = now_ns;
+        let (io, tag) = (h.io, h.tag);
+        // SAFETY: the buffer is the request's own (or none), valid until it
+        // completes: the caller of `submit_for` promised so.
+        let st = unsafe { self.inner.submit(&io, SCHEDULED | t.index() as u64) }?;
+        let credits = self.finish(t.index(), now_ns, now_ns);
+        Some((st, tag, credits))
+    }
+
+    /// Completes a request the backend finished inside `submit` (null, ram):
+    /// it is charged zero device time. Its only time is the reactor's own
+    /// CPU time, and reading the clock here would also count any preemption
+    /// of the reactor mid-batch as a device stall, which Gimbal would take
+    /// for congestion.
+    fn finish_sync(&mut self, t: Tag, len_bytes: u64, now_ns: u64) -> u32 {
+        match self.sched.complete(t, 0, self.clock.ns(now_ns)) {
+            Ok(c) => self.count(c, len_bytes),
+            Err(e) => {
+                tracing::error!("qos complete of a stale tag: {e:?}");
+                0
+            }
+        }
+    }
+
+    /// Completes held request `i` into the scheduler: its device latency is
+    /// the wall-clock time from the backend submit to `done_ns`, when the
+    /// device finished it (see `reap_timed`); `now_ns` is the scheduler's clock.
+    fn finish(&mut self, i: usize, done_ns: u64, now_ns: u64) -> u32 {
+        let Some(h) = self.held.get_mut(i) else {
+            return 0;
+        };
+        let Some(t) = h.sched.take() else { return 0 };
+        let lat = self.clock.ns(done_ns.saturating_sub(h.submitted_ns));
+        let len = h.io.len_bytes;
+        match self.sched.complete(t, lat, self.clock.ns(now_ns)) {
+            Ok(c) => self.count(c, len),
+            Err(e) => {
+                tracing::error!("qos complete of a stale tag: {e:?}");
+                0
+            }
+        }
+    }
+
+    /// The scheduler, for the virtual-view log page: settled first, so its
+    /// view counts every request run so far (`Scheduler::settle`).
+    pub fn scheduler(&mut self) -> &dyn Scheduler {
+        self.sched.settle();
+        &*self.sched
+    }
+
+    /// Applies `weights` (the reactor, after a live change).
+    pub fn set_weights(&mut self, weights: &[(TenantId, u32)]) {
+        for &(t, w) in weights {
+            if let Err(e) = self.sched.set_weight(t, w) {
+                tracing::warn!("tenant {t} weight {w} not applied: {e:?}");
+            }
+        }
+    }
+
+    /// Counts a completion for `/metrics`; returns its I/O credits.
+    #[inline]
+    fn count(&mut self, c: sched::Completed, len_bytes: u64) -> u32 {
+        if let Some(n) = self.completed.get_mut(c.tenant as usize) {
+            n.0 += 1;
+            n.1 += len_bytes;
+        }
+        self.dirty = true;
+        c.io_credits
+    }
+
+    /// Copies the scheduler's state out for `/metrics` (cold: at most every
+    /// [`PUBLISH_INTERVAL_NS`]).
+    #[cold]
+    fn publish(&mut self) {
+        self.dirty = false;
+        self.sched.settle();
+        let p = &self.published;
+        p.headroom_bytes_per_s
+            .store(self.sched.headroom_bytes_per_s(), Relaxed);
+        for (t, tp) in p.tenants.iter().enumerate() {
+            let (cmds, bytes) = self.completed[t];
+            tp.completed_commands.store(cmds, Relaxed);
+            tp.completed_bytes.store(bytes, Relaxed);
+            let Some(v) = self.sched.view(t as TenantId) else {
+                continue;
+            };
+            tp.queued.store(v.queued as u64, Relaxed);
+            tp.in_flight.store(v.inflight as u64, Relaxed);
+            tp.io_credits.store(v.io_credits as u64, Relaxed);
+            if t == 0 {
+                p.target_rate_bytes_per_s
+                    .store(v.target_rate_bytes_per_s, Relaxed);
+                p.write_cost_fp10.store(v.write_cost_fp10, Relaxed);
+                for (k, d) in [v.read, v.write].iter().enumerate() {
+                    p.state[k].store(state_byte(d.state) as u64, Relaxed);
+                    p.latency_ewma_us[k].store(d.latency_ewma_us, Relaxed);
+                    p.latency_target_us[k].store(d.latency_target_us, Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl BackendQueue for QosQueue {
+    /// Requests without a tenant (Dataset Management's Discards, which the
+    /// handler needs to finish synchronously) bypass the scheduler.
+    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.inner.submit(req, tag) }
+    }
+
+    fn kick(&mut self) {
+        self.inner.kick();
+    }
+
+    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+        let before = out.len();
+        out.append(&mut self.reaped);
+        let mut mine = std::mem::take(&mut self.reaped);
+        let mut due = std::mem::take(&mut self.due_ns);
+        self.inner.reap_timed(&mut mine, &mut due);
+        if mine.is_empty() && self.sched.queued() == 0 {
+            // Nothing finished and nothing waits: no clock read, no poll.
+            (self.reaped, self.due_ns) = (mine, due);
+            // Publish what changed since, at most once per interval: a
+            // synchronous backend (null, ram) completes inside submit, so
+            // this path runs every loop while it is busy, and then the
+            // submit's clock serves; an idle queue reads the clock.
+            let seen = std::mem::take(&mut self.submit_seen_ns);
+            if self.dirty {
+                let now = if seen != 0 {
+                    seen
+                } else {
+                    crate::sys::now_ns()
+                };
+                if now >= self.next_publish_ns {
+                    self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
+                    self.publish();
+                }
+            }
+            return out.len() - before;
+        }
+        let now = crate::sys::now_ns();
+        if now >= self.next_publish_ns {
+            self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
+            self.publish();
+        }
+        for (k, &(tag, st)) in mine.iter().enumerate() {
+            if tag & SCHEDULED == 0 {
+                out.push((tag, st));
+                continue;
+            }
+            let i = (tag & !SCHEDULED) as usize;
+            let conn_tag = self.held.get(i).map_or(0, |h| h.tag);
+            // The device's completion time where the backend knows it
+            // (emulated SSD), else now.
+            let done_ns = due.get(k).copied().unwrap_or(now).min(now);
+            let credits = self.finish(i, done_ns, now);
+            out.push((with_credit(conn_tag, credits), st));
+        }
+        mine.clear();
+        due.clear();
+        (self.reaped, self.due_ns) = (mine, due);
+        // The poll step: completions and token refills release queued requests.
+        while let Some(d) = self.sched.poll_dispatch(self.clock.ns(now)) {
+            if let Some((st, tg, credits)) = self.dispatch(d.tag, now) {
+                out.push((with_credit(tg, credits), st));
+            }
+        }
+        self.inner.kick();
+        out.len() - before
+    }
+
+    /// Requests the scheduler holds count as in flight: the reactor then
+    /// keeps polling (never sleeps) until they are dispatched, which is how
+    /// it honours `next_timeout` (token refills every 250 µs, finer than
+    /// epoll's millisecond timeout).
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.sched.queued() as usize + self.reaped.len()
+    }
+
+    fn cancel_all(&mut self) -> usize {
+        self.inner.cancel_all()
+    }
+}
+
+/// Vendor-specific log page (C0h–FFh) serving the virtual view, §1.f.
+pub const VIEW_LID: u8 = 0xC0;
+/// Layout version in byte 0 of the header.
+pub const VIEW_VERSION: u8 = 1;
+pub const VIEW_HEADER_BYTES: usize = 16;
+pub const VIEW_ENTRY_BYTES: usize = 64;
+
+/// Congestion state as one byte: 0 no sample yet, then the four states of
+/// docs/gimbal.md §1.a from calm to overloaded.
+fn state_byte(s: Option<trellis_qos::CcState>) -> u8 {
+    use trellis_qos::CcState::*;
+    match s {
+        None => 0,
+        Some(UnderUtilised) => 1,
+        Some(Avoidance) => 2,
+        Some(Congested) => 3,
+        Some(Overloaded) => 4,
+    }
+}
+
+fn encode_view(nsid: u32, v: &sched::TenantView, e: &mut [u8]) {
+    let u32c = |x: u64| x.min(u32::MAX as u64) as u32;
+    e[0..4].copy_from_slice(&nsid.to_le_bytes());
+    e[4..6].copy_from_slice(&v.tenant.to_le_bytes());
+    e[6..8].copy_from_slice(&(v.weight.min(u16::MAX as u32) as u16).to_le_bytes());
+    e[8..12].copy_from_slice(&v.io_credits.to_le_bytes());
+    e[12..16].copy_from_slice(&v.queued.to_le_bytes());
+    e[16..20].copy_from_slice(&v.inflight.to_le_bytes());
+    e[20] = state_byte(v.read.state);
+    e[21] = state_byte(v.write.state);
+    e[24..28].copy_from_slice(&u32c(v.read.latency_target_us).to_le_bytes());
+    e[28..32].copy_from_slice(&u32c(v.write.latency_target_us).to_le_bytes());
+    e[32..36].copy_from_slice(&u32c(v.read.latency_ewma_us).to_le_bytes());
+    e[36..40].copy_from_slice(&u32c(v.write.latency_ewma_us).to_le_bytes());
+    e[40..44].copy_from_slice(&u32c(v.write_cost_fp10).to_le_bytes());
+    e[48..56].copy_from_slice(&v.target_rate_bytes_per_s.to_le_bytes());
+    e[56..64].copy_from_slice(&v.headroom_bytes_per_s.to_le_bytes());
+}
+
+/// The virtual-view log page of `sub` for the host of tenant `me`: one
+/// entry per (Gimbal namespace, tenant in use), from this reactor's
+/// schedulers. NSID 0 or FFFFFFFFh: every namespace; else the one named.
+/// Layout: docs/gimbal.md "Virtual view log page".
+pub fn view_log(
+    ctx: &mut crate::data::nvme::exec::Ctx,
+    sub: &crate::state::nsset::SubNs,
+    me: TenantId,
+    nsid: u32,
+    page: &mut Vec<u8>,
+) -> Result<(), Status> {
+    let all = nsid == 0 || nsid == 0xFFFF_FFFF;
+    if !all && sub.namespace(nsid).is_none() {
+        return Err(trellis_nvme::status::generic::INVALID_NAMESPACE.dnr());
+    }
+    let tenants = ctx.reg.tenants.in_use();
+    page.resize(VIEW_HEADER_BYTES, 0);
+    let mut n: u16 = 0;
+    for ns in sub.namespaces.iter() {
+        if ns.qos != QosMode::Gimbal || !(all || ns.nsid == nsid) {
+            continue;
+        }
+        let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
+            continue;
+        };
+        for v in tenants.iter().filter_map(|&t| qq.scheduler().view(t)) {
+            let at = page.len();
+            page.resize(at + VIEW_ENTRY_BYTES, 0);
+            encode_view(ns.nsid, &v, &mut page[at..]);
+            n = n.saturating_add(1);
+        }
+    }
+    page[0] = VIEW_VERSION;
+    page[2..4].copy_from_slice(&n.to_le_bytes());
+    page[4..6].copy_from_slice(&me.to_le_bytes());
+    page[6..8].copy_from_slice(&(VIEW_ENTRY_BYTES as u16).to_le_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::IoReq;
+
+    /// An asynchronous device that finishes every request `device_ns` after
+    /// its submit, however late it is reaped.
+    struct SlowPoller {
+        device_ns: u64,
+        pending: Vec<(u64, u64)>,
+    }
+
+    impl BackendQueue for SlowPoller {
+        unsafe fn submit(&mut self, _req: &IoReq, tag: u64) -> Option<Status> {
+            let due = crate::sys::now_ns() + self.device_ns;
+            self.pending.push((tag, due));
+            None
+        }
+        fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+            let n = self.pending.len();
+            out.extend(self.pending.drain(..).map(|(t, _)| (t, Status::SUCCESS)));
+            n
+        }
+        fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+            due_ns.extend(self.pending.iter().map(|&(_, d)| d));
+            self.reap(out)
+        }
+        fn in_flight(&self) -> usize {
+            self.pending.len()
+        }
+    }
+
+    #[test]
+    fn gimbal_sees_the_device_s_completion_time_not_a_late_reap() {
+        // 100 µs on the device, reaped 20 ms later: with the reap time, the
+        // read EWMA (α = 1/2, from 0) would be 10 ms; with the device's, 50 µs.
+        let cfg = QosConfig::default();
+        let tenants = Tenants::new(&[], &cfg.limits);
+        let inner = Box::new(SlowPoller {
+            device_ns: 100_000,
+            pending: Vec::new(),
+        });
+        let mut q = wrap(inner, &cfg, &tenants, crate::sys::now_ns(), 1.0, None, None).unwrap();
+        let io = IoReq {
+            op: Op::Read,
+            offset_bytes: 0,
+            len_bytes: 4096,
+            buf: std::ptr::null_mut(),
+            fua: false,
+        };
+        let qq = &mut *q;
+        // SAFETY: no buffer: the fake device never touches it.
+        let r = unsafe { qq.submit_for(0, &io, 42, crate::sys::now_ns()) };
+        assert!(r.is_none(), "an asynchronous device completes later");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut out = Vec::new();
+        assert_eq!(q.reap(&mut out), 1);
+        assert_eq!(split_tag(out[0].0).0, 42);
+        let v = q.scheduler().view(0).unwrap();
+        let ewma = v.read.latency_ewma_us;
+        assert!((40..1_000).contains(&ewma), "read EWMA {ewma} µs");
+    }
+}
+
+#[cfg(test)]
+mod calibrate_tests {
+    use super::*;
+    use crate::backend::Backend;
+    use crate::config::qos::Calibrate;
+
+    fn emulated() -> crate::backend::emulated::EmulatedBackend {
+        let p = crate::backend::emulated::EmulatedParams {
+            profile: trellis_ssd::SsdProfile::pm9a3(),
+            precondition: trellis_ssd::Precondition::Empty,
+            time_scale: 1.0,
+        };
+        crate::backend::emulated::EmulatedBackend::new(64 << 20, p).unwrap()
+    }
+
+    #[test]
+    fn an_emulated_drive_calibrates_gimbal_unless_told_not_to() {
+        let b = emulated();
+        let m = b.device_model().expect("the emulated SSD knows its model");
+        assert_eq!(
+            m,
+            b.device_model().unwrap(),
+            "measured once, the same after"
+        );
+        let mut cfg = QosConfig::default();
+        let auto = cfg.sched_for(Some(&m)).gimbal;
+        assert!(auto.io_cost_bytes > 0 && auto.slots_per_ssd > 8, "{auto:?}");
+        assert_eq!(auto, cfg.gimbal.calibrated(&m));
+        cfg.calibrate = Calibrate::Off;
+        assert_eq!(cfg.sched_for(Some(&m)).gimbal, cfg.gimbal);
+        // Backends that know nothing of their drive keep [qos.gimbal] as written.
+        assert_eq!(QosConfig::default().sched_for(None).gimbal, cfg.gimbal);
+    }
+
+    /// Share of a lone tenant's zero-time 4 KiB reads, offered at 1.5 M a
+    /// second in batches of 32 per instant, that Gimbal runs at once over the
+    /// last 200 ms of `secs` s (virtual time), on a scheduler for `model`.
+    fn served_share(model: Option<&trellis_qos::DeviceModel>, secs: u64) -> f64 {
+        let cfg = QosConfig::default().sched_for(model);
+        let mut s = sched::build(&cfg, 0).unwrap();
+        let (step_ns, end_ns) = (32 * 1_000_000_000 / 1_500_000, secs * 1_000_000_000);
+        let (mut offered, mut served, mut now) = (0u64, 0u64, 0u64);
+        while now < end_ns {
+            now += step_ns;
+            for _ in 0..32 {
+                let ok = s.run_now(0, IoDir::Read, 4096, now).is_some();
+                if now > end_ns - 200_000_000 {
+                    offered += 1;
+                    served += ok as u64;
+                }
+            }
+        }
+        served as f64 / offered as f64
+    }
+
+    #[test]
+    fn a_namespace_without_a_drive_lifts_only_gimbals_rate_ceiling() {
+        let null = crate::backend::null::NullBackend::new(1 << 30);
+        let ram = crate::backend::ram::RamBackend::new(1 << 20).unwrap();
+        for m in [null.device_model(), ram.device_model()] {
+            let m = m.expect("null and RAM report a drive-less model");
+            let cfg = QosConfig::default();
+            let g = cfg.sched_for(Some(&m)).gimbal;
+            assert_eq!(
+                g.rate_max_bytes_per_s,
+                crate::backend::NO_DRIVE_LINK_BYTES_PER_S
+            );
+            assert_eq!(
+                (g.io_cost_bytes, g.slots_per_ssd, g.rate_init_bytes_per_s),
+                (
+                    cfg.gimbal.io_cost_bytes,
+                    cfg.gimbal.slots_per_ssd,
+                    cfg.gimbal.rate_init_bytes_per_s
+                ),
+                "only the ceiling moves"
+            );
+        }
+        // What the ceiling did: 1.5 M reads/s of 4 KiB (6.1 GB/s) against
+        // Gimbal's 4 GiB/s, which passes 1.05 M of them (0.70).
+        let m = null.device_model();
+        let (capped, lifted) = (served_share(None, 1), served_share(m.as_ref(), 1));
+        assert!(capped < 0.75, "Gimbal's own ceiling served {capped:.3}");
+        assert!(
+            lifted > 0.99,
+            "without a drive's ceiling it served {lifted:.3}"
+        );
+    }
+
+    #[test]
+    fn calibrate_is_read_from_the_qos_table() {
+        let c: QosConfig =
+            toml::from_str("calibrate = \"off\"\n[gimbal]\nio_cost_bytes = 4096\n").unwrap();
+        assert_eq!(
+            (c.calibrate, c.gimbal.io_cost_bytes),
+            (Calibrate::Off, 4096)
+        );
+        assert_eq!(
+            c.gimbal.slots_per_ssd, 8,
+            "unset fields keep Gimbal's values"
+        );
+        assert!(toml::from_str::<QosConfig>("calibrate = \"maybe\"").is_err());
+    }
+}

@@ -1,0 +1,708 @@
+//! Persistent reservations (NVMe Base Specification 2.0, §8.19): the state
+//! machine of one namespace's registrants and reservation, its I/O access
+//! rules, its persistence file, and each controller's Reservation
+//! Notification log.
+//!
+//! [`State`] is deterministic and does no I/O: every command is a method
+//! that either changes it and returns the notices other hosts get, or
+//! returns the status to fail with and leaves it as it was. [`Resv`] wraps
+//! it for a namespace: the I/O path's check (one atomic load while no
+//! reservation is held), a lock for the control path, and the file written
+//! before a command completes while Persist Through Power Loss is set.
+//!
+//! A host is its 128-bit Host Identifier (from the Fabrics Connect data):
+//! every controller of that host shares its registration (§8.19.1).
+
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, RwLock};
+use trellis_nvme::resv::{
+    notice, AcquireAction, AcquireCmd, Cptpl, Notice, RType, RegisterAction, RegisterCmd,
+    ReleaseAction, ReleaseCmd, ReportHeader,
+};
+use trellis_nvme::status::generic;
+use trellis_nvme::Status;
+
+pub type HostId = [u8; 16];
+
+/// Registration key mismatch, not a registrant, or access denied (§8.19).
+pub const CONFLICT: Status = generic::RESERVATION_CONFLICT.dnr();
+const INVALID_FIELD: Status = generic::INVALID_FIELD.dnr();
+/// A Register that would exceed `target.max_registrants`: the spec has no
+/// status for a full registrant table; Capacity Exceeded names it best.
+pub const REGISTRANTS_FULL: Status = generic::CAPACITY_EXCEEDED.dnr();
+
+/// One registrant: a host and its registration key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registrant {
+    pub hostid: HostId,
+    pub rkey: u64,
+}
+
+/// The reservation held: its type and the host that acquired it (for the
+/// All Registrants types every registrant holds it; `holder` is then only
+/// who acquired it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub rtype: RType,
+    pub holder: HostId,
+}
+
+/// A namespace's reservation state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// Generation: +1 on each successful Register, Preempt and Clear.
+    pub gen: u32,
+    /// At most the configured bound, in registration order.
+    pub regs: Vec<Registrant>,
+    pub held: Option<Held>,
+    /// Persist Through Power Loss State.
+    pub ptpl: bool,
+}
+
+/// Notices a command leaves for hosts other than the one that sent it:
+/// (host, Reservation Notification Log Page Type).
+pub type Notices = Vec<(HostId, u8)>;
+
+impl State {
+    fn find(&self, h: &HostId) -> Option<usize> {
+        self.regs.iter().position(|r| r.hostid == *h)
+    }
+
+    pub fn is_registered(&self, h: &HostId) -> bool {
+        self.find(h).is_some()
+    }
+
+    /// Whether `h` holds the reservation (any registrant, for the All
+    /// Registrants types).
+    pub fn is_holder(&self, h: &HostId) -> bool {
+        match self.held {
+            Some(r) if r.rtype.all_registrants() => self.is_registered(h),
+            Some(r) => r.holder == *h,
+            None => false,
+        }
+    }
+
+    /// The access table (§8.19, Figure "Command Behavior in the Presence of
+    /// a Reservation"): may `h` run a command of the read (`write` false)
+    /// or write group?
+    pub fn allows(&self, h: &HostId, write: bool) -> bool {
+        let Some(r) = self.held else {
+            return true;
+        };
+        if self.is_holder(h) || r.rtype.registrants_have_access() && self.is_registered(h) {
+            return true;
+        }
+        !write && !r.rtype.exclusive_access()
+    }
+
+    /// The key check every command but Register makes: `h` is a registrant
+    /// and CRKEY is its key.
+    fn check_key(&self, h: &HostId, crkey: u64) -> Result<usize, Status> {
+        match self.find(h) {
+            Some(i) if self.regs[i].rkey == crkey => Ok(i),
+            _ => Err(CONFLICT),
+        }
+    }
+
+    /// Reservation Register. `max`: the bound on registrants.
+    pub fn register(
+        &mut self,
+        h: &HostId,
+        cmd: &RegisterCmd,
+        crkey: u64,
+        nrkey: u64,
+        max: usize,
+    ) -> Result<Notices, Status> {
+        let at = self.find(h);
+        let mut notes = Notices::new();
+        match cmd.action {
+            // Registering again with the same key succeeds (and changes nothing).
+            RegisterAction::Register => match at {
+                Some(i) if self.regs[i].rkey == nrkey => {}
+                Some(_) => return Err(CONFLICT),
+                None if self.regs.len() >= max => return Err(REGISTRANTS_FULL),
+                None => self.regs.push(Registrant {
+                    hostid: *h,
+                    rkey: nrkey,
+                }),
+            },
+            RegisterAction::Unregister | RegisterAction::Replace => {
+                let i = at.ok_or(CONFLICT)?;
+                if !cmd.iekey && self.regs[i].rkey != crkey {
+                    return Err(CONFLICT);
+                }
+                if cmd.action == RegisterAction::Replace {
+                    self.regs[i].rkey = nrkey;
+                } else {
+                    self.unregister(i, &mut notes);
+                }
+            }
+        }
+        match cmd.cptpl {
+            Cptpl::NoChange => {}
+            Cptpl::Clear => self.ptpl = false,
+            Cptpl::Set => self.ptpl = true,
+        }
+        self.gen = self.gen.wrapping_add(1);
+        Ok(notes)
+    }
+
+    /// Removes registrant `i` and what it held: a single holder's
+    /// reservation is released (a Registrants Only one with a notice to
+    /// the remaining registrants); an All Registrants one ends with its
+    /// last registrant.
+    fn unregister(&mut self, i: usize, notes: &mut Notices) {
+        let gone = self.regs.remove(i);
+        let Some(r) = self.held else {
+            return;
+        };
+        if r.rtype.all_registrants() {
+            if self.regs.is_empty() {
+                self.held = None;
+            }
+        } else if r.holder == gone.hostid {
+            self.held = None;
+            if r.rtype.registrants_have_access() {
+                self.notify_all(&gone.hostid, notice::RESERVATION_RELEASED, notes);
+            }
+        }
+    }
+
+    /// A notice of `kind` for every registrant but `except`.
+    fn notify_all(&self, except: &HostId, kind: u8, notes: &mut Notices) {
+        for r in self.regs.iter().filter(|r| r.hostid != *except) {
+            notes.push((r.hostid, kind));
+        }
+    }
+
+    /// Reservation Acquire. IEKEY set is Invalid Field: since revision 1.3
+    /// (RESCAP bit 7) it no longer skips the key check of Acquire and
+    /// Release, and nvmet refuses it the same way. Preempt and Abort is a
+    /// Preempt: this target does not abort the preempted hosts' commands.
+    pub fn acquire(
+        &mut self,
+        h: &HostId,
+        cmd: &AcquireCmd,
+        crkey: u64,
+        prkey: u64,
+    ) -> Result<Notices, Status> {
+        if cmd.iekey {
+            return Err(INVALID_FIELD);
+        }
+        self.check_key(h, crkey)?;
+        match cmd.action {
+            AcquireAction::Acquire => match self.held {
+                None => {
+                    self.held = Some(Held {
+                        rtype: cmd.rtype,
+                        holder: *h,
+                    });
+                    Ok(Notices::new())
+                }
+                // Acquiring again what one holds succeeds; anything else conflicts.
+                Some(r) if self.is_holder(h) && r.rtype == cmd.rtype => Ok(Notices::new()),
+                Some(_) => Err(CONFLICT),
+            },
+            AcquireAction::Preempt | AcquireAction::PreemptAndAbort => {
+                let notes = self.preempt(h, cmd.rtype, prkey)?;
+                self.gen = self.gen.wrapping_add(1);
+                Ok(notes)
+            }
+        }
+    }
+
+    /// Preempt (§8.19, "Preempting a Reservation or Registrants"), case by
+    /// case as Linux nvmet reads the spec:
+    /// - no reservation: the registrants with key PRKEY are unregistered;
+    /// - All Registrants: PRKEY 0 takes the reservation and unregisters
+    ///   every other host; another PRKEY only unregisters;
+    /// - PRKEY the holder's key: the reservation is taken over (or, by the
+    ///   holder itself, its type changed) and the other hosts with that key
+    ///   unregistered (nvmet unregisters nobody when the holder preempts
+    ///   itself; the spec's rule has no such exception);
+    /// - another PRKEY only unregisters; PRKEY 0 is Invalid Field.
+    ///
+    /// Unregistered hosts get Registration Preempted; when the type
+    /// changes, the remaining registrants get Reservation Released. A
+    /// command that would only unregister and names no registrant is a
+    /// conflict.
+    fn preempt(&mut self, h: &HostId, rtype: RType, prkey: u64) -> Result<Notices, Status> {
+        let mut notes = Notices::new();
+        let Some(r) = self.held else {
+            return self.unregister_by_key(h, prkey, notes);
+        };
+        let take_over = if r.rtype.all_registrants() {
+            prkey == 0
+        } else {
+            let holder_key = self.find(&r.holder).map(|i| self.regs[i].rkey);
+            if holder_key != Some(prkey) && prkey == 0 {
+                return Err(INVALID_FIELD);
+            }
+            holder_key == Some(prkey)
+        };
+        if !take_over {
+            return self.unregister_by_key(h, prkey, notes);
+        }
+        self.held = Some(Held { rtype, holder: *h });
+        if r.rtype.all_registrants() {
+            self.unregister_where(h, |_| true, &mut notes);
+        } else {
+            self.unregister_where(h, |x| x.rkey == prkey, &mut notes);
+        }
+        if r.rtype != rtype {
+            self.notify_all(h, notice::RESERVATION_RELEASED, &mut notes);
+        }
+        Ok(notes)
+    }
+
+    /// Unregisters every registrant with key `prkey`, `h` included (then
+    /// without a notice to itself); a conflict when there is none.
+    fn unregister_by_key(
+        &mut self,
+        h: &HostId,
+        prkey: u64,
+        mut notes: Notices,
+    ) -> Result<Notices, Status> {
+        let mut any = false;
+        while let Some(i) = self.regs.iter().position(|r| r.rkey == prkey) {
+            let host = self.regs[i].hostid;
+            self.unregister(i, &mut notes);
+            if host != *h {
+                notes.push((host, notice::REGISTRATION_PREEMPTED));
+            }
+            any = true;
+        }
+        if any {
+            Ok(notes)
+        } else {
+            Err(CONFLICT)
+        }
+    }
+
+    /// Unregisters every registrant but `keep` that `pred` selects, each
+    /// with a Registration Preempted notice (the reservation was just
+    /// given to `keep`, so no unregistration releases it).
+    fn unregister_where(
+        &mut self,
+        keep: &HostId,
+        pred: impl Fn(&Registrant) -> bool,
+        notes: &mut Notices,
+    ) {
+        self.regs.retain(|r| {
+            let go = r.hostid != *keep && pred(r);
+            if go {
+                notes.push((r.hostid, notice::REGISTRATION_PREEMPTED));
+            }
+            !go
+        });
+    }
+
+    /// Reservation Release. IEKEY set is Invalid Field, as for Acquire.
+    pub fn release(&mut self, h: &HostId, cmd: &ReleaseCmd, crkey: u64) -> Result<Notices, Status> {
+        if cmd.iekey {
+            return Err(INVALID_FIELD);
+        }
+        self.check_key(h, crkey)?;
+        let mut notes = Notices::new();
+        match cmd.action {
+            ReleaseAction::Release => {
+                let Some(r) = self.held else {
+                    return Ok(notes); // nothing held: success, no change
+                };
+                if !self.is_holder(h) {
+                    return Ok(notes); // not the holder: success, no change
+                }
+                if r.rtype as u8 != cmd.rtype {
+                    return Err(INVALID_FIELD);
+                }
+                self.held = None;
+                if r.rtype.registrants_have_access() {
+                    self.notify_all(h, notice::RESERVATION_RELEASED, &mut notes);
+                }
+            }
+            ReleaseAction::Clear => {
+                self.notify_all(h, notice::RESERVATION_PREEMPTED, &mut notes);
+                self.regs.clear();
+                self.held = None;
+                self.gen = self.gen.wrapping_add(1);
+            }
+        }
+        Ok(notes)
+    }
+
+    /// What Reservation Report lists: the header and one entry per
+    /// registrant. CNTLID is FFFFh: a registration belongs to a host, not
+    /// to one of its (dynamic) controllers.
+    pub fn report(&self) -> (ReportHeader, Vec<trellis_nvme::resv::Registrant>) {
+        let h = ReportHeader {
+            gen: self.gen,
+            rtype: self.held.map_or(0, |r| r.rtype as u8),
+            regctl: self.regs.len().min(u16::MAX as usize) as u16,
+            ptpls: self.ptpl,
+        };
+        let regs = self
+            .regs
+            .iter()
+            .map(|r| trellis_nvme::resv::Registrant {
+                cntlid: 0xFFFF,
+                holds: self.is_holder(&r.hostid),
+                hostid: r.hostid,
+                rkey: r.rkey,
+            })
+            .collect();
+        (h, regs)
+    }
+}
+
+/// The persistence file's contents (JSON; host IDs in hex).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Saved {
+    version: u32,
+    gen: u32,
+    /// 0: no reservation.
+    rtype: u8,
+    holder: String,
+    registrants: Vec<SavedReg>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedReg {
+    hostid: String,
+    rkey: u64,
+}
+
+const SAVED_VERSION: u32 = 1;
+
+fn hostid_of(s: &str) -> anyhow::Result<HostId> {
+    let bad = || anyhow::anyhow!("host ID {s:?}: want 32 hex digits");
+    if s.len() != 32 || !s.is_ascii() {
+        return Err(bad());
+    }
+    let mut h = [0u8; 16];
+    for (i, b) in h.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(h)
+}
+
+impl State {
+    fn to_saved(&self) -> Saved {
+        let hex = crate::sys::hex;
+        Saved {
+            version: SAVED_VERSION,
+            gen: self.gen,
+            rtype: self.held.map_or(0, |r| r.rtype as u8),
+            holder: self.held.map_or(String::new(), |r| hex(&r.holder)),
+            registrants: self
+                .regs
+                .iter()
+                .map(|r| SavedReg {
+                    hostid: hex(&r.hostid),
+                    rkey: r.rkey,
+                })
+                .collect(),
+        }
+    }
+
+    fn from_saved(s: Saved, max: usize) -> anyhow::Result<State> {
+        anyhow::ensure!(
+            s.version == SAVED_VERSION,
+            "version {} (want {SAVED_VERSION})",
+            s.version
+        );
+        anyhow::ensure!(
+            s.registrants.len() <= max,
+            "{} registrants, more than target.max_registrants = {max}",
+            s.registrants.len()
+        );
+        let mut regs = Vec::with_capacity(s.registrants.len());
+        for r in &s.registrants {
+            regs.push(Registrant {
+                hostid: hostid_of(&r.hostid)?,
+                rkey: r.rkey,
+            });
+        }
+        let held = match s.rtype {
+            0 => None,
+            t => Some(Held {
+                rtype: RType::from_u8(t).ok_or_else(|| anyhow::anyhow!("reservation type {t}"))?,
+                holder: hostid_of(&s.holder)?,
+            }),
+        };
+        let st = State {
+            gen: s.gen,
+            regs,
+            held,
+            ptpl: true,
+        };
+        // Only states the commands can reach: one entry per host, and a
+        // holder that is registered.
+        for (i, r) in st.regs.iter().enumerate() {
+            anyhow::ensure!(
+                st.find(&r.hostid) == Some(i),
+                "host {} registered twice",
+                crate::sys::hex(&r.hostid)
+            );
+        }
+        if let Some(h) = st.held {
+            anyhow::ensure!(
+                st.is_registered(&h.holder),
+                "the reservation's holder is not registered"
+            );
+        }
+        Ok(st)
+    }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new
+/// one, never a torn one: a temp file, fsync, rename, fsync of the directory.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    sync_dir(path)
+}
+
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(d) => std::fs::File::open(d)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// One namespace's reservations.
+pub struct Resv {
+    /// RTYPE of the reservation held, 0 while none is: the I/O path reads
+    /// only this while no reservation is held.
+    active: AtomicU8,
+    /// Read by the I/O check while a reservation is held (readers do not
+    /// wait for each other); written only to swap in a new state.
+    state: RwLock<State>,
+    /// Serializes reservation commands, file writes included, so that I/O
+    /// checks never wait for an fsync.
+    commands: Mutex<()>,
+    /// The persistence file (used while PTPL is set); None: never persisted.
+    path: Option<PathBuf>,
+    max_registrants: usize,
+}
+
+impl Resv {
+    /// A namespace's reservations: those saved in `path` if it exists (they
+    /// were persisted with PTPL set), else none.
+    pub fn open(path: Option<PathBuf>, max_registrants: usize) -> anyhow::Result<Resv> {
+        let state = match &path {
+            Some(p) if p.exists() => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))?;
+                let saved: Saved = serde_json::from_str(&text).map_err(|e| {
+                    anyhow::anyhow!("reservation state {} is not valid: {e} (restore it, or delete it to drop the reservations)", p.display())
+                })?;
+                State::from_saved(saved, max_registrants)
+                    .map_err(|e| anyhow::anyhow!("reservation state {}: {e}", p.display()))?
+            }
+            _ => State::default(),
+        };
+        if let (Some(p), true) = (&path, state.ptpl) {
+            tracing::info!(
+                "reservations restored from {}: {} registrants, type {}",
+                p.display(),
+                state.regs.len(),
+                state.held.map_or(0, |r| r.rtype as u8)
+            );
+        }
+        Ok(Resv {
+            active: AtomicU8::new(state.held.map_or(0, |r| r.rtype as u8)),
+            state: RwLock::new(state),
+            commands: Mutex::new(()),
+            path,
+            max_registrants,
+        })
+    }
+
+    /// Whether a reservation is held: the I/O path's one load.
+    #[inline]
+    pub fn any_held(&self) -> bool {
+        // Acquire pairs with the Release store in `apply`: a host told of
+        // an acquisition sees it enforced on every reactor.
+        self.active.load(Ordering::Acquire) != 0
+    }
+
+    /// The I/O path's check (read or write command group). While no
+    /// reservation is held it is one load and a compare.
+    #[inline]
+    pub fn check_io(&self, h: &HostId, write: bool) -> Result<(), Status> {
+        if !self.any_held() {
+            return Ok(());
+        }
+        self.check_held(h, write)
+    }
+
+    #[cold]
+    fn check_held(&self, h: &HostId, write: bool) -> Result<(), Status> {
+        if self.read().allows(h, write) {
+            Ok(())
+        } else {
+            Err(CONFLICT)
+        }
+    }
+
+    /// A copy of the state (Report, tests).
+    pub fn snapshot(&self) -> State {
+        self.read().clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn max_registrants(&self) -> usize {
+        self.max_registrants
+    }
+
+    /// Back to no registrants and no reservation, without touching the
+    /// file: for the fuzz harness, whose registry outlives each input and
+    /// keeps no files (an in-memory node identity gives no path).
+    pub(crate) fn forget(&self) {
+        let _one_at_a_time = crate::sys::lock(&self.commands);
+        *self
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = State::default();
+        self.active.store(0, Ordering::Release);
+    }
+
+    /// Runs `f` on a copy of the state and, when it succeeds, saves the
+    /// copy (while PTPL is set, or to delete the file when it was cleared)
+    /// before making it the state: a command completes only once durable.
+    pub fn apply(
+        &self,
+        f: impl FnOnce(&mut State, usize) -> Result<Notices, Status>,
+    ) -> Result<Notices, Status> {
+        let _one_at_a_time = crate::sys::lock(&self.commands);
+        let cur = self.snapshot();
+        let mut next = cur.clone();
+        let notes = f(&mut next, self.max_registrants)?;
+        if next != cur {
+            self.persist(&cur, &next).map_err(|e| {
+                tracing::error!("cannot save reservation state: {e}");
+                generic::INTERNAL_ERROR
+            })?;
+            let active = next.held.map_or(0, |r| r.rtype as u8);
+            *self
+                .state
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+            // After the state: an I/O that still sees the old flag finds
+            // the new state under the lock, which `allows` checks anyway.
+            self.active.store(active, Ordering::Release);
+        }
+        Ok(notes)
+    }
+
+    /// Set Features Reservation Persistence (83h).
+    pub fn set_ptpl(&self, on: bool) -> Result<(), Status> {
+        self.apply(|s, _| {
+            s.ptpl = on;
+            Ok(Notices::new())
+        })
+        .map(drop)
+    }
+
+    fn persist(&self, old: &State, new: &State) -> std::io::Result<()> {
+        let Some(p) = &self.path else {
+            return Ok(());
+        };
+        if new.ptpl {
+            let text = serde_json::to_vec_pretty(&new.to_saved()).map_err(std::io::Error::other)?;
+            write_atomic(p, &text)
+        } else if old.ptpl {
+            // Cleared: nothing may survive a power loss any more.
+            match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => sync_dir(p),
+            }
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Reservation notices a controller keeps for its host to read (log page
+/// 80h): nvmet keeps 64 as well. Older ones are dropped, which the host
+/// sees as a gap in Log Page Count.
+pub const NOTICE_QUEUE_MAX: usize = 64;
+
+/// A controller's Reservation Notification log and mask (feature 82h).
+#[derive(Default)]
+pub struct NoticeLog {
+    count: u64,
+    pending: VecDeque<Notice>,
+    /// Per NSID mask bits (`trellis_nvme::resv::mask_bit`).
+    masks: HashMap<u32, u32>,
+    /// The mask of namespaces not in `masks` (set with NSID FFFFFFFFh).
+    mask_all: u32,
+}
+
+impl NoticeLog {
+    /// Queues a notice of `kind` for `nsid` unless masked; true if queued.
+    pub fn push(&mut self, nsid: u32, kind: u8) -> bool {
+        if self.mask(nsid) & trellis_nvme::resv::mask_bit(kind) != 0 {
+            return false;
+        }
+        // Log Page Count never reads 0 for a real entry: it wraps to 1.
+        self.count = self.count.checked_add(1).unwrap_or(1);
+        if self.pending.len() == NOTICE_QUEUE_MAX {
+            self.pending.pop_front();
+        }
+        self.pending.push_back(Notice {
+            count: self.count,
+            kind,
+            available: 0,
+            nsid,
+        });
+        true
+    }
+
+    /// The next notice (an empty page when none), taken from the queue.
+    pub fn pop(&mut self) -> Notice {
+        let mut n = self.pending.pop_front().unwrap_or_default();
+        n.available = self.pending.len().min(u8::MAX as usize) as u8;
+        n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn mask(&self, nsid: u32) -> u32 {
+        *self.masks.get(&nsid).unwrap_or(&self.mask_all)
+    }
+
+    /// Sets the mask of `nsid`, or of every namespace for FFFFFFFFh.
+    /// Callers pass only NSIDs of the subsystem (bounded).
+    pub fn set_mask(&mut self, nsid: u32, mask: u32) {
+        if nsid == u32::MAX {
+            self.masks.clear();
+            self.mask_all = mask;
+        } else {
+            self.masks.insert(nsid, mask);
+        }
+    }
+}
+
+/// Feature 82h's mask bits: Registration Preempted, Reservation Released,
+/// Reservation Preempted (bits 1..3).
+pub const MASK_BITS: u32 = 0b1110;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,520 @@
+//! The reservation state machine, without sockets.
+
+use super::*;
+use trellis_nvme::resv::{
+    AcquireAction as AA, RType::*, RegisterAction as RA, ReleaseAction as RL,
+};
+
+const A: HostId = [0xA; 16];
+const B: HostId = [0xB; 16];
+const C: HostId = [0xC; 16];
+
+fn reg(action: RA, iekey: bool, cptpl: Cptpl) -> RegisterCmd {
+    RegisterCmd {
+        action,
+        iekey,
+        cptpl,
+    }
+}
+fn register(s: &mut State, h: &HostId, key: u64) -> Result<Notices, Status> {
+    s.register(h, &reg(RA::Register, false, Cptpl::NoChange), 0, key, 128)
+}
+fn acq(action: AA, rtype: RType) -> AcquireCmd {
+    AcquireCmd {
+        action,
+        iekey: false,
+        rtype,
+    }
+}
+fn rel(action: RL, rtype: u8) -> ReleaseCmd {
+    ReleaseCmd {
+        action,
+        iekey: false,
+        rtype,
+    }
+}
+/// A holds a reservation of `t`; A (key 1) and B (key 2) are registered, C not.
+fn held(t: RType) -> State {
+    let mut s = State::default();
+    register(&mut s, &A, 1).unwrap();
+    register(&mut s, &B, 2).unwrap();
+    s.acquire(&A, &acq(AA::Acquire, t), 1, 0).unwrap();
+    s
+}
+
+#[test]
+fn access_table_of_every_type() {
+    // (type, [holder read, holder write, registrant read, registrant
+    // write, other read, other write]) from the spec's table.
+    let table = [
+        (WriteExclusive, [true, true, true, false, true, false]),
+        (ExclusiveAccess, [true, true, false, false, false, false]),
+        (
+            WriteExclusiveRegistrantsOnly,
+            [true, true, true, true, true, false],
+        ),
+        (
+            ExclusiveAccessRegistrantsOnly,
+            [true, true, true, true, false, false],
+        ),
+        (
+            WriteExclusiveAllRegistrants,
+            [true, true, true, true, true, false],
+        ),
+        (
+            ExclusiveAccessAllRegistrants,
+            [true, true, true, true, false, false],
+        ),
+    ];
+    for (t, want) in table {
+        let s = held(t);
+        let got = [
+            s.allows(&A, false),
+            s.allows(&A, true),
+            s.allows(&B, false),
+            s.allows(&B, true),
+            s.allows(&C, false),
+            s.allows(&C, true),
+        ];
+        assert_eq!(got, want, "{t:?}");
+        assert_eq!(s.is_holder(&B), t.all_registrants(), "{t:?}");
+    }
+    // No reservation: everyone, registered or not, has access.
+    let mut s = State::default();
+    register(&mut s, &A, 1).unwrap();
+    assert!(s.allows(&C, true) && s.allows(&A, true));
+}
+
+#[test]
+fn register_keys_generation_and_iekey() {
+    let mut s = State::default();
+    register(&mut s, &A, 1).unwrap();
+    assert_eq!(s.gen, 1);
+    register(&mut s, &A, 1).expect("the same key again succeeds");
+    assert_eq!(
+        register(&mut s, &A, 9),
+        Err(CONFLICT),
+        "another key conflicts"
+    );
+    assert_eq!(s.gen, 2, "a failed command leaves the generation");
+    let replace = reg(RA::Replace, false, Cptpl::NoChange);
+    assert_eq!(
+        s.register(&A, &replace, 7, 5, 128),
+        Err(CONFLICT),
+        "wrong CRKEY"
+    );
+    s.register(&A, &replace, 1, 5, 128).unwrap();
+    assert_eq!(s.regs[0].rkey, 5);
+    let replace_ie = reg(RA::Replace, true, Cptpl::NoChange);
+    s.register(&A, &replace_ie, 999, 6, 128)
+        .expect("IEKEY skips CRKEY");
+    assert_eq!(s.regs[0].rkey, 6);
+    assert_eq!(
+        s.register(&B, &replace, 0, 1, 128),
+        Err(CONFLICT),
+        "B is no registrant"
+    );
+    let unreg = reg(RA::Unregister, false, Cptpl::NoChange);
+    assert_eq!(s.register(&A, &unreg, 5, 0, 128), Err(CONFLICT));
+    s.register(&A, &unreg, 6, 0, 128).unwrap();
+    assert!(s.regs.is_empty());
+    assert_eq!(s.gen, 5);
+    // CPTPL changes PTPL on success only.
+    let set = reg(RA::Register, false, Cptpl::Set);
+    s.register(&B, &set, 0, 3, 128).unwrap();
+    assert!(s.ptpl);
+    let clear = reg(RA::Replace, false, Cptpl::Clear);
+    assert_eq!(s.register(&B, &clear, 4, 3, 128), Err(CONFLICT));
+    assert!(s.ptpl);
+}
+
+#[test]
+fn registrants_are_bounded_and_all_reported() {
+    let mut s = State::default();
+    let max = 40;
+    for i in 0..max {
+        let h = [i as u8 + 1; 16];
+        s.register(
+            &h,
+            &reg(RA::Register, false, Cptpl::NoChange),
+            0,
+            i as u64 + 100,
+            max,
+        )
+        .unwrap();
+    }
+    let over = [0xEE; 16];
+    let r = s.register(&over, &reg(RA::Register, false, Cptpl::NoChange), 0, 1, max);
+    assert_eq!(r, Err(REGISTRANTS_FULL));
+    // Re-registering an existing host with its key still works when full.
+    s.register(
+        &[1; 16],
+        &reg(RA::Register, false, Cptpl::NoChange),
+        0,
+        100,
+        max,
+    )
+    .unwrap();
+    s.acquire(&[3; 16], &acq(AA::Acquire, WriteExclusive), 102, 0)
+        .unwrap();
+    let (h, regs) = s.report();
+    assert_eq!((h.regctl, h.rtype, regs.len()), (40, 1, 40));
+    assert_eq!(regs.iter().filter(|r| r.holds).count(), 1);
+    assert!(regs[2].holds && regs[2].rkey == 102);
+    // The Report of more than 16 registrants into a host buffer of any
+    // size: no write past it.
+    let mut buf = vec![0u8; 64 + 17 * 64 + 10];
+    trellis_nvme::resv::encode_report_ext(&h, &regs, &mut buf);
+    let (_, got) = trellis_nvme::resv::decode_report_ext(&buf).unwrap();
+    assert_eq!(got.len(), 17);
+}
+
+#[test]
+fn acquire_rules() {
+    let mut s = State::default();
+    register(&mut s, &A, 1).unwrap();
+    register(&mut s, &B, 2).unwrap();
+    let we = acq(AA::Acquire, WriteExclusive);
+    assert_eq!(s.acquire(&C, &we, 0, 0), Err(CONFLICT), "not a registrant");
+    assert_eq!(s.acquire(&A, &we, 2, 0), Err(CONFLICT), "wrong key");
+    s.acquire(&A, &we, 1, 0).unwrap();
+    s.acquire(&A, &we, 1, 0)
+        .expect("the holder acquiring again");
+    let ea = acq(AA::Acquire, ExclusiveAccess);
+    assert_eq!(s.acquire(&A, &ea, 1, 0), Err(CONFLICT), "another type");
+    assert_eq!(s.acquire(&B, &we, 2, 0), Err(CONFLICT), "held by A");
+    assert_eq!(s.gen, 2, "Acquire leaves the generation");
+    // All Registrants: any registrant acquiring the same type succeeds.
+    let mut s = held(WriteExclusiveAllRegistrants);
+    s.acquire(&B, &acq(AA::Acquire, WriteExclusiveAllRegistrants), 2, 0)
+        .unwrap();
+}
+
+#[test]
+fn preempt_takes_over_and_unregisters() {
+    let mut s = held(WriteExclusive);
+    register(&mut s, &C, 3).unwrap();
+    let g = s.gen;
+    let notes = s
+        .acquire(&B, &acq(AA::Preempt, ExclusiveAccess), 2, 1)
+        .unwrap();
+    assert_eq!(
+        s.held,
+        Some(Held {
+            rtype: ExclusiveAccess,
+            holder: B
+        })
+    );
+    assert!(!s.is_registered(&A), "the preempted holder is unregistered");
+    assert!(s.is_registered(&C));
+    // The type changed: the registrant left is told the old one was released.
+    assert_eq!(
+        notes,
+        vec![
+            (A, notice::REGISTRATION_PREEMPTED),
+            (C, notice::RESERVATION_RELEASED)
+        ]
+    );
+    assert_eq!(s.gen, g + 1);
+    // PRKEY not the holder's: unregisters that registrant only.
+    let notes = s
+        .acquire(&B, &acq(AA::Preempt, ExclusiveAccess), 2, 3)
+        .unwrap();
+    assert_eq!(notes, vec![(C, notice::REGISTRATION_PREEMPTED)]);
+    assert_eq!(s.held.unwrap().holder, B);
+    // PRKEY naming nobody: a conflict, and nothing changes.
+    let before = s.clone();
+    assert_eq!(
+        s.acquire(&B, &acq(AA::Preempt, ExclusiveAccess), 2, 77),
+        Err(CONFLICT)
+    );
+    // PRKEY 0 with a single holder other than the holder's key: invalid.
+    register(&mut s, &A, 1).unwrap();
+    assert_eq!(
+        s.acquire(&A, &acq(AA::Preempt, WriteExclusive), 1, 0),
+        Err(INVALID_FIELD)
+    );
+    assert_eq!(s.regs.len(), before.regs.len() + 1);
+    // Preempt and Abort behaves as Preempt.
+    s.acquire(&A, &acq(AA::PreemptAndAbort, WriteExclusive), 1, 2)
+        .unwrap();
+    assert_eq!(
+        s.held,
+        Some(Held {
+            rtype: WriteExclusive,
+            holder: A
+        })
+    );
+    assert!(!s.is_registered(&B));
+}
+
+#[test]
+fn preempt_of_all_registrants_with_zero_key_clears_the_others() {
+    let mut s = held(ExclusiveAccessAllRegistrants);
+    register(&mut s, &C, 3).unwrap();
+    let notes = s
+        .acquire(&C, &acq(AA::Preempt, WriteExclusive), 3, 0)
+        .unwrap();
+    assert_eq!(s.regs.len(), 1);
+    assert_eq!(
+        s.held,
+        Some(Held {
+            rtype: WriteExclusive,
+            holder: C
+        })
+    );
+    assert_eq!(notes.len(), 2);
+    assert!(notes.iter().all(|n| n.1 == notice::REGISTRATION_PREEMPTED));
+    // With no reservation, preempt only unregisters.
+    let mut s = State::default();
+    register(&mut s, &A, 1).unwrap();
+    register(&mut s, &B, 2).unwrap();
+    s.acquire(&A, &acq(AA::Preempt, WriteExclusive), 1, 2)
+        .unwrap();
+    assert_eq!((s.held, s.regs.len()), (None, 1));
+}
+
+#[test]
+fn preempt_without_take_over_and_by_the_holder_itself() {
+    // The holder preempting itself (PRKEY its own key) changes the type;
+    // another host with that key is unregistered, as for any takeover.
+    let mut s = held(WriteExclusive);
+    register(&mut s, &C, 1).unwrap();
+    let notes = s
+        .acquire(&A, &acq(AA::Preempt, ExclusiveAccess), 1, 1)
+        .unwrap();
+    assert_eq!(
+        s.held,
+        Some(Held {
+            rtype: ExclusiveAccess,
+            holder: A
+        })
+    );
+    assert_eq!(s.regs.len(), 2);
+    assert_eq!(
+        notes,
+        vec![
+            (C, notice::REGISTRATION_PREEMPTED),
+            (B, notice::RESERVATION_RELEASED)
+        ]
+    );
+    // The holder preempting another key only unregisters it.
+    let notes = s
+        .acquire(&A, &acq(AA::Preempt, ExclusiveAccess), 1, 2)
+        .unwrap();
+    assert_eq!(notes, vec![(B, notice::REGISTRATION_PREEMPTED)]);
+    assert_eq!(s.held.map(|r| r.holder), Some(A));
+    // With no reservation, the issuer's own key unregisters it too (without
+    // a notice to itself).
+    let mut s = State::default();
+    register(&mut s, &A, 7).unwrap();
+    register(&mut s, &B, 7).unwrap();
+    let notes = s
+        .acquire(&A, &acq(AA::Preempt, WriteExclusive), 7, 7)
+        .unwrap();
+    assert!(s.regs.is_empty() && s.held.is_none());
+    assert_eq!(notes, vec![(B, notice::REGISTRATION_PREEMPTED)]);
+    // IEKEY on Acquire and Release: Invalid Field (RESCAP bit 7).
+    let mut s = held(WriteExclusive);
+    let ie = AcquireCmd {
+        iekey: true,
+        ..acq(AA::Acquire, WriteExclusive)
+    };
+    assert_eq!(s.acquire(&A, &ie, 1, 0), Err(INVALID_FIELD));
+    let ie = ReleaseCmd {
+        iekey: true,
+        ..rel(RL::Release, 1)
+    };
+    assert_eq!(s.release(&A, &ie, 1), Err(INVALID_FIELD));
+}
+
+#[test]
+fn preempt_of_a_holder_with_key_zero_removes_only_key_zero() {
+    let mut s = State::default();
+    register(&mut s, &A, 0).unwrap();
+    register(&mut s, &B, 5).unwrap();
+    register(&mut s, &C, 9).unwrap();
+    s.acquire(&A, &acq(AA::Acquire, WriteExclusive), 0, 0)
+        .unwrap();
+    s.acquire(&B, &acq(AA::Preempt, WriteExclusive), 5, 0)
+        .unwrap();
+    assert_eq!(
+        s.held,
+        Some(Held {
+            rtype: WriteExclusive,
+            holder: B
+        })
+    );
+    assert!(!s.is_registered(&A));
+    assert!(s.is_registered(&C), "C's key is not PRKEY");
+}
+
+#[test]
+fn release_and_clear() {
+    let mut s = held(WriteExclusiveRegistrantsOnly);
+    register(&mut s, &C, 3).unwrap();
+    assert_eq!(
+        s.release(&B, &rel(RL::Release, 3), 1),
+        Err(CONFLICT),
+        "wrong key"
+    );
+    s.release(&B, &rel(RL::Release, 3), 2)
+        .expect("not the holder: no-op");
+    assert!(s.held.is_some());
+    assert_eq!(
+        s.release(&A, &rel(RL::Release, 1), 1),
+        Err(INVALID_FIELD),
+        "wrong type"
+    );
+    let g = s.gen;
+    let notes = s.release(&A, &rel(RL::Release, 3), 1).unwrap();
+    assert_eq!(s.held, None);
+    assert_eq!(s.gen, g, "Release leaves the generation");
+    assert_eq!(
+        notes,
+        vec![
+            (B, notice::RESERVATION_RELEASED),
+            (C, notice::RESERVATION_RELEASED)
+        ]
+    );
+    // Releasing a Write Exclusive reservation notifies nobody.
+    let mut s = held(WriteExclusive);
+    assert!(s.release(&A, &rel(RL::Release, 1), 1).unwrap().is_empty());
+    // Clear: everything goes, the others are told it was preempted.
+    let mut s = held(ExclusiveAccess);
+    let notes = s.release(&B, &rel(RL::Clear, 0), 2).unwrap();
+    assert_eq!(notes, vec![(A, notice::RESERVATION_PREEMPTED)]);
+    assert!(s.regs.is_empty() && s.held.is_none());
+    assert_eq!(s.gen, 3);
+}
+
+#[test]
+fn unregistering_the_holder_releases() {
+    let unreg = reg(RA::Unregister, false, Cptpl::NoChange);
+    let mut s = held(ExclusiveAccessRegistrantsOnly);
+    let notes = s.register(&A, &unreg, 1, 0, 128).unwrap();
+    assert_eq!(s.held, None);
+    assert_eq!(notes, vec![(B, notice::RESERVATION_RELEASED)]);
+    // All Registrants: held until the last registrant goes.
+    let mut s = held(WriteExclusiveAllRegistrants);
+    s.register(&A, &unreg, 1, 0, 128).unwrap();
+    assert!(s.held.is_some());
+    s.register(&B, &unreg, 2, 0, 128).unwrap();
+    assert_eq!(s.held, None);
+}
+
+#[test]
+fn io_check_is_enforced_and_failed_commands_change_nothing() {
+    let r = Resv::open(None, 4).unwrap();
+    assert_eq!(r.check_io(&C, true), Ok(()));
+    r.apply(|s, max| s.register(&A, &reg(RA::Register, false, Cptpl::NoChange), 0, 1, max))
+        .unwrap();
+    r.apply(|s, _| s.acquire(&A, &acq(AA::Acquire, ExclusiveAccess), 1, 0))
+        .unwrap();
+    assert_eq!(r.check_io(&C, false), Err(CONFLICT));
+    assert_eq!(r.check_io(&A, true), Ok(()));
+    let before = r.snapshot();
+    assert_eq!(
+        r.apply(|s, _| s.acquire(&A, &acq(AA::Acquire, WriteExclusive), 1, 0)),
+        Err(CONFLICT)
+    );
+    assert_eq!(r.snapshot(), before);
+    r.apply(|s, _| s.release(&A, &rel(RL::Release, 2), 1))
+        .unwrap();
+    assert_eq!(
+        r.check_io(&C, true),
+        Ok(()),
+        "released: the fast path again"
+    );
+}
+
+#[test]
+fn ptpl_state_survives_reopen_and_clearing_deletes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("resv.json");
+    let r = Resv::open(Some(path.clone()), 32).unwrap();
+    r.apply(|s, max| s.register(&A, &reg(RA::Register, false, Cptpl::NoChange), 0, 1, max))
+        .unwrap();
+    assert!(!path.exists(), "PTPL clear: nothing written");
+    for i in 0..20u8 {
+        r.apply(|s, max| {
+            s.register(
+                &[i + 0x20; 16],
+                &reg(RA::Register, false, Cptpl::Set),
+                0,
+                i as u64,
+                max,
+            )
+        })
+        .unwrap();
+    }
+    r.apply(|s, _| s.acquire(&A, &acq(AA::Acquire, ExclusiveAccessRegistrantsOnly), 1, 0))
+        .unwrap();
+    assert!(path.exists());
+    let want = r.snapshot();
+    drop(r);
+    let r = Resv::open(Some(path.clone()), 32).unwrap();
+    assert_eq!(r.snapshot(), want);
+    assert_eq!(
+        r.check_io(&C, false),
+        Err(CONFLICT),
+        "enforced after reopen"
+    );
+    // Fewer registrants allowed than saved: refused, naming the file.
+    let e = Resv::open(Some(path.clone()), 8).err().unwrap().to_string();
+    assert!(
+        e.contains("resv.json") && e.contains("21 registrants"),
+        "{e}"
+    );
+    r.set_ptpl(false).unwrap();
+    assert!(!path.exists(), "PTPL cleared: the file goes");
+    // A state no command sequence reaches is refused too.
+    let a = crate::sys::hex(&A);
+    let twice = format!(
+        r#"{{"version":1,"gen":1,"rtype":0,"holder":"","registrants":[{{"hostid":"{a}","rkey":1}},{{"hostid":"{a}","rkey":2}}]}}"#
+    );
+    std::fs::write(&path, twice).unwrap();
+    let e = Resv::open(Some(path.clone()), 32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("registered twice"), "{e}");
+    let orphan = format!(r#"{{"version":1,"gen":1,"rtype":1,"holder":"{a}","registrants":[]}}"#);
+    std::fs::write(&path, orphan).unwrap();
+    let e = Resv::open(Some(path.clone()), 32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not registered"), "{e}");
+    std::fs::write(&path, "{not json").unwrap();
+    let e = Resv::open(Some(path.clone()), 32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not valid"), "{e}");
+}
+
+#[test]
+fn notice_log_masks_bounds_and_counts() {
+    let mut l = NoticeLog::default();
+    assert_eq!(l.pop(), Notice::default(), "empty: an empty page");
+    l.set_mask(
+        1,
+        trellis_nvme::resv::mask_bit(notice::RESERVATION_RELEASED),
+    );
+    assert!(!l.push(1, notice::RESERVATION_RELEASED), "masked");
+    assert!(l.push(2, notice::RESERVATION_RELEASED));
+    assert!(l.push(1, notice::REGISTRATION_PREEMPTED));
+    let n = l.pop();
+    assert_eq!((n.count, n.nsid, n.available), (1, 2, 1));
+    for _ in 0..NOTICE_QUEUE_MAX + 5 {
+        l.push(3, notice::RESERVATION_PREEMPTED);
+    }
+    let n = l.pop();
+    // Counts 2..=71 were queued, 64 kept: 2..=7 were dropped.
+    assert_eq!(n.count, 8, "the oldest were dropped: a gap in the count");
+    assert_eq!(n.available as usize, NOTICE_QUEUE_MAX - 1);
+    l.set_mask(u32::MAX, MASK_BITS);
+    assert!(!l.push(1, notice::REGISTRATION_PREEMPTED));
+    assert!(!l.push(9, notice::RESERVATION_PREEMPTED));
+}

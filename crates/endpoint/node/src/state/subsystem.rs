@@ -1,0 +1,618 @@
+//! Shared state: the registry of subsystems, namespaces and live
+//! controllers. Reactors read it on the data path without locks; locks are
+//! taken only on the control path (Connect, teardown, error log).
+
+use crate::backend::{self, Backend};
+use crate::config::{Config, ListenerConfig, ListenerKind, NamespaceConfig, TargetConfig};
+use crate::state::identity::NodeId;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,
+};
+use std::sync::{Arc, Mutex};
+use trellis_nvme::ana::AnaState;
+use trellis_nvme::identify::NamespaceInfo;
+use trellis_nvme::log::ErrorEntry;
+
+/// Per-namespace counters behind the SMART log. Reactors add to them in
+/// batches (see `conn::LocalStats`), not once per I/O.
+#[derive(Default)]
+pub struct NsStats {
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub read_cmds: AtomicU64,
+    pub write_cmds: AtomicU64,
+    pub media_errors: AtomicU64,
+    /// Write Zeroes commands with the Deallocate bit (DEAC) set.
+    pub write_zeroes_deac: AtomicU64,
+    /// Command latency on the target (capsule taken to completion), [read,
+    /// write], in the buckets of [`crate::state::stats::lat_bucket`].
+    pub latency: [[AtomicU64; crate::state::stats::LAT_BUCKETS]; 2],
+}
+
+pub struct Namespace {
+    pub nsid: u32,
+    /// What it was made from (`trellis ctl save`), NSID filled in.
+    pub config: NamespaceConfig,
+    /// Index into `Registry::namespaces`; reactors key their backend queues by it.
+    pub uid: usize,
+    pub backend: Arc<dyn Backend>,
+    pub block_size: u32,
+    pub lbads: u8,
+    /// Grows live (`trellis ctl namespace resize`): one relaxed load per
+    /// command's range check. Read it with [`Namespace::size_blocks`].
+    pub size_blocks: AtomicU64,
+    pub read_only: bool,
+    pub info: NamespaceInfo,
+    pub stats: NsStats,
+    /// Traffic control; `Off` keeps the scheduler out of the I/O path.
+    pub qos: crate::config::qos::QosMode,
+    /// The drive's capacities when the backend knows them and QoS is on
+    /// (`Backend::device_model`, measured at startup).
+    pub device_model: Option<trellis_qos::DeviceModel>,
+    /// Each reactor's published Gimbal state, for `/metrics`.
+    pub qos_board: crate::state::tenants::QosBoard,
+    /// The backend's `reads_zero()`, kept here so the I/O path makes no
+    /// virtual call for it.
+    pub reads_zero: bool,
+    /// Writes may hand the backend the receive buffer itself: the backend
+    /// completes inside `submit` and no scheduler holds the request.
+    pub write_in_place: bool,
+    /// ANA group (ANAGRPID) and its index in `Registry::ana`.
+    pub anagrpid: u32,
+    pub ana_idx: usize,
+    /// Reservations (`resv`): checked on every I/O, one load while none is held.
+    pub resv: crate::state::resv::Resv,
+}
+
+impl Namespace {
+    #[inline]
+    pub fn size_blocks(&self) -> u64 {
+        self.size_blocks.load(Relaxed)
+    }
+
+    /// What Identify Namespace reports: `info` at the current size.
+    pub fn identify_info(&self) -> NamespaceInfo {
+        let mut i = self.info.clone();
+        i.size_blocks = self.size_blocks();
+        i
+    }
+}
+
+pub struct Subsystem {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    pub allow_any: bool,
+    /// Changed live (`trellis ctl host add|remove`); read at Connect and
+    /// for the discovery log, never on the I/O path.
+    pub allowed_hosts: Mutex<HashSet<String>>,
+    /// Index in `Registry::subsystems` and in every `NsSet::subs`: its
+    /// namespaces live in the registry's namespace set, which changes.
+    pub idx: usize,
+    pub controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    /// DH-HMAC-CHAP keys by host NQN (`[[subsystem.host]]`): a host here
+    /// is allowed, and must authenticate every queue before using it.
+    pub dhchap: HashMap<String, Arc<crate::config::keys::HostKeys>>,
+    /// Configured TLS PSKs by host NQN (`[[subsystem.host]] tls_key`): a
+    /// host here is allowed; TLS listeners accept its identity.
+    pub tls: HashMap<String, crate::config::keys::HostPsk>,
+}
+
+/// The NSIDs a subsystem may hold, and Identify Controller's NN and MNAN
+/// (unless the config uses a larger NSID): fixed for a controller's life,
+/// so that namespaces added while a host is connected are within them.
+/// 1024, as Linux nvmet's NVMET_MAX_NAMESPACES.
+pub const MAX_NSID: u32 = 1024;
+
+impl Subsystem {
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.allow_any
+            || crate::sys::lock(&self.allowed_hosts).contains(hostnqn)
+            || self.dhchap.contains_key(hostnqn)
+            || self.tls.contains_key(hostnqn)
+    }
+}
+
+impl Registry {
+    /// What Identify Controller advertises for ANA: fixed, whatever the
+    /// namespaces, since Linux sizes its ANA log buffer from it at connect.
+    pub fn ana_caps(&self) -> trellis_nvme::identify::AnaCaps {
+        let (nanagrpid, anagrpmax) = self.ana.limits();
+        trellis_nvme::identify::AnaCaps {
+            anatt_s: crate::state::ana::ANATT_S,
+            anacap: crate::state::ana::ANACAP,
+            anagrpmax,
+            nanagrpid,
+        }
+    }
+}
+
+/// Per-controller error log: a ring of the last 64 failed commands.
+#[derive(Default)]
+pub struct ErrorLog {
+    pub count: u64,
+    pub entries: std::collections::VecDeque<ErrorEntry>,
+}
+
+pub const ERROR_LOG_ENTRIES: usize = 64;
+
+/// Feature values a host may set and read back.
+#[derive(Clone, Debug)]
+pub struct Features {
+    pub arbitration: u32,
+    pub power_mgmt: u32,
+    pub temp_threshold: u32,
+    pub error_recovery: u32,
+    pub write_cache: u32,
+    pub irq_coalescing: u32,
+    pub irq_config: u32,
+    pub write_atomicity: u32,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            arbitration: 0,
+            power_mgmt: 0,
+            temp_threshold: 0x157, // 343 K, the common default over-temperature threshold
+            error_recovery: 0,
+            write_cache: 1,
+            irq_coalescing: 0,
+            irq_config: 0,
+            write_atomicity: 0,
+        }
+    }
+}
+
+/// What the control path may report of a connected queue.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueInfo {
+    /// SQSIZE from Connect (0's based).
+    pub sqsize: u16,
+    pub peer: SocketAddr,
+}
+
+/// One controller (dynamic model: created by an admin Connect).
+pub struct Controller {
+    pub cntlid: u16,
+    /// None for a discovery controller.
+    pub subsys: Option<Arc<Subsystem>>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub kato_ms: AtomicU32,
+    pub last_keepalive_ns: AtomicU64,
+    pub cc: AtomicU32,
+    pub csts: AtomicU32,
+    /// I/O queues granted by Set Features Number of Queues.
+    pub io_queues: AtomicU16,
+    /// Connected queues by QID (0: the admin queue), for `controllers_get`.
+    pub connected_qids: Mutex<HashMap<u16, QueueInfo>>,
+    /// Set once: every queue of the controller must close.
+    pub dead: AtomicBool,
+    pub async_event_config: AtomicU32,
+    /// Listener (portid) the admin queue connected through: ANA states
+    /// and ANA change events are per listener.
+    pub portid: u16,
+    /// Asynchronous events (by Asynchronous Event Configuration bit) to
+    /// complete on the next AER; set by the control path.
+    pub aen_pending: AtomicU32,
+    /// Events sent and not yet acknowledged by reading their log page with
+    /// RAE clear: masked, as the spec requires (and nvmet's `aen_masked`).
+    pub aen_masked: AtomicU32,
+    pub features: Mutex<Features>,
+    pub errors: Mutex<ErrorLog>,
+    /// The host's QoS tenant, mapped once at Connect (`Registry::tenants`).
+    pub tenant: trellis_qos::sched::TenantId,
+    /// The Changed Namespace List (log page 04h) not yet read.
+    pub changed_ns: Mutex<crate::state::aen::ChangedNs>,
+    /// Reservation notices (log page 80h) and their mask (feature 82h).
+    pub resv_log: Mutex<crate::state::resv::NoticeLog>,
+}
+
+impl Controller {
+    pub fn is_discovery(&self) -> bool {
+        self.subsys.is_none()
+    }
+    pub fn ready(&self) -> bool {
+        self.csts.load(Relaxed) & trellis_nvme::fabrics::csts::RDY != 0
+    }
+    pub fn kill(&self, why: &str) {
+        if !self.dead.swap(true, Relaxed) {
+            tracing::info!(cntlid = self.cntlid, host = %self.hostnqn, "controller torn down: {why}");
+            self.csts
+                .fetch_or(trellis_nvme::fabrics::csts::CFS, Relaxed);
+        }
+    }
+    /// Raises an event that no Asynchronous Event Configuration bit gates
+    /// (`aen::RESV_LOG`), unless sent and not yet acknowledged.
+    pub fn raise_ungated(&self, bit: u32) -> bool {
+        if self.aen_masked.fetch_or(bit, Relaxed) & bit != 0 {
+            return false;
+        }
+        self.aen_pending.fetch_or(bit, Relaxed);
+        true
+    }
+    /// Raises asynchronous event `bit` (an Asynchronous Event Configuration
+    /// bit) if the host enabled it and has not yet been told: the admin
+    /// queue completes an AER with it within its next check.
+    pub fn raise_event(&self, bit: u32) -> bool {
+        if self.async_event_config.load(Relaxed) & bit == 0
+            || self.aen_masked.fetch_or(bit, Relaxed) & bit != 0
+        {
+            return false;
+        }
+        self.aen_pending.fetch_or(bit, Relaxed);
+        true
+    }
+    pub fn record_error(&self, e: ErrorEntry) {
+        let mut log = crate::sys::lock(&self.errors);
+        log.count += 1;
+        let mut e = e;
+        e.error_count = log.count;
+        if log.entries.len() == ERROR_LOG_ENTRIES {
+            log.entries.pop_back();
+        }
+        log.entries.push_front(e);
+    }
+}
+
+pub struct ListenerInfo {
+    pub addr: SocketAddr,
+    pub kind: ListenerKind,
+    pub portid: u16,
+    /// TLS on this listener (None: plain TCP only).
+    pub secure: Option<crate::config::SecureChannel>,
+}
+
+pub struct Registry {
+    /// The configuration the target started with (`live_config` adds the
+    /// changes made since).
+    pub config: Config,
+    pub limits: TargetConfig,
+    /// Held (locked) for the registry's life: see [`crate::state::identity`].
+    pub node: NodeId,
+    /// Large command buffers kept across commands (`large_buffer_budget`).
+    pub buffer_budget: Arc<crate::state::buf::BufferBudget>,
+    /// Schedulers' configuration and the host NQN → tenant map (`qos`).
+    pub qos: crate::config::qos::QosConfig,
+    pub tenants: crate::state::tenants::Tenants,
+    /// Live: added and removed while running (`livesub`).
+    pub subsystems: crate::state::subsystems::SubsystemTable,
+    /// Every namespace, by uid and by subsystem; changes while running.
+    pub ns: crate::state::nsset::NsCell,
+    /// NN and MNAN: `MAX_NSID`, or the config's largest NSID.
+    pub nn: u32,
+    /// The next namespace uid (never reused).
+    pub(crate) next_uid: AtomicUsize,
+    /// Live: added and removed while running (`livelisten`).
+    pub listeners: crate::state::listeners::ListenerTable,
+    /// Discovery controllers live here (they belong to no subsystem).
+    pub discovery_controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    pub(crate) next_cntlid: Mutex<u16>,
+    pub discovery_genctr: AtomicU64,
+    /// Referrals and entries merged from other nodes (`discovery`).
+    pub disc: crate::state::discovery::DiscoveryState,
+    pub started: std::time::Instant,
+    pub unsafe_shutdowns: AtomicU64,
+    /// Per reactor: wall time spent in loops that did work, ns (published
+    /// about once a millisecond, for `/metrics`). Padded so that reactors on
+    /// different cores never write one cache line.
+    pub reactor_busy_ns: Vec<crate::state::stats::PaddedCounter>,
+    /// Per reactor: durations of its loops that did work, in the buckets of
+    /// `exec::lat_bucket` (published with the busy time).
+    pub reactor_loop_hist: Vec<[AtomicU64; crate::state::stats::LAT_BUCKETS]>,
+    /// Connections closed, by `CloseKind` (indexed by its discriminant).
+    pub conn_closed: [AtomicU64; crate::state::stats::CloseKind::ALL.len()],
+    /// ANA state per (listener, group).
+    pub ana: crate::state::ana::AnaTable,
+}
+
+impl Registry {
+    /// Takes the node identity, then opens every backend the config names.
+    pub fn build(cfg: &Config) -> anyhow::Result<Registry> {
+        let node = NodeId::acquire(&state_dir(cfg))?;
+        tracing::info!("node identity {} ({})", node.uuid(), node.path().display());
+        Registry::build_with(cfg, node)
+    }
+
+    /// Opens every backend the config names, under the identity `node`.
+    pub fn build_with(cfg: &Config, node: NodeId) -> anyhow::Result<Registry> {
+        let mut all_ns = Vec::new();
+        let mut subsystems = Vec::new();
+        let mut seen = HashMap::new();
+        let ana = crate::state::ana::AnaTable::new(
+            cfg.subsystems
+                .iter()
+                .flat_map(|s| s.namespaces.iter().enumerate().map(|(i, n)| anagrpid(n, i))),
+            &cfg.listeners
+                .iter()
+                .map(|l| l.ana_state.unwrap_or(AnaState::Optimized))
+                // Slots for listeners added live, which copy their states
+                // before they accept (`livelisten`); inaccessible until then.
+                .chain(std::iter::repeat_n(
+                    AnaState::Inaccessible,
+                    crate::state::listeners::MAX_LISTENERS_ADDED,
+                ))
+                .collect::<Vec<_>>(),
+        );
+        let mut subs_ns = Vec::new();
+        for (idx, s) in cfg.subsystems.iter().enumerate() {
+            let serial = node.serial(s);
+            tracing::info!(subsystem = %s.nqn, "serial {serial}");
+            unique(&mut seen, format!("serial {serial}"), &s.nqn)?;
+            let mut nss = Vec::new();
+            for (i, n) in s.namespaces.iter().enumerate() {
+                let max_regs = cfg.target.max_registrants;
+                let ns = open_namespace(&node, &s.nqn, i, n, all_ns.len(), &ana, max_regs)?;
+                let hex = crate::sys::hex;
+                for key in [
+                    format!("uuid {}", hex(&ns.info.uuid)),
+                    format!("nguid {}", hex(&ns.info.nguid)),
+                    format!("eui64 {}", hex(&ns.info.eui64)),
+                ] {
+                    unique(&mut seen, key, &format!("nsid {} of {}", ns.nsid, s.nqn))?;
+                }
+                all_ns.push(ns.clone());
+                nss.push(ns);
+            }
+            subs_ns.push(crate::state::nsset::SubNs::new(nss));
+            subsystems.push(Arc::new(Subsystem {
+                nqn: s.nqn.clone(),
+                serial,
+                model: s.model.clone(),
+                allow_any: s.allow_any(),
+                allowed_hosts: Mutex::new(s.allowed_hosts.iter().cloned().collect()),
+                idx,
+                controllers: Mutex::new(HashMap::new()),
+                dhchap: crate::config::keys::subsystem_keys(s)?,
+                tls: crate::config::keys::subsystem_psks(s)?,
+            }));
+        }
+        let nn = cfg
+            .subsystems
+            .iter()
+            .flat_map(|s| s.namespaces.iter().enumerate())
+            .map(|(i, n)| n.nsid.unwrap_or(i as u32 + 1))
+            .fold(MAX_NSID, u32::max);
+        let listeners = cfg
+            .listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l): (usize, &ListenerConfig)| ListenerInfo {
+                addr: l.addr,
+                kind: l.kind(),
+                portid: i as u16 + 1,
+                secure: l.secure_channel,
+            })
+            .collect();
+        Ok(Registry {
+            config: cfg.clone(),
+            limits: cfg.target.clone(),
+            node,
+            buffer_budget: Arc::new(crate::state::buf::BufferBudget::new(
+                cfg.target.large_buffer_budget.0,
+            )),
+            qos: cfg.qos.clone(),
+            tenants: crate::state::tenants::Tenants::new(&cfg.tenants, &cfg.qos.limits),
+            subsystems: crate::state::subsystems::SubsystemTable::new(subsystems, &cfg.subsystems),
+            next_uid: AtomicUsize::new(all_ns.len()),
+            ns: crate::state::nsset::NsCell::new(crate::state::nsset::NsSet {
+                gen: 1,
+                by_uid: all_ns.into_iter().map(Some).collect(),
+                subs: subs_ns,
+            }),
+            nn,
+            listeners: crate::state::listeners::ListenerTable::new(listeners, &cfg.listeners),
+            discovery_controllers: Mutex::new(HashMap::new()),
+            next_cntlid: Mutex::new(cfg.target.cntlid_min),
+            discovery_genctr: AtomicU64::new(1),
+            disc: crate::state::discovery::DiscoveryState::new(&cfg.referrals),
+            started: std::time::Instant::now(),
+            unsafe_shutdowns: AtomicU64::new(0),
+            reactor_busy_ns: (0..cfg.target.reactors)
+                .map(|_| Default::default())
+                .collect(),
+            conn_closed: Default::default(),
+            reactor_loop_hist: (0..cfg.target.reactors)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            ana,
+        })
+    }
+
+    pub fn subsystem(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
+        self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// Allocates a controller ID in `cntlid_min..=cntlid_max` (default
+    /// 1..=0xFFEF) unique among live controllers, advancing round-robin so a
+    /// just-freed ID is not handed out again at once.
+    pub fn alloc_cntlid(&self, in_use: &dyn Fn(u16) -> bool) -> Option<u16> {
+        let (lo, hi) = (self.limits.cntlid_min.max(1), self.limits.cntlid_max);
+        let mut next = crate::sys::lock(&self.next_cntlid);
+        for _ in lo..=hi {
+            let id = (*next).clamp(lo, hi);
+            *next = if id >= hi { lo } else { id + 1 };
+            if !in_use(id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    pub fn uptime_hours(&self) -> u64 {
+        self.started.elapsed().as_secs() / 3600
+    }
+}
+
+/// The state directory of `cfg`: configured, else the default chain.
+pub fn state_dir(cfg: &Config) -> std::path::PathBuf {
+    cfg.target
+        .state_dir
+        .clone()
+        .unwrap_or_else(crate::config::default_state_dir)
+}
+
+/// Refuses a second namespace or subsystem with the same identifier (an
+/// explicit value equal to another one, explicit or derived).
+fn unique(seen: &mut HashMap<String, String>, key: String, owner: &str) -> anyhow::Result<()> {
+    if let Some(first) = seen.insert(key.clone(), owner.to_string()) {
+        anyhow::bail!(
+            "{owner} has the same {key} as {first}: give one of them another value in the config"
+        );
+    }
+    Ok(())
+}
+
+/// Opens namespace `i` of subsystem `s` with its backend and identifiers.
+pub(crate) fn open_namespace(
+    node: &NodeId,
+    s: &str,
+    i: usize,
+    n: &NamespaceConfig,
+    uid: usize,
+    ana: &crate::state::ana::AnaTable,
+    max_registrants: usize,
+) -> anyhow::Result<Arc<Namespace>> {
+    let nsid = n.nsid.unwrap_or(i as u32 + 1);
+    let grpid = anagrpid(n, i);
+    let ana_idx = ana.add_group(grpid).ok_or_else(|| {
+        let (slots, max) = ana.limits();
+        anyhow::anyhow!("ANA group {grpid}: use 1..={max}, with at most {slots} groups on the node")
+    })?;
+    let backend = backend::open(n)?;
+    let bs = n.block_size;
+    let size_blocks = backend.size_bytes() / bs as u64;
+    anyhow::ensure!(
+        size_blocks > 0,
+        "namespace {nsid} of {} is smaller than a block",
+        s
+    );
+    let ids = node.namespace_ids(s, nsid, n);
+    let info = NamespaceInfo {
+        size_blocks,
+        lbads: bs.trailing_zeros() as u8,
+        nguid: ids.nguid,
+        eui64: ids.eui64,
+        uuid: ids.uuid,
+        read_only: n.read_only,
+        deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
+        anagrpid: grpid,
+        rescap: trellis_nvme::resv::RESCAP_ALL,
+    };
+    tracing::info!(subsystem = %s, nsid, "namespace: {}; {ids}", backend.describe());
+    // Keyed by NGUID: unique per namespace on the node and stable across
+    // restarts (derived from the node identity, or configured).
+    let resv_file = node.state_file(&format!("resv-{}.json", crate::sys::hex(&ids.nguid)));
+    let resv = crate::state::resv::Resv::open(resv_file, max_registrants)?;
+    // Measured here, at startup, not on a reactor's first I/O.
+    let device_model = (n.qos == crate::config::qos::QosMode::Gimbal)
+        .then(|| backend.device_model())
+        .flatten();
+    if let Some(m) = &device_model {
+        if m.read_4k_iops > 0 {
+            tracing::info!(
+                subsystem = %s,
+                nsid,
+                "drive model: 4 KiB random read {} IOPS, read {} MB/s, {} % of it at {} × 128 KiB in flight, link {} MB/s",
+                m.read_4k_iops,
+                m.read_bytes_per_s / 1_000_000,
+                trellis_ssd::SATURATION_PERMILLE / 10,
+                m.read_128k_saturation_qd,
+                m.link_bytes_per_s / 1_000_000
+            );
+        } else if m.link_bytes_per_s == crate::backend::NO_DRIVE_LINK_BYTES_PER_S {
+            tracing::info!(
+                subsystem = %s,
+                nsid,
+                "no drive ({}): Gimbal's rate ceiling rises to {} MB/s, so only the reactor's CPU bounds it",
+                backend.describe(),
+                m.link_bytes_per_s / 1_000_000
+            );
+        } else {
+            tracing::info!(
+                subsystem = %s,
+                nsid,
+                "drive: PCIe link {} MB/s (sysfs); Gimbal's per-I/O cost and slots stay as configured",
+                m.link_bytes_per_s / 1_000_000
+            );
+        }
+    }
+    let mut config = n.clone();
+    config.nsid = Some(nsid);
+    Ok(Arc::new(Namespace {
+        nsid,
+        config,
+        uid,
+        reads_zero: backend.reads_zero(),
+        write_in_place: backend.synchronous() && n.qos == crate::config::qos::QosMode::Off,
+        backend,
+        block_size: bs,
+        lbads: bs.trailing_zeros() as u8,
+        size_blocks: AtomicU64::new(size_blocks),
+        read_only: n.read_only,
+        info,
+        stats: NsStats::default(),
+        qos: n.qos,
+        device_model,
+        qos_board: Default::default(),
+        anagrpid: grpid,
+        ana_idx,
+        resv,
+    }))
+}
+
+/// The ANA group of namespace `i` of a subsystem: `ana_group`, else its NSID.
+pub(crate) fn anagrpid(n: &NamespaceConfig, i: usize) -> u32 {
+    n.ana_group.unwrap_or(n.nsid.unwrap_or(i as u32 + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explicit_identifiers_equal_to_another_namespace_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::embedded_default();
+        cfg.target.state_dir = Some(dir.path().into());
+        let mut n =
+            crate::config::NamespaceConfig::sized(crate::config::BackendKind::Null, 1 << 20);
+        n.eui64 = Some("02:00:00:00:00:00:00:01".into());
+        cfg.subsystems[0].namespaces = vec![n.clone(), n];
+        let e = Registry::build(&cfg).err().unwrap().to_string();
+        assert!(
+            e.contains("eui64 0200000000000001") && e.contains("nsid 2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cntlid_allocation_skips_live_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::embedded_default();
+        cfg.target.state_dir = Some(dir.path().into());
+        let r = Registry::build(&cfg).unwrap();
+        let a = r.alloc_cntlid(&|_| false).unwrap();
+        let b = r.alloc_cntlid(&|id| id == a + 1).unwrap();
+        assert_eq!(b, a + 2);
+        // A configured range (one node of an HA pair): only IDs in it, and
+        // none once all of them are live.
+        cfg.target.cntlid_min = 0x8000;
+        cfg.target.cntlid_max = 0x8001;
+        let r = Registry::build(&cfg).unwrap();
+        assert_eq!(r.alloc_cntlid(&|_| false), Some(0x8000));
+        assert_eq!(r.alloc_cntlid(&|_| false), Some(0x8001));
+        assert_eq!(
+            r.alloc_cntlid(&|_| false),
+            Some(0x8000),
+            "wraps within the range"
+        );
+        assert_eq!(r.alloc_cntlid(&|_| true), None);
+        cfg.target.cntlid_min = 0;
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains("cntlid_min = 0"), "{e}");
+    }
+}
