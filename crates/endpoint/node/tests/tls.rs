@@ -24,8 +24,11 @@ fn key(fill: u8, hash: PskHash) -> ConfiguredPsk {
     }
 }
 
+/// A host allowed without a key (`allowed_hosts`): plain TCP is its channel.
+const PLAIN_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000aa";
+
 /// A target with one listener of `secure` whose subsystem gives `HOST`
-/// the PSK `k` (derived per `d`).
+/// the PSK `k` (derived per `d`) and allows `PLAIN_HOST` without a key.
 fn start(
     secure: Option<SecureChannel>,
     k: &ConfiguredPsk,
@@ -41,7 +44,7 @@ fn start(
         secure_channel: secure,
     }];
     let s = &mut cfg.subsystems[0];
-    s.allowed_hosts.clear();
+    s.allowed_hosts = vec![PLAIN_HOST.into()];
     s.hosts = vec![TargetHost {
         nqn: HOST.into(),
         tls_key: Some(k.format()),
@@ -146,6 +149,10 @@ fn both_suites_both_engines_both_identity_versions_carry_io() {
 
 #[test]
 fn a_required_listener_refuses_plain_and_an_optional_one_takes_both() {
+    // Both channels on an optional listener, each for the host it fits: TLS
+    // for the host that has a PSK, plain TCP for the host allowed without a
+    // key. The PSK host over plain TCP is refused: its NQN alone proves
+    // nothing (docs/security.md, "Who may connect").
     let k = key(3, PskHash::Sha256);
     let t = start(
         Some(SecureChannel::Required),
@@ -163,9 +170,18 @@ fn a_required_listener_refuses_plain_and_an_optional_one_takes_both() {
     for engine in [SocketEngine::Epoll, SocketEngine::Uring] {
         let t = start(Some(SecureChannel::Optional), &k, Derivation::Spec, engine);
         let addr = t.local_addrs[0].to_string();
-        let mut c = trellis_host::Controller::connect(&addr, NQN, &host(None)).unwrap();
+        let plain = HostConfig {
+            hostnqn: PLAIN_HOST.into(),
+            ..host(None)
+        };
+        let mut c = trellis_host::Controller::connect(&addr, NQN, &plain).unwrap();
         io_round_trip(&mut c);
         c.shutdown().unwrap();
+        let e = match trellis_host::Controller::connect(&addr, NQN, &host(None)) {
+            Ok(_) => panic!("the PSK host connected over plain TCP"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.to_lowercase().contains("host"), "{e}");
         let cfg = host(tls(&k, 0, Derivation::Spec));
         let mut c = trellis_host::Controller::connect(&addr, NQN, &cfg).unwrap();
         io_round_trip(&mut c);

@@ -107,11 +107,33 @@ pub struct Subsystem {
 pub const MAX_NSID: u32 = 1024;
 
 impl Subsystem {
-    pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.allow_any
-            || crate::sys::lock(&self.allowed_hosts).contains(hostnqn)
-            || self.dhchap.contains_key(hostnqn)
-            || self.tls.contains_key(hostnqn)
+    /// Whether `hostnqn` may connect over a channel that has proven
+    /// `tls_host` (the host NQN of the TLS PSK identity the connection's
+    /// handshake used; None on a plain connection).
+    ///
+    /// A host NQN that has a key must prove it, whatever `allowed_hosts`
+    /// and `allow_any_host` say (docs/security.md, "Who may connect"): a
+    /// host whose only credential is a TLS PSK is admitted only over a TLS
+    /// channel whose identity names it, so claiming its NQN over plain TCP
+    /// gains nothing; a host with a DH-HMAC-CHAP secret is admitted on any
+    /// channel and must then authenticate before any other command
+    /// (`data::nvme::auth::refuses`).
+    pub fn admits(&self, hostnqn: &str, tls_host: Option<&str>) -> bool {
+        if self.dhchap.contains_key(hostnqn) {
+            return true;
+        }
+        if self.tls.contains_key(hostnqn) {
+            return tls_host == Some(hostnqn);
+        }
+        self.allow_any || crate::sys::lock(&self.allowed_hosts).contains(hostnqn)
+    }
+
+    /// Whether `hostnqn` can use a listener whose secure channel is
+    /// `secure`: as [`admits`](Self::admits) for a connection that proves
+    /// its PSK on a TLS listener. What the discovery log lists for a host.
+    pub fn admits_on(&self, hostnqn: &str, secure: Option<crate::config::SecureChannel>) -> bool {
+        let tls_host = secure.is_some().then_some(hostnqn);
+        self.admits(hostnqn, tls_host)
     }
 }
 
@@ -205,6 +227,10 @@ pub struct Controller {
     pub errors: Mutex<ErrorLog>,
     /// The host's QoS tenant, mapped once at Connect (`Registry::tenants`).
     pub tenant: trellis_qos::sched::TenantId,
+    /// The admin queue came over TLS with a PSK identity naming this
+    /// controller's host: what the discovery log and its change notices
+    /// may reveal to it of PSK-only hosts' subsystems.
+    pub tls_proven: bool,
     /// The Changed Namespace List (log page 04h) not yet read.
     pub changed_ns: Mutex<crate::state::aen::ChangedNs>,
     /// Reservation notices (log page 80h) and their mask (feature 82h).

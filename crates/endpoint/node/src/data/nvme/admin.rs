@@ -109,8 +109,10 @@ impl Queue {
                 return Err(refuse(e, "subsystem not exposed on a discovery-only port"));
             }
             // An empty host NQN (SPDK's perf sends one) is refused only
-            // when an allow-list applies: it can never be on the list.
-            if !sub.host_allowed(&data.hostnqn) {
+            // when an allow-list applies: it can never be on the list. A
+            // host with only a TLS PSK must come over TLS with its PSK.
+            let tls_host = self.tls_peer.as_ref().map(|(h, _)| h.as_str());
+            if !sub.admits(&data.hostnqn, tls_host) {
                 let e = Exec::DoneWith(
                     specific::CONNECT_INVALID_HOST.dnr(),
                     fabrics::invalid_param_dw0(true, ipo::DATA_HOSTNQN),
@@ -199,6 +201,10 @@ impl Queue {
                 Some(_) => self.reg.tenants.tenant_of(&data.hostnqn),
                 None => 0,
             },
+            tls_proven: self
+                .tls_peer
+                .as_ref()
+                .is_some_and(|(h, _)| *h == data.hostnqn),
         });
         ctrls.insert(cntlid, ctrl.clone());
         drop(ctrls);
@@ -667,19 +673,23 @@ impl Queue {
                 l,
             ));
         }
-        for sub in self
-            .reg
-            .subsystems
-            .iter()
-            .filter(|s| s.host_allowed(&ctrl.hostnqn))
-        {
+        // Only the (subsystem, listener) pairs this host could connect
+        // through, and nothing of a PSK-only host's subsystems to a peer
+        // that has not proven that PSK on this discovery connection.
+        let tls_host = ctrl.tls_proven.then_some(ctrl.hostnqn.as_str());
+        for sub in self.reg.subsystems.iter() {
+            if !sub.admits(&ctrl.hostnqn, tls_host) {
+                continue;
+            }
             for l in self
                 .reg
                 .listeners
                 .iter()
                 .filter(|l| l.kind == ListenerKind::Both)
             {
-                entries.push(entry(log::subtype::NVME, &sub.nqn, l));
+                if sub.admits_on(&ctrl.hostnqn, l.secure) {
+                    entries.push(entry(log::subtype::NVME, &sub.nqn, l));
+                }
             }
         }
         self.reg.disc.extend_entries(&mut entries);
