@@ -87,7 +87,7 @@ fn a_psk_only_host_is_not_reachable_in_plaintext() {
         }),
         ..Default::default()
     };
-    let mut c = trellis_host::Controller::connect(&secure.to_string(), NQN, &host).unwrap();
+    let c = trellis_host::Controller::connect(&secure.to_string(), NQN, &host).unwrap();
     c.shutdown().unwrap();
     // Over TLS the host sees its subsystem, on the secure listener only.
     let entries = trellis_host::discover(&secure.to_string(), &host).unwrap();
