@@ -211,6 +211,83 @@ fn file_store_kill9_of_the_owner_moves_the_lease_at_once_and_the_host_loses_noth
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
+/// A raw NVMe/TCP host (it can hold write data back): an enabled
+/// controller on `addr` with one I/O queue.
+fn raw_host(
+    addr: std::net::SocketAddr,
+) -> (
+    trellis_testkit::initiator::Queue,
+    trellis_testkit::initiator::Queue,
+) {
+    use trellis_nvme::fabrics::CNTLID_DYNAMIC;
+    use trellis_testkit::initiator::Queue;
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:5472656c-6c69-4073-8000-0000000000f0";
+    let dg = trellis_nvme::pdu::Digests::default();
+    let mut admin = Queue::open(addr, dg);
+    let c = admin.fabrics_connect(0, 31, NQN, HOST, CNTLID_DYNAMIC, 0);
+    assert!(c.status.is_success(), "admin connect: {:?}", c.status);
+    assert!(admin.prop_set(0x14, 0x0046_0001).status.is_success());
+    let mut io = Queue::open(addr, dg);
+    let c2 = io.fabrics_connect(1, 31, NQN, HOST, c.dw0 as u16, 0);
+    assert!(c2.status.is_success(), "I/O connect: {:?}", c2.status);
+    (admin, io)
+}
+
+/// Issue 37's stale write: the owner admits a 4 KiB write and sends its R2T;
+/// the host holds the data back; ownership moves (a drain) and the host
+/// writes NEW data to the block through the new owner, acknowledged; then
+/// the held data reaches the old owner. It must not land: the old owner
+/// fails the command with a path error (ANA Inaccessible), and the block
+/// keeps the NEW data. On the old code the held write completed with
+/// success and the block read back STALE.
+#[test]
+fn a_write_held_after_r2t_never_lands_after_ownership_moves() {
+    use trellis_nvme::pdu::{PduType, R2t};
+    use trellis_nvme::{sqe::io, Cqe, Sgl, Sqe};
+    let d = tempfile::tempdir().unwrap();
+    let ha = format!("path = \"{}\"", d.path().join("ha.lock").display());
+    let (a, b) = pair(d.path(), &ha);
+    let (_admin_a, mut qa) = raw_host(a.t.addr);
+    let cid = qa.next_cid();
+    let mut sqe = Sqe::rw(io::WRITE, cid, 1, 0, 8, false);
+    sqe.set_sgl(Sgl::transport(4096));
+    qa.send_capsule(&sqe, &[]);
+    let r2t = qa.recv().expect("an R2T");
+    assert_eq!(r2t.ch.pdu_type, PduType::R2T as u8);
+    let r = R2t::decode(&r2t.bytes);
+
+    let o = a.ctl(&["drain"]);
+    assert!(o.status.success(), "drain: {}", stderr(&o));
+    b.wait_role("owner", Duration::from_secs(5));
+    let (_admin_b, mut qb) = raw_host(b.t.addr);
+    let new = vec![0x4E; 4096];
+    let w = Sqe::rw(io::WRITE, qb.next_cid(), 1, 0, 8, false);
+    let (c, _) = qb.cmd(w, &new, 0, 0);
+    assert!(
+        c.status.is_success(),
+        "the new owner's write: {:?}",
+        c.status
+    );
+
+    qa.send_h2c(r.ttag, cid, &[0x5A; 4096], 0, 4096);
+    let resp = qa.recv().expect("a response to the held write");
+    assert_eq!(resp.ch.pdu_type, PduType::CapsuleResp as u8);
+    let st = Cqe::decode(&resp.bytes[8..24]).status;
+    assert!(
+        !st.is_success(),
+        "the old owner completed the held write with success"
+    );
+    assert_eq!(st, trellis_nvme::status::path::ANA_INACCESSIBLE, "{st:?}");
+
+    let rd = Sqe::rw(io::READ, qb.next_cid(), 1, 0, 8, false);
+    let (c, back) = qb.cmd(rd, &[], 4096, 0);
+    assert!(c.status.is_success(), "{:?}", c.status);
+    assert!(
+        back == new,
+        "block 0 does not hold the acknowledged NEW data"
+    );
+}
+
 #[test]
 fn drain_hands_over_without_a_host_error_and_failback_after_a_restart() {
     let d = tempfile::tempdir().unwrap();

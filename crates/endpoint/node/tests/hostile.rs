@@ -97,3 +97,83 @@ fn a_psk_only_host_is_not_reachable_in_plaintext() {
     assert_eq!(mine[0].treq & 3, log::treq::REQUIRED);
     t.stop().unwrap();
 }
+
+/// Finding (high): any allowed peer could pin unbounded memory with writes
+/// parked after R2T (each command's buffer was allocated at its capsule,
+/// and nothing timed out a command waiting for data). Now, with the
+/// default `target.transfer_pool` (256 MiB, of which one connection holds
+/// at most an eighth), 100 parked 1 MiB writes on one connection get R2Ts
+/// only for what its share holds, a host on another connection still
+/// writes 1 MiB, and at `target.data_wait_timeout_ms` the parked
+/// connection is closed and every pool byte comes back.
+#[test]
+fn writes_parked_after_r2t_are_bounded_by_the_pool_and_timed_out() {
+    use std::io::Read;
+    use trellis_nvme::pdu::{PduType, R2t};
+    use trellis_nvme::{sqe::io, Sgl, Sqe};
+    const MIB_BLOCKS: u32 = 2048; // 1 MiB of 512 B blocks: MDTS by default
+    const WAIT_MS: u64 = 1_000;
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
+    cfg.target.data_wait_timeout_ms = WAIT_MS;
+    let pool = cfg.target.transfer_pool.0;
+    assert_eq!(pool, trellis_target::config::DEFAULT_TRANSFER_POOL);
+    let share = pool / trellis_target::config::TRANSFER_POOL_SHARE_DIV;
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let addr = t.local_addrs[0];
+
+    let mut parked = controller(addr, NQN, 1, Digests::default(), 0);
+    let q = &mut parked.io[0];
+    for _ in 0..100 {
+        let cid = q.next_cid();
+        let mut s = Sqe::rw(io::WRITE, cid, 1, 0, MIB_BLOCKS, false);
+        s.set_sgl(Sgl::transport(MIB_BLOCKS * 512));
+        q.send_capsule(&s, &[]);
+    }
+    // R2Ts come for what the connection's share holds, and no more.
+    q.s.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut r2ts = 0u64;
+    while let Some(p) = q.recv() {
+        assert_eq!(p.ch.pdu_type, PduType::R2T as u8, "only R2Ts are due");
+        assert_eq!(R2t::decode(&p.bytes).r2tl, MIB_BLOCKS * 512);
+        r2ts += 1;
+    }
+    let held = t.reg.transfer_pool.used();
+    eprintln!(
+        "100 parked 1 MiB writes: {r2ts} R2Ts, {} MiB of the pool held (share {} MiB, pool {} MiB)",
+        held >> 20,
+        share >> 20,
+        pool >> 20
+    );
+    assert_eq!(r2ts, share >> 20, "R2Ts beyond the connection's share");
+    assert!(held <= share, "pool bytes held {held} > share {share}");
+
+    // Another host's 1 MiB write goes through meanwhile.
+    let mut other = controller(addr, NQN, 1, Digests::default(), 0);
+    let data = pattern(4096, MIB_BLOCKS as usize, 7);
+    assert!(write(&mut other.io[0], 4096, &data).status.is_success());
+
+    // At the data-wait timeout the parked connection closes; the pool empties.
+    q.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut b = [0u8; 4096];
+    let closed = loop {
+        match q.s.read(&mut b) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(e) => panic!("parked connection not closed: {e}"),
+        }
+    };
+    assert!(closed && t0.elapsed() < Duration::from_millis(3 * WAIT_MS + 2_000));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while t.reg.transfer_pool.used() != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pool bytes not returned: {}",
+            t.reg.transfer_pool.used()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.stop().unwrap();
+}

@@ -97,6 +97,17 @@ pub struct TargetConfig {
     /// reuse after their command. Within it, large transfers allocate
     /// nothing once warm; beyond it, their buffers are freed after use.
     pub large_buffer_budget: ByteSize,
+    /// Node-wide bytes that commands transferring more than
+    /// `slot_buffer_keep` may hold in flight (SPDK's shared buffer pool): a
+    /// command that finds no room waits, before its buffer is allocated and
+    /// its R2T sent. One connection holds at most an eighth of it
+    /// (`TRANSFER_POOL_SHARE_DIV`), so one peer cannot take it all.
+    pub transfer_pool: ByteSize,
+    /// A command waiting for its write data (after R2T) longer than this
+    /// closes its connection (C2HTermReq is not sent: the host is not
+    /// wrong about a field, it is silent), which frees every buffer the
+    /// connection held. Bounds what a peer that parks writes can pin.
+    pub data_wait_timeout_ms: u64,
     /// In-capsule data accepted on I/O queues (IOCCSZ). Admin queues and
     /// Connect always accept 8 KiB, as hosts require.
     pub in_capsule_data: ByteSize,
@@ -202,6 +213,21 @@ pub const TLS_HANDSHAKE_TIMEOUT_MS_MAX: u64 = 600_000;
 pub const SEND_STALL_TIMEOUT_MS_MIN: u64 = 100;
 pub const SEND_STALL_TIMEOUT_MS_MAX: u64 = 3_600_000;
 
+/// Default of `target.transfer_pool`: 256 MiB, four times SPDK's NVMe/TCP
+/// default (511 shared buffers of 128 KiB, `num_shared_buffers` ×
+/// `io_unit_size`), for a node that serves many hosts.
+pub const DEFAULT_TRANSFER_POOL: u64 = 256 << 20;
+/// One connection's share of `target.transfer_pool` is at most pool / this.
+pub const TRANSFER_POOL_SHARE_DIV: u64 = 8;
+/// Default of `target.data_wait_timeout_ms`. Hosts send write data right
+/// after the R2T (Linux from its send path, SPDK likewise); 5 s is long
+/// past any live host's delay and short against the 10 s a peer otherwise
+/// needs to pin a buffer per slot.
+pub const DEFAULT_DATA_WAIT_TIMEOUT_MS: u64 = 5_000;
+/// Bounds of `target.data_wait_timeout_ms`.
+pub const DATA_WAIT_TIMEOUT_MS_MIN: u64 = 100;
+pub const DATA_WAIT_TIMEOUT_MS_MAX: u64 = 600_000;
+
 /// Bounds of `target.send_budget` (when not 0): one page, and far above any
 /// socket buffer.
 pub const SEND_BUDGET_MIN: u64 = 4 << 10;
@@ -215,6 +241,8 @@ impl Default for TargetConfig {
             max_io_size: ByteSize(1 << 20),
             slot_buffer_keep: ByteSize(128 << 10),
             large_buffer_budget: ByteSize(256 << 20),
+            transfer_pool: ByteSize(DEFAULT_TRANSFER_POOL),
+            data_wait_timeout_ms: DEFAULT_DATA_WAIT_TIMEOUT_MS,
             in_capsule_data: ByteSize(8 << 10),
             max_h2c_data: ByteSize(128 << 10),
             max_queue_depth: 128,
@@ -305,6 +333,21 @@ impl TargetConfig {
             (TLS_HANDSHAKE_TIMEOUT_MS_MIN..=TLS_HANDSHAKE_TIMEOUT_MS_MAX).contains(&t.tls_handshake_timeout_ms),
             "target.tls_handshake_timeout_ms {} is out of range: use {TLS_HANDSHAKE_TIMEOUT_MS_MIN}..={TLS_HANDSHAKE_TIMEOUT_MS_MAX}",
             t.tls_handshake_timeout_ms
+        );
+        ensure!(
+            (DATA_WAIT_TIMEOUT_MS_MIN..=DATA_WAIT_TIMEOUT_MS_MAX).contains(&t.data_wait_timeout_ms),
+            "target.data_wait_timeout_ms {} is out of range: use {DATA_WAIT_TIMEOUT_MS_MIN}..={DATA_WAIT_TIMEOUT_MS_MAX}",
+            t.data_wait_timeout_ms
+        );
+        // Every connection's share must fit the largest transfer, or a
+        // command of that size would wait forever.
+        let need = t.max_io_size.0.saturating_mul(TRANSFER_POOL_SHARE_DIV);
+        ensure!(
+            t.transfer_pool.0 >= need,
+            "target.transfer_pool {} is too small: one connection may hold 1/{TRANSFER_POOL_SHARE_DIV} of it and that must fit max_io_size {}: use at least {need} bytes, e.g. \"{}MiB\"",
+            t.transfer_pool.0,
+            t.max_io_size.0,
+            need.div_ceil(1 << 20)
         );
         Ok(())
     }

@@ -444,6 +444,21 @@ fn register_process(prom: &mut Prom, src: &Sources) {
         "Bytes of large command buffers kept for reuse (bounded by large_buffer_budget)",
         kept,
     );
+    let pool = &src.reg.transfer_pool;
+    let used = Gauge::<i64>::default();
+    used.set(pool.used().min(i64::MAX as u64) as i64);
+    prom.register(
+        "transfer_pool_used_bytes",
+        "Bytes large transfers hold in flight (bounded by target.transfer_pool)",
+        used,
+    );
+    let waits = Counter::<u64>::default();
+    waits.inc_by(pool.waits());
+    prom.register(
+        "transfer_pool_waits",
+        "Commands that waited for transfer-pool room",
+        waits,
+    );
     if let Some(rss) = resident_bytes() {
         let g = Gauge::<i64>::default();
         g.set(rss.min(i64::MAX as u64) as i64);

@@ -94,6 +94,9 @@ pub struct QosQueue {
     /// `reap` (0: none since). A busy reactor on a synchronous backend then
     /// checks its publish deadline against it and reads no clock per loop.
     submit_seen_ns: u64,
+    /// Checked when a held request is released (`dispatch`): it may have
+    /// waited in the scheduler past the HA fence.
+    fence: Arc<crate::state::fence::Fence>,
 }
 
 /// Converts wall-clock ns to the device's clock.
@@ -120,16 +123,29 @@ impl DeviceClock {
     }
 }
 
+/// What a namespace's scheduler shares with the rest of the node.
+pub struct NodeShare<'a> {
+    pub tenants: &'a Tenants,
+    /// Where `/metrics` reads this scheduler's state (None: nowhere).
+    pub board: Option<&'a QosBoard>,
+    /// Checked when a held request is released.
+    pub fence: Arc<crate::state::fence::Fence>,
+}
+
 /// Wraps `inner` with a Gimbal scheduler configured by `cfg`.
 pub fn wrap(
     inner: Box<dyn BackendQueue>,
     cfg: &QosConfig,
-    tenants: &Tenants,
+    node: NodeShare<'_>,
     now_ns: u64,
     time_scale: f64,
     model: Option<&trellis_qos::DeviceModel>,
-    board: Option<&QosBoard>,
 ) -> anyhow::Result<Box<QosQueue>> {
+    let NodeShare {
+        tenants,
+        board,
+        fence,
+    } = node;
     let clock = DeviceClock::new(time_scale);
     let mut sched = sched::build(&cfg.sched_for(model), clock.ns(now_ns))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -157,6 +173,7 @@ pub fn wrap(
         next_publish_ns: 0,
         dirty: false,
         submit_seen_ns: 0,
+        fence,
     }))
 }
 
@@ -273,6 +290,12 @@ impl QosQueue {
         let h = self.held.get_mut(t.index())?;
         h.submitted_ns = now_ns;
         let (io, tag) = (h.io, h.tag);
+        if !self.fence.allows_now() {
+            // Held past the fence (docs/target.md, "HA pair"): never sent,
+            // failed with a path error so the host retries elsewhere.
+            let credits = self.finish(t.index(), now_ns, now_ns);
+            return Some((trellis_nvme::status::path::ANA_INACCESSIBLE, tag, credits));
+        }
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
         let st = unsafe { self.inner.submit(&io, SCHEDULED | t.index() as u64) }?;
@@ -577,7 +600,12 @@ mod tests {
             device_ns: 100_000,
             pending: Vec::new(),
         });
-        let mut q = wrap(inner, &cfg, &tenants, crate::sys::now_ns(), 1.0, None, None).unwrap();
+        let node = NodeShare {
+            tenants: &tenants,
+            board: None,
+            fence: Arc::new(crate::state::fence::Fence::always()),
+        };
+        let mut q = wrap(inner, &cfg, node, crate::sys::now_ns(), 1.0, None).unwrap();
         let io = IoReq {
             op: Op::Read,
             offset_bytes: 0,

@@ -41,6 +41,77 @@ impl BufferBudget {
     }
 }
 
+/// Node-wide bytes that commands with large transfers (above
+/// `slot_buffer_keep`) may hold in flight, from admission to completion
+/// (`target.transfer_pool`), as SPDK's shared data-buffer pool. A command
+/// that finds no room waits before its buffer is allocated and before its
+/// R2T goes out, so no peer, however many writes it parks after R2T, makes
+/// the node allocate past this. Smaller transfers use the buffer their slot
+/// keeps (bounded per queue pair by its depth × `slot_buffer_keep`).
+pub struct TransferPool {
+    limit: u64,
+    used: AtomicU64,
+    /// Commands that found no room (they waited), for `/metrics`.
+    waits: AtomicU64,
+}
+
+/// Bytes of a [`TransferPool`] held by one command; returned when dropped.
+pub struct PoolGrant {
+    pool: Arc<TransferPool>,
+    bytes: u64,
+}
+
+impl TransferPool {
+    pub fn new(limit: u64) -> TransferPool {
+        TransferPool {
+            limit,
+            used: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+        }
+    }
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// Bytes held by commands now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+    /// Commands that have had to wait for room.
+    pub fn waits(&self) -> u64 {
+        self.waits.load(Relaxed)
+    }
+    /// `bytes` for one command, or None (and a wait counted) when the pool
+    /// has no room for them.
+    pub fn try_take(self: &Arc<Self>, bytes: u64) -> Option<PoolGrant> {
+        let ok = self
+            .used
+            .fetch_update(Relaxed, Relaxed, |u| {
+                u.checked_add(bytes).filter(|&t| t <= self.limit)
+            })
+            .is_ok();
+        if !ok {
+            self.waits.fetch_add(1, Relaxed);
+            return None;
+        }
+        Some(PoolGrant {
+            pool: self.clone(),
+            bytes,
+        })
+    }
+}
+
+impl PoolGrant {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for PoolGrant {
+    fn drop(&mut self) {
+        self.pool.used.fetch_sub(self.bytes, Relaxed);
+    }
+}
+
 // SAFETY: the buffer is uniquely owned heap memory (no aliasing handles are
 // kept), so moving it to another thread is as sound as moving a Vec<u8>.
 unsafe impl Send for AlignedBuf {}

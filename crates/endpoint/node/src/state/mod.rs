@@ -8,6 +8,7 @@ pub mod aen;
 pub mod ana;
 pub mod buf;
 pub mod discovery;
+pub mod fence;
 pub mod identity;
 pub mod listeners;
 pub mod nsset;

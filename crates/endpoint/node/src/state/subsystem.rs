@@ -301,6 +301,11 @@ pub struct Registry {
     pub node: NodeId,
     /// Large command buffers kept across commands (`large_buffer_budget`).
     pub buffer_budget: Arc<crate::state::buf::BufferBudget>,
+    /// Whether commands may reach the backend now (the HA lease's serve
+    /// deadline; always without `[ha]`). Checked at execution.
+    pub fence: Arc<crate::state::fence::Fence>,
+    /// Bytes that large transfers hold in flight (`target.transfer_pool`).
+    pub transfer_pool: Arc<crate::state::buf::TransferPool>,
     /// Schedulers' configuration and the host NQN → tenant map (`qos`).
     pub qos: crate::config::qos::QosConfig,
     pub tenants: crate::state::tenants::Tenants,
@@ -420,6 +425,13 @@ impl Registry {
             buffer_budget: Arc::new(crate::state::buf::BufferBudget::new(
                 cfg.target.large_buffer_budget.0,
             )),
+            transfer_pool: Arc::new(crate::state::buf::TransferPool::new(
+                cfg.target.transfer_pool.0,
+            )),
+            fence: Arc::new(match cfg.ha {
+                Some(_) => crate::state::fence::Fence::stopped(),
+                None => crate::state::fence::Fence::always(),
+            }),
             qos: cfg.qos.clone(),
             tenants: crate::state::tenants::Tenants::new(&cfg.tenants, &cfg.qos.limits),
             subsystems: crate::state::subsystems::SubsystemTable::new(subsystems, &cfg.subsystems),

@@ -38,10 +38,21 @@ pub fn parse_hex_id(text: &str, len: usize) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// The process's one monotonic epoch: every `*_ns` time of the node counts
+/// from it.
+fn base() -> Instant {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
 /// Monotonic nanoseconds since the first call in this process.
 pub fn now_ns() -> u64 {
-    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    base().elapsed().as_nanos() as u64
+}
+
+/// `t` on the clock of [`now_ns`] (0 for an instant before the epoch).
+pub fn instant_ns(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Keeps the calling helper thread (acceptor, metrics) off the CPUs that

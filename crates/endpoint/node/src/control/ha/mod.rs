@@ -106,6 +106,8 @@ impl Ha {
         if Instant::now() >= deadline {
             return; // confirmed too late to serve on it
         }
+        // Before ANA says optimized: the data plane checks this at execution.
+        reg.fence.serve_until(crate::sys::instant_ns(deadline));
         if !self.owner.swap(true, SeqCst) {
             let n = apply(reg, AnaState::Optimized);
             self.event(format!(
@@ -121,6 +123,9 @@ impl Ha {
     }
 
     fn step_down_locked(&self, reg: &Registry, why: &str) {
+        // First, whatever the ANA byte says: commands already parsed, waiting
+        // for data or in a scheduler, fail at execution from here on.
+        reg.fence.stop();
         if self.owner.swap(false, SeqCst) {
             let n = apply(reg, AnaState::Inaccessible);
             self.event(format!("inaccessible: {why}, {n} controllers notified"));

@@ -299,11 +299,14 @@ impl Ctx<'_> {
                 crate::config::qos::QosMode::Gimbal => crate::data::qos::wrap(
                     q,
                     &self.reg.qos,
-                    &self.reg.tenants,
+                    crate::data::qos::NodeShare {
+                        tenants: &self.reg.tenants,
+                        board: Some(&ns.qos_board),
+                        fence: self.reg.fence.clone(),
+                    },
                     self.now_ns,
                     ns.backend.time_scale(),
                     ns.device_model.as_ref(),
-                    Some(&ns.qos_board),
                 )
                 .map(NsQueue::Gimbal),
             });

@@ -85,6 +85,20 @@ fn gone() -> Exec {
     Exec::Done(generic::INVALID_NAMESPACE.dnr())
 }
 
+/// The fence at execution (docs/target.md, "HA pair"): a command parsed
+/// while this path served may have waited since (for its data, in a
+/// scheduler, in a frozen process). Checked again as it is about to reach
+/// the backend: the ANA state of its listener now, and the HA lease's serve
+/// deadline on a fresh clock. A path error (ANA Inaccessible), so the host
+/// retries on another path.
+#[inline]
+fn fenced(queue: &Queue, ns: &Namespace) -> Option<Status> {
+    if let Some(st) = queue.reg.ana.io_status(queue.portid, ns.ana_idx) {
+        return Some(st);
+    }
+    (!queue.reg.fence.allows_now()).then_some(trellis_nvme::status::path::ANA_INACCESSIBLE)
+}
+
 /// Submits `io` for `req` to the reactor's queue for its namespace, through
 /// its scheduler when the namespace has one.
 fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
@@ -93,6 +107,9 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
     };
     if ns.qos == QosMode::Off {
         return submit_direct(queue, ctx, req, io);
+    }
+    if let Some(st) = fenced(queue, ns) {
+        return Exec::Done(st);
     }
     let tenant = queue.q.as_ref().map_or(0, |q| q.ctrl.tenant);
     let now = ctx.now_ns;
@@ -118,6 +135,9 @@ fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exe
     let Some(ns) = ns_of(queue, req) else {
         return gone();
     };
+    if let Some(st) = fenced(queue, ns) {
+        return Exec::Done(st);
+    }
     let Some(q) = ctx.queue(ns) else {
         return Exec::Done(generic::INTERNAL_ERROR);
     };

@@ -35,6 +35,9 @@ pub enum State {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     Free,
+    /// Parsed, waiting for room in the node's transfer pool (no buffer yet,
+    /// no R2T sent): `wait.rs`.
+    AwaitBuffer,
     /// Waiting for H2CData after an R2T.
     AwaitData,
     Executing,
@@ -56,6 +59,10 @@ pub struct Slot {
     /// Offset of in-capsule write data still in the receive buffer (or
     /// `NO_ICD`): a synchronous backend takes it from there without a copy.
     pub icd_at: u32,
+    /// This command's bytes of the node's transfer pool (large transfers).
+    pub grant: Option<crate::state::buf::PoolGrant>,
+    /// When its R2T went out (`Phase::AwaitData`).
+    pub data_since_ns: u64,
 }
 
 pub const NO_ICD: u32 = u32::MAX;
@@ -78,6 +85,8 @@ impl Slot {
             h2c_error: false,
             status: Status::SUCCESS,
             icd_at: NO_ICD,
+            grant: None,
+            data_since_ns: 0,
         }
     }
 }
@@ -124,7 +133,17 @@ pub struct Conn {
     /// The TLS handshake must be done by then (`u64::MAX`: no handshake
     /// pending). Set and cleared by the reactor, which runs the handshake.
     tls_deadline_ns: u64,
+    /// Commands waiting for transfer-pool room, oldest first, and the pool
+    /// bytes this connection's commands hold (`wait.rs`).
+    pool_wait: std::collections::VecDeque<u16>,
+    pool_held_bytes: u64,
+    /// Commands waiting for H2CData, and a time no later than the oldest
+    /// one's R2T (`wait.rs`).
+    await_data: u32,
+    await_data_oldest_ns: u64,
 }
+
+mod wait;
 
 /// H2CData payloads at least this long are received straight into the
 /// command's buffer; shorter ones are cheaper to copy from the receive buffer
@@ -216,6 +235,10 @@ impl Conn {
             released: Vec::with_capacity(64),
             last_credit: NO_CREDIT,
             tls_deadline_ns: u64::MAX,
+            pool_wait: std::collections::VecDeque::new(),
+            pool_held_bytes: 0,
+            await_data: 0,
+            await_data_oldest_ns: u64::MAX,
         }
     }
 
@@ -324,6 +347,9 @@ impl Conn {
         // Once per batch, not per command: namespaces added or removed
         // since the last batch (`nsset`).
         self.queue.refresh_ns();
+        if self.has_pool_waiters() {
+            self.pump_pool(ctx);
+        }
         while self.state != State::Closing && self.tx.has_room() {
             if self.direct.is_some() && !self.end_direct(ctx) {
                 break;
@@ -499,6 +525,9 @@ impl Conn {
             self.finish(s, st);
             return Ok(());
         }
+        if self.needs_pool(self.slots[s as usize].req.xfer_len) && !self.admit_transfer(s) {
+            return Ok(()); // waits for pool room; `pump_pool` resumes it
+        }
         let slot = &mut self.slots[s as usize];
         if slot.req.xfer_len > 0 && slot.req.cmd.dir == Dir::ToCtrl {
             if icd_len > 0 && slot.req.cmd.icd_in_place {
@@ -562,10 +591,12 @@ impl Conn {
         if (len > 0 && dir == Dir::None) || (icd_len > 0 && dir != Dir::ToCtrl) || len > mdts {
             return Err(generic::INVALID_FIELD.dnr());
         }
+        let pooled = self.needs_pool(len as u32);
         let req = &mut self.slots[s as usize].req;
         req.cmd = row?;
         req.xfer_len = len as u32;
-        if len > 0 {
+        // Large transfers get their buffer once the pool admits them (`wait.rs`).
+        if len > 0 && !pooled {
             req.buf.ensure(len);
         }
         Ok(())
@@ -573,6 +604,7 @@ impl Conn {
 
     /// Asks for the write data of a parsed command.
     fn start_r2t(&mut self, s: u16) {
+        self.data_wait_started(s);
         let slot = &mut self.slots[s as usize];
         slot.phase = Phase::AwaitData;
         let r = pdu::R2t {
@@ -632,6 +664,8 @@ impl Conn {
         slot.recv_len += n;
         slot.h2c_error |= !ddgst_ok;
         if slot.recv_len == slot.req.xfer_len {
+            self.data_wait_ended();
+            let slot = &mut self.slots[s as usize];
             if fl & flags::LAST_PDU == 0 {
                 tracing::debug!(
                     "last H2CData of cid {:#x} lacks LAST_PDU",
@@ -898,6 +932,9 @@ impl Conn {
             slot.phase
         );
         slot.phase = Phase::Free;
+        if let Some(g) = slot.grant.take() {
+            self.pool_held_bytes -= g.bytes();
+        }
         // Bounds what idle queues keep: `slot_buffer_keep`, `large_buffer_budget`.
         let keep = self.queue.reg.limits.slot_buffer_keep.0 as usize;
         if slot.req.buf.capacity() > keep {
@@ -1027,7 +1064,8 @@ impl Conn {
                 kato.min(self.now_ns.saturating_add(CTRL_CHECK_NS))
             }
         };
-        Some(own.min(stats).min(self.tls_deadline_ns)).filter(|&t| t != u64::MAX)
+        let waits = self.wait_deadline_ns();
+        Some(own.min(stats).min(self.tls_deadline_ns).min(waits)).filter(|&t| t != u64::MAX)
     }
 
     /// How long an admin queue may stay silent. KAS is 1 s: KATO is rounded
@@ -1075,6 +1113,9 @@ impl Conn {
         };
         if q.ctrl.dead.load(Relaxed) {
             self.close_as(CloseKind::ControllerGone, "controller torn down");
+            return;
+        }
+        if self.data_wait_expired(now_ns) {
             return;
         }
         if self.check_send_stall(now_ns) {

@@ -822,6 +822,10 @@ impl Reactor {
                 e.timer_at = u64::MAX;
             }
             e.conn.handle_timeout(now);
+            if e.conn.has_pool_waiters() {
+                let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+                e.conn.pump_pool(&mut ctx);
+            }
             self.arm_timer(idx as usize);
         }
     }
