@@ -1,6 +1,6 @@
 //! ANA states of a multipath volume's paths (NVMe Base 2.0 §8.1.1), shared
 //! between the main thread, which reads each path's ANA log page, and the
-//! job's workers, which route by them (`trellis_host::multipath::PathSet`).
+//! job's workers, which route by them (`trellis_path::multipath::PathSet`).
 //!
 //! Linux re-reads a controller's ANA log when an ANA-change event arrives or
 //! when a command fails with a path-related status. This host has no

@@ -262,7 +262,7 @@ pub enum ReplicaRead {
     /// iopolicy; multipath volumes).
     QueueDepth,
     /// ISR at the end host: least expected delay from each path's
-    /// round-trip EWMA and commands in flight (`trellis_host::replica::IsrPaths`;
+    /// round-trip EWMA and commands in flight (`trellis_path::replica::IsrPaths`;
     /// multipath volumes).
     Isr,
 }

@@ -5,7 +5,7 @@
 //! - [`job`]: job options from flags or a TOML job file.
 //! - [`worker`]: one reactor thread per worker, owning its queue pairs.
 //! - [`switch_run`]: `--stack blk-switch`, the jobs as apps on per-core,
-//!   per-class queues (`trellis_host::switch`).
+//!   per-class queues (`trellis_path::switch`).
 //! - [`verify`]: per-block header (LBA, generation, checksum).
 //! - [`report`]: HDR histograms, the human table and the JSON.
 //! - [`baseline`], [`suite`]: the raw TCP baseline and the suite runner.

@@ -1,5 +1,5 @@
 //! `trellis bench --stack blk-switch`: the jobs run as applications on a
-//! host stack built like a switch (`trellis_host::switch`, blk-switch,
+//! host stack built like a switch (`trellis_path::switch`, blk-switch,
 //! OSDI'21) instead of one thread per job.
 //!
 //! One reactor thread per core (`--cpus`, pinned; default every CPU the
@@ -25,9 +25,9 @@ use anyhow::{bail, Context, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use trellis_host::engine::rw_sqe;
-use trellis_host::switch::{Class as SwClass, Level, Req, Switch, SwitchConfig};
 use trellis_host::{Completion, Controller, Queue, Xfer};
 use trellis_nvme::sqe::io;
+use trellis_path::switch::{Class as SwClass, Level, Req, Switch, SwitchConfig};
 
 use crate::job::{Class, JobSpec};
 use crate::worker::{empty_result, pin_current_thread, WorkerResult};

@@ -18,9 +18,9 @@ use trellis_nvme::sqe::io;
 
 use crate::job::{JobSpec, ReplicaRead, MAX_REPLICAS};
 use crate::verify::{check_block, fill_block, VerifyFailure};
-use trellis_host::multipath::{PathPolicy, PathSet};
-use trellis_host::replica::{ReadPolicy, ReplicaChooser, ReplicaState};
 use trellis_nvme::ana::AnaState;
+use trellis_path::multipath::{PathPolicy, PathSet};
+use trellis_path::replica::{ReadPolicy, ReplicaChooser, ReplicaState};
 
 /// Verification state per block: generation, with the top bit marking a
 /// block that has an I/O in flight (no overlapping I/O while verifying).
@@ -181,7 +181,7 @@ struct Worker {
     /// Multipath: each path's state (empty otherwise).
     paths: Vec<PathState>,
     /// Multipath: the paths' states (up, ANA, reservations) and the policy
-    /// that picks each command's path (trellis_host::multipath).
+    /// that picks each command's path (trellis_path::multipath).
     pathset: Option<PathSet>,
     /// The ANA board and the refresh of it last applied to `pathset`.
     ana: Option<Arc<crate::ana::AnaBoard>>,
@@ -281,7 +281,7 @@ fn path_set(job: &JobSpec, paths: usize) -> PathSet {
         ReplicaRead::RoundRobin | ReplicaRead::Headroom => PathPolicy::RoundRobin,
     };
     let rate = (job.path_rate_bytes_per_s > 0).then_some(job.path_rate_bytes_per_s);
-    PathSet::new(paths.min(trellis_host::replica::MAX_PATHS), policy, rate)
+    PathSet::new(paths.min(trellis_path::replica::MAX_PATHS), policy, rate)
 }
 
 pub fn run(plan: WorkerPlan) -> WorkerResult {
@@ -804,7 +804,7 @@ impl Worker {
     }
 
     /// The queue (of group `g`) a read goes to, None when no replica may take
-    /// one now: the group's `ReplicaChooser` (trellis_host::replica) decides
+    /// one now: the group's `ReplicaChooser` (trellis_path::replica) decides
     /// from each replica's credits, depth and commands in flight.
     fn pick_replica(&mut self, g: usize, op: Op, nlb: u32) -> Option<usize> {
         let n = self.groups.len();

@@ -23,7 +23,7 @@ use trellis_fabric::rto::RtoEstimator;
 use trellis_fabric::shared_buffer::SharedBuffer;
 use trellis_fabric::ssd_credit::{self, HostRateLimiter};
 use trellis_fabric::tcp_window::SendWindow;
-use trellis_host::replica::{IsrPaths, ReplicaState, MAX_PATHS};
+use trellis_path::replica::{IsrPaths, ReplicaState, MAX_PATHS};
 use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
 use trellis_ssd::Ssd;
 use trellis_units::IoDir;
@@ -125,7 +125,7 @@ struct Io {
 const NO_LOCAL_PORT: u8 = u8::MAX;
 
 /// A multi-port host's path choice toward one storage node: the host library's
-/// own ISR core (`trellis_host::replica::IsrPaths`, what `trellis bench
+/// own ISR core (`trellis_path::replica::IsrPaths`, what `trellis bench
 /// --path-policy isr` runs), fed with the round trips the host measures and
 /// the commands it has out on each port.
 struct EndHostPaths {

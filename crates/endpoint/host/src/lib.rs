@@ -5,16 +5,14 @@
 //!   thread that owns it (one gathered `sendmsg` and one `recv` per poll).
 //! - [`ctrl`]: admin queue, controller enable/identify, I/O queue creation,
 //!   Keep Alive, discovery.
-//! - [`switch`]: blk-switch on the compute node: per-(core, class) egress queues,
-//!   latency before throughput, i10 caravans, request and application steering.
-//! - [`replica`]: which replica of a replicated volume serves a read (round-robin,
-//!   or Gimbal's credit headroom).
-//! - [`multipath`]: the paths of a multipath volume: ANA states, reservations
-//!   and the path policy (round-robin, queue-depth, ISR) in one sans-IO core.
 //! - [`resv`]: NVMe persistent reservations (Register, Acquire, Release,
 //!   Report, the notification log and PTPL).
-//! - [`reserve`]: eager bandwidth reservation at the host edge: each path's
-//!   response rate reserved before a read goes out (NSDI'26 §3.2).
+//!
+//! The sans-IO cores that decide where a host's I/O goes (blk-switch class
+//! isolation, multipath and replica choice, per-path bandwidth reservation)
+//! live in `trellis-path` (`crates/policy/path`): they need no socket, thread
+//! or OpenSSL, and the simulator runs them too. A program drives them beside
+//! this crate's queues, as `trellis bench` does.
 //!
 //! Every encode and decode goes through `trellis-nvme`, the same crate the
 //! target uses. See `docs/host.md` for the design and API walk-through.
@@ -25,12 +23,8 @@
 pub mod ctrl;
 pub mod engine;
 pub mod error;
-pub mod multipath;
 pub mod queue;
-pub mod replica;
-pub mod reserve;
 pub mod resv;
-pub mod switch;
 
 pub use ctrl::{discover, Controller, HostConfig, HostTls};
 pub use engine::{Completion, Engine, EngineConfig, Xfer};

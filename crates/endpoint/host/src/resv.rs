@@ -2,7 +2,7 @@
 //! Register, Acquire, Release and Report on an I/O queue, and the
 //! controller's Reservation Notification log and features (82h, 83h).
 //!
-//! Not to be confused with [`crate::reserve`] (bandwidth reservation).
+//! Not to be confused with `trellis_path::reserve` (bandwidth reservation).
 //! A registration belongs to the host ID in [`crate::HostConfig::hostid`]:
 //! every controller connected with it shares it.
 

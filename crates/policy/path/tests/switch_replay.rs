@@ -1,6 +1,6 @@
 //! The blk-switch core under a simulated clock: a recorded block trace
 //! (TPC-C excerpt, MQSim format, the simulator's built-in sample) replayed
-//! through `trellis_host::switch` with a modelled wire and target, twice,
+//! through `trellis_path::switch` with a modelled wire and target, twice,
 //! must give the same decisions bit for bit, and the decisions must keep the
 //! switch's promises (latency requests never wait, throughput requests wait
 //! at most one doorbell delay, every request completes once).
@@ -8,7 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
-use trellis_host::switch::{Class, Req, Switch, SwitchConfig};
+use trellis_path::switch::{Class, Req, Switch, SwitchConfig};
 
 const TRACE: &str = include_str!("../../../app/sim/data/tpcc-sample.trace");
 /// Host cores in the replay.
@@ -77,7 +77,7 @@ enum Ev {
 struct Replay {
     /// (time, what, app, core, tag) for every decision, in order.
     log: Vec<(u64, u8, u16, u16, u64)>,
-    stats: trellis_host::switch::SwitchStats,
+    stats: trellis_path::switch::SwitchStats,
     /// Per request: arrival, send, class.
     timing: Vec<(u64, u64, Class)>,
 }
