@@ -144,7 +144,7 @@ pub struct TopologyConfig {
     /// 200 ms; docs/sim.md). A lost packet's I/O is resent after the connection's RTO.
     pub tcp_rto_min_ns: u64,
     /// Each connection direction sends within an ACK-clocked congestion window
-    /// (`trellis_fabric::tcp_window`; docs/sim.md). Off: PDUs leave at once, as before.
+    /// (`crate::net::tcp_window`; docs/sim.md). Off: PDUs leave at once, as before.
     pub tcp_window: bool,
     /// With windows on: a loss is found from later deliveries on the same connection
     /// (RACK, RFC 8985, Linux's default with SACK) and the I/O resent then; off, or

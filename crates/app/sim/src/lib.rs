@@ -1,5 +1,6 @@
 //! Trellis SAN simulator: switched vs switchless NVMe-oF fabrics with the policy cores
-//! (trellis-ssd, trellis-qos, trellis-fabric) that the target daemon runs.
+//! that the target daemon (trellis-ssd, trellis-qos, trellis-fabric) and the host
+//! (trellis-path) run, and its own models of switch buffers and TCP ([`net`]).
 
 pub mod cli;
 pub mod config;
@@ -8,6 +9,7 @@ pub mod engine;
 pub mod fairness;
 pub mod metrics;
 pub mod model;
+pub mod net;
 pub mod reproduce;
 pub mod run;
 pub mod svg;
