@@ -2,7 +2,8 @@
 # HA pair with etcd as a real process (Debian's etcd-server) on loopback:
 # crates/app/cli/tests/ha.rs with the etcd feature: kill -9 of the lease
 # holder under `trellis bench --verify`, fencing on a silent etcd (SIGSTOP),
-# drain and failback; TRELLIS_REQUIRE_ETCD=1 makes a missing etcd a failure.
+# drain and failback; TRELLIS_REQUIRE_ETCD=1 makes a missing etcd a failure,
+# and the suite fails unless every etcd test in ha.rs ran and passed.
 # The etcd feature builds etcd-client, whose build runs protoc
 # (protobuf-compiler). About 40 s plus the build.
 set -euo pipefail
@@ -29,3 +30,12 @@ TRELLIS_REQUIRE_ETCD=1 cargo test -p trellis-cli --features etcd --test ha -- --
 # The measured figures and the verdicts; the whole log on a failure.
 grep -E '^test |test result|failover|fenced|drain to|bench:' "$log" || true
 [ "$status" = 0 ] || { cat "$log"; exit 1; }
+# Passing is not enough: every etcd test must have run (not been built out
+# without the feature, filtered away, or skipped).
+want=$(grep -c '^    fn etcd_' crates/app/cli/tests/ha.rs || true)
+ran=$(grep -cE '^test etcd::etcd_[a-z0-9_]+ \.\.\. ok$' "$log" || true)
+if [ "$want" = 0 ] || [ "$ran" != "$want" ] || grep -q '^SKIPPED' "$log"; then
+  cat "$log"
+  echo "70-ha: $ran of the $want etcd tests in crates/app/cli/tests/ha.rs ran and passed; etcd is required here"
+  exit 1
+fi

@@ -7,8 +7,10 @@
 //!
 //! The etcd tests run etcd (Debian's etcd-server) as a real process on
 //! loopback; they need the `etcd` feature. Without an `etcd` binary they
-//! say so and pass, unless TRELLIS_REQUIRE_ETCD=1 (scripts/test.d/70-ha.sh
-//! sets it), where a missing etcd fails them.
+//! print "SKIPPED <test>: ..." (uncaptured, so plain `cargo test` shows it)
+//! and pass, unless TRELLIS_REQUIRE_ETCD=1 (scripts/test.d/70-ha.sh sets
+//! it, and also checks that every etcd test ran), where a missing etcd
+//! fails them.
 
 mod common;
 use common::*;
@@ -378,16 +380,26 @@ mod etcd {
 
     impl Etcd {
         /// None (the test is skipped, and says so) when there is no etcd
-        /// binary, unless TRELLIS_REQUIRE_ETCD=1.
+        /// binary, unless TRELLIS_REQUIRE_ETCD=1: then the test fails.
         pub fn start() -> Option<Etcd> {
             let found = Command::new("etcd").arg("--version").output().is_ok();
             if !found {
                 let required = std::env::var("TRELLIS_REQUIRE_ETCD").is_ok_and(|v| v == "1");
                 assert!(
                     !required,
-                    "TRELLIS_REQUIRE_ETCD=1 but there is no etcd binary (Debian: etcd-server)"
+                    "TRELLIS_REQUIRE_ETCD=1 but there is no etcd binary in PATH \
+                     (Debian: apt-get install etcd-server)"
                 );
-                eprintln!("SKIPPED: no etcd binary (apt-get install etcd-server)");
+                // Straight to the stderr handle, not eprintln!: libtest
+                // captures the macros' output of a passing test, which
+                // would hide the skip behind an "ok".
+                use std::io::Write;
+                let test = std::thread::current().name().unwrap_or("?").to_string();
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED {test}: no etcd binary (apt-get install etcd-server); \
+                     TRELLIS_REQUIRE_ETCD=1 makes this a failure"
+                );
                 return None;
             }
             let dir = tempfile::tempdir().unwrap();
