@@ -350,6 +350,10 @@ fn a_node_without_ha_refuses_drain_and_bad_ha_settings_name_the_fix() {
     assert_refused(&o, &["--ha-store \"zookeeper\": use file or etcd"]);
     let o = trellis(&["target", "--check", "--ha-fence-ms", "4900"]);
     assert_refused(&o, &["fence_ms = 4900", "lease_ttl_ms - 500 = 4500"]);
+    // Issue 37: with no shared path, each node locked ha.lock in its own
+    // state directory and both owned the lease. A file store needs a path.
+    let o = trellis(&["target", "--check", "--ha-store", "file"]);
+    assert_refused(&o, &["needs a path both nodes share", "--ha-path"]);
     let d = tempfile::tempdir().unwrap();
     let sock = d.path().join("c.sock");
     let _t = LiveTarget::start(&["--ctl-socket", sock.to_str().unwrap()]);

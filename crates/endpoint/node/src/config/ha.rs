@@ -158,10 +158,18 @@ impl HaConfig {
 
     fn validate_store(&self) -> anyhow::Result<()> {
         match self.store {
-            StoreKind::File => ensure!(
-                self.endpoints.is_empty(),
-                "[ha] endpoints are for store = \"etcd\": remove them or set store = \"etcd\""
-            ),
+            StoreKind::File => {
+                ensure!(
+                    self.endpoints.is_empty(),
+                    "[ha] endpoints are for store = \"etcd\": remove them or set store = \"etcd\""
+                );
+                // No default: one in each node's own state directory gave
+                // two nodes two lock files, and both owned the lease.
+                ensure!(
+                    self.path.is_some(),
+                    "[ha] store = \"file\" needs a path both nodes share, e.g. path = \"/var/lib/trellis-pair/ha.lock\" (--ha-path): a lock file in each node's own state directory would let both own the lease (nodes on one machine or one shared file system; use store = \"etcd\" otherwise)"
+                );
+            }
             StoreKind::Etcd => {
                 ensure!(cfg!(feature = "etcd"), "{NO_ETCD}");
                 ensure!(
@@ -201,9 +209,16 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_each_bound_is_refused_with_its_fix() {
-        HaConfig::default().validate().unwrap();
+        let ok = || HaConfig {
+            path: Some("/run/trellis-pair/ha.lock".into()),
+            ..HaConfig::default()
+        };
+        ok().validate().unwrap();
+        // The file store has no default path: each node would have its own.
+        let e = HaConfig::default().validate().unwrap_err().to_string();
+        assert!(e.contains("needs a path both nodes share"), "{e}");
         let bad = |f: &dyn Fn(&mut HaConfig), want: &str| {
-            let mut c = HaConfig::default();
+            let mut c = ok();
             f(&mut c);
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains(want), "{e}");

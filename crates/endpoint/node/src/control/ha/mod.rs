@@ -288,10 +288,6 @@ pub fn resolve(cfg: &HaConfig, reg: &Registry) -> HaConfig {
     if c.node.is_empty() {
         c.node = reg.node.uuid().to_string();
     }
-    if c.store == StoreKind::File && c.path.is_none() {
-        let dir = reg.node.path().parent().map(std::path::Path::to_path_buf);
-        c.path = Some(dir.unwrap_or_default().join("ha.lock"));
-    }
     c
 }
 
