@@ -52,8 +52,10 @@ impl Node {
         } else {
             (32768, 65519)
         };
+        // A long data wait: the held-write tests hold write data back past a
+        // failover, and must meet the fence at execution, not this timeout.
         let target = format!(
-            "[target]\ncntlid_min = {}\ncntlid_max = {}\n\n",
+            "[target]\ncntlid_min = {}\ncntlid_max = {}\ndata_wait_timeout_ms = 60000\n\n",
             ids.0, ids.1
         );
         let config = node_config(&dir.join("disk.img"), &sock, &ha);
@@ -481,6 +483,72 @@ mod etcd {
         // TTL + 3 s: the watch, one transaction, and this test's polling
         // over ctl on a loaded CI machine (measured 4.9-5.5 s).
         assert!(took < Duration::from_secs(8), "{took:?}");
+    }
+
+    /// Issue 37: the owner admits a write and sends its R2T, then freezes
+    /// (SIGSTOP) past the lease TTL; the standby takes over and the host
+    /// writes NEW data through it, acknowledged; the held data is sent to
+    /// the frozen owner, which is then thawed. Its reactor must not apply
+    /// the write: the fence at execution reads a fresh clock past the serve
+    /// deadline, whatever the ANA byte said when the process froze.
+    #[test]
+    fn etcd_a_frozen_owner_thawed_after_failover_never_lands_its_held_write() {
+        use trellis_nvme::pdu::{PduType, R2t};
+        use trellis_nvme::{sqe::io, Cqe, Sgl, Sqe};
+        let Some(e) = Etcd::start() else { return };
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = pair(d.path(), &e.ha());
+        let (_admin_a, mut qa) = raw_host(a.t.addr);
+        let cid = qa.next_cid();
+        let mut sqe = Sqe::rw(io::WRITE, cid, 1, 0, 8, false);
+        sqe.set_sgl(Sgl::transport(4096));
+        qa.send_capsule(&sqe, &[]);
+        let r2t = qa.recv().expect("an R2T");
+        assert_eq!(r2t.ch.pdu_type, PduType::R2T as u8);
+        let r = R2t::decode(&r2t.bytes);
+
+        let pid = a.t.child.id().to_string();
+        let kill = |sig: &str| {
+            assert!(Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success())
+        };
+        kill("-STOP");
+        let took = b.wait_role("owner", Duration::from_secs(15));
+        eprintln!("owner frozen: standby owner after {took:?}");
+        let (_admin_b, mut qb) = raw_host(b.t.addr);
+        let new = vec![0x4E; 4096];
+        let w = Sqe::rw(io::WRITE, qb.next_cid(), 1, 0, 8, false);
+        let (c, _) = qb.cmd(w, &new, 0, 0);
+        assert!(
+            c.status.is_success(),
+            "the new owner's write: {:?}",
+            c.status
+        );
+
+        qa.send_h2c(r.ttag, cid, &[0x5A; 4096], 0, 4096); // the kernel holds it
+        kill("-CONT");
+        qa.s.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let resp = qa.recv().expect("a response to the held write");
+        assert_eq!(resp.ch.pdu_type, PduType::CapsuleResp as u8);
+        let st = Cqe::decode(&resp.bytes[8..24]).status;
+        assert!(
+            !st.is_success(),
+            "the thawed owner completed the held write with success"
+        );
+        assert_eq!(st, trellis_nvme::status::path::ANA_INACCESSIBLE, "{st:?}");
+
+        let rd = Sqe::rw(io::READ, qb.next_cid(), 1, 0, 8, false);
+        let (c, back) = qb.cmd(rd, &[], 4096, 0);
+        assert!(c.status.is_success(), "{:?}", c.status);
+        assert!(
+            back == new,
+            "block 0 does not hold the acknowledged NEW data"
+        );
+        a.wait_role("standby", Duration::from_secs(10));
     }
 
     #[test]
