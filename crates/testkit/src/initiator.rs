@@ -72,7 +72,16 @@ impl Queue {
     /// Connects and exchanges ICReq/ICResp (the engine checks the ICResp:
     /// echoed digests, CPDA 0, a valid MAXH2CDATA).
     pub fn open(addr: SocketAddr, dg: Digests) -> Queue {
-        let mut q = Queue::from_stream(Self::raw(addr), dg);
+        Self::open_stream(Self::raw(addr), dg)
+    }
+
+    /// As [`open`](Self::open) on a socket the caller connected (from a
+    /// chosen source address, say).
+    pub fn open_stream(s: TcpStream, dg: Digests) -> Queue {
+        s.set_read_timeout(Some(READ_TIMEOUT))
+            .expect("read timeout");
+        s.set_nodelay(true).expect("TCP_NODELAY");
+        let mut q = Queue::from_stream(s, dg);
         q.engine.start();
         q.flush();
         while !q.engine.ic_done() {

@@ -177,3 +177,107 @@ fn writes_parked_after_r2t_are_bounded_by_the_pool_and_timed_out() {
     }
     t.stop().unwrap();
 }
+
+/// A TCP connection to `dst` from source address `src` (any of 127/8 on
+/// loopback), so one test can be two peers.
+fn connect_from(src: std::net::Ipv4Addr, dst: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(dst) = dst else {
+        panic!("IPv4 only")
+    };
+    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns; the
+    // sockaddr_in values live across the calls that read them.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let a = sin(src, 0);
+        let r = libc::bind(fd, &a as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "bind {src}: {}", std::io::Error::last_os_error());
+        let b = sin(*dst.ip(), dst.port());
+        let r = libc::connect(fd, &b as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "connect {dst}: {}", std::io::Error::last_os_error());
+        std::net::TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// Finding (medium): sockets that never send an ICReq held a connection
+/// slot for the 10 s connect timeout, and past `max_connections` every new
+/// connection was reset, legitimate hosts included. Now one address holds
+/// at most its share (`target.max_connections_per_addr`, a quarter of
+/// `max_connections` by default): with `max_connections` idle sockets
+/// opened from 127.0.0.1, a host from 127.0.0.2 still connects and does
+/// I/O; and the idle sockets are closed at `target.icreq_timeout_ms`.
+#[test]
+fn idle_sockets_from_one_address_do_not_lock_out_another_host() {
+    use std::io::Read;
+    const MAX: usize = 64;
+    const ICREQ_MS: u64 = 1_000;
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.target.max_connections = MAX;
+    cfg.target.icreq_timeout_ms = ICREQ_MS;
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let addr = t.local_addrs[0];
+    let attacker: std::net::Ipv4Addr = "127.0.0.1".parse().unwrap();
+    let idle: Vec<_> = (0..MAX).map(|_| connect_from(attacker, addr)).collect();
+    let share = cfg.target.connections_per_addr();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while t.reg.peer_budget.open_from(attacker.into()) < share {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle sockets were not accepted"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        t.reg.peer_budget.open_from(attacker.into()),
+        share,
+        "one address took more than its share"
+    );
+
+    let s = connect_from("127.0.0.2".parse().unwrap(), addr);
+    let mut admin = Queue::open_stream(s, Digests::default());
+    let c = admin.fabrics_connect(0, 31, NQN, HOST, CNTLID_DYNAMIC, 0);
+    assert!(
+        c.status.is_success(),
+        "the host from another address: {:?}",
+        c.status
+    );
+    assert!(admin.prop_set(0x14, 0x0046_0001).status.is_success());
+    let mut io = Queue::open_stream(
+        connect_from("127.0.0.2".parse().unwrap(), addr),
+        Digests::default(),
+    );
+    assert!(io
+        .fabrics_connect(1, 31, NQN, HOST, c.dw0 as u16, 0)
+        .status
+        .is_success());
+    let data = pattern(0, 8, 3);
+    assert!(write(&mut io, 0, &data).status.is_success());
+
+    // The idle sockets the target took are closed once their ICReq is late.
+    let t0 = std::time::Instant::now();
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut b = [0u8; 64];
+        match s.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("an idle socket was not closed: {other:?}"),
+        }
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(ICREQ_MS + 3_000),
+        "{:?}",
+        t0.elapsed()
+    );
+    t.stop().unwrap();
+}

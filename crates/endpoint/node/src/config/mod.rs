@@ -119,6 +119,14 @@ pub struct TargetConfig {
     pub max_io_queues: u16,
     /// Connections accepted across all listeners.
     pub max_connections: usize,
+    /// Connections one peer address may hold (None: a quarter of
+    /// `max_connections`), so idle sockets from one address cannot take
+    /// every slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections_per_addr: Option<usize>,
+    /// A connection must send its ICReq within this long of the channel
+    /// being ready (accept, or the end of its TLS handshake).
+    pub icreq_timeout_ms: u64,
     /// Live controllers per subsystem.
     pub max_controllers: usize,
     /// Most bytes one connection sends per reactor loop (0: no bound, one
@@ -213,6 +221,14 @@ pub const TLS_HANDSHAKE_TIMEOUT_MS_MAX: u64 = 600_000;
 pub const SEND_STALL_TIMEOUT_MS_MIN: u64 = 100;
 pub const SEND_STALL_TIMEOUT_MS_MAX: u64 = 3_600_000;
 
+/// Default of `target.icreq_timeout_ms`. Hosts send the ICReq as soon as
+/// the connection is up (Linux and SPDK both, before anything else); a peer
+/// silent for 2 s holds a connection slot for nothing.
+pub const DEFAULT_ICREQ_TIMEOUT_MS: u64 = 2_000;
+/// Bounds of `target.icreq_timeout_ms`.
+pub const ICREQ_TIMEOUT_MS_MIN: u64 = 100;
+pub const ICREQ_TIMEOUT_MS_MAX: u64 = 60_000;
+
 /// Default of `target.transfer_pool`: 256 MiB, four times SPDK's NVMe/TCP
 /// default (511 shared buffers of 128 KiB, `num_shared_buffers` ×
 /// `io_unit_size`), for a node that serves many hosts.
@@ -233,6 +249,15 @@ pub const DATA_WAIT_TIMEOUT_MS_MAX: u64 = 600_000;
 pub const SEND_BUDGET_MIN: u64 = 4 << 10;
 pub const SEND_BUDGET_MAX: u64 = 64 << 20;
 
+impl TargetConfig {
+    /// The effective `max_connections_per_addr`.
+    pub fn connections_per_addr(&self) -> usize {
+        self.max_connections_per_addr
+            .unwrap_or(self.max_connections / 4)
+            .max(1)
+    }
+}
+
 impl Default for TargetConfig {
     fn default() -> Self {
         TargetConfig {
@@ -248,6 +273,8 @@ impl Default for TargetConfig {
             max_queue_depth: 128,
             max_io_queues: 16,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_addr: None,
+            icreq_timeout_ms: DEFAULT_ICREQ_TIMEOUT_MS,
             max_controllers: DEFAULT_MAX_CONTROLLERS,
             send_budget: ByteSize(0),
             idle_spin_us: 200,
@@ -334,6 +361,18 @@ impl TargetConfig {
             "target.tls_handshake_timeout_ms {} is out of range: use {TLS_HANDSHAKE_TIMEOUT_MS_MIN}..={TLS_HANDSHAKE_TIMEOUT_MS_MAX}",
             t.tls_handshake_timeout_ms
         );
+        ensure!(
+            (ICREQ_TIMEOUT_MS_MIN..=ICREQ_TIMEOUT_MS_MAX).contains(&t.icreq_timeout_ms),
+            "target.icreq_timeout_ms {} is out of range: use {ICREQ_TIMEOUT_MS_MIN}..={ICREQ_TIMEOUT_MS_MAX}",
+            t.icreq_timeout_ms
+        );
+        if let Some(n) = t.max_connections_per_addr {
+            ensure!(
+                n >= 1 && n <= t.max_connections,
+                "target.max_connections_per_addr {n} is out of range: use 1..={} (max_connections), or leave it out for a quarter of it",
+                t.max_connections
+            );
+        }
         ensure!(
             (DATA_WAIT_TIMEOUT_MS_MIN..=DATA_WAIT_TIMEOUT_MS_MAX).contains(&t.data_wait_timeout_ms),
             "target.data_wait_timeout_ms {} is out of range: use {DATA_WAIT_TIMEOUT_MS_MIN}..={DATA_WAIT_TIMEOUT_MS_MAX}",

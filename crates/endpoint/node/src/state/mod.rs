@@ -7,6 +7,7 @@
 pub mod aen;
 pub mod ana;
 pub mod buf;
+pub mod conns;
 pub mod discovery;
 pub mod fence;
 pub mod identity;

@@ -304,6 +304,8 @@ pub struct Registry {
     /// Whether commands may reach the backend now (the HA lease's serve
     /// deadline; always without `[ha]`). Checked at execution.
     pub fence: Arc<crate::state::fence::Fence>,
+    /// Connections per peer address (`target.max_connections_per_addr`).
+    pub peer_budget: Arc<crate::state::conns::PeerBudget>,
     /// Bytes that large transfers hold in flight (`target.transfer_pool`).
     pub transfer_pool: Arc<crate::state::buf::TransferPool>,
     /// Schedulers' configuration and the host NQN → tenant map (`qos`).
@@ -424,6 +426,9 @@ impl Registry {
             node,
             buffer_budget: Arc::new(crate::state::buf::BufferBudget::new(
                 cfg.target.large_buffer_budget.0,
+            )),
+            peer_budget: Arc::new(crate::state::conns::PeerBudget::new(
+                cfg.target.connections_per_addr(),
             )),
             transfer_pool: Arc::new(crate::state::buf::TransferPool::new(
                 cfg.target.transfer_pool.0,

@@ -137,6 +137,10 @@ pub struct Conn {
     /// bytes this connection's commands hold (`wait.rs`).
     pool_wait: std::collections::VecDeque<u16>,
     pool_held_bytes: u64,
+    /// The ICReq must have arrived by then (`target.icreq_timeout_ms` from
+    /// the channel being ready; `u64::MAX` during a TLS handshake, which
+    /// has its own deadline).
+    icreq_by_ns: u64,
     /// Commands waiting for H2CData, and a time no later than the oldest
     /// one's R2T (`wait.rs`).
     await_data: u32,
@@ -213,6 +217,7 @@ impl Conn {
         // Admin queues start with 32 slots; Connect resizes for I/O queues.
         let slots: Vec<Slot> = (0..64).map(|_| Slot::new()).collect();
         let free = (0..slots.len() as u16).rev().collect();
+        let icreq_by_ns = now_ns.saturating_add(l.icreq_timeout_ms * 1_000_000);
         Conn {
             idx,
             queue: Queue::new(reg, peer, local, listener_kind, portid),
@@ -235,11 +240,16 @@ impl Conn {
             released: Vec::with_capacity(64),
             last_credit: NO_CREDIT,
             tls_deadline_ns: u64::MAX,
+            icreq_by_ns,
             pool_wait: std::collections::VecDeque::new(),
             pool_held_bytes: 0,
             await_data: 0,
             await_data_oldest_ns: u64::MAX,
         }
+    }
+
+    fn icreq_deadline_from(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_add(self.queue.reg.limits.icreq_timeout_ms * 1_000_000)
     }
 
     /// The receive buffer, for a next connection ([`Conn::with_rx`]).
@@ -250,6 +260,7 @@ impl Conn {
     /// A TLS handshake starts: it must end within `timeout_ns`.
     pub fn tls_handshake_started(&mut self, now_ns: u64, timeout_ns: u64) {
         self.tls_deadline_ns = now_ns.saturating_add(timeout_ns);
+        self.icreq_by_ns = u64::MAX;
     }
 
     /// No TLS handshake is pending any more (plain on an optional listener).
@@ -261,6 +272,7 @@ impl Conn {
     /// on this queue must name those.
     pub fn tls_established(&mut self, hostnqn: String, subnqn: String) {
         self.tls_deadline_ns = u64::MAX;
+        self.icreq_by_ns = self.icreq_deadline_from(self.now_ns);
         self.queue.tls_peer = Some((hostnqn, subnqn));
     }
 
@@ -1050,7 +1062,11 @@ impl Conn {
         let own = match &self.queue.q {
             None => self
                 .created_ns
-                .saturating_add(l.connect_timeout_ms * 1_000_000),
+                .saturating_add(l.connect_timeout_ms * 1_000_000)
+                .min(match self.state {
+                    State::AwaitIcReq => self.icreq_by_ns,
+                    _ => u64::MAX,
+                }),
             Some(q) if q.kind == QueueKind::Io => self.now_ns.saturating_add(CTRL_CHECK_NS),
             Some(q) => {
                 let kato = match self.kato_limit_ns(&q.ctrl) {
@@ -1102,6 +1118,13 @@ impl Conn {
                 self.queue.reg.limits.tls_handshake_timeout_ms
             );
             self.close_as(CloseKind::Timeout, "TLS handshake timeout");
+            return;
+        }
+        if self.state == State::AwaitIcReq && now_ns >= self.icreq_by_ns {
+            self.close_as(
+                CloseKind::Timeout,
+                "no ICReq within target.icreq_timeout_ms",
+            );
             return;
         }
         let connect_ns = self.queue.reg.limits.connect_timeout_ms * 1_000_000;

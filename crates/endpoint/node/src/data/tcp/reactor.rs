@@ -46,6 +46,8 @@ const NS_PER_MS: u64 = 1_000_000;
 pub struct NewConn {
     pub stream: TcpStream,
     pub listener: usize,
+    /// Its place in its peer address's share, given back when it is dropped.
+    pub peer: crate::state::conns::PeerToken,
 }
 
 pub struct ReactorHandle {
@@ -117,6 +119,8 @@ const SHUTDOWN_POLL: std::time::Duration = std::time::Duration::from_micros(200)
 
 struct Entry {
     stream: TcpStream,
+    /// Held for the connection's life (`state::conns`).
+    _peer: crate::state::conns::PeerToken,
     /// Distinguishes this connection from later ones that reuse its index,
     /// so a stale timer never fires on a stranger.
     gen: u32,
@@ -594,6 +598,7 @@ impl Reactor {
             gen: self.next_gen,
             timer_at: u64::MAX,
             stream: nc.stream,
+            _peer: nc.peer,
             conn,
             out_armed: false,
             recv_armed: false,
