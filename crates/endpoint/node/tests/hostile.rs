@@ -281,3 +281,49 @@ fn idle_sockets_from_one_address_do_not_lock_out_another_host() {
     );
     t.stop().unwrap();
 }
+
+/// Finding (low): host NQNs could carry control characters and ANSI
+/// escapes, printed raw by `trellis ctl get controllers` and in log lines
+/// (terminal and log injection). A Connect whose host NQN has a control
+/// character is refused with Connect Invalid Parameters naming the host NQN
+/// field, so no controller, log line or table ever holds it; the same host
+/// without the escape connects.
+#[test]
+fn a_host_nqn_with_control_characters_is_refused_at_connect() {
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.subsystems[0].allow_any_host = Some(true);
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let addr = t.local_addrs[0];
+    for bad in [
+        "nqn.2014-08.org.nvmexpress:uuid:\u{1b}[2J\u{1b}[31mowned",
+        "nqn.2014-08.org.nvmexpress:uuid:x\nWARN forged log line",
+    ] {
+        let mut q = Queue::open(addr, Digests::default());
+        let c = q.fabrics_connect(0, 31, NQN, bad, CNTLID_DYNAMIC, 0);
+        assert_eq!(
+            c.status,
+            specific::CONNECT_INVALID_PARAMS.dnr(),
+            "{bad:?}: {:?}",
+            c.status
+        );
+        assert_eq!(
+            c.dw0,
+            trellis_nvme::fabrics::invalid_param_dw0(
+                true,
+                trellis_nvme::fabrics::ipo::DATA_HOSTNQN
+            ),
+            "the refusal names the host NQN field"
+        );
+    }
+    let made: usize = t
+        .reg
+        .subsystems
+        .iter()
+        .map(|s| s.controllers.lock().unwrap().len())
+        .sum();
+    assert_eq!(made, 0, "a controller was created for a refused NQN");
+    let mut q = Queue::open(addr, Digests::default());
+    let c = q.fabrics_connect(0, 31, NQN, HOST, CNTLID_DYNAMIC, 0);
+    assert!(c.status.is_success(), "{:?}", c.status);
+    t.stop().unwrap();
+}

@@ -95,11 +95,19 @@ impl ConnectData {
             return Err(BadConnectField(0));
         }
         // The host NQN may be empty (SPDK's initiator sends none unless
-        // told): whether that is acceptable is the subsystem's policy.
+        // told): whether that is acceptable is the subsystem's policy. An
+        // NQN is UTF-8 (NVMe Base 2.0 §4.5); control characters (C0, DEL,
+        // C1: an ANSI escape starts with ESC) have no place in one and would
+        // reach terminals and logs that print NQNs, so they are refused here,
+        // before anything stores or prints the name.
         let nqn = |off: usize, ipo, may_be_empty: bool| {
             let f = &b[off..off + NQN_FIELD_LEN];
             match get_cstr(f) {
-                Some(s) if (may_be_empty || !s.is_empty()) && s.len() <= NQN_MAX_LEN => {
+                Some(s)
+                    if (may_be_empty || !s.is_empty())
+                        && s.len() <= NQN_MAX_LEN
+                        && !s.chars().any(char::is_control) =>
+                {
                     Ok(s.to_string())
                 }
                 _ => Err(BadConnectField(ipo)),
@@ -216,6 +224,26 @@ mod tests {
         assert_eq!(ConnectData::decode(&b).unwrap(), d);
         b[512] = 0; // empty host NQN: decoded, policy decides
         assert_eq!(ConnectData::decode(&b).unwrap().hostnqn, "");
+        // Control characters in an NQN (terminal and log injection).
+        for bad in [
+            "nqn.x\u{1b}[31mred",
+            "nqn.x\nline",
+            "nqn.x\u{9b}31m",
+            "nqn.x\u{7f}",
+        ] {
+            let d = ConnectData {
+                hostid: [1; 16],
+                cntlid: 0xFFFF,
+                subnqn: "nqn.a".into(),
+                hostnqn: bad.into(),
+            };
+            d.encode(&mut b);
+            assert_eq!(
+                ConnectData::decode(&b).map(|d| d.hostnqn),
+                Err(BadConnectField(ipo::DATA_HOSTNQN)),
+                "{bad:?}"
+            );
+        }
         b[256] = 0; // empty subsystem NQN: nothing to connect to
         assert_eq!(
             ConnectData::decode(&b).unwrap_err(),
