@@ -267,7 +267,10 @@ fn zero_range_inner(file: &File, off: u64, len: u64, punch: bool) -> Status {
         // reads them, synchronously.
         let rc = unsafe { libc::pwrite(fd, buf as *const _, n, (off + done) as i64) };
         if rc <= 0 {
-            status = media::WRITE_FAULT;
+            let errno = (rc < 0)
+                .then(|| std::io::Error::last_os_error().raw_os_error())
+                .flatten();
+            status = io_error_status(Op::WriteZeroes, errno);
             break;
         }
         done += rc as u64;
@@ -299,12 +302,47 @@ fn zero_or_discard(file: &File, req: &IoReq) -> Option<Status> {
     }
 }
 
-fn io_error_status(op: Op) -> Status {
+/// The status of a failed `op` that ended with `errno` (None: a short
+/// transfer, no error code). A full file system or quota is not a failing
+/// medium: Capacity Exceeded with DNR, as nvmet maps -ENOSPC
+/// (`errno_to_nvme_status`), so hosts stop retrying and report a full
+/// device, not a dying one. Media errors leave DNR clear: a retry may work.
+fn io_error_status(op: Op, errno: Option<i32>) -> Status {
+    if matches!(errno, Some(libc::ENOSPC | libc::EDQUOT)) && op != Op::Read {
+        return generic::CAPACITY_EXCEEDED.dnr();
+    }
     match op {
         Op::Read => media::UNRECOVERED_READ_ERROR,
         Op::Write | Op::WriteZeroes => media::WRITE_FAULT,
         Op::Flush | Op::Discard => generic::INTERNAL_ERROR,
     }
+}
+
+/// At most one warning per this long about failed backend I/O; the rest are
+/// counted and the count goes into the next warning.
+const IO_ERROR_WARN_INTERVAL_NS: u64 = 10_000_000_000;
+
+/// Whether to log a failed I/O now, and how many were not logged since the
+/// last one: a failing device must not flood the log with a line per I/O.
+fn io_error_log_allowed() -> Option<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    static LAST_NS: AtomicU64 = AtomicU64::new(0);
+    static QUIET: AtomicU64 = AtomicU64::new(0);
+    let now = crate::sys::now_ns().max(1);
+    let last = LAST_NS.load(Relaxed);
+    if last != 0 && now.saturating_sub(last) < IO_ERROR_WARN_INTERVAL_NS {
+        QUIET.fetch_add(1, Relaxed);
+        return None;
+    }
+    // One reactor wins the slot; the others count themselves quiet.
+    if LAST_NS
+        .compare_exchange(last, now, Relaxed, Relaxed)
+        .is_err()
+    {
+        QUIET.fetch_add(1, Relaxed);
+        return None;
+    }
+    Some(QUIET.swap(0, Relaxed))
 }
 
 /// Synchronous fallback queue.
@@ -317,6 +355,7 @@ impl BackendQueue for SyncQueue {
         crate::sys::fault::io_panic_point();
         let fd = self.file.as_raw_fd();
         let mut done = 0u64;
+        let mut errno = None;
         // SAFETY (the calls below): by this function's contract req.buf is
         // valid for len_bytes bytes and ours alone during the call; pread and
         // pwritev2 are synchronous and stay within [buf + done, buf + len).
@@ -336,19 +375,28 @@ impl BackendQueue for SyncQueue {
                         libc::pwritev2(fd, &iov, 1, off, if req.fua { libc::RWF_DSYNC } else { 0 })
                     };
                     if rc <= 0 {
+                        errno = (rc < 0)
+                            .then(|| std::io::Error::last_os_error().raw_os_error())
+                            .flatten();
                         break;
                     }
                     done += rc as u64;
                 }
                 done == req.len_bytes
             }
-            Op::Flush => libc::fdatasync(fd) == 0,
+            Op::Flush => {
+                let ok = libc::fdatasync(fd) == 0;
+                if !ok {
+                    errno = std::io::Error::last_os_error().raw_os_error();
+                }
+                ok
+            }
             Op::WriteZeroes | Op::Discard => return zero_or_discard(&self.file, req),
         };
         Some(if ok {
             Status::SUCCESS
         } else {
-            io_error_status(req.op)
+            io_error_status(req.op, errno)
         })
     }
 }
@@ -558,17 +606,20 @@ impl UringQueue {
     fn complete(&mut self, idx: u32, res: i32) -> Option<(u64, Status)> {
         let mut p = self.slots.get(idx as usize).copied().flatten()?;
         let status = if res < 0 {
-            tracing::warn!(
-                "{:?} at {} failed: {}",
-                p.req.op,
-                p.req.offset_bytes,
-                std::io::Error::from_raw_os_error(-res)
-            );
-            io_error_status(p.req.op)
+            if let Some(quiet) = io_error_log_allowed() {
+                tracing::warn!(
+                    not_logged_since_last = quiet,
+                    "{:?} at {} failed: {}",
+                    p.req.op,
+                    p.req.offset_bytes,
+                    std::io::Error::from_raw_os_error(-res)
+                );
+            }
+            io_error_status(p.req.op, Some(-res))
         } else if p.req.op == Op::Flush {
             Status::SUCCESS
         } else if res == 0 {
-            io_error_status(p.req.op) // EOF inside the namespace
+            io_error_status(p.req.op, None) // EOF inside the namespace
         } else {
             p.done_bytes += res as u64;
             if p.done_bytes < p.req.len_bytes {
@@ -750,5 +801,47 @@ mod link_tests {
             g.calibrated(&m3).rate_max_bytes_per_s,
             g.rate_max_bytes_per_s
         );
+    }
+}
+
+#[cfg(test)]
+mod enospc_tests {
+    use super::*;
+
+    /// Issue 32: a full backing file system turned writes into media Write
+    /// Faults (DNR clear): hosts retried, then reported a failing disk.
+    /// `/dev/full` fails every write with the kernel's own ENOSPC.
+    #[test]
+    fn a_full_file_system_is_capacity_exceeded_with_dnr_not_a_media_error() {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let mut q = SyncQueue { file: Arc::new(f) };
+        let mut buf = vec![0x5Au8; 4096];
+        let req = IoReq {
+            op: Op::Write,
+            offset_bytes: 0,
+            len_bytes: 4096,
+            buf: buf.as_mut_ptr(),
+            fua: false,
+        };
+        // SAFETY: buf is live and ours for the synchronous call.
+        let st = unsafe { q.submit(&req, 0) };
+        assert_eq!(st, Some(generic::CAPACITY_EXCEEDED.dnr()));
+        // A read of /dev/full succeeds (zeroes): only writes are refused.
+        let rd = IoReq {
+            op: Op::Read,
+            ..req
+        };
+        // SAFETY: as above.
+        assert_eq!(unsafe { q.submit(&rd, 0) }, Some(Status::SUCCESS));
+        // A real media error keeps its status and DNR clear.
+        assert_eq!(
+            io_error_status(Op::Write, Some(libc::EIO)),
+            media::WRITE_FAULT
+        );
+        assert!(!io_error_status(Op::Write, Some(libc::EIO)).is_dnr());
     }
 }
