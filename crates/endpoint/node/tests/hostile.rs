@@ -327,3 +327,65 @@ fn a_host_nqn_with_control_characters_is_refused_at_connect() {
     assert!(c.status.is_success(), "{:?}", c.status);
     t.stop().unwrap();
 }
+
+/// Finding (medium): Set Features Volatile Write Cache with WCE = 0 was
+/// accepted, reported back, and ignored: writes still completed from
+/// caches, so a host that turned the cache off in order to skip flushes
+/// lost acknowledged writes on power loss. Now every write (and Write
+/// Zeroes) of that controller goes to the backend with Force Unit Access
+/// while the cache is off, and not once it is back on.
+#[test]
+fn turning_the_write_cache_off_makes_every_write_force_unit_access() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use trellis_nvme::sqe::admin;
+    let d = tempfile::tempdir().unwrap();
+    let mut ns = NamespaceConfig::sized(BackendKind::File, 1 << 20);
+    ns.path = Some(d.path().join("disk.img").to_string_lossy().into_owned());
+    let t = trellis_target::Target::start(&test_config(ns)).unwrap();
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let through = || {
+        let set = t.reg.ns.load();
+        set.by_uid[0]
+            .as_ref()
+            .unwrap()
+            .stats
+            .write_through
+            .load(Relaxed)
+    };
+    let feature = |c: &mut Ctrl, wce: Option<u32>| {
+        let op = if wce.is_some() {
+            admin::SET_FEATURES
+        } else {
+            admin::GET_FEATURES
+        };
+        let mut s = trellis_nvme::Sqe::new(op, 0, 0);
+        s.set_cdw(10, 0x06);
+        s.set_cdw(11, wce.unwrap_or(0));
+        let (cqe, _) = c.admin.cmd(s, &[], 0, 0);
+        assert!(cqe.status.is_success(), "{:?}", cqe.status);
+        cqe.dw0
+    };
+    assert_eq!(feature(&mut c, None) & 1, 1, "the cache starts on");
+    assert!(write(&mut c.io[0], 0, &pattern(0, 8, 1))
+        .status
+        .is_success());
+    assert_eq!(through(), 0, "with the cache on, writes may be cached");
+    feature(&mut c, Some(0));
+    assert_eq!(feature(&mut c, None) & 1, 0);
+    for i in 0..3u64 {
+        assert!(write(&mut c.io[0], 8 * i, &pattern(8 * i, 8, 2))
+            .status
+            .is_success());
+    }
+    assert_eq!(
+        through(),
+        3,
+        "each write with the cache off went through with FUA"
+    );
+    feature(&mut c, Some(1));
+    assert!(write(&mut c.io[0], 0, &pattern(0, 8, 3))
+        .status
+        .is_success());
+    assert_eq!(through(), 3, "the cache is on again");
+    t.stop().unwrap();
+}

@@ -26,6 +26,9 @@ pub struct NsStats {
     pub media_errors: AtomicU64,
     /// Write Zeroes commands with the Deallocate bit (DEAC) set.
     pub write_zeroes_deac: AtomicU64,
+    /// Writes sent to the backend with Force Unit Access because the host
+    /// turned the volatile write cache off (Set Features 06h, WCE = 0).
+    pub write_through: AtomicU64,
     /// Command latency on the target (capsule taken to completion), [read,
     /// write], in the buckets of [`crate::state::stats::lat_bucket`].
     pub latency: [[AtomicU64; crate::state::stats::LAT_BUCKETS]; 2],
@@ -231,6 +234,10 @@ pub struct Controller {
     /// controller's host: what the discovery log and its change notices
     /// may reveal to it of PSK-only hosts' subsystems.
     pub tls_proven: bool,
+    /// The host turned the volatile write cache off (Set Features 06h,
+    /// WCE = 0): every write goes through with FUA. An atomic the I/O path
+    /// reads, beside the feature value in `features`.
+    pub write_cache_off: AtomicBool,
     /// The Changed Namespace List (log page 04h) not yet read.
     pub changed_ns: Mutex<crate::state::aen::ChangedNs>,
     /// Reservation notices (log page 80h) and their mask (feature 82h).

@@ -205,6 +205,7 @@ impl Queue {
                 .tls_peer
                 .as_ref()
                 .is_some_and(|(h, _)| *h == data.hostnqn),
+            write_cache_off: AtomicBool::new(false),
         });
         ctrls.insert(cntlid, ctrl.clone());
         drop(ctrls);
@@ -738,7 +739,12 @@ impl Queue {
             feat::POWER_MGMT if v & 0x1f == 0 => f.power_mgmt = v, // one power state
             feat::TEMP_THRESHOLD => f.temp_threshold = v,
             feat::ERROR_RECOVERY => f.error_recovery = v,
-            feat::WRITE_CACHE => f.write_cache = v & 1,
+            feat::WRITE_CACHE => {
+                // Honoured, not only reported: with the cache off a host may
+                // skip flushes, so every write must be durable when it completes.
+                f.write_cache = v & 1;
+                ctrl.write_cache_off.store(v & 1 == 0, Relaxed);
+            }
             feat::IRQ_COALESCING => f.irq_coalescing = v,
             feat::IRQ_CONFIG => f.irq_config = v,
             feat::WRITE_ATOMICITY => f.write_atomicity = v,

@@ -199,8 +199,26 @@ fn read_submit(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     submit(q, ctx, req, &io)
 }
 
+/// Force Unit Access when the host turned the volatile write cache off
+/// (WCE = 0): it may then skip flushes, so the write must be durable when it
+/// completes, as on a drive without a cache.
+#[inline]
+fn write_through(q: &Queue, req: &Request, io: &mut IoReq) {
+    if !io.fua
+        && q.q
+            .as_ref()
+            .is_some_and(|q| q.ctrl.write_cache_off.load(Relaxed))
+    {
+        io.fua = true;
+        if let Some(ns) = ns_of(q, req) {
+            ns.stats.write_through.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 pub(crate) fn write(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let mut io = req.io;
+    write_through(q, req, &mut io);
     let icd = ctx.icd;
     if icd.is_empty() {
         io.buf = req.buf.as_mut_ptr();
@@ -237,7 +255,8 @@ pub(crate) fn write_zeroes(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
             "write zeroes with deallocate (DEAC)"
         );
     }
-    let io = req.io;
+    let mut io = req.io;
+    write_through(q, req, &mut io);
     submit(q, ctx, req, &io)
 }
 
