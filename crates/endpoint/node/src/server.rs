@@ -59,7 +59,9 @@ impl Target {
                     reg: reg.clone(),
                     connections: connections.clone(),
                 };
-                let (a, t) = crate::control::metrics::spawn(addr, src, shutdown.clone())?;
+                let token = metrics_token(&cfg.metrics)?;
+                let (a, t) =
+                    crate::control::metrics_http::spawn(addr, token, src, shutdown.clone())?;
                 (Some(a), Some(t))
             }
             None => (None, None),
@@ -327,6 +329,23 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
             }
         }
     }
+}
+
+/// The bearer token `/metrics` requires, read once at start from
+/// `[metrics] bearer_token_file` (trimmed; an empty file is refused).
+fn metrics_token(m: &crate::config::MetricsConfig) -> anyhow::Result<Option<String>> {
+    let Some(p) = &m.bearer_token_file else {
+        return Ok(None);
+    };
+    let t = std::fs::read_to_string(p)
+        .map_err(|e| anyhow::anyhow!("[metrics] bearer_token_file {}: {e}", p.display()))?;
+    let t = t.trim().to_string();
+    anyhow::ensure!(
+        !t.is_empty(),
+        "[metrics] bearer_token_file {} is empty: put the token in it",
+        p.display()
+    );
+    Ok(Some(t))
 }
 
 /// At most one warning per this long about refused connections.

@@ -385,3 +385,63 @@ fn closed_connections_are_counted_by_reason() {
     assert_eq!(n("transport_error"), Some(0.0));
     t.stop().unwrap();
 }
+
+/// The threads of this process (the target runs in it).
+fn threads() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Issue 32: `/metrics` (tiny_http) started one OS thread per open
+/// connection, with no cap and no header timeout: 300 idle connections made
+/// 300 threads. Now 300 idle connections add no thread (one server thread
+/// serves all, with at most `MAX_CONNECTIONS` open), a scrape still works
+/// while they are held, and with `bearer_token_file` a scrape without the
+/// token is refused with 401.
+#[test]
+fn idle_metrics_connections_add_no_thread_and_scrapes_still_work() {
+    let d = tempfile::tempdir().unwrap();
+    let token = d.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.metrics.bearer_token_file = Some(token);
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let addr = t.metrics_addr.unwrap();
+    let before = threads();
+    let idle: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = threads();
+    assert!(
+        during <= before + 1,
+        "threads {before} -> {during} with 300 idle connections"
+    );
+    // A scrape with the token is served meanwhile; one without it is not.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.1 200"),
+        "{}",
+        &resp[..resp.len().min(200)]
+    );
+    assert!(resp.contains("trellis_uptime_seconds"));
+    let (code, _) = get(addr, "/metrics");
+    assert_eq!(code, 401, "a scrape without the token");
+    eprintln!("threads: {before} before, {during} with 300 idle /metrics connections");
+    drop(idle);
+    t.stop().unwrap();
+}

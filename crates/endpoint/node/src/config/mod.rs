@@ -73,8 +73,13 @@ pub struct CtlConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Address of the HTTP listener serving `GET /metrics` (for example
-    /// "127.0.0.1:9464"; port 0 picks a free one). None: no endpoint.
+    /// "127.0.0.1:9464"; port 0 picks a free one). None: no endpoint. A
+    /// wildcard address is served with a warning.
     pub listen: Option<std::net::SocketAddr>,
+    /// A file holding a bearer token that scrapes must send
+    /// (`Authorization: Bearer TOKEN`, Prometheus's `bearer_token_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<std::path::PathBuf>,
 }
 
 /// Daemon-wide settings and limits.

@@ -3,9 +3,8 @@
 //! A scrape reads the counters the reactors already keep (per-namespace
 //! command and byte counts, which they add in batches; their busy time,
 //! published about once a millisecond) and encodes them with
-//! `prometheus-client`: nothing is added to the I/O path. One thread serves
-//! the endpoint, one request at a time, and notices shutdown within
-//! [`POLL_MS`].
+//! `prometheus-client`: nothing is added to the I/O path. The HTTP server
+//! is `metrics_http` (one thread, bounded connections).
 
 use crate::state::subsystem::Registry;
 use prometheus_client::encoding::text::encode;
@@ -15,17 +14,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry as Prom;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
-/// How long the server thread waits for a request before it looks at the
-/// shutdown flag again.
-const POLL_MS: u64 = 100;
 /// The Prometheus text exposition format, version 0.0.4.
-const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(super) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// What a scrape reads besides the registry.
 pub struct Sources {
@@ -71,62 +64,6 @@ impl EncodeMetric for BucketCounts {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReactorLabels {
     reactor: u32,
-}
-
-/// Binds `addr` and serves `/metrics` until `shutdown` is raised. Returns
-/// the bound address (port 0 picks one) and the server thread.
-pub fn spawn(
-    addr: SocketAddr,
-    src: Sources,
-    shutdown: Arc<AtomicBool>,
-) -> anyhow::Result<(SocketAddr, JoinHandle<()>)> {
-    let server = tiny_http::Server::http(addr)
-        .map_err(|e| anyhow::anyhow!("cannot serve metrics on {addr}: {e}"))?;
-    let local = server
-        .server_addr()
-        .to_ip()
-        .ok_or_else(|| anyhow::anyhow!("metrics listener {addr} is not an IP socket"))?;
-    tracing::info!("metrics on http://{local}/metrics");
-    let thread = std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || serve(&server, &src, &shutdown))?;
-    Ok((local, thread))
-}
-
-fn serve(server: &tiny_http::Server, src: &Sources, shutdown: &AtomicBool) {
-    crate::sys::avoid_reactor_cpus(&src.reg.limits.cpus);
-    while !shutdown.load(Relaxed) {
-        let req = match server.recv_timeout(Duration::from_millis(POLL_MS)) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!("metrics endpoint stopped: {e}");
-                return;
-            }
-        };
-        let path = req.url().split('?').next().unwrap_or("");
-        let resp = if *req.method() != tiny_http::Method::Get {
-            text(405, "only GET is served\n".into(), "text/plain")
-        } else if path != "/metrics" {
-            text(404, "see /metrics\n".into(), "text/plain")
-        } else {
-            match render(src) {
-                Ok(body) => text(200, body, CONTENT_TYPE),
-                Err(e) => text(500, format!("encoding failed: {e}\n"), "text/plain"),
-            }
-        };
-        if let Err(e) = req.respond(resp) {
-            tracing::debug!("metrics response not sent: {e}");
-        }
-    }
-}
-
-fn text(code: u16, body: String, ctype: &str) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let mut r = tiny_http::Response::from_string(body).with_status_code(code);
-    if let Ok(h) = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes()) {
-        r.add_header(h);
-    }
-    r
 }
 
 /// The exposition text of one scrape.

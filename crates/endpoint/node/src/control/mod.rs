@@ -6,6 +6,7 @@
 pub mod ha;
 pub mod listeners;
 pub mod metrics;
+pub mod metrics_http;
 pub mod namespaces;
 pub mod referrals;
 pub mod rpc;
