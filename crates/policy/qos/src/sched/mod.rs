@@ -20,14 +20,20 @@
 //! `max_queued_per_tenant` requests, and all requests together at most `max_requests`.
 //! A full bound answers [`Submitted::Busy`]: nothing is dropped silently.
 //!
+//! Callers drive the core through [`Driver`], which keeps the per-request rows
+//! (payload, submit and device times) and turns completions into device latency
+//! and credits, so the daemon and the simulators share that glue too.
+//!
 //! The policy sits behind the [`Scheduler`] trait (the shape of quinn's
 //! `congestion::Controller`), with two implementations: [`FifoScheduler`] (no QoS)
 //! and [`GimbalScheduler`] (docs/gimbal.md).
 
+mod driver;
 mod fifo;
 mod gimbal;
 mod table;
 
+pub use driver::{Done, Driver, Released, Request, Submit};
 pub use fifo::FifoScheduler;
 pub use gimbal::GimbalScheduler;
 

@@ -48,16 +48,16 @@ fn submit_tag(s: &mut dyn Scheduler, tenant: TenantId, dir: IoDir, len: u32, now
     }
 }
 
-/// Closed-loop tenants against a device model, driven only through the trait.
+/// Closed-loop tenants against a device model, driven through the [`Driver`] (the
+/// glue the daemon and the simulators run) with the tenant as the payload.
 struct Harness {
-    s: Box<dyn Scheduler>,
+    d: Driver<TenantId>,
     now: u64,
-    /// (completion time, tag, device latency), in completion order.
-    device: VecDeque<(u64, Tag, u64)>,
-    /// Per tenant: I/O size; completed bytes; tenant of each tag index.
+    /// (completion time, slot), in completion order.
+    device: VecDeque<(u64, usize)>,
+    /// Per tenant: I/O size; completed bytes.
     len: Vec<u32>,
     bytes: Vec<u64>,
-    owner: Vec<TenantId>,
     /// Single-server device: each I/O occupies it for `service_ns` (0 = infinite
     /// parallelism with a fixed `latency_ns`).
     service_ns: u64,
@@ -70,12 +70,11 @@ struct Harness {
 impl Harness {
     fn new(cfg: &SchedConfig, outstanding: &[(u32, u32)]) -> Self {
         let mut h = Harness {
-            s: build(cfg, 0).unwrap(),
+            d: Driver::build(cfg, 0).unwrap(),
             now: 0,
             device: VecDeque::new(),
             len: outstanding.iter().map(|&(_, len)| len).collect(),
             bytes: vec![0; outstanding.len()],
-            owner: vec![0; cfg.limits.max_requests as usize],
             service_ns: 0,
             latency_ns: 100_000,
             busy_until: 0,
@@ -90,34 +89,36 @@ impl Harness {
     }
 
     fn submit(&mut self, tenant: TenantId, len: u32) {
-        let now = self.now;
-        match self.s.submit(tenant, IoDir::Read, len, now).unwrap() {
-            Submitted::Dispatch(tag) => {
-                self.owner[tag.index()] = tenant;
-                self.send_to_device(tag);
-            }
-            Submitted::Queued(tag) => self.owner[tag.index()] = tenant,
-            Submitted::Busy => panic!("harness sized below the limits"),
+        let req = Request {
+            tenant,
+            dir: IoDir::Read,
+            len_bytes: len,
+            payload: tenant,
+        };
+        match self.d.submit(req, self.now).unwrap() {
+            Submit::Run(slot) => self.send_to_device(slot),
+            Submit::Held => {}
+            Submit::Busy => panic!("harness sized below the limits"),
         }
     }
 
-    fn send_to_device(&mut self, tag: Tag) {
+    fn send_to_device(&mut self, slot: usize) {
         let done = if self.service_ns == 0 {
             self.now + self.latency_ns
         } else {
             self.busy_until = self.busy_until.max(self.now) + self.service_ns;
             self.busy_until
         };
-        self.device.push_back((done, tag, done - self.now));
+        self.device.push_back((done, slot));
     }
 
     /// Run until `end_ns`; bytes completed from `measure_from_ns` on are counted.
     fn run(&mut self, end_ns: u64, measure_from_ns: u64) {
         while self.now < end_ns {
-            while let Some(d) = self.s.poll_dispatch(self.now) {
-                self.send_to_device(d.tag);
+            while let Some(r) = self.d.release(self.now) {
+                self.send_to_device(r.slot);
             }
-            let next = [self.device.front().map(|e| e.0), self.s.next_timeout()]
+            let next = [self.device.front().map(|e| e.0), self.d.next_timeout()]
                 .into_iter()
                 .flatten()
                 .min()
@@ -126,13 +127,14 @@ impl Harness {
             self.depth_ns += self.device.len() as u128 * (next - self.now) as u128;
             self.now = next;
             while self.device.front().is_some_and(|e| e.0 <= self.now) {
-                let (_, tag, lat) = self.device.pop_front().unwrap();
-                let c = self.s.complete(tag, lat, self.now).unwrap();
-                assert_eq!(c.tenant, self.owner[tag.index()]);
+                let (done_ns, slot) = self.device.pop_front().unwrap();
+                let c = self.d.complete(slot, done_ns, self.now).unwrap();
+                let tenant = c.req.tenant;
+                assert_eq!(tenant, c.req.payload);
                 if self.now >= measure_from_ns {
-                    self.bytes[c.tenant as usize] += self.len[c.tenant as usize] as u64;
+                    self.bytes[tenant as usize] += self.len[tenant as usize] as u64;
                 }
-                self.submit(c.tenant, self.len[c.tenant as usize]);
+                self.submit(tenant, self.len[tenant as usize]);
             }
         }
     }
