@@ -1,7 +1,8 @@
 //! The Gimbal appendix's interference cases on one simulated drive
-//! (`trellis sim fairness`): the scheduler core and SSD model that
-//! `trellis target` runs (`trellis_qos::sched`, `trellis_ssd`), driven on a
-//! virtual clock by closed-loop tenants shaped like `bench/jobs/fairness/`.
+//! (`trellis sim fairness`): the scheduler core, its driver and the SSD model
+//! that `trellis target` runs (`trellis_qos::sched::Driver`, `trellis_ssd`),
+//! driven on a virtual clock by closed-loop tenants shaped like
+//! `bench/jobs/fairness/`.
 //!
 //! Why beside `bench/fairness.sh`: the daemon's runs take minutes of wall
 //! time, a 2-core VM's CPU and network add their own noise, and a time-scaled
@@ -21,7 +22,7 @@ use rand_xoshiro::Xoshiro256PlusPlus;
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
+use trellis_qos::sched::{Driver, Policy, Request, SchedConfig, Submit, TenantId};
 use trellis_qos::GimbalConfig;
 use trellis_ssd::{Precondition, Ssd, SsdProfile};
 use trellis_units::{IoDir, Nanos};
@@ -136,14 +137,11 @@ impl Setup {
     }
 }
 
-/// A request from submit to completion.
-#[derive(Clone, Copy, Default)]
-struct Req {
-    tag: Option<Tag>,
-    tenant: u16,
+/// What the driver keeps of a request for us: its loop and where it reads or writes.
+#[derive(Clone, Copy)]
+struct Io {
+    l: u16,
     offset: u64,
-    submitted_ns: Nanos,
-    dispatched_ns: Nanos,
 }
 
 struct Loop {
@@ -175,8 +173,7 @@ impl Loop {
 /// keeps them across the bench's runs (tenant `i` of the case has id `i`).
 pub struct Session {
     ssd: Ssd,
-    sched: Box<dyn Scheduler>,
-    reqs: Vec<Req>,
+    drv: Driver<Io>,
     now_ns: Nanos,
     setup: Setup,
     phases: u64,
@@ -191,16 +188,14 @@ impl Session {
             gimbal: setup.gimbal.clone(),
             ..SchedConfig::default()
         };
-        let mut sched = sched::build(&cfg, 0).map_err(|e| anyhow::anyhow!("scheduler: {e}"))?;
+        let mut drv = Driver::build(&cfg, 0).map_err(|e| anyhow::anyhow!("scheduler: {e}"))?;
         for (i, t) in tenants.iter().enumerate() {
-            sched
-                .set_weight(i as TenantId, t.weight)
+            drv.set_weight(i as TenantId, t.weight)
                 .map_err(|e| anyhow::anyhow!("tenant {}: weight {}: {e:?}", t.name, t.weight))?;
         }
         Ok(Session {
             ssd,
-            sched,
-            reqs: vec![Req::default(); cfg.limits.max_requests as usize],
+            drv,
             now_ns: 0,
             setup: setup.clone(),
             phases: 0,
@@ -229,8 +224,7 @@ impl Session {
         let end = measure_from + self.setup.runtime_ns;
         let mut e = Engine {
             ssd: &mut self.ssd,
-            sched: self.sched.as_mut(),
-            reqs: &mut self.reqs,
+            drv: &mut self.drv,
             done: BinaryHeap::new(),
             loops,
             measure: (measure_from, end),
@@ -263,9 +257,8 @@ pub fn run(setup: &Setup, tenants: &[TenantSpec]) -> Result<Vec<TenantRun>> {
 
 struct Engine<'a> {
     ssd: &'a mut Ssd,
-    sched: &'a mut dyn Scheduler,
-    reqs: &'a mut [Req],
-    /// Device completions: (time, request row).
+    drv: &'a mut Driver<Io>,
+    /// Device completions: (time, driver slot).
     done: BinaryHeap<Reverse<(Nanos, usize)>>,
     loops: Vec<Loop>,
     /// Completions in [from, to) are measured.
@@ -286,43 +279,34 @@ impl Engine<'_> {
             self.loops[l].spec.bs,
         );
         let offset = self.loops[l].offset();
-        let tag = match self.sched.submit(id, dir, bs, now) {
-            Ok(Submitted::Dispatch(tag)) => {
-                self.start(tag, l, offset, now, now);
-                return Ok(());
-            }
-            Ok(Submitted::Queued(tag)) => tag,
-            Ok(Submitted::Busy) => bail!("scheduler bound reached: raise the limits"),
+        let req = Request {
+            tenant: id,
+            dir,
+            len_bytes: bs,
+            payload: Io {
+                l: l as u16,
+                offset,
+            },
+        };
+        match self.drv.submit(req, now) {
+            Ok(Submit::Run(slot)) => self.start(slot, req.payload, now),
+            Ok(Submit::Held) => {}
+            Ok(Submit::Busy) => bail!("scheduler bound reached: raise the limits"),
             Err(e) => bail!("submit: {e:?}"),
-        };
-        self.reqs[tag.index()] = Req {
-            tag: Some(tag),
-            tenant: l as u16,
-            offset,
-            submitted_ns: now,
-            dispatched_ns: 0,
-        };
+        }
         Ok(())
     }
 
-    /// Sends request `tag` of loop `l` to the drive at `now`.
-    fn start(&mut self, tag: Tag, l: usize, offset: u64, submitted: Nanos, now: Nanos) {
-        let spec = &self.loops[l].spec;
-        let end = self.ssd.submit(spec.dir, offset, spec.bs, now);
-        self.reqs[tag.index()] = Req {
-            tag: Some(tag),
-            tenant: l as u16,
-            offset,
-            submitted_ns: submitted,
-            dispatched_ns: now,
-        };
-        self.done.push(Reverse((end, tag.index())));
+    /// Sends the request in `slot` to the drive at `now`.
+    fn start(&mut self, slot: usize, io: Io, now: Nanos) {
+        let spec = &self.loops[io.l as usize].spec;
+        let end = self.ssd.submit(spec.dir, io.offset, spec.bs, now);
+        self.done.push(Reverse((end, slot)));
     }
 
     fn dispatch(&mut self, now: Nanos) {
-        while let Some(d) = self.sched.poll_dispatch(now) {
-            let r = self.reqs[d.tag.index()];
-            self.start(d.tag, r.tenant as usize, r.offset, r.submitted_ns, now);
+        while let Some(r) = self.drv.release(now) {
+            self.start(r.slot, r.req.payload, now);
         }
     }
 
@@ -332,7 +316,7 @@ impl Engine<'_> {
         let mut now = 0;
         loop {
             let next_done = self.done.peek().map(|Reverse((t, _))| *t);
-            let timer = self.sched.next_timeout();
+            let timer = self.drv.next_timeout();
             now = match (next_done, timer) {
                 (Some(d), Some(t)) => d.min(t).max(now),
                 (Some(d), None) => d,
@@ -379,7 +363,7 @@ impl Engine<'_> {
         }
         self.next_trace_ns = now + every;
         for l in &self.loops {
-            if let Some(v) = self.sched.view(l.id) {
+            if let Some(v) = self.drv.view(l.id) {
                 eprintln!(
                     "t={:>5}ms {:<8} cred {:>4} q {:>3} inf {:>3} | rd {:?} ewma {} thr {} | wr {:?} ewma {} thr {} | wc {:.2} rate {} MB/s",
                     now / 1_000_000, l.spec.name, v.io_credits, v.queued, v.inflight,
@@ -391,22 +375,18 @@ impl Engine<'_> {
         }
     }
 
-    fn complete(&mut self, i: usize, now: Nanos) -> Result<()> {
-        let r = self.reqs[i];
-        let Some(tag) = r.tag else {
-            bail!("a completion for request row {i}, which holds no request")
-        };
-        self.reqs[i].tag = None;
-        self.sched
-            .complete(tag, now - r.dispatched_ns, now)
-            .map_err(|e| anyhow::anyhow!("complete: {e:?}"))?;
-        let l = r.tenant as usize;
+    fn complete(&mut self, slot: usize, now: Nanos) -> Result<()> {
+        let done = self
+            .drv
+            .complete(slot, now, now)
+            .map_err(|e| anyhow::anyhow!("complete of slot {slot}: {e:?}"))?;
+        let l = done.req.payload.l as usize;
         let (from, to) = self.measure;
         if (from..to).contains(&now) {
             let lp = &mut self.loops[l];
             lp.ios += 1;
             lp.bytes += lp.spec.bs as u64;
-            lp.lat.saturating_record((now - r.submitted_ns).max(1));
+            lp.lat.saturating_record((now - done.submitted_ns).max(1));
         }
         if self.issuing {
             self.issue(l, now)?;

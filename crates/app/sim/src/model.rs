@@ -1,8 +1,9 @@
 //! The SAN model: hosts, fabric nodes, egress queues, targets with a scheduler and SSDs.
 //!
 //! Each SSD's queueing, dispatch and headroom belong to its `trellis_qos::sched`
-//! scheduler (FIFO or Gimbal), the same core the storage node runs; this file only
-//! maps hosts to tenants and I/Os to the scheduler's tags.
+//! scheduler (FIFO or Gimbal), the same core the storage node runs, driven by the
+//! same `sched::Driver` (request rows, device latency, credits, timers); this file
+//! only maps hosts to tenants and I/Os to the driver's payload.
 //!
 //! Per packet per hop there is one `Arrive` event, plus one `TxDone` only when the
 //! egress was busy. Packets, I/Os and events are plain structs in slabs and a heap.
@@ -24,7 +25,7 @@ use trellis_fabric::isr::{HopRec, IsrHeader, IsrTable};
 use trellis_fabric::reserve::{self, PortReservation};
 use trellis_fabric::ssd_credit::{self, HostRateLimiter};
 use trellis_path::replica::{IsrPaths, ReplicaState, MAX_PATHS};
-use trellis_qos::sched::{self, Policy, SchedConfig, Scheduler, Submitted, Tag, TenantId};
+use trellis_qos::sched::{Driver, Policy, Request, SchedConfig, Submit, TenantId};
 use trellis_ssd::Ssd;
 use trellis_units::IoDir;
 
@@ -204,21 +205,16 @@ const NO_POOL: u32 = u32::MAX;
 struct SsdSlot {
     ssd: Ssd,
     node: u32,
-    sched: Box<dyn Scheduler>,
-    /// Per scheduler tag index: the I/O it stands for (grown to the peak tag index).
-    tags: Vec<Option<TagRow>>,
-    /// Time of the armed scheduler wake-up event (u64::MAX: none).
-    wake_at: u64,
+    /// The scheduler and its request rows (grown to the peak slot).
+    drv: Driver<IoRef>,
     alive: bool,
 }
 
+/// The I/O a scheduler slot stands for, and which incarnation of it.
 #[derive(Clone, Copy)]
-struct TagRow {
-    tag: Tag,
+struct IoRef {
     io: u32,
     gen: u16,
-    /// Device submission time (the start of the device latency).
-    device_submit_ns: u64,
 }
 
 struct Limited {
@@ -463,7 +459,7 @@ impl Sim {
                     self.drain_limiter(e.a / n, e.a % n)
                 }
                 EV_SCHED_WAKE => {
-                    self.ssds[e.a as usize].wake_at = u64::MAX;
+                    self.ssds[e.a as usize].drv.timer_fired();
                     self.pump(e.a)
                 }
                 EV_FAIL => self.on_fail(e.a as usize),
@@ -1585,11 +1581,16 @@ impl Sim {
             (o.spec.ssd, o.host, o.spec.op, o.spec.size_bytes, o.gen)
         };
         let tenant = self.tenant_of(host);
-        let s = &mut self.ssds[ssd as usize];
-        let (tag, now_to_device) = match s.sched.submit(tenant, op, size, now) {
-            Ok(Submitted::Dispatch(tag)) => (tag, true),
-            Ok(Submitted::Queued(tag)) => (tag, false),
-            Ok(Submitted::Busy) => {
+        let req = Request {
+            tenant,
+            dir: op,
+            len_bytes: size,
+            payload: IoRef { io, gen },
+        };
+        match self.ssds[ssd as usize].drv.submit(req, now) {
+            Ok(Submit::Run(slot)) => self.dispatch(ssd, slot, io),
+            Ok(Submit::Held) => {}
+            Ok(Submit::Busy) => {
                 // A bound is full: the target answers "busy, retry" and the host resends
                 // the command after the retry timeout [R].
                 self.metrics.sched_busy += 1;
@@ -1598,19 +1599,6 @@ impl Sim {
                 return;
             }
             Err(e) => unreachable!("tenant {tenant} is inside the table: {e:?}"),
-        };
-        let i = tag.index();
-        if i >= s.tags.len() {
-            s.tags.resize(i + 1, None);
-        }
-        s.tags[i] = Some(TagRow {
-            tag,
-            io,
-            gen,
-            device_submit_ns: 0,
-        });
-        if now_to_device {
-            self.dispatch(ssd, tag);
         }
         self.pump(ssd);
     }
@@ -1618,50 +1606,42 @@ impl Sim {
     /// Send to the device what the scheduler releases; arm its timer if it holds back.
     fn pump(&mut self, ssd: u32) {
         let now = self.q.now;
-        while let Some(d) = self.ssds[ssd as usize].sched.poll_dispatch(now) {
-            self.dispatch(ssd, d.tag);
+        while let Some(r) = self.ssds[ssd as usize].drv.release(now) {
+            self.dispatch(ssd, r.slot, r.req.payload.io);
         }
-        let s = &mut self.ssds[ssd as usize];
-        if let Some(t) = s.sched.next_timeout() {
-            if t < s.wake_at {
-                s.wake_at = t;
-                self.q.push(t, EV_SCHED_WAKE, ssd);
-            }
+        if let Some(t) = self.ssds[ssd as usize].drv.arm_timer() {
+            self.q.push(t, EV_SCHED_WAKE, ssd);
         }
     }
 
-    fn dispatch(&mut self, ssd: u32, tag: Tag) {
+    /// Send I/O `io`, in driver slot `slot`, to the SSD now.
+    fn dispatch(&mut self, ssd: u32, slot: usize, io: u32) {
         let now = self.q.now;
-        let s = &mut self.ssds[ssd as usize];
-        let row = s.tags[tag.index()]
-            .as_mut()
-            .expect("dispatched tag unknown");
-        row.device_submit_ns = now;
-        let spec = self.ios.get(row.io).spec;
-        let done = s
-            .ssd
-            .submit(spec.op, spec.offset_bytes, spec.size_bytes, now);
-        self.q
-            .push(done, EV_SSD_DONE, ssd << 20 | tag.index() as u32);
+        let spec = self.ios.get(io).spec;
+        let done =
+            self.ssds[ssd as usize]
+                .ssd
+                .submit(spec.op, spec.offset_bytes, spec.size_bytes, now);
+        self.q.push(done, EV_SSD_DONE, ssd << 20 | slot as u32);
     }
 
     fn on_ssd_done(&mut self, a: u32) {
         let now = self.q.now;
-        let (ssd, i) = (a >> 20, (a & 0xF_FFFF) as usize);
+        let (ssd, slot) = (a >> 20, (a & 0xF_FFFF) as usize);
         let s = &mut self.ssds[ssd as usize];
-        let row = s.tags[i].take().expect("completion of an unknown tag");
-        let lat = now - row.device_submit_ns;
-        s.sched
-            .complete(row.tag, lat, now)
+        let done = s
+            .drv
+            .complete(slot, now, now)
             .expect("the SSD completes each dispatched command once");
-        let headroom = s.sched.headroom_bytes_per_s();
-        let o = self.ios.get(row.io);
-        if o.gen == row.gen && !o.lost {
-            let o = self.ios.get_mut(row.io);
+        let headroom = s.drv.scheduler().headroom_bytes_per_s();
+        let (IoRef { io, gen }, lat) = (done.req.payload, done.device_latency_ns);
+        let o = self.ios.get(io);
+        if o.gen == gen && !o.lost {
+            let o = self.ios.get_mut(io);
             o.headroom_bytes_per_s = headroom;
             o.ssd_latency_ns = lat;
             o.hdr.ssd_latency_ns = lat;
-            self.tcp_send(row.io, Msg::Response);
+            self.tcp_send(io, Msg::Response);
         }
         self.pump(ssd);
     }
@@ -1827,9 +1807,7 @@ fn build_ssds(cfg: &SimConfig, g: &Graph) -> Result<Vec<SsdSlot>> {
             ssds.push(SsdSlot {
                 ssd,
                 node,
-                sched: sched::build(&sched_cfg, 0).map_err(anyhow::Error::msg)?,
-                tags: Vec::new(),
-                wake_at: u64::MAX,
+                drv: Driver::build(&sched_cfg, 0).map_err(anyhow::Error::msg)?,
                 alive: true,
             });
         }

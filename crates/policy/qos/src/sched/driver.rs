@@ -12,6 +12,7 @@
 //!
 //! ```text
 //! submit(req, now)              -> Run(slot) | Held | Busy     (Run: send it to the device)
+//! run_now(tenant, dir, len, now) -> Some(Completed)            (zero-time device: no row)
 //! release(now)                  -> Some(Released { slot, .. }) (repeat until None; send each)
 //! complete(slot, done, now)     -> Done { payload, io_credits, device_latency_ns, .. }
 //! next_timeout() / arm_timer()  -> when to call release again if nothing else happens
@@ -120,7 +121,9 @@ impl<T: Copy> Driver<T> {
 
     /// Offers `req`. On `Run` the caller sends it to the device at `now_ns`.
     pub fn submit(&mut self, req: Request<T>, now_ns: Nanos) -> Result<Submit, SchedError> {
-        let r = self.sched.submit(req.tenant, req.dir, req.len_bytes, now_ns)?;
+        let r = self
+            .sched
+            .submit(req.tenant, req.dir, req.len_bytes, now_ns)?;
         let (tag, stage) = match r {
             Submitted::Dispatch(tag) => (
                 tag,
@@ -152,9 +155,14 @@ impl<T: Copy> Driver<T> {
     /// ([`Scheduler::run_now`]); None, nothing changed, when it would not run at
     /// once: then `submit`.
     #[inline]
-    pub fn run_now(&mut self, req: Request<T>, now_ns: Nanos) -> Option<Completed> {
-        self.sched
-            .run_now(req.tenant, req.dir, req.len_bytes, now_ns)
+    pub fn run_now(
+        &mut self,
+        tenant: TenantId,
+        dir: IoDir,
+        len_bytes: u32,
+        now_ns: Nanos,
+    ) -> Option<Completed> {
+        self.sched.run_now(tenant, dir, len_bytes, now_ns)
     }
 
     /// The next held request the scheduler lets go at `now_ns`, now counted as
@@ -362,7 +370,8 @@ mod tests {
     fn held_requests_are_released_in_the_scheduler_s_order_with_their_payload() {
         let mut d = driver(Policy::Fifo, 16);
         for i in 0..6 {
-            d.submit(read(i as TenantId % 2, 100 + i), i as u64).unwrap();
+            d.submit(read(i as TenantId % 2, 100 + i), i as u64)
+                .unwrap();
         }
         assert!(d.release(10).is_none(), "device depth 2 reached");
         let mut order = Vec::new();
@@ -400,9 +409,17 @@ mod tests {
         }
         assert_eq!(d.complete(2, 5, 5), Err(SchedError::BadTag), "still held");
         assert_eq!(d.complete(7, 5, 5), Err(SchedError::BadTag), "never issued");
-        assert_eq!(d.complete(100, 5, 5), Err(SchedError::BadTag), "out of table");
+        assert_eq!(
+            d.complete(100, 5, 5),
+            Err(SchedError::BadTag),
+            "out of table"
+        );
         d.complete(0, 5, 5).unwrap();
-        assert_eq!(d.complete(0, 6, 6), Err(SchedError::BadTag), "completed twice");
+        assert_eq!(
+            d.complete(0, 6, 6),
+            Err(SchedError::BadTag),
+            "completed twice"
+        );
         assert_eq!(d.abort(0, 6), Err(SchedError::BadTag));
         assert_eq!((d.occupied(), d.scheduler().inflight()), (2, 1));
         assert_eq!(d.release(6).map(|r| r.slot), Some(2));
