@@ -1,12 +1,15 @@
 //! Gimbal in the I/O path (docs/gimbal.md "In the daemon").
 //!
 //! A namespace with `qos = "gimbal"` gets, on each reactor, a [`QosQueue`]:
-//! its backend queue wrapped with one `trellis_qos::sched` scheduler. The
+//! its backend queue wrapped with one `trellis_qos::sched::Driver` (the
+//! scheduler and its request rows, the glue the simulators run too). The
 //! wrapper is itself a [`BackendQueue`], so the reactor's loop (`kick`,
 //! `reap`, `in_flight`) drives it unchanged: `reap` completes finished
-//! requests into the scheduler and dispatches what it then releases, so the
-//! poll step runs every loop. A namespace with `qos = "off"` never sees this
-//! module: its queue is the bare backend queue.
+//! requests into the driver and sends to the backend what it then releases,
+//! so the release step runs every loop. What stays here is the daemon's own:
+//! the backend, the wall-to-device clock, the HA fence at release, credits
+//! packed into completion tags, and the /metrics board. A namespace with
+//! `qos = "off"` never sees this module: its queue is the bare backend queue.
 //!
 //! Tenants are host NQNs mapped to a dense [`TenantId`] at Connect
 //! ([`Tenants`]); the I/O path carries the id, never the string.
@@ -17,7 +20,7 @@ use crate::state::tenants::{QosBoard, QosPublished, Tenants, PUBLISH_INTERVAL_NS
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use trellis_nvme::Status;
-use trellis_qos::sched::{self, Scheduler, Submitted, Tag, TenantId};
+use trellis_qos::sched::{self, Driver, Released, Request, Scheduler, Submit, TenantId};
 use trellis_units::IoDir;
 
 /// Status of a command the scheduler refused because a bound is full
@@ -50,28 +53,20 @@ fn with_credit(tag: u64, credits: u32) -> u64 {
     tag | CREDIT_FLAG | (credits.min(u16::MAX as u32) as u64) << CREDIT_SHIFT
 }
 
-/// A request the scheduler holds or the backend runs: what to submit, and
-/// whom to answer. Indexed by `Tag::index()`, pre-allocated.
-#[derive(Clone, Copy)]
-struct Held {
+/// What the driver keeps of a scheduled request: what to submit to the
+/// backend, and whom to answer (the connection's tag).
+#[derive(Clone, Copy, Debug)]
+struct ConnIo {
     io: IoReq,
     tag: u64,
-    sched: Option<Tag>,
-    submitted_ns: u64,
 }
-
-const EMPTY: Held = Held {
-    io: IoReq::NONE,
-    tag: 0,
-    sched: None,
-    submitted_ns: 0,
-};
 
 /// One reactor's queue for one Gimbal namespace.
 pub struct QosQueue {
     inner: Box<dyn BackendQueue>,
-    sched: Box<dyn Scheduler>,
-    held: Vec<Held>,
+    /// The scheduler and the rows of the requests it holds or the backend
+    /// runs (slot = the backend tag's low bits).
+    drv: Driver<ConnIo>,
     /// Completions reaped from `inner` (reused: no allocation per I/O).
     reaped: Vec<(u64, Status)>,
     /// When each of those fell due on the device (`reap_timed`), wall ns.
@@ -147,14 +142,14 @@ pub fn wrap(
         fence,
     } = node;
     let clock = DeviceClock::new(time_scale);
-    let mut sched = sched::build(&cfg.sched_for(model), clock.ns(now_ns))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let sched_cfg = cfg.sched_for(model);
+    let mut drv =
+        Driver::build(&sched_cfg, clock.ns(now_ns)).map_err(|e| anyhow::anyhow!("{e}"))?;
     for (t, w) in tenants.weights() {
-        sched
-            .set_weight(t, w)
+        drv.set_weight(t, w)
             .map_err(|e| anyhow::anyhow!("tenant {t} weight {w}: {e:?}"))?;
     }
-    let n = cfg.limits.max_requests as usize;
+    let n = sched_cfg.limits.max_requests as usize;
     let max_tenants = cfg.limits.max_tenants as usize;
     let published = Arc::new(QosPublished::new(max_tenants));
     if let Some(b) = board {
@@ -163,8 +158,7 @@ pub fn wrap(
     Ok(Box::new(QosQueue {
         inner_sync: inner.completes_in_submit(),
         inner,
-        sched,
-        held: vec![EMPTY; n],
+        drv,
         reaped: Vec::with_capacity(n),
         due_ns: Vec::with_capacity(n),
         clock,
@@ -199,44 +193,35 @@ impl QosQueue {
         tag: u64,
         now_ns: u64,
     ) -> Option<(Status, u32)> {
-        let len = io.len_bytes.min(u32::MAX as u64) as u32;
+        let (len, dir) = (io.len_bytes.min(u32::MAX as u64) as u32, dir_of(io.op));
         self.submit_seen_ns = now_ns;
         let dev_ns = self.clock.ns(now_ns);
         if self.inner_sync {
-            if let Some(c) = self.sched.run_now(tenant, dir_of(io.op), len, dev_ns) {
+            if let Some(c) = self.drv.run_now(tenant, dir, len, dev_ns) {
                 // SAFETY: as `dispatch_now`; the backend finishes it inside
                 // this call (`completes_in_submit`).
                 let st = unsafe { self.inner.submit(io, tag) };
-                let credits = self.count(c, io.len_bytes);
+                let credits = self.count(c.tenant, io.len_bytes, c.io_credits);
                 // Not finished after all: its completion comes from `reap`
                 // under the connection's own tag, as a bypassed request's.
                 return st.map(|st| (st, credits));
             }
         }
-        let (t, now) = match self.sched.submit(tenant, dir_of(io.op), len, dev_ns) {
-            Ok(Submitted::Dispatch(t)) => (t, true),
-            Ok(Submitted::Queued(t)) => (t, false),
-            Ok(Submitted::Busy) => return Some((QOS_BUSY, self.credits(tenant))),
+        let req = Request {
+            tenant,
+            dir,
+            len_bytes: len,
+            payload: ConnIo { io: *io, tag },
+        };
+        match self.drv.submit(req, dev_ns) {
+            Ok(Submit::Run(slot)) => self.dispatch_now(slot, io, dev_ns),
+            Ok(Submit::Held) => None, // a later release (in `reap`) sends it
+            Ok(Submit::Busy) => Some((QOS_BUSY, self.credits(tenant))),
             Err(e) => {
                 tracing::error!(tenant, "qos submit refused: {e:?}");
-                return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
+                Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0))
             }
-        };
-        if now {
-            return self.dispatch_now(t, io, tag, now_ns);
         }
-        let Some(h) = self.held.get_mut(t.index()) else {
-            // Tag indexes stay below max_requests, the table's length.
-            let _ = self.sched.abort(t, dev_ns);
-            return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
-        };
-        *h = Held {
-            io: *io,
-            tag,
-            sched: Some(t),
-            submitted_ns: now_ns,
-        };
-        None // a later poll_dispatch (in `reap`) releases it
     }
 
     /// A read of `len_bytes` from a namespace that reads zeroes (null): the
@@ -252,87 +237,58 @@ impl QosQueue {
         }
         let len = len_bytes.min(u32::MAX as u64) as u32;
         let c = self
-            .sched
+            .drv
             .run_now(tenant, IoDir::Read, len, self.clock.ns(now_ns))?;
         self.submit_seen_ns = now_ns;
-        Some(self.count(c, len_bytes))
+        Some(self.count(c.tenant, len_bytes, c.io_credits))
     }
 
     fn credits(&self, tenant: TenantId) -> u32 {
-        self.sched.io_credits(tenant).unwrap_or(0)
+        self.drv.scheduler().io_credits(tenant).unwrap_or(0)
     }
 
-    /// Sends `io`, which the scheduler released at once, to the backend. Only
-    /// an asynchronous submit needs a held row (for `reap` to find); the
-    /// request itself is not copied.
-    fn dispatch_now(&mut self, t: Tag, io: &IoReq, tag: u64, now_ns: u64) -> Option<(Status, u32)> {
-        if t.index() >= self.held.len() {
-            let _ = self.sched.abort(t, self.clock.ns(now_ns));
-            return Some((trellis_nvme::status::generic::INTERNAL_ERROR, 0));
-        }
+    /// Sends `io`, which the driver let run at once in `slot`, to the backend
+    /// at `dev_ns` (device clock).
+    fn dispatch_now(&mut self, slot: usize, io: &IoReq, dev_ns: u64) -> Option<(Status, u32)> {
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
-        match unsafe { self.inner.submit(io, SCHEDULED | t.index() as u64) } {
-            Some(st) => Some((st, self.finish_sync(t, io.len_bytes, now_ns))),
-            None => {
-                let h = &mut self.held[t.index()];
-                h.tag = tag;
-                h.sched = Some(t);
-                h.submitted_ns = now_ns;
-                None
-            }
-        }
+        let st = unsafe { self.inner.submit(io, SCHEDULED | slot as u64) }?;
+        Some((st, self.finish(slot, dev_ns, dev_ns).map_or(0, |(_, c)| c)))
     }
 
-    /// Sends the held request `t` to the backend; returns (status, its
-    /// connection tag, credits) when the backend finished it synchronously.
-    fn dispatch(&mut self, t: Tag, now_ns: u64) -> Option<(Status, u64, u32)> {
-        let h = self.held.get_mut(t.index())?;
-        h.submitted_ns = now_ns;
-        let (io, tag) = (h.io, h.tag);
+    /// Sends the request the driver released to the backend at `dev_ns`;
+    /// returns (status, its connection tag, credits) when it is over now:
+    /// the backend finished it synchronously, or the fence failed it.
+    fn dispatch(&mut self, r: Released<ConnIo>, dev_ns: u64) -> Option<(Status, u64, u32)> {
+        let ConnIo { io, tag } = r.req.payload;
         if !self.fence.allows_now() {
             // Held past the fence (docs/target.md, "HA pair"): never sent,
             // failed with a path error so the host retries elsewhere.
-            let credits = self.finish(t.index(), now_ns, now_ns);
+            let credits = self.finish(r.slot, dev_ns, dev_ns).map_or(0, |(_, c)| c);
             return Some((trellis_nvme::status::path::ANA_INACCESSIBLE, tag, credits));
         }
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
-        let st = unsafe { self.inner.submit(&io, SCHEDULED | t.index() as u64) }?;
-        let credits = self.finish(t.index(), now_ns, now_ns);
+        let st = unsafe { self.inner.submit(&io, SCHEDULED | r.slot as u64) }?;
+        let credits = self.finish(r.slot, dev_ns, dev_ns).map_or(0, |(_, c)| c);
         Some((st, tag, credits))
     }
 
-    /// Completes a request the backend finished inside `submit` (null, ram):
-    /// it is charged zero device time. Its only time is the reactor's own
-    /// CPU time, and reading the clock here would also count any preemption
-    /// of the reactor mid-batch as a device stall, which Gimbal would take
-    /// for congestion.
-    fn finish_sync(&mut self, t: Tag, len_bytes: u64, now_ns: u64) -> u32 {
-        match self.sched.complete(t, 0, self.clock.ns(now_ns)) {
-            Ok(c) => self.count(c, len_bytes),
-            Err(e) => {
-                tracing::error!("qos complete of a stale tag: {e:?}");
-                0
+    /// Completes `slot` into the driver: the device finished it at `done_ns`
+    /// (device clock; its submit time for a backend that finishes inside
+    /// `submit`, which is then charged zero device time: its only time is the
+    /// reactor's CPU time, and reading the clock would also count any
+    /// preemption of the reactor mid-batch as a device stall, which Gimbal
+    /// would take for congestion). Its connection tag and credits.
+    fn finish(&mut self, slot: usize, done_ns: u64, now_ns: u64) -> Option<(u64, u32)> {
+        match self.drv.complete(slot, done_ns, now_ns) {
+            Ok(d) => {
+                let credits = self.count(d.req.tenant, d.req.payload.io.len_bytes, d.io_credits);
+                Some((d.req.payload.tag, credits))
             }
-        }
-    }
-
-    /// Completes held request `i` into the scheduler: its device latency is
-    /// the wall-clock time from the backend submit to `done_ns`, when the
-    /// device finished it (see `reap_timed`); `now_ns` is the scheduler's clock.
-    fn finish(&mut self, i: usize, done_ns: u64, now_ns: u64) -> u32 {
-        let Some(h) = self.held.get_mut(i) else {
-            return 0;
-        };
-        let Some(t) = h.sched.take() else { return 0 };
-        let lat = self.clock.ns(done_ns.saturating_sub(h.submitted_ns));
-        let len = h.io.len_bytes;
-        match self.sched.complete(t, lat, self.clock.ns(now_ns)) {
-            Ok(c) => self.count(c, len),
             Err(e) => {
-                tracing::error!("qos complete of a stale tag: {e:?}");
-                0
+                tracing::error!(slot, "qos complete of a stale slot: {e:?}");
+                None
             }
         }
     }
@@ -340,14 +296,13 @@ impl QosQueue {
     /// The scheduler, for the virtual-view log page: settled first, so its
     /// view counts every request run so far (`Scheduler::settle`).
     pub fn scheduler(&mut self) -> &dyn Scheduler {
-        self.sched.settle();
-        &*self.sched
+        self.drv.settled()
     }
 
     /// Applies `weights` (the reactor, after a live change).
     pub fn set_weights(&mut self, weights: &[(TenantId, u32)]) {
         for &(t, w) in weights {
-            if let Err(e) = self.sched.set_weight(t, w) {
+            if let Err(e) = self.drv.set_weight(t, w) {
                 tracing::warn!("tenant {t} weight {w} not applied: {e:?}");
             }
         }
@@ -355,13 +310,13 @@ impl QosQueue {
 
     /// Counts a completion for `/metrics`; returns its I/O credits.
     #[inline]
-    fn count(&mut self, c: sched::Completed, len_bytes: u64) -> u32 {
-        if let Some(n) = self.completed.get_mut(c.tenant as usize) {
+    fn count(&mut self, tenant: TenantId, len_bytes: u64, io_credits: u32) -> u32 {
+        if let Some(n) = self.completed.get_mut(tenant as usize) {
             n.0 += 1;
             n.1 += len_bytes;
         }
         self.dirty = true;
-        c.io_credits
+        io_credits
     }
 
     /// Copies the scheduler's state out for `/metrics` (cold: at most every
@@ -369,15 +324,15 @@ impl QosQueue {
     #[cold]
     fn publish(&mut self) {
         self.dirty = false;
-        self.sched.settle();
+        let s = self.drv.settled();
         let p = &self.published;
         p.headroom_bytes_per_s
-            .store(self.sched.headroom_bytes_per_s(), Relaxed);
+            .store(s.headroom_bytes_per_s(), Relaxed);
         for (t, tp) in p.tenants.iter().enumerate() {
             let (cmds, bytes) = self.completed[t];
             tp.completed_commands.store(cmds, Relaxed);
             tp.completed_bytes.store(bytes, Relaxed);
-            let Some(v) = self.sched.view(t as TenantId) else {
+            let Some(v) = s.view(t as TenantId) else {
                 continue;
             };
             tp.queued.store(v.queued as u64, Relaxed);
@@ -415,7 +370,7 @@ impl BackendQueue for QosQueue {
         let mut mine = std::mem::take(&mut self.reaped);
         let mut due = std::mem::take(&mut self.due_ns);
         self.inner.reap_timed(&mut mine, &mut due);
-        if mine.is_empty() && self.sched.queued() == 0 {
+        if mine.is_empty() && self.drv.scheduler().queued() == 0 {
             // Nothing finished and nothing waits: no clock read, no poll.
             (self.reaped, self.due_ns) = (mine, due);
             // Publish what changed since, at most once per interval: a
@@ -441,25 +396,26 @@ impl BackendQueue for QosQueue {
             self.next_publish_ns = now + PUBLISH_INTERVAL_NS;
             self.publish();
         }
+        let dev_now = self.clock.ns(now);
         for (k, &(tag, st)) in mine.iter().enumerate() {
             if tag & SCHEDULED == 0 {
                 out.push((tag, st));
                 continue;
             }
-            let i = (tag & !SCHEDULED) as usize;
-            let conn_tag = self.held.get(i).map_or(0, |h| h.tag);
             // The device's completion time where the backend knows it
             // (emulated SSD), else now.
             let done_ns = due.get(k).copied().unwrap_or(now).min(now);
-            let credits = self.finish(i, done_ns, now);
-            out.push((with_credit(conn_tag, credits), st));
+            let slot = (tag & !SCHEDULED) as usize;
+            if let Some((conn_tag, credits)) = self.finish(slot, self.clock.ns(done_ns), dev_now) {
+                out.push((with_credit(conn_tag, credits), st));
+            }
         }
         mine.clear();
         due.clear();
         (self.reaped, self.due_ns) = (mine, due);
-        // The poll step: completions and token refills release queued requests.
-        while let Some(d) = self.sched.poll_dispatch(self.clock.ns(now)) {
-            if let Some((st, tg, credits)) = self.dispatch(d.tag, now) {
+        // The release step: completions and token refills let held requests go.
+        while let Some(r) = self.drv.release(dev_now) {
+            if let Some((st, tg, credits)) = self.dispatch(r, dev_now) {
                 out.push((with_credit(tg, credits), st));
             }
         }
@@ -468,11 +424,12 @@ impl BackendQueue for QosQueue {
     }
 
     /// Requests the scheduler holds count as in flight: the reactor then
-    /// keeps polling (never sleeps) until they are dispatched, which is how
-    /// it honours `next_timeout` (token refills every 250 µs, finer than
-    /// epoll's millisecond timeout).
+    /// keeps polling (never sleeps) until they are released, which is how
+    /// it honours `Driver::next_timeout` without asking it: token refills
+    /// come every 250 µs, finer than epoll's millisecond timeout, so a
+    /// reactor sleeping until the refill would oversleep it.
     fn in_flight(&self) -> usize {
-        self.inner.in_flight() + self.sched.queued() as usize + self.reaped.len()
+        self.inner.in_flight() + self.drv.scheduler().queued() as usize + self.reaped.len()
     }
 
     fn cancel_all(&mut self) -> usize {
