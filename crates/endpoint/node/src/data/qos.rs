@@ -585,6 +585,99 @@ mod tests {
 }
 
 #[cfg(test)]
+mod fence_tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A device that counts what reaches it and finishes all of it at the
+    /// next reap.
+    struct Counting {
+        submitted: Arc<AtomicUsize>,
+        pending: Vec<u64>,
+    }
+
+    impl BackendQueue for Counting {
+        unsafe fn submit(&mut self, _req: &IoReq, tag: u64) -> Option<Status> {
+            self.submitted.fetch_add(1, Relaxed);
+            self.pending.push(tag);
+            None
+        }
+        fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+            let n = self.pending.len();
+            out.extend(self.pending.drain(..).map(|t| (t, Status::SUCCESS)));
+            n
+        }
+        fn in_flight(&self) -> usize {
+            self.pending.len()
+        }
+    }
+
+    /// Issue 37: a command held in the Gimbal scheduler when ownership
+    /// moves must not reach the device when the scheduler lets it go: it
+    /// fails with ANA Inaccessible, while the ones already at the device
+    /// finish as they were.
+    #[test]
+    fn requests_held_in_the_scheduler_past_the_fence_never_reach_the_device() {
+        let cfg = QosConfig::default();
+        let tenants = Tenants::new(&[], &cfg.limits);
+        let submitted = Arc::new(AtomicUsize::new(0));
+        let fence = Arc::new(crate::state::fence::Fence::stopped());
+        fence.serve_until(crate::sys::now_ns() + 60_000_000_000);
+        let node = NodeShare {
+            tenants: &tenants,
+            board: None,
+            fence: fence.clone(),
+        };
+        let inner = Box::new(Counting {
+            submitted: submitted.clone(),
+            pending: Vec::new(),
+        });
+        let mut q = wrap(inner, &cfg, node, crate::sys::now_ns(), 1.0, None).unwrap();
+        const N: u64 = 200;
+        for tag in 0..N {
+            let io = IoReq {
+                op: Op::Read,
+                offset_bytes: tag * 4096,
+                len_bytes: 4096,
+                buf: std::ptr::null_mut(),
+                fua: false,
+            };
+            // SAFETY: no buffer: the fake device never touches it.
+            let r = unsafe { q.submit_for(0, &io, tag, crate::sys::now_ns()) };
+            assert!(r.is_none(), "nothing finishes at submit");
+        }
+        let at_device = submitted.load(Relaxed);
+        assert!(
+            at_device > 0 && (at_device as u64) < N,
+            "{at_device} of {N} sent: some must be held"
+        );
+        fence.stop(); // ownership moved while the rest wait in the scheduler
+        let (mut ok, mut fenced, mut out) = (0, 0, Vec::new());
+        for _ in 0..1_000 {
+            out.clear();
+            q.reap(&mut out);
+            for &(_, st) in &out {
+                match st {
+                    Status::SUCCESS => ok += 1,
+                    s if s == trellis_nvme::status::path::ANA_INACCESSIBLE => fenced += 1,
+                    s => panic!("unexpected status {s:?}"),
+                }
+            }
+            if ok + fenced == N as usize {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(300));
+        }
+        assert_eq!(
+            submitted.load(Relaxed),
+            at_device,
+            "a held request reached the device after the fence"
+        );
+        assert_eq!((ok, fenced), (at_device, N as usize - at_device));
+    }
+}
+
+#[cfg(test)]
 mod calibrate_tests {
     use super::*;
     use crate::backend::Backend;
