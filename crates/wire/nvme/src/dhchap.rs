@@ -134,6 +134,15 @@ pub struct Secret {
     pub transform: Option<HashId>,
 }
 
+impl Drop for Secret {
+    fn drop(&mut self) {
+        // Wipe the key (and its clones, each dropped in turn) from memory.
+        zeroize::Zeroize::zeroize(&mut self.key);
+    }
+}
+
+impl zeroize::ZeroizeOnDrop for Secret {}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print key material.
@@ -148,7 +157,7 @@ impl Secret {
         let transform = match ind {
             "00" => None,
             "01" | "02" | "03" => HashId::from_id(ind.as_bytes()[1] - b'0'),
-            _ => return Err(SecretError::Transform(ind.to_string())),
+            _ => return Err(SecretError::Transform(keyfmt::shown_indicator(ind))),
         };
         let key = keyfmt::decode(b64, &[36, 52, 68]).map_err(|e| match e {
             KeyText::Prefix => SecretError::Prefix,
@@ -365,6 +374,14 @@ mod tests {
         assert_eq!(
             Secret::parse("DHHC-1:04:AAAA:"),
             Err(SecretError::Transform("04".into()))
+        );
+        // A key written without its indicator is not echoed by the error.
+        let e = Secret::parse("DHHC-1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains("AAECAw") && e.contains("<48 characters>"),
+            "{e}"
         );
         assert_eq!(Secret::parse("DHHC-1:00:!!:"), Err(SecretError::Base64));
         assert_eq!(

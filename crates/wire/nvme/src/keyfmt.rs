@@ -28,9 +28,13 @@ pub(crate) fn split<'a>(s: &'a str, prefix: &str) -> Result<(&'a str, &'a str), 
 /// The key of a base64 part, checking that key and CRC together are one of
 /// `lens` bytes long and the CRC.
 pub(crate) fn decode(b64: &str, lens: &[usize]) -> Result<Vec<u8>, KeyText> {
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|_| KeyText::Base64)?;
+    // Key and CRC decoded: wiped when this returns, as the key's copy is
+    // by its owner's Drop.
+    let raw = zeroize::Zeroizing::new(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|_| KeyText::Base64)?,
+    );
     if !lens.contains(&raw.len()) {
         return Err(KeyText::Length(raw.len()));
     }
@@ -41,10 +45,21 @@ pub(crate) fn decode(b64: &str, lens: &[usize]) -> Result<Vec<u8>, KeyText> {
     Ok(key.to_vec())
 }
 
+/// An unknown indicator as an error message may show it: as is when it has
+/// the two characters of one, else only its length (text without the `hh:`
+/// puts the key itself where the indicator goes, and errors reach logs).
+pub(crate) fn shown_indicator(ind: &str) -> String {
+    if ind.len() <= 2 {
+        ind.to_string()
+    } else {
+        format!("<{} characters>", ind.chars().count())
+    }
+}
+
 /// `PREFIX:hh:base64(key || CRC-32):` with indicator `ind`.
 pub(crate) fn format(prefix: &str, ind: u8, key: &[u8]) -> String {
-    let mut raw = key.to_vec();
+    let mut raw = zeroize::Zeroizing::new(key.to_vec());
     raw.extend_from_slice(&crc32fast::hash(key).to_le_bytes());
-    let b64 = base64::engine::general_purpose::STANDARD.encode(raw);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&*raw);
     format!("{prefix}{ind:02}:{b64}:")
 }

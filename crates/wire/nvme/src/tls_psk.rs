@@ -132,6 +132,15 @@ pub struct ConfiguredPsk {
     pub transform: Option<PskHash>,
 }
 
+impl Drop for ConfiguredPsk {
+    fn drop(&mut self) {
+        // Wipe the key (and its clones, each dropped in turn) from memory.
+        zeroize::Zeroize::zeroize(&mut self.key);
+    }
+}
+
+impl zeroize::ZeroizeOnDrop for ConfiguredPsk {}
+
 impl std::fmt::Debug for ConfiguredPsk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print key material.
@@ -153,7 +162,7 @@ impl ConfiguredPsk {
             "00" => None,
             "01" => Some(PskHash::Sha256),
             "02" => Some(PskHash::Sha384),
-            _ => return Err(PskError::Hash(ind.to_string())),
+            _ => return Err(PskError::Hash(keyfmt::shown_indicator(ind))),
         };
         let key = keyfmt::decode(b64, &[36, 52]).map_err(|e| match e {
             KeyText::Prefix => PskError::Prefix,
@@ -615,7 +624,8 @@ mod tests {
             "NVMeTLSkey-1:01:car+hl80k7tV2kVqGVUWHcupp/2jkvA5CPKYIkbEvPqFDsWe:",
         )
         .unwrap()
-        .key;
+        .key
+        .clone();
         assert_eq!(k1.tls_psk(&id, Derivation::LibnvmeCompat).unwrap(), want);
         assert_ne!(k1.tls_psk(&id, Derivation::Spec).unwrap(), want);
         // gen-tls-key --hmac=2 --secret=000102..2f, check-tls-key --identity=1
@@ -632,7 +642,8 @@ mod tests {
             "NVMeTLSkey-1:02:KUfuIoNBrBCLXja5+5NxUTGqNPywfCdzyUki+LrS4L5RHXxkpmAMs2HWvUeHBNZtHnvMgg==:",
         )
         .unwrap()
-        .key;
+        .key
+        .clone();
         assert_eq!(k2.tls_psk(&id, Derivation::LibnvmeCompat).unwrap(), want);
     }
 
