@@ -24,8 +24,8 @@ fn start_auth_target(groups: &[&str]) -> trellis_target::Target {
     s.allowed_hosts.clear();
     s.hosts = vec![TargetHost {
         nqn: HOST.into(),
-        dhchap_secret: Some(secret(1, Some(HashId::Sha384)).format()),
-        dhchap_ctrl_secret: Some(secret(2, None).format()),
+        dhchap_secret: Some(secret(1, Some(HashId::Sha384)).format().into()),
+        dhchap_ctrl_secret: Some(secret(2, None).format().into()),
         dhchap_hashes: vec![],
         dhchap_dhgroups: groups.iter().map(|g| g.to_string()).collect(),
         ..Default::default()

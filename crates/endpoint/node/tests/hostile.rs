@@ -54,7 +54,7 @@ fn a_psk_only_host_is_not_reachable_in_plaintext() {
     s.allowed_hosts.clear();
     s.hosts = vec![TargetHost {
         nqn: HOST.into(),
-        tls_key: Some(k.format()),
+        tls_key: Some(k.format().into()),
         ..Default::default()
     }];
     let t = trellis_target::Target::start(&cfg).unwrap();

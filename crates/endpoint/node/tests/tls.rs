@@ -47,7 +47,7 @@ fn start(
     s.allowed_hosts = vec![PLAIN_HOST.into()];
     s.hosts = vec![TargetHost {
         nqn: HOST.into(),
-        tls_key: Some(k.format()),
+        tls_key: Some(k.format().into()),
         tls_key_derivation: Some(d.name().into()),
         ..Default::default()
     }];
@@ -307,7 +307,7 @@ fn a_silent_client_is_closed_at_the_handshake_timeout() {
     cfg.listeners[0].secure_channel = Some(SecureChannel::Optional);
     cfg.subsystems[0].hosts = vec![TargetHost {
         nqn: HOST.into(),
-        tls_key: Some(k.format()),
+        tls_key: Some(k.format().into()),
         ..Default::default()
     }];
     let t = trellis_target::Target::start(&cfg).unwrap();

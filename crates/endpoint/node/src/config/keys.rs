@@ -7,6 +7,112 @@ use std::sync::Arc;
 use trellis_nvme::dhchap::{DhGroup, HashId, Secret};
 use trellis_nvme::tls_psk::{ConfiguredPsk, Derivation};
 
+/// What `--check`, `config_get` (`trellis ctl save`) and every `{:?}` show
+/// in place of a key's text.
+pub const REDACTED: &str = "<redacted>";
+
+/// A key's text as configured (`dhchap_secret`, `dhchap_ctrl_secret`,
+/// `tls_key`). It never leaves the process through the config: `Debug` and
+/// `Serialize` write [`REDACTED`] (so `--check`, `config_get` and log lines
+/// of a config cannot hold it), and the text is wiped from memory when the
+/// value is dropped. [`KeyText::expose`] is the only way to the text.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KeyText(zeroize::Zeroizing<String>);
+
+impl KeyText {
+    pub fn new(text: impl Into<String>) -> KeyText {
+        KeyText(zeroize::Zeroizing::new(text.into()))
+    }
+
+    /// The key's text: for parsing it, and for `ctl save` to write it back.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// `sha256:` and the first 8 hex digits of SHA-256 of the text: tells
+    /// two keys apart (and which one a node has) without revealing either;
+    /// 32 bits of a hash say nothing useful about a 256-bit key.
+    pub fn fingerprint(&self) -> String {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(self.0.as_bytes());
+        format!("sha256:{}", crate::sys::hex(&d[..4]))
+    }
+
+    /// Whether this is the placeholder `--check` and `config_get` write.
+    pub fn is_redacted(&self) -> bool {
+        self.0.trim() == REDACTED
+    }
+}
+
+impl zeroize::ZeroizeOnDrop for KeyText {}
+
+impl From<&str> for KeyText {
+    fn from(s: &str) -> KeyText {
+        KeyText::new(s)
+    }
+}
+
+impl From<String> for KeyText {
+    fn from(s: String) -> KeyText {
+        KeyText::new(s)
+    }
+}
+
+impl std::fmt::Debug for KeyText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl serde::Serialize for KeyText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeyText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<KeyText, D::Error> {
+        String::deserialize(d).map(KeyText::new)
+    }
+}
+
+/// The text of key `name`, refusing the placeholder with what to do.
+fn key_text<'a>(t: &'a KeyText, name: &str) -> anyhow::Result<&'a str> {
+    anyhow::ensure!(
+        !t.is_redacted(),
+        "{name} is {REDACTED:?} (how --check and ctl save's source show a key): write the key itself, or save with `trellis ctl save --keys-from FILE`"
+    );
+    Ok(t.expose())
+}
+
+/// Every key a subsystem's hosts have: (host NQN, key name, text).
+pub fn subsystem_key_texts(
+    c: &crate::config::SubsystemConfig,
+) -> impl Iterator<Item = (&str, &'static str, &KeyText)> {
+    c.hosts.iter().flat_map(|h| {
+        [
+            ("dhchap_secret", &h.dhchap_secret),
+            ("dhchap_ctrl_secret", &h.dhchap_ctrl_secret),
+            ("tls_key", &h.tls_key),
+        ]
+        .into_iter()
+        .filter_map(move |(name, k)| k.as_ref().map(|k| (h.nqn.as_str(), name, k)))
+    })
+}
+
+/// A config file that holds keys must be its owner's alone, as ssh wants
+/// of a private key: refused, naming the path and the fix, when its group
+/// or others have any access (`meta`: the opened file's).
+pub fn check_file_mode(path: &str, meta: &std::fs::Metadata) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = meta.permissions().mode() & 0o777;
+    anyhow::ensure!(
+        mode & 0o077 == 0,
+        "{path} holds keys (tls_key, dhchap_secret) but its mode {mode:03o} lets its group or others at them: chmod 600 {path}"
+    );
+    Ok(())
+}
+
 /// A host's DH-HMAC-CHAP configuration in one subsystem.
 #[derive(Clone, Debug)]
 pub struct HostKeys {
@@ -44,9 +150,11 @@ pub fn host_keys(h: &crate::config::HostConfig) -> anyhow::Result<Option<HostKey
         }
         return Ok(None);
     };
-    let secret = Secret::parse(text).context("dhchap_secret")?;
+    let secret = Secret::parse(key_text(text, "dhchap_secret")?).context("dhchap_secret")?;
     let ctrl_secret = match &h.dhchap_ctrl_secret {
-        Some(t) => Some(Secret::parse(t).context("dhchap_ctrl_secret")?),
+        Some(t) => {
+            Some(Secret::parse(key_text(t, "dhchap_ctrl_secret")?).context("dhchap_ctrl_secret")?)
+        }
         None => None,
     };
     let mut keys = HostKeys::new(secret, ctrl_secret);
@@ -129,7 +237,8 @@ pub fn host_psk(h: &HostConfig) -> anyhow::Result<Option<HostPsk>> {
         );
         return Ok(None);
     };
-    let key = ConfiguredPsk::parse(text).map_err(|e| anyhow::anyhow!("tls_key: {e}"))?;
+    let key = ConfiguredPsk::parse(key_text(text, "tls_key")?)
+        .map_err(|e| anyhow::anyhow!("tls_key: {e}"))?;
     Ok(Some(HostPsk { key, derivation }))
 }
 

@@ -546,11 +546,11 @@ pub struct HostConfig {
     /// The host's secret, `DHHC-1:XX:<base64>:` as `nvme gen-dhchap-key`
     /// prints it: the host must prove it knows it before any other command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dhchap_secret: Option<String>,
+    pub dhchap_secret: Option<crate::config::keys::KeyText>,
     /// The controller's secret: a host that asks (`--dhchap-ctrl-secret`)
     /// gets the controller's proof of it (bidirectional authentication).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dhchap_ctrl_secret: Option<String>,
+    pub dhchap_ctrl_secret: Option<crate::config::keys::KeyText>,
     /// Hash functions accepted, preferred first (default all: sha256,
     /// sha384, sha512).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -563,7 +563,7 @@ pub struct HostConfig {
     /// gen-tls-key` prints it: what a TLS listener accepts from this host
     /// for this subsystem (docs/target.md "TLS").
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls_key: Option<String>,
+    pub tls_key: Option<crate::config::keys::KeyText>,
     /// How the TLS PSK is derived from `tls_key`: "spec" (default; the
     /// NVMe/TCP specification, SPDK, libnvme since 2025) or
     /// "libnvme-compat" (libnvme 1.7 to 1.15, e.g. Debian 13's nvme-cli).
@@ -802,6 +802,7 @@ impl Config {
     /// without creating, locking or binding anything: every file namespace
     /// can be opened, or created where it does not exist.
     pub fn preflight(&self) -> anyhow::Result<()> {
+        self.preflight_cpus()?;
         for s in &self.subsystems {
             for (i, n) in s.namespaces.iter().enumerate() {
                 if n.backend != BackendKind::File {
@@ -814,6 +815,34 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Every CPU of `target.cpus` exists and this process may run on it:
+    /// pinning to another fails, which would leave the reactor unpinned.
+    fn preflight_cpus(&self) -> anyhow::Result<()> {
+        if self.target.cpus.is_empty() {
+            return Ok(());
+        }
+        let Some(ok) = crate::sys::allowed_cpus() else {
+            return Ok(()); // the kernel does not say: pinning will tell
+        };
+        for &c in &self.target.cpus {
+            anyhow::ensure!(
+                ok.contains(&c),
+                "--cpus / target.cpus: CPU {c} does not exist or this process may not use it (sched_getaffinity): use CPUs {} (e.g. --cpus {})",
+                crate::sys::cpu_list(&ok),
+                ok[0]
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether any `[[subsystem.host]]` has a key (`tls_key`,
+    /// `dhchap_secret`, `dhchap_ctrl_secret`).
+    pub fn has_keys(&self) -> bool {
+        self.subsystems
+            .iter()
+            .any(|s| crate::config::keys::subsystem_key_texts(s).next().is_some())
     }
 
     /// Checks every bound and name before anything is opened.
@@ -1186,6 +1215,58 @@ mod tests {
             assert!(msg.contains(want), "{msg}");
             assert!(msg.contains("host nqn.2014-08.org.nvmexpress:uuid:1"), "{msg}");
         }
+    }
+
+    const TLS_KEY: &str = "NVMeTLSkey-1:01:Ggh0ZeTr4gtcM5ttLtzjFKTkCEGwn/dvDUPXq4L9i7yv4BH+:";
+    const DHCHAP: &str = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
+
+    fn keyed() -> String {
+        format!(
+            "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"nqn.2026-11.io.trellis:a\"\n[[subsystem.host]]\nnqn = \"nqn.2014-08.org.nvmexpress:uuid:1\"\ntls_key = \"{TLS_KEY}\"\ndhchap_secret = \"{DHCHAP}\"\ndhchap_ctrl_secret = \"{DHCHAP}\"\n"
+        )
+    }
+
+    #[test]
+    fn keys_are_redacted_in_toml_and_debug_and_the_placeholder_is_refused() {
+        let c = Config::from_toml(&keyed()).unwrap();
+        assert!(c.has_keys());
+        let text = c.to_toml().unwrap();
+        let debug = format!("{c:?}");
+        for out in [&text, &debug] {
+            assert!(
+                !out.contains("Ggh0ZeTr4gtc") && !out.contains("AAECAwQF"),
+                "{out}"
+            );
+        }
+        assert_eq!(text.matches("\"<redacted>\"").count(), 3, "{text}");
+        let e = format!("{:#}", Config::from_toml(&text).unwrap_err());
+        assert!(e.contains("<redacted>") && e.contains("--keys-from"), "{e}");
+        let h = &c.subsystems[0].hosts[0];
+        let fp = h.tls_key.as_ref().unwrap().fingerprint();
+        assert!(fp.starts_with("sha256:") && fp.len() == 15, "{fp}");
+        assert_ne!(fp, h.dhchap_secret.as_ref().unwrap().fingerprint());
+        assert!(!Config::embedded_default().has_keys());
+    }
+
+    #[test]
+    fn key_types_wipe_themselves_on_drop() {
+        // Compiles only while each type holding key material zeroizes on drop.
+        fn wipes<T: zeroize::ZeroizeOnDrop>() {}
+        wipes::<crate::config::keys::KeyText>();
+        wipes::<trellis_nvme::dhchap::Secret>();
+        wipes::<trellis_nvme::tls_psk::ConfiguredPsk>();
+    }
+
+    #[test]
+    fn cpus_the_process_may_not_use_are_refused_by_preflight() {
+        let ok = crate::sys::allowed_cpus().unwrap();
+        let mut c = Config::embedded_default();
+        c.target.cpus = vec![ok[0]];
+        c.preflight().unwrap();
+        c.target.cpus = vec![ok[0], 100_000];
+        let e = c.preflight().unwrap_err().to_string();
+        assert!(e.contains("CPU 100000") && e.contains("use CPUs"), "{e}");
+        assert_eq!(crate::sys::cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8,9");
     }
 
     #[test]

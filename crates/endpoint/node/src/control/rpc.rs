@@ -17,7 +17,10 @@
 //! - `controllers_get`, `namespaces_get`: state (`ctl_state`);
 //! - `tenant_set_weight {tenant, weight}`: a QoS tenant's DRR weight on
 //!   every scheduler, applied by each reactor within about a millisecond;
-//! - `config_get`: the live configuration as TOML (`trellis ctl save`);
+//! - `config_get`: the live configuration as TOML (`trellis ctl save`), with
+//!   every key (`tls_key`, `dhchap_secret`, `dhchap_ctrl_secret`) written
+//!   as `"<redacted>"`, and `keys`: each key's subsystem, host, name and
+//!   fingerprint (`sha256:` and 8 hex digits), never its text;
 //! - `host_add` / `host_remove {nqn, host}`: the subsystem's allowed hosts
 //!   (hosts already connected stay connected).
 
@@ -530,15 +533,27 @@ fn host_set(reg: &Registry, p: &Value, allow: bool) -> Result<Value, RpcError> {
     Ok(json!({"subsystem": sub.nqn, "host": host, "changed": changed}))
 }
 
-/// The live configuration as TOML (what `trellis target --config` reads).
+/// The live configuration as TOML (what `trellis target --config` reads),
+/// keys redacted, and which keys there are by fingerprint: the socket
+/// never sends key material (`trellis ctl save` takes it from a file).
 fn config_get(reg: &Registry) -> Result<Value, RpcError> {
-    let toml = reg.live_config().to_toml().map_err(|e| {
+    let cfg = reg.live_config();
+    let toml = cfg.to_toml().map_err(|e| {
         (
             code::INTERNAL_ERROR,
             format!("cannot write the config as TOML: {e}"),
         )
     })?;
-    Ok(json!({ "toml": toml }))
+    let keys: Vec<Value> = cfg
+        .subsystems
+        .iter()
+        .flat_map(|s| {
+            crate::config::keys::subsystem_key_texts(s).map(move |(host, name, k)| {
+                json!({"subsystem": s.nqn, "host": host, "key": name, "fingerprint": k.fingerprint()})
+            })
+        })
+        .collect();
+    Ok(json!({ "toml": toml, "keys": keys }))
 }
 
 /// `{tenant: name or host NQN, weight}`.

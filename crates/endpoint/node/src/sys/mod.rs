@@ -55,6 +55,41 @@ pub fn instant_ns(t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// The CPUs this process may run on (`sched_getaffinity`), ascending; None
+/// when the kernel does not say.
+pub fn allowed_cpus() -> Option<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the size is the set's own size.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+        return None;
+    }
+    // SAFETY: every cpu < CPU_SETSIZE is within the set.
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// CPUs as a list of ranges, as `taskset -c` reads them: "0-3,6".
+pub fn cpu_list(cpus: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(match j - i {
+            0 => cpus[i].to_string(),
+            1 => format!("{},{}", cpus[i], cpus[j]),
+            _ => format!("{}-{}", cpus[i], cpus[j]),
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
 /// Keeps the calling helper thread (acceptor, metrics) off the CPUs that
 /// reactors are pinned to, so its wake-ups never preempt a busy-polling
 /// reactor. Nothing changes when no reactor is pinned, or when the pinned

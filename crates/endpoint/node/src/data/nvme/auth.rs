@@ -55,7 +55,8 @@ struct Exchange {
     dh: Option<DhKey>,
     c1: Vec<u8>,
     s1: u32,
-    session_key: Option<Vec<u8>>,
+    /// The DH shared secret: wiped when the exchange ends.
+    session_key: Option<zeroize::Zeroizing<Vec<u8>>>,
     /// C2 and S2 when the host authenticates the controller too.
     c2: Option<(Vec<u8>, u32)>,
 }
@@ -255,14 +256,15 @@ impl Session {
         }
         x.session_key = match (&x.dh, r.dhv.is_empty()) {
             (None, true) => None,
-            (Some(k), false) => Some(
+            (Some(k), false) => Some(zeroize::Zeroizing::new(
                 k.shared_secret(&r.dhv)
                     .map_err(|_| failure::DHGROUP_UNUSABLE)?,
-            ),
+            )),
             _ => return Err(failure::INCORRECT_PAYLOAD),
         };
-        let challenge = dhchap::challenge_for(x.hash, &x.c1, x.session_key.as_deref());
-        let key = self.keys.secret.transformed(&self.hostnqn);
+        let challenge =
+            dhchap::challenge_for(x.hash, &x.c1, x.session_key.as_deref().map(Vec::as_slice));
+        let key = zeroize::Zeroizing::new(self.keys.secret.transformed(&self.hostnqn));
         let want = dhchap::host_response(&ResponseInput {
             hash: x.hash,
             key: &key,
@@ -297,8 +299,9 @@ impl Session {
         };
         let response = match (&x.c2, &self.keys.ctrl_secret) {
             (Some((c2, s2)), Some(secret)) => {
-                let challenge = dhchap::challenge_for(x.hash, c2, x.session_key.as_deref());
-                let key = secret.transformed(&self.subnqn);
+                let challenge =
+                    dhchap::challenge_for(x.hash, c2, x.session_key.as_deref().map(Vec::as_slice));
+                let key = zeroize::Zeroizing::new(secret.transformed(&self.subnqn));
                 Some(dhchap::ctrl_response(&ResponseInput {
                     hash: x.hash,
                     key: &key,
