@@ -47,7 +47,13 @@ impl FileBackend {
             let size = create_size.with_context(|| {
                 format!("{path} does not exist and no size was given to create it")
             })?;
-            let f = File::create(path).with_context(|| format!("creating {path}"))?;
+            // Host data: the owner's only (never another user's to read).
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .with_context(|| format!("creating {path}"))?;
             f.set_len(size)?;
         }
         let open = |direct: bool| {

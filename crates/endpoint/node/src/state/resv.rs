@@ -461,10 +461,19 @@ impl State {
 
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new
 /// one, never a torn one: a temp file, fsync, rename, fsync of the directory.
+/// Mode 0600: the file names hosts and holds their reservation keys.
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    // `mode` applies only to a file created now: a stale tmp keeps its own.
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     f.write_all(bytes)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;

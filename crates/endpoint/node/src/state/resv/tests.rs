@@ -518,3 +518,20 @@ fn notice_log_masks_bounds_and_counts() {
     assert!(!l.push(1, notice::REGISTRATION_PREEMPTED));
     assert!(!l.push(9, notice::RESERVATION_PREEMPTED));
 }
+
+#[test]
+fn reservation_state_files_are_the_owners_only() {
+    // The file names hosts and holds their reservation keys: mode 0600,
+    // also when a stale temp file of another mode is in the way.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("resv.json");
+    let stale = path.with_extension("tmp");
+    std::fs::write(&stale, "stale").unwrap();
+    std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let r = Resv::open(Some(path.clone()), 32).unwrap();
+    r.apply(|s, max| s.register(&A, &reg(RA::Register, false, Cptpl::Set), 0, 7, max))
+        .unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "reservation state file mode {mode:o}");
+}
