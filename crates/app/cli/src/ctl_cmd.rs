@@ -49,10 +49,17 @@ enum CtlCmd {
         cmd: TenantCmd,
     },
     /// Write the live configuration (with the namespaces and tenant weights
-    /// changed since the start) as TOML, for `trellis target --config`.
+    /// changed since the start) as TOML, for `trellis target --config`,
+    /// mode 0600. The target never sends keys: each key it has is taken
+    /// from --keys-from (default: PATH itself, when it exists) after its
+    /// fingerprint is checked, else the save is refused.
     Save {
         /// Where to write it (replaced atomically).
         path: std::path::PathBuf,
+        /// A config file holding the target's keys (tls_key, dhchap_secret,
+        /// dhchap_ctrl_secret), e.g. the one it started with. Default: PATH.
+        #[arg(long, value_name = "FILE")]
+        keys_from: Option<std::path::PathBuf>,
     },
     /// State of the running target: controllers or namespaces.
     Get {
@@ -182,7 +189,7 @@ enum AnaCmd {
 
 pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     let (method, params) = match &a.cmd {
-        CtlCmd::Save { path } => return save(&a.socket, path),
+        CtlCmd::Save { path, keys_from } => return save(&a.socket, path, keys_from.as_deref()),
         CtlCmd::Drain => ("ha_drain", json!({})),
         CtlCmd::Ha => ("ha_get", json!({})),
         CtlCmd::Ana { cmd: AnaCmd::Get } => ("ana_get", json!({})),
@@ -227,8 +234,6 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `config_get`, written to `path` through a temporary file and a rename,
-/// so a reader never sees half a config.
 /// The result as a table or one line.
 fn print_result(method: &str, result: &Value) {
     if method == "ana_get" {
@@ -277,11 +282,151 @@ fn print_result(method: &str, result: &Value) {
     }
 }
 
-fn save(socket: &std::path::Path, path: &std::path::Path) -> anyhow::Result<()> {
+fn save(
+    socket: &std::path::Path,
+    path: &std::path::Path,
+    keys_from: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let r = call(socket, "config_get", json!({}))?;
     let toml = r["toml"]
         .as_str()
         .ok_or_else(|| anyhow::anyhow!("ctl config_get: the answer has no \"toml\""))?;
+    let keys: Vec<LiveKey> = match r.get("keys") {
+        None => Vec::new(),
+        Some(k) => serde_json::from_value(k.clone())
+            .map_err(|e| anyhow::anyhow!("ctl config_get: bad \"keys\": {e}"))?,
+    };
+    let text = if keys.is_empty() {
+        trellis_target::config::keys::KeyText::new(toml)
+    } else {
+        let from = keys_from.unwrap_or(path);
+        with_keys(toml, &keys, from, keys_from.is_none())?
+    };
+    write_private(path, text.expose().as_bytes())?;
+    println!("wrote the live configuration to {}", path.display());
+    Ok(())
+}
+
+/// One key the live configuration has, as `config_get` names it.
+#[derive(serde::Deserialize)]
+struct LiveKey {
+    subsystem: String,
+    host: String,
+    key: String,
+    fingerprint: String,
+}
+
+/// `toml` (keys "<redacted>") with each key put back from the config file
+/// `from`, checked against the target's fingerprint of it; the result
+/// reads back as a valid configuration.
+fn with_keys(
+    toml: &str,
+    keys: &[LiveKey],
+    from: &std::path::Path,
+    defaulted: bool,
+) -> anyhow::Result<trellis_target::config::keys::KeyText> {
+    use trellis_target::config::keys::{subsystem_key_texts, KeyText, REDACTED};
+    let first = &keys[0];
+    let how = format!(
+        "give --keys-from FILE, a config file holding the target's keys (the one it started with){}",
+        if defaulted { "" } else { ", or save over that file" }
+    );
+    let source = std::fs::read_to_string(from).map(KeyText::new).map_err(|e| {
+        anyhow::anyhow!(
+            "ctl save: the target has keys (subsystem {} host {} {} {}), which its management socket never sends; reading {} for them: {e}: {how}",
+            first.subsystem,
+            first.host,
+            first.key,
+            first.fingerprint,
+            from.display()
+        )
+    })?;
+    let src = trellis_target::config::Config::from_toml(source.expose())
+        .map_err(|e| anyhow::anyhow!("ctl save: {} (for the keys): {e:#}", from.display()))?;
+    let find = |k: &LiveKey| {
+        let s = src.subsystems.iter().find(|s| s.nqn == k.subsystem)?;
+        subsystem_key_texts(s)
+            .find(|(h, n, _)| *h == k.host && *n == k.key)
+            .map(|(_, _, t)| t.clone())
+    };
+    let mut doc: ::toml::Table = ::toml::from_str(toml)
+        .map_err(|e| anyhow::anyhow!("ctl config_get: the TOML does not parse: {e}"))?;
+    for k in keys {
+        let text = match find(k) {
+            Some(t) if t.fingerprint() == k.fingerprint => t,
+            Some(t) => anyhow::bail!(
+                "ctl save: subsystem {} host {} {}: {} has another key ({}) than the target ({}): {how}",
+                k.subsystem,
+                k.host,
+                k.key,
+                from.display(),
+                t.fingerprint(),
+                k.fingerprint
+            ),
+            None => anyhow::bail!(
+                "ctl save: subsystem {} host {} {} ({}): {} has no such key: {how}",
+                k.subsystem,
+                k.host,
+                k.key,
+                k.fingerprint,
+                from.display()
+            ),
+        };
+        let slot = doc
+            .get_mut("subsystem")
+            .and_then(|v| v.as_array_mut())
+            .and_then(|subs| {
+                subs.iter_mut()
+                    .find(|s| s.get("nqn").and_then(|n| n.as_str()) == Some(&k.subsystem))
+            })
+            .and_then(|s| s.get_mut("host"))
+            .and_then(|v| v.as_array_mut())
+            .and_then(|hosts| {
+                hosts
+                    .iter_mut()
+                    .find(|h| h.get("nqn").and_then(|n| n.as_str()) == Some(&k.host))
+            })
+            .and_then(|h| h.get_mut(&k.key))
+            .filter(|v| v.as_str() == Some(REDACTED));
+        let Some(slot) = slot else {
+            anyhow::bail!(
+                "ctl config_get: subsystem {} host {} has no redacted {} in its TOML",
+                k.subsystem,
+                k.host,
+                k.key
+            );
+        };
+        *slot = ::toml::Value::String(text.expose().to_string());
+    }
+    let out = KeyText::new(
+        ::toml::to_string_pretty(&doc)
+            .map_err(|e| anyhow::anyhow!("ctl save: cannot write TOML: {e}"))?,
+    );
+    // What is written starts a target: every key in place and valid.
+    trellis_target::config::Config::from_toml(out.expose()).map_err(|e| {
+        anyhow::anyhow!("ctl save: the configuration with its keys does not check: {e:#}")
+    })?;
+    // Wipe the copies the TOML tree made.
+    for (_, v) in doc.iter_mut() {
+        wipe(v);
+    }
+    Ok(out)
+}
+
+/// Overwrites every string of a TOML tree in place.
+fn wipe(v: &mut ::toml::Value) {
+    match v {
+        ::toml::Value::String(s) => zeroize::Zeroize::zeroize(s),
+        ::toml::Value::Array(a) => a.iter_mut().for_each(wipe),
+        ::toml::Value::Table(t) => t.iter_mut().for_each(|(_, v)| wipe(v)),
+        _ => {}
+    }
+}
+
+/// Writes `bytes` to `path` so that a reader (or a crash) sees the old file
+/// or the new one, never half of one, and nobody but the owner can read
+/// it: a temporary file created 0600, fsync, rename, fsync of the directory.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension("toml.tmp");
     let fail = |e: std::io::Error| {
         anyhow::anyhow!(
@@ -299,10 +444,19 @@ fn save(socket: &std::path::Path, path: &std::path::Path) -> anyhow::Result<()> 
         .mode(0o600)
         .open(&tmp)
         .map_err(fail)?;
-    f.write_all(toml.as_bytes()).map_err(fail)?;
+    f.write_all(bytes).map_err(fail)?;
+    // The data is on disk before the name points at it...
+    f.sync_all().map_err(fail)?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(fail)?;
-    println!("wrote the live configuration to {}", path.display());
+    // ...and the rename itself survives a crash.
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fail)?;
     Ok(())
 }
 
