@@ -3,7 +3,8 @@
 use anyhow::Context;
 use clap::Args;
 use trellis_target::config::{
-    resolve_host_port, BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig, DEFAULT_NQN,
+    resolve_host_port, BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig,
+    SecureChannel, DEFAULT_NQN,
 };
 
 #[derive(Args, Debug)]
@@ -12,11 +13,13 @@ pub struct TargetArgs {
     #[arg(long, short = 'c')]
     config: Option<String>,
     /// Listen address HOST:PORT (repeatable), e.g. 127.0.0.1:4420 or
-    /// localhost:4420; replaces the configured listeners. Port 8009 serves
+    /// localhost:4420; replaces the configured listeners, keeping their
+    /// secure_channel (refused when they differ in it). Port 8009 serves
     /// discovery only, any other port I/O and discovery.
     #[arg(long, value_name = "HOST:PORT")]
     listen: Vec<String>,
-    /// Subsystem NQN for namespaces given by flags.
+    /// Subsystem NQN for namespaces given by flags (with --config, only
+    /// together with a namespace flag).
     #[arg(long, default_value = DEFAULT_NQN)]
     nqn: String,
     /// Add a RAM namespace of this size (repeatable), e.g. 1G: a whole number
@@ -49,13 +52,16 @@ pub struct TargetArgs {
     /// Logical block size of namespaces given by flags: 512 (default) or 4096.
     #[arg(long, value_parser = parse_block_size)]
     block_size: Option<u32>,
-    /// Only these host NQNs may connect (repeatable); default: any host.
+    /// Only these host NQNs may connect (repeatable) to the subsystem the
+    /// flags describe; default: any host. With --config, only together with
+    /// a namespace flag (the file's subsystems keep their own host lists).
     #[arg(long)]
     allow_host: Vec<String>,
     /// Reactor threads, 1 to 256 (default 1, or [target] reactors).
     #[arg(long)]
     reactors: Option<usize>,
-    /// CPUs to pin reactors to, e.g. 0,1.
+    /// CPUs to pin reactors to, e.g. 0,1: each one this process may run on
+    /// (sched_getaffinity, `taskset -pc $$`), else refused.
     #[arg(long, value_delimiter = ',')]
     cpus: Vec<usize>,
     /// Socket engine: epoll (syscalls, the default) or uring (io_uring).
@@ -102,9 +108,14 @@ pub struct TargetArgs {
     ha_fence_ms: Option<u64>,
     /// Check everything starting would (files included, without creating
     /// them), print the effective configuration as TOML (a valid --config
-    /// file) and the identities, and exit.
+    /// file, except that keys show as "<redacted>") and the identities, and
+    /// exit.
     #[arg(long)]
     check: bool,
+    /// With --check: print nothing, only an error and the exit status (as
+    /// the packaged systemd unit's ExecStartPre runs it).
+    #[arg(long, requires = "check")]
+    quiet: bool,
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {
@@ -122,6 +133,11 @@ pub fn run(a: TargetArgs) -> anyhow::Result<()> {
     // The same checks, and messages, as --check before anything is opened.
     cfg.preflight()?;
     if a.check {
+        if a.quiet {
+            return Ok(());
+        }
+        // Keys are written as "<redacted>" (KeyText's Serialize): this
+        // output goes to terminals and journals.
         print!("{}", cfg.to_toml()?);
         // Identities are derived, not configured: comments keep the output
         // a valid config file.
@@ -135,10 +151,7 @@ pub fn run(a: TargetArgs) -> anyhow::Result<()> {
 
 fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     let mut cfg = match path {
-        Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?;
-            Config::from_toml(&text).with_context(|| format!("in {p}"))?
-        }
+        Some(p) => read_config(p)?,
         None => Config::embedded_default(),
     };
     let mut nss: Vec<NamespaceConfig> = Vec::new();
@@ -169,6 +182,22 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             "--block-size applies to namespaces given by flags: add --ram, --null, --file or --emulated (or set block_size in the config file)"
         );
     }
+    if let (Some(p), true) = (path, nss.is_empty()) {
+        // Without a namespace flag the flags describe no subsystem: these
+        // two would be ignored, and the file's subsystems stay as open as
+        // they are. Refused, not ignored.
+        if let Some(h) = a.allow_host.first() {
+            anyhow::bail!(
+                "--allow-host {h} with --config {p} applies to no subsystem (the file's keep their own hosts): list it in allowed_hosts of the [[subsystem]] in {p}, or add a namespace flag (--ram, --null, --file, --emulated) for a subsystem of its own"
+            );
+        }
+        if a.nqn != DEFAULT_NQN {
+            anyhow::bail!(
+                "--nqn {} with --config {p} names no subsystem (it only names the one namespace flags add): set nqn in the [[subsystem]] of {p}, or add a namespace flag (--ram, --null, --file, --emulated)",
+                a.nqn
+            );
+        }
+    }
     if !nss.is_empty() || !a.allow_host.is_empty() || a.nqn != DEFAULT_NQN {
         // Flags describe the subsystem: replace the default one (or add to the file's).
         if path.is_none() {
@@ -196,6 +225,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
         }
     }
     if !a.listen.is_empty() {
+        let secure_channel = listen_secure_channel(&cfg.listeners, path)?;
         cfg.listeners = a
             .listen
             .iter()
@@ -204,7 +234,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
                     addr: resolve_host_port(s).map_err(|e| anyhow::anyhow!("--listen: {e}"))?,
                     kind: None,
                     ana_state: None,
-                    secure_channel: None,
+                    secure_channel,
                 })
             })
             .collect::<anyhow::Result<_>>()?;
@@ -238,6 +268,56 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     cfg.target.state_dir = state_dir(path, cfg.target.state_dir.take(), a);
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// A `--config` file: its keys (if any) readable by the owner only, then
+/// parsed and checked.
+fn read_config(p: &str) -> anyhow::Result<Config> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(p).with_context(|| format!("reading {p}"))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)
+        .with_context(|| format!("reading {p}"))?;
+    // The key text is wiped when the config is dropped; the file's text too.
+    let text = trellis_target::config::keys::KeyText::new(text);
+    let cfg = Config::from_toml(text.expose()).with_context(|| format!("in {p}"))?;
+    if cfg.has_keys() {
+        let meta = f.metadata().with_context(|| format!("reading {p}"))?;
+        trellis_target::config::keys::check_file_mode(p, &meta)?;
+    }
+    Ok(cfg)
+}
+
+/// The `secure_channel` of listeners given by `--listen`: the one every
+/// configured listener has (so `--listen` never turns TLS off), refused
+/// when they differ (which one a new address should get is not ours to guess).
+fn listen_secure_channel(
+    configured: &[ListenerConfig],
+    path: Option<&str>,
+) -> anyhow::Result<Option<SecureChannel>> {
+    let name = |s: Option<SecureChannel>| match s {
+        None => "none",
+        Some(SecureChannel::Required) => "required",
+        Some(SecureChannel::Optional) => "optional",
+    };
+    let Some(first) = configured.first() else {
+        return Ok(None);
+    };
+    if configured
+        .iter()
+        .all(|l| l.secure_channel == first.secure_channel)
+    {
+        return Ok(first.secure_channel);
+    }
+    let each: Vec<String> = configured
+        .iter()
+        .map(|l| format!("{} {}", l.addr, name(l.secure_channel)))
+        .collect();
+    anyhow::bail!(
+        "--listen replaces the configured listeners, whose secure_channel differ ({}): set the addresses in the [[listener]] tables of {} instead of --listen",
+        each.join(", "),
+        path.unwrap_or("the config file")
+    )
 }
 
 /// The --ha-* flags over `[ha]` (creating it with its defaults).
