@@ -31,6 +31,9 @@ for f in ./usr/bin/trellis ./lib/systemd/system/trellis-target.service ./etc/tre
          ./usr/share/trellis/grafana/trellis-target.json ./usr/share/doc/trellis/README.md; do
   dpkg-deb -c "$deb" | awk '{print $NF}' | grep -qx "$f" || { echo "package lacks $f" >&2; exit 1; }
 done
+# The configuration holds keys once an operator adds them: owner-only.
+dpkg-deb -c "$deb" | awk '$NF == "./etc/trellis/target.toml" {print $1}' | grep -qx -- '-rw-------' \
+  || { echo "package installs /etc/trellis/target.toml with another mode than 0600" >&2; exit 1; }
 root=$work/root
 dpkg-deb -x "$deb" "$root"
 bin=$root/usr/bin/trellis
@@ -50,6 +53,8 @@ sed -e "s|/var/lib/trellis|$work/state|; s|127.0.0.1:4420|127.0.0.1:$io|; s|127.
   "$root/etc/trellis/target.toml" >"$work/target.toml"
 grep -q "$work/state/disk0.img" "$work/target.toml"
 "$bin" target --config "$work/target.toml" --check >/dev/null
+[ -z "$("$bin" target --config "$work/target.toml" --check --quiet)" ] \
+  || { echo "target --check --quiet (the unit's ExecStartPre) printed the configuration" >&2; exit 1; }
 STATE_DIRECTORY=$work/state "$bin" target --config "$work/target.toml" >"$work/target.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; release_ports' EXIT
