@@ -107,6 +107,20 @@ pub fn assert_one_line(o: &Output) {
     assert_eq!(lines.len(), 1, "one error line expected:\n{err}");
 }
 
+/// Writes a config file mode 0600, as `trellis target` wants of one that
+/// holds keys.
+pub fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+}
+
 /// `trellis target` on a free port, stopped (SIGKILL) when dropped.
 pub struct LiveTarget {
     pub child: Child,
@@ -128,7 +142,7 @@ impl LiveTarget {
     pub fn start_config(config: &str) -> LiveTarget {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("target.toml");
-        std::fs::write(&path, config).unwrap();
+        write_private(&path, config);
         let path = path.to_str().unwrap().to_string();
         let mut t = Self::start_listening(&["--config", &path], &[]);
         t._config_dir = Some(dir);
