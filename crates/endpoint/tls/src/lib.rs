@@ -241,6 +241,8 @@ unsafe extern "C" fn find_session_cb(
             }
             match lookup(id) {
                 Ok((identity, psk)) => {
+                    // OpenSSL copies it into the session: ours is wiped here.
+                    let psk = zeroize::Zeroizing::new(psk);
                     let s = psk_session(ssl, binder_hash.unwrap_or(identity.hash), &psk);
                     if let Some(o) = ssl_ref.ex_data_mut(oi) {
                         if s.is_null() {

@@ -221,7 +221,7 @@ impl ConfiguredPsk {
     pub fn identity(&self, version: u8, hostnqn: &str, subnqn: &str, d: Derivation) -> Identity {
         let hash = self.psk_hash();
         let digest = (version == 1).then(|| {
-            let retained = self.retained(hostnqn, d);
+            let retained = zeroize::Zeroizing::new(self.retained(hostnqn, d));
             psk_digest(hash, &retained, hostnqn, subnqn)
         });
         Identity {
@@ -243,7 +243,7 @@ impl ConfiguredPsk {
                 key: self.psk_hash(),
             });
         }
-        let retained = self.retained(&id.hostnqn, d);
+        let retained = zeroize::Zeroizing::new(self.retained(&id.hostnqn, d));
         tls_psk_from_retained(id, &retained, d)
     }
 }
