@@ -329,7 +329,7 @@ fn with_keys(
     let first = &keys[0];
     let how = format!(
         "give --keys-from FILE, a config file holding the target's keys (the one it started with){}",
-        if defaulted { "" } else { ", or save over that file" }
+        if defaulted { ", or save over that file" } else { "" }
     );
     let source = std::fs::read_to_string(from).map(KeyText::new).map_err(|e| {
         anyhow::anyhow!(
