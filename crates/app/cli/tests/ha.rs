@@ -237,6 +237,64 @@ fn raw_host(
     (admin, io)
 }
 
+/// Sends a 4 KiB write of block 0 on `q` without its data and takes the
+/// owner's R2T: the write is admitted and its data held back. (cid, ttag).
+fn hold_a_write(q: &mut trellis_testkit::initiator::Queue) -> (u16, u16) {
+    use trellis_nvme::pdu::{PduType, R2t};
+    use trellis_nvme::{sqe::io, Sgl, Sqe};
+    let cid = q.next_cid();
+    let mut sqe = Sqe::rw(io::WRITE, cid, 1, 0, 8, false);
+    sqe.set_sgl(Sgl::transport(4096));
+    q.send_capsule(&sqe, &[]);
+    let r2t = q.recv().expect("an R2T");
+    assert_eq!(r2t.ch.pdu_type, PduType::R2T as u8);
+    (cid, R2t::decode(&r2t.bytes).ttag)
+}
+
+/// Writes NEW data to block 0 through the new owner `b`, acknowledged; its
+/// I/O queue (kept for the read back) and the data.
+fn write_new_through(b: &Node) -> (Vec<trellis_testkit::initiator::Queue>, Vec<u8>) {
+    use trellis_nvme::{sqe::io, Sqe};
+    let (admin, mut qb) = raw_host(b.t.addr);
+    let new = vec![0x4E; 4096];
+    let w = Sqe::rw(io::WRITE, qb.next_cid(), 1, 0, 8, false);
+    let (c, _) = qb.cmd(w, &new, 0, 0);
+    assert!(
+        c.status.is_success(),
+        "the new owner's write: {:?}",
+        c.status
+    );
+    (vec![admin, qb], new)
+}
+
+/// The held data reaches the old owner on `qa`: the write fails with ANA
+/// Inaccessible (not success), and block 0 read through `qb` is `new`.
+fn held_write_refused_and_new_kept(
+    qa: &mut trellis_testkit::initiator::Queue,
+    qb: &mut trellis_testkit::initiator::Queue,
+    new: &[u8],
+) {
+    use trellis_nvme::pdu::PduType;
+    use trellis_nvme::{sqe::io, Cqe, Sqe};
+    qa.s.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let resp = qa.recv().expect("a response to the held write");
+    assert_eq!(resp.ch.pdu_type, PduType::CapsuleResp as u8);
+    let st = Cqe::decode(&resp.bytes[8..24]).status;
+    assert!(
+        !st.is_success(),
+        "the old owner completed the held write with success"
+    );
+    assert_eq!(st, trellis_nvme::status::path::ANA_INACCESSIBLE, "{st:?}");
+    let rd = Sqe::rw(io::READ, qb.next_cid(), 1, 0, 8, false);
+    let (c, back) = qb.cmd(rd, &[], 4096, 0);
+    assert!(c.status.is_success(), "{:?}", c.status);
+    assert!(
+        back == new,
+        "block 0 does not hold the acknowledged NEW data"
+    );
+}
+
 /// Issue 37's stale write: the owner admits a 4 KiB write and sends its R2T;
 /// the host holds the data back; ownership moves (a drain) and the host
 /// writes NEW data to the block through the new owner, acknowledged; then
@@ -246,50 +304,17 @@ fn raw_host(
 /// success and the block read back STALE.
 #[test]
 fn a_write_held_after_r2t_never_lands_after_ownership_moves() {
-    use trellis_nvme::pdu::{PduType, R2t};
-    use trellis_nvme::{sqe::io, Cqe, Sgl, Sqe};
     let d = tempfile::tempdir().unwrap();
     let ha = format!("path = \"{}\"", d.path().join("ha.lock").display());
     let (a, b) = pair(d.path(), &ha);
     let (_admin_a, mut qa) = raw_host(a.t.addr);
-    let cid = qa.next_cid();
-    let mut sqe = Sqe::rw(io::WRITE, cid, 1, 0, 8, false);
-    sqe.set_sgl(Sgl::transport(4096));
-    qa.send_capsule(&sqe, &[]);
-    let r2t = qa.recv().expect("an R2T");
-    assert_eq!(r2t.ch.pdu_type, PduType::R2T as u8);
-    let r = R2t::decode(&r2t.bytes);
-
+    let held = hold_a_write(&mut qa);
     let o = a.ctl(&["drain"]);
     assert!(o.status.success(), "drain: {}", stderr(&o));
     b.wait_role("owner", Duration::from_secs(5));
-    let (_admin_b, mut qb) = raw_host(b.t.addr);
-    let new = vec![0x4E; 4096];
-    let w = Sqe::rw(io::WRITE, qb.next_cid(), 1, 0, 8, false);
-    let (c, _) = qb.cmd(w, &new, 0, 0);
-    assert!(
-        c.status.is_success(),
-        "the new owner's write: {:?}",
-        c.status
-    );
-
-    qa.send_h2c(r.ttag, cid, &[0x5A; 4096], 0, 4096);
-    let resp = qa.recv().expect("a response to the held write");
-    assert_eq!(resp.ch.pdu_type, PduType::CapsuleResp as u8);
-    let st = Cqe::decode(&resp.bytes[8..24]).status;
-    assert!(
-        !st.is_success(),
-        "the old owner completed the held write with success"
-    );
-    assert_eq!(st, trellis_nvme::status::path::ANA_INACCESSIBLE, "{st:?}");
-
-    let rd = Sqe::rw(io::READ, qb.next_cid(), 1, 0, 8, false);
-    let (c, back) = qb.cmd(rd, &[], 4096, 0);
-    assert!(c.status.is_success(), "{:?}", c.status);
-    assert!(
-        back == new,
-        "block 0 does not hold the acknowledged NEW data"
-    );
+    let (mut qs, new) = write_new_through(&b);
+    qa.send_h2c(held.1, held.0, &[0x5A; 4096], 0, 4096);
+    held_write_refused_and_new_kept(&mut qa, &mut qs[1], &new);
 }
 
 #[test]
@@ -493,61 +518,23 @@ mod etcd {
     /// deadline, whatever the ANA byte said when the process froze.
     #[test]
     fn etcd_a_frozen_owner_thawed_after_failover_never_lands_its_held_write() {
-        use trellis_nvme::pdu::{PduType, R2t};
-        use trellis_nvme::{sqe::io, Cqe, Sgl, Sqe};
         let Some(e) = Etcd::start() else { return };
         let d = tempfile::tempdir().unwrap();
         let (a, b) = pair(d.path(), &e.ha());
         let (_admin_a, mut qa) = raw_host(a.t.addr);
-        let cid = qa.next_cid();
-        let mut sqe = Sqe::rw(io::WRITE, cid, 1, 0, 8, false);
-        sqe.set_sgl(Sgl::transport(4096));
-        qa.send_capsule(&sqe, &[]);
-        let r2t = qa.recv().expect("an R2T");
-        assert_eq!(r2t.ch.pdu_type, PduType::R2T as u8);
-        let r = R2t::decode(&r2t.bytes);
-
+        let held = hold_a_write(&mut qa);
         let pid = a.t.child.id().to_string();
         let kill = |sig: &str| {
-            assert!(Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .unwrap()
-                .success())
+            let s = Command::new("kill").args([sig, &pid]).status().unwrap();
+            assert!(s.success(), "kill {sig}");
         };
         kill("-STOP");
         let took = b.wait_role("owner", Duration::from_secs(15));
         eprintln!("owner frozen: standby owner after {took:?}");
-        let (_admin_b, mut qb) = raw_host(b.t.addr);
-        let new = vec![0x4E; 4096];
-        let w = Sqe::rw(io::WRITE, qb.next_cid(), 1, 0, 8, false);
-        let (c, _) = qb.cmd(w, &new, 0, 0);
-        assert!(
-            c.status.is_success(),
-            "the new owner's write: {:?}",
-            c.status
-        );
-
-        qa.send_h2c(r.ttag, cid, &[0x5A; 4096], 0, 4096); // the kernel holds it
+        let (mut qs, new) = write_new_through(&b);
+        qa.send_h2c(held.1, held.0, &[0x5A; 4096], 0, 4096); // the kernel holds it
         kill("-CONT");
-        qa.s.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let resp = qa.recv().expect("a response to the held write");
-        assert_eq!(resp.ch.pdu_type, PduType::CapsuleResp as u8);
-        let st = Cqe::decode(&resp.bytes[8..24]).status;
-        assert!(
-            !st.is_success(),
-            "the thawed owner completed the held write with success"
-        );
-        assert_eq!(st, trellis_nvme::status::path::ANA_INACCESSIBLE, "{st:?}");
-
-        let rd = Sqe::rw(io::READ, qb.next_cid(), 1, 0, 8, false);
-        let (c, back) = qb.cmd(rd, &[], 4096, 0);
-        assert!(c.status.is_success(), "{:?}", c.status);
-        assert!(
-            back == new,
-            "block 0 does not hold the acknowledged NEW data"
-        );
+        held_write_refused_and_new_kept(&mut qa, &mut qs[1], &new);
         a.wait_role("standby", Duration::from_secs(10));
     }
 
