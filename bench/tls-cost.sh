@@ -39,6 +39,8 @@ host=nqn.2026-11.io.trellis:tlscost-host
 key256="NVMeTLSkey-1:01:Ggh0ZeTr4gtcM5ttLtzjFKTkCEGwn/dvDUPXq4L9i7yv4BH+:"
 key384="NVMeTLSkey-1:02:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vcSEgBQ==:"
 target() { # KEY: the host's key for this target run
+  # Private, as the target requires of a file that holds keys (docs/security.md).
+  : >"$out/target.toml" && chmod 600 "$out/target.toml"
   cat >"$out/target.toml" <<EOF
 [target]
 reactors = 1

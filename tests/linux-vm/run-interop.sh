@@ -239,6 +239,8 @@ if [ "$SELFTEST" = 0 ]; then
   for p in "$IO_PORT" "$DISC_PORT"; do port_open "$p" && die "127.0.0.1:$p is already in use (a stale target?)"; done
   # The target reads a copy of CONFIG with the conventional ports moved to the ones picked.
   TCONFIG=$LOGDIR/target.toml
+  # Private, as the target requires of a file that holds keys (docs/security.md).
+  : > "$TCONFIG" && chmod 600 "$TCONFIG"
   sed -e "s/^\(addr *= *\"127\.0\.0\.1:\)4420\"/\1$IO_PORT\"/" \
       -e "s/^\(addr *= *\"127\.0\.0\.1:\)8009\"/\1$DISC_PORT\"/" \
       -e "s/^\(addr *= *\"127\.0\.0\.1:\)4421\"/\1$TLS_PORT\"/" "$CONFIG" > "$TCONFIG"
