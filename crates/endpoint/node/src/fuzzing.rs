@@ -348,20 +348,23 @@ mod timer_tests {
     use super::*;
 
     /// A connection's timers are data: its deadline is reported, nothing
-    /// happens before it, and the timeout fires at it.
+    /// happens before it, and the timeout fires at it. A connection that
+    /// sends nothing meets the ICReq deadline (`target.icreq_timeout_ms`),
+    /// well before the connect timeout.
     #[test]
     fn connect_timeout_is_a_deadline_not_a_scan() {
         let reg = registry();
         let addr = "127.0.0.1:1".parse().unwrap();
         let t0 = 5_000_000_000u64;
         let mut c = Conn::new(7, reg.clone(), addr, addr, reg.listeners[0].kind, 1, t0);
-        let limit = reg.limits.connect_timeout_ms * 1_000_000;
+        let limit = reg.limits.icreq_timeout_ms * 1_000_000;
+        assert!(limit < reg.limits.connect_timeout_ms * 1_000_000);
         assert_eq!(c.next_timeout(), Some(t0 + limit));
         c.handle_timeout(t0 + limit - 1);
         assert!(!c.is_closing(), "closed before its deadline");
         c.handle_timeout(t0 + limit + 1);
         assert!(c.is_closing());
-        assert_eq!(c.close_reason(), "no Connect within the connect timeout");
+        assert_eq!(c.close_reason(), "no ICReq within target.icreq_timeout_ms");
         assert_eq!(c.next_timeout(), None, "a closing connection has no timer");
     }
 
