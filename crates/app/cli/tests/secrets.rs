@@ -103,6 +103,11 @@ dhchap_ctrl_secret = "{}"
     )
 }
 
+/// `keyed_config` on 127.0.0.1:4420 written as a private t.toml in `dir`.
+fn keyed_file(dir: &Path, k: &Keys) -> String {
+    write(dir, "t.toml", &keyed_config(k, "127.0.0.1:4420", ""), 0o600)
+}
+
 fn write(dir: &Path, name: &str, text: &str, mode: u32) -> String {
     let p = dir.join(name);
     write_private(&p, text);
@@ -156,12 +161,7 @@ fn allow_host_and_nqn_with_config_are_refused_not_ignored() {
 fn listen_keeps_the_configured_secure_channel_or_is_refused() {
     let k = keys();
     let d = tempfile::tempdir().unwrap();
-    let cfg = write(
-        d.path(),
-        "t.toml",
-        &keyed_config(&k, "127.0.0.1:4420", ""),
-        0o600,
-    );
+    let cfg = keyed_file(d.path(), &k);
     let o = check(d.path(), &["--config", &cfg, "--listen", "127.0.0.1:4999"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
@@ -219,12 +219,7 @@ fn cpus_that_do_not_exist_are_refused_naming_the_usable_ones() {
 fn check_shows_keys_as_redacted() {
     let k = keys();
     let d = tempfile::tempdir().unwrap();
-    let cfg = write(
-        d.path(),
-        "t.toml",
-        &keyed_config(&k, "127.0.0.1:4420", ""),
-        0o600,
-    );
+    let cfg = keyed_file(d.path(), &k);
     let o = check(d.path(), &["--config", &cfg]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_no_key(&k, "--check stdout", &o.stdout);
