@@ -389,3 +389,55 @@ fn turning_the_write_cache_off_makes_every_write_force_unit_access() {
     assert_eq!(through(), 3, "the cache is on again");
     t.stop().unwrap();
 }
+
+/// Finding (low): tenant ids were handed out per host NQN on every
+/// Connect, even on subsystems without QoS, and never released, so
+/// throw-away NQNs used them up and later hosts shared the catch-all
+/// tenant, defeating isolation. Now a host takes an id only with its first
+/// I/O to a QoS namespace, and gives it back when its controller goes.
+#[test]
+fn throw_away_host_nqns_do_not_use_up_the_qos_tenants() {
+    use trellis_target::config::qos::QosMode;
+    use trellis_target::data::qos::VIEW_LID;
+    const PLAIN: &str = "nqn.2026-11.io.trellis:plain";
+    let mut qos_ns = NamespaceConfig::sized(BackendKind::Ram, 1 << 20);
+    qos_ns.qos = QosMode::Gimbal;
+    let mut cfg = test_config(qos_ns);
+    cfg.qos.limits.max_tenants = 4; // ids 0..=2, then the catch-all 3
+    cfg.subsystems[0].allow_any_host = Some(true);
+    let mut plain = cfg.subsystems[0].clone();
+    plain.nqn = PLAIN.into();
+    plain.serial = "TEST2".into();
+    plain.namespaces = vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 20)];
+    cfg.subsystems.push(plain);
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let addr = t.local_addrs[0];
+    let catch_all = t.reg.tenants.catch_all();
+    let host = |i: usize| format!("nqn.2014-08.org.nvmexpress:uuid:throwaway-{i}");
+    let released = |why: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !t.reg.tenants.in_use().is_empty() {
+            assert!(std::time::Instant::now() < deadline, "{why}: {:?}", t.reg.tenants.in_use());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    for i in 0..10 {
+        let mut c = controller_as(addr, PLAIN, &host(i), 1, Digests::default(), 0);
+        assert!(read(&mut c.io[0], 0, 1).0.status.is_success());
+        assert!(
+            t.reg.tenants.in_use().is_empty(),
+            "a host of a subsystem without QoS took a tenant id"
+        );
+    }
+    for i in 10..20 {
+        let mut c = controller_as(addr, NQN, &host(i), 1, Digests::default(), 0);
+        assert!(read(&mut c.io[0], 0, 1).0.status.is_success());
+        let (cqe, page) = get_log(&mut c.admin, VIEW_LID, 0, 4096);
+        assert!(cqe.status.is_success(), "{:?}", cqe.status);
+        let me = trellis_nvme::le16(&page, 4);
+        assert_eq!(me, 0, "host {i} got tenant {me} (catch-all {catch_all}), not the freed id 0");
+        drop(c);
+        released(&format!("host {i}'s tenant after its controller went"));
+    }
+    t.stop().unwrap();
+}

@@ -558,14 +558,6 @@ fn config_get(reg: &Registry) -> Result<Value, RpcError> {
 
 /// `{tenant: name or host NQN, weight}`.
 fn tenant_set_weight(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
-    let who = p.get("tenant").and_then(Value::as_str);
-    let Some(t) = who.and_then(|w| reg.tenants.resolve(w)) else {
-        return Err(invalid(format!(
-            "unknown tenant {}: give \"tenant\" as a [[tenant]] name or a host NQN (nqn....)",
-            p.get("tenant")
-                .map_or("(missing)".to_string(), Value::to_string)
-        )));
-    };
     let w = p.get("weight").and_then(Value::as_u64);
     let Some(w) = w.and_then(|w| u32::try_from(w).ok()) else {
         return Err(invalid(format!(
@@ -573,6 +565,14 @@ fn tenant_set_weight(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
             p.get("weight")
                 .map_or("(missing)".to_string(), Value::to_string),
             trellis_qos::sched::MAX_TENANT_WEIGHT
+        )));
+    };
+    let who = p.get("tenant").and_then(Value::as_str);
+    let Some(t) = who.and_then(|w| reg.tenants.resolve(w)) else {
+        return Err(invalid(format!(
+            "unknown tenant {}: give \"tenant\" as a [[tenant]] name or a host NQN (nqn....)",
+            p.get("tenant")
+                .map_or("(missing)".to_string(), Value::to_string)
         )));
     };
     reg.tenants.set_weight(t, w).map_err(invalid)?;

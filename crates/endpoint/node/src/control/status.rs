@@ -51,7 +51,7 @@ fn controller(reg: &Registry, c: &Controller, subnqn: &str) -> Value {
         "io_queues_granted": c.io_queues.load(Relaxed),
         "kato_ms": c.kato_ms.load(Relaxed),
         "queues": queue_rows,
-        "tenant": reg.tenants.name_of(c.tenant),
+        "tenant": c.tenant.assigned().map(|t| reg.tenants.name_of(t)),
     })
 }
 

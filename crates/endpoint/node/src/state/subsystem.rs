@@ -228,8 +228,10 @@ pub struct Controller {
     pub aen_masked: AtomicU32,
     pub features: Mutex<Features>,
     pub errors: Mutex<ErrorLog>,
-    /// The host's QoS tenant, mapped once at Connect (`Registry::tenants`).
-    pub tenant: trellis_qos::sched::TenantId,
+    /// The host's QoS tenant (`Registry::tenants`), taken on the first I/O
+    /// to a QoS namespace and released with the controller: read it with
+    /// [`Controller::tenant`].
+    pub tenant: crate::state::tenants::TenantSlot,
     /// The admin queue came over TLS with a PSK identity naming this
     /// controller's host: what the discovery log and its change notices
     /// may reveal to it of PSK-only hosts' subsystems.
@@ -247,6 +249,11 @@ pub struct Controller {
 impl Controller {
     pub fn is_discovery(&self) -> bool {
         self.subsys.is_none()
+    }
+    /// The host's QoS tenant, leased now if this is its first QoS I/O.
+    #[inline]
+    pub fn tenant(&self) -> trellis_qos::sched::TenantId {
+        self.tenant.get(&self.hostnqn)
     }
     pub fn ready(&self) -> bool {
         self.csts.load(Relaxed) & trellis_nvme::fabrics::csts::RDY != 0
@@ -317,7 +324,7 @@ pub struct Registry {
     pub transfer_pool: Arc<crate::state::buf::TransferPool>,
     /// Schedulers' configuration and the host NQN → tenant map (`qos`).
     pub qos: crate::config::qos::QosConfig,
-    pub tenants: crate::state::tenants::Tenants,
+    pub tenants: Arc<crate::state::tenants::Tenants>,
     /// Live: added and removed while running (`livesub`).
     pub subsystems: crate::state::subsystems::SubsystemTable,
     /// Every namespace, by uid and by subsystem; changes while running.
@@ -445,7 +452,10 @@ impl Registry {
                 None => crate::state::fence::Fence::always(),
             }),
             qos: cfg.qos.clone(),
-            tenants: crate::state::tenants::Tenants::new(&cfg.tenants, &cfg.qos.limits),
+            tenants: Arc::new(crate::state::tenants::Tenants::new(
+                &cfg.tenants,
+                &cfg.qos.limits,
+            )),
             subsystems: crate::state::subsystems::SubsystemTable::new(subsystems, &cfg.subsystems),
             next_uid: AtomicUsize::new(all_ns.len()),
             ns: crate::state::nsset::NsCell::new(crate::state::nsset::NsSet {

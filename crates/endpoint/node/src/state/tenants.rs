@@ -9,9 +9,14 @@ use std::sync::{Arc, Mutex};
 use trellis_qos::sched::{self, SchedLimits, TenantId};
 
 /// Host NQN → tenant id, shared by every namespace's schedulers. Configured
-/// tenants take ids 0.. in config order; other hosts get the next id, first
-/// come first served, up to `max_tenants − 1`; later hosts share the last id
-/// (the catch-all). Consulted only at Connect.
+/// tenants take ids 0.. in config order and keep them. Other hosts get an id
+/// when their controller first sends I/O to a QoS namespace (never on a
+/// subsystem without one), lowest free id first, up to `max_tenants − 1`;
+/// later hosts share the last id (the catch-all). An id goes back to the
+/// free set when the host's last controller goes (its [`TenantLease`]
+/// drops), unless an operator named the host (`tenant_set_weight`): so
+/// throw-away NQNs that come and go cannot use up the ids and push later
+/// hosts into the catch-all (issue 32's finding).
 pub struct Tenants {
     configured: Vec<TenantConfig>,
     max_tenants: TenantId,
@@ -25,8 +30,19 @@ pub struct Tenants {
     weights_gen: std::sync::atomic::AtomicU64,
 }
 
+/// A host's tenant and who holds it.
+struct Assigned {
+    id: TenantId,
+    /// Live controllers' leases on it.
+    leases: u32,
+    /// Configured, or named by an operator: never released.
+    pinned: bool,
+}
+
 struct TenantMap {
-    ids: HashMap<String, TenantId>,
+    ids: HashMap<String, Assigned>,
+    /// Released ids below `next`, handed out again lowest first.
+    free: std::collections::BTreeSet<TenantId>,
     next: TenantId,
     overflow_logged: bool,
 }
@@ -36,13 +52,21 @@ impl Tenants {
         let ids = configured
             .iter()
             .enumerate()
-            .map(|(i, t)| (t.host.clone(), i as TenantId))
+            .map(|(i, t)| {
+                let a = Assigned {
+                    id: i as TenantId,
+                    leases: 0,
+                    pinned: true,
+                };
+                (t.host.clone(), a)
+            })
             .collect();
         Tenants {
             configured: configured.to_vec(),
             max_tenants: limits.max_tenants.max(1),
             map: Mutex::new(TenantMap {
                 ids,
+                free: Default::default(),
                 next: configured.len() as TenantId,
                 overflow_logged: false,
             }),
@@ -56,7 +80,8 @@ impl Tenants {
     /// registry across inputs, and an input must not see another's hosts.
     pub(crate) fn forget_assigned(&self) {
         let mut m = crate::sys::lock(&self.map);
-        m.ids.retain(|_, id| (*id as usize) < self.configured.len());
+        m.ids.retain(|_, a| (a.id as usize) < self.configured.len());
+        m.free.clear();
         m.next = self.configured.len() as TenantId;
         m.overflow_logged = false;
     }
@@ -66,29 +91,77 @@ impl Tenants {
         self.max_tenants - 1
     }
 
-    /// The tenant of `hostnqn`, assigning a new id on first sight.
+    /// The tenant of `hostnqn`, assigning a new id on first sight and
+    /// pinning it (an operator or a test names the host: the id stays).
     pub fn tenant_of(&self, hostnqn: &str) -> TenantId {
-        let mut m = crate::sys::lock(&self.map);
-        if let Some(&id) = m.ids.get(hostnqn) {
-            return id;
+        self.take(hostnqn, true)
+    }
+
+    /// A controller's hold on its host's tenant id, released on drop.
+    pub fn lease(self: &Arc<Self>, hostnqn: &str) -> TenantLease {
+        let id = self.take(hostnqn, false);
+        TenantLease {
+            tenants: self.clone(),
+            hostnqn: hostnqn.to_string(),
+            id,
         }
-        if m.next < self.catch_all() {
-            let id = m.next;
-            m.next += 1;
+    }
+
+    fn take(&self, hostnqn: &str, pin: bool) -> TenantId {
+        let mut m = crate::sys::lock(&self.map);
+        if let Some(a) = m.ids.get_mut(hostnqn) {
+            a.pinned |= pin;
+            a.leases += u32::from(!pin);
+            return a.id;
+        }
+        let id = match m.free.pop_first() {
+            Some(id) => Some(id),
+            None if m.next < self.catch_all() => {
+                m.next += 1;
+                Some(m.next - 1)
+            }
+            None => None,
+        };
+        if let Some(id) = id {
+            debug_assert!(id < self.catch_all() && id as usize >= self.configured.len());
             // Bounded: at most max_tenants − 1 entries besides configured ones.
-            m.ids.insert(hostnqn.to_string(), id);
-            tracing::info!(host = hostnqn, tenant = id, "new qos tenant");
+            let a = Assigned {
+                id,
+                leases: u32::from(!pin),
+                pinned: pin,
+            };
+            m.ids.insert(hostnqn.to_string(), a);
+            drop(m);
+            tracing::info!(host = %hostnqn.escape_debug(), tenant = id, "new qos tenant");
             return id;
         }
         if !m.overflow_logged {
             m.overflow_logged = true;
             tracing::warn!(
-                host = hostnqn,
+                host = %hostnqn.escape_debug(),
                 tenant = self.catch_all(),
                 "qos tenant limit (qos.limits.max_tenants) reached: further hosts share the catch-all tenant"
             );
         }
         self.catch_all()
+    }
+
+    /// A lease dropped: the id is freed with the host's last lease unless
+    /// pinned.
+    fn release(&self, hostnqn: &str) {
+        let mut m = crate::sys::lock(&self.map);
+        let Some(a) = m.ids.get_mut(hostnqn) else {
+            return; // the catch-all, or forgotten by the fuzz harness
+        };
+        a.leases = a.leases.saturating_sub(1);
+        if a.leases > 0 || a.pinned {
+            return;
+        }
+        let id = a.id;
+        m.ids.remove(hostnqn);
+        m.free.insert(id);
+        drop(m);
+        tracing::debug!(host = %hostnqn.escape_debug(), tenant = id, "qos tenant released");
     }
 
     /// Configured weights with the live ones over them, applied to each
@@ -177,20 +250,71 @@ impl Tenants {
         let m = crate::sys::lock(&self.map);
         m.ids
             .iter()
-            .find(|(_, &v)| v == id)
+            .find(|(_, a)| a.id == id)
             .map_or_else(|| format!("tenant-{id}"), |(h, _)| h.clone())
     }
 
     /// Every tenant id in use, in order (for the log page).
     pub fn in_use(&self) -> Vec<TenantId> {
         let m = crate::sys::lock(&self.map);
-        let mut v: Vec<TenantId> = m.ids.values().copied().collect();
+        let mut v: Vec<TenantId> = m.ids.values().map(|a| a.id).collect();
         if m.overflow_logged {
             v.push(self.catch_all());
         }
         v.sort_unstable();
         v.dedup();
         v
+    }
+}
+
+/// A controller's tenant: taken on its first I/O to a QoS namespace
+/// (`Controller::tenant`), given back when the controller goes.
+pub struct TenantLease {
+    tenants: Arc<Tenants>,
+    hostnqn: String,
+    id: TenantId,
+}
+
+impl TenantLease {
+    #[inline]
+    pub fn id(&self) -> TenantId {
+        self.id
+    }
+}
+
+impl Drop for TenantLease {
+    fn drop(&mut self) {
+        self.tenants.release(&self.hostnqn);
+    }
+}
+
+/// A controller's tenant slot: empty until its first I/O to a QoS
+/// namespace asks for the id, so hosts of subsystems without QoS never take
+/// one. One atomic load per scheduled I/O once set.
+pub struct TenantSlot {
+    tenants: Arc<Tenants>,
+    lease: std::sync::OnceLock<TenantLease>,
+}
+
+impl TenantSlot {
+    pub fn new(tenants: Arc<Tenants>) -> TenantSlot {
+        TenantSlot {
+            tenants,
+            lease: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The tenant of `hostnqn` (the controller's host), leased on first use.
+    #[inline]
+    pub fn get(&self, hostnqn: &str) -> TenantId {
+        self.lease
+            .get_or_init(|| self.tenants.lease(hostnqn))
+            .id()
+    }
+
+    /// The tenant, if the controller has sent QoS I/O yet.
+    pub fn assigned(&self) -> Option<TenantId> {
+        self.lease.get().map(TenantLease::id)
     }
 }
 
@@ -244,3 +368,68 @@ impl QosPublished {
 /// Every reactor's [`QosPublished`] of one namespace (a reactor adds its own
 /// when it opens the namespace's queue).
 pub type QosBoard = Mutex<Vec<Arc<QosPublished>>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenants(configured: &[&str], max: TenantId) -> Arc<Tenants> {
+        let cfg: Vec<TenantConfig> = configured
+            .iter()
+            .map(|h| TenantConfig {
+                name: h.to_string(),
+                host: h.to_string(),
+                weight: 1,
+            })
+            .collect();
+        let limits = SchedLimits {
+            max_tenants: max,
+            ..SchedLimits::default()
+        };
+        Arc::new(Tenants::new(&cfg, &limits))
+    }
+
+    #[test]
+    fn a_lease_frees_its_id_with_the_hosts_last_controller() {
+        let t = tenants(&["nqn.a"], 4);
+        let b1 = t.lease("nqn.b");
+        let b2 = t.lease("nqn.b");
+        assert_eq!((b1.id(), b2.id()), (1, 1), "one id per host, after the configured");
+        let c = t.lease("nqn.c");
+        assert_eq!(c.id(), 2);
+        assert_eq!(t.lease("nqn.d").id(), 3, "ids 1 and 2 taken: the catch-all");
+        drop(b1);
+        assert_eq!(t.in_use(), vec![0, 1, 2, 3], "b still has a controller");
+        drop(b2);
+        let e = t.lease("nqn.e");
+        assert_eq!(e.id(), 1, "b's id, freed with its last lease");
+        drop(c);
+        assert_eq!(t.lease("nqn.f").id(), 2, "c's id; e still holds 1");
+    }
+
+    #[test]
+    fn configured_and_named_tenants_are_never_released() {
+        let t = tenants(&["nqn.a"], 8);
+        drop(t.lease("nqn.a"));
+        assert_eq!(t.name_of(0), "nqn.a");
+        let named = t.tenant_of("nqn.op"); // as `tenant_set_weight` names a host
+        let l = t.lease("nqn.op");
+        assert_eq!(l.id(), named);
+        drop(l);
+        assert_eq!(t.lease("nqn.other").id(), named + 1, "the named host kept its id");
+        assert_eq!(t.name_of(named), "nqn.op");
+    }
+
+    #[test]
+    fn a_slot_leases_only_when_asked_and_releases_on_drop() {
+        let t = tenants(&[], 4);
+        let s = TenantSlot::new(t.clone());
+        assert_eq!(s.assigned(), None);
+        assert!(t.in_use().is_empty(), "no id before the first QoS I/O");
+        assert_eq!(s.get("nqn.h"), 0);
+        assert_eq!(s.get("nqn.h"), 0, "one lease per slot");
+        assert_eq!(t.in_use(), vec![0]);
+        drop(s);
+        assert!(t.in_use().is_empty());
+    }
+}

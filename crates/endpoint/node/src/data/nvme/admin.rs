@@ -197,10 +197,7 @@ impl Queue {
             resv_log: Mutex::new(Default::default()),
             features: Mutex::new(Features::default()),
             errors: Mutex::new(Default::default()),
-            tenant: match &sub {
-                Some(_) => self.reg.tenants.tenant_of(&data.hostnqn),
-                None => 0,
-            },
+            tenant: crate::state::tenants::TenantSlot::new(self.reg.tenants.clone()),
             tls_proven: self
                 .tls_peer
                 .as_ref()
@@ -514,13 +511,15 @@ impl Queue {
             }
             (Some(sub), crate::data::qos::VIEW_LID) => {
                 let nss = self.ns.clone();
-                crate::data::qos::view_log(
-                    ctx,
-                    nss.sub(sub.idx),
-                    ctrl.tenant,
-                    sqe.nsid(),
-                    &mut page,
-                )
+                let sns = nss.sub(sub.idx);
+                // A host takes a tenant id only where QoS runs: on a
+                // subsystem without it, the page names the catch-all.
+                let qos = sns.namespaces.iter().any(|n| n.qos != crate::config::qos::QosMode::Off);
+                let me = match qos {
+                    true => ctrl.tenant(),
+                    false => self.reg.tenants.catch_all(),
+                };
+                crate::data::qos::view_log(ctx, sns, me, sqe.nsid(), &mut page)
             }
             (Some(_), l) => self.io_log(l, sqe.nsid(), ctrl, &mut page),
         };

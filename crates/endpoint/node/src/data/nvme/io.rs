@@ -111,7 +111,7 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
     if let Some(st) = fenced(queue, ns) {
         return Exec::Done(st);
     }
-    let tenant = queue.q.as_ref().map_or(0, |q| q.ctrl.tenant);
+    let tenant = queue.q.as_ref().map_or(0, |q| q.ctrl.tenant());
     let now = ctx.now_ns;
     let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
         return Exec::Done(generic::INTERNAL_ERROR);
@@ -157,7 +157,7 @@ fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exe
 /// path. As with QoS off, no backend call: the data is the shared zero page.
 #[inline]
 fn run_zero_read(q: &Queue, ctx: &mut Ctx, ns: &Namespace, len_bytes: u64) -> Option<u32> {
-    let tenant = q.q.as_ref().map_or(0, |q| q.ctrl.tenant);
+    let tenant = q.q.as_ref().map_or(0, |q| q.ctrl.tenant());
     let now = ctx.now_ns;
     ctx.queue(ns)?.qos()?.run_zero_read(tenant, len_bytes, now)
 }
