@@ -441,3 +441,54 @@ fn throw_away_host_nqns_do_not_use_up_the_qos_tenants() {
     }
     t.stop().unwrap();
 }
+
+/// Finding (low): a reservation registrant was identified by the Connect
+/// Host ID alone, not bound to the host NQN the controller was admitted
+/// as, so a host admitted under its own NQN could claim the holder's Host
+/// ID and write through a Write Exclusive reservation. Both raw peers here
+/// send the same Host ID (the testkit's); only the NQNs differ.
+#[test]
+fn another_nqn_claiming_the_holders_host_id_cannot_write_through_its_reservation() {
+    use trellis_nvme::resv::{self, AcquireAction, AcquireCmd, RType, RegisterAction, RegisterCmd};
+    use trellis_nvme::sqe::{io, Sgl};
+    use trellis_nvme::Sqe;
+    const IMPOSTOR: &str = "nqn.2014-08.org.nvmexpress:uuid:impostor";
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.subsystems[0].allow_any_host = Some(true);
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let addr = t.local_addrs[0];
+    let mut holder = controller(addr, NQN, 1, Digests::default(), 0);
+    let q = &mut holder.io[0];
+    let mut reg = Sqe::new(io::RESV_REGISTER, 0, 1);
+    RegisterCmd {
+        action: RegisterAction::Register,
+        iekey: false,
+        cptpl: resv::Cptpl::NoChange,
+    }
+    .encode(&mut reg);
+    reg.set_sgl(Sgl::in_capsule(16));
+    assert!(q.cmd(reg, &resv::encode_keys(0, 5), 0, 4096).0.status.is_success());
+    let mut acq = Sqe::new(io::RESV_ACQUIRE, 0, 1);
+    AcquireCmd {
+        action: AcquireAction::Acquire,
+        iekey: false,
+        rtype: RType::WriteExclusive,
+    }
+    .encode(&mut acq);
+    acq.set_sgl(Sgl::in_capsule(16));
+    assert!(q.cmd(acq, &resv::encode_keys(5, 0), 0, 4096).0.status.is_success());
+    assert!(write(q, 0, &[0xAA; 512]).status.is_success(), "the holder writes");
+
+    let mut imp = controller_as(addr, NQN, IMPOSTOR, 1, Digests::default(), 0);
+    let w = write(&mut imp.io[0], 0, &[0x66; 512]);
+    assert_eq!(
+        w.status,
+        trellis_nvme::status::generic::RESERVATION_CONFLICT.dnr(),
+        "the impostor's write: {:?}",
+        w.status
+    );
+    let (r, data) = read(&mut holder.io[0], 0, 1);
+    assert!(r.status.is_success());
+    assert_eq!(data, vec![0xAA; 512], "the holder's data stays");
+    t.stop().unwrap();
+}

@@ -11,7 +11,11 @@
 //! before a command completes while Persist Through Power Loss is set.
 //!
 //! A host is its 128-bit Host Identifier (from the Fabrics Connect data):
-//! every controller of that host shares its registration (§8.19.1).
+//! every controller of that host shares its registration (§8.19.1). Here
+//! the Host Identifier is bound to the host NQN the controller was admitted
+//! as ([`HostId`]), so a controller that claims another host's Host ID under
+//! its own NQN (the NQN that DH-HMAC-CHAP or a TLS PSK proved) is another
+//! host: it cannot use that host's registration or reservation.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
@@ -25,7 +29,50 @@ use trellis_nvme::resv::{
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
 
-pub type HostId = [u8; 16];
+/// A reservation host: the Host Identifier of its Connect data and the
+/// first 16 bytes of the SHA-256 of its host NQN. Two controllers are one
+/// host only when both match (a host has one NQN: NVMe Base 2.0, §4.7.1, "a
+/// host NQN uniquely identifies the host"). Only the Host Identifier goes
+/// on the wire (Reservation Report); the digest is the binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct HostId {
+    pub id: [u8; 16],
+    nqn: [u8; 16],
+}
+
+/// The NQN digest of a registrant loaded from a version 1 state file, which
+/// saved Host IDs only: bound by Host ID alone until that host registers
+/// again (then it takes the registering controller's NQN).
+const NQN_UNKNOWN: [u8; 16] = [0; 16];
+
+impl HostId {
+    pub fn new(id: [u8; 16], hostnqn: &str) -> HostId {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(hostnqn.as_bytes());
+        let mut nqn = [0u8; 16];
+        nqn.copy_from_slice(&d[..16]);
+        debug_assert_ne!(nqn, NQN_UNKNOWN);
+        HostId { id, nqn }
+    }
+
+    /// A host from its parts, for tests.
+    #[cfg(test)]
+    pub(crate) const fn raw(id: [u8; 16], nqn: [u8; 16]) -> HostId {
+        HostId { id, nqn }
+    }
+
+    /// No Host Identifier (all zero): every such host would share one
+    /// registration, so reservation commands refuse it.
+    pub fn is_zero(&self) -> bool {
+        self.id == [0; 16]
+    }
+
+    /// Whether this stored host (a registrant, a holder, a notice's
+    /// addressee) is the host `h` of a controller.
+    pub fn names(&self, h: &HostId) -> bool {
+        self.id == h.id && (self.nqn == h.nqn || self.nqn == NQN_UNKNOWN)
+    }
+}
 
 /// Registration key mismatch, not a registrant, or access denied (§8.19).
 pub const CONFLICT: Status = generic::RESERVATION_CONFLICT.dnr();
@@ -68,7 +115,7 @@ pub type Notices = Vec<(HostId, u8)>;
 
 impl State {
     fn find(&self, h: &HostId) -> Option<usize> {
-        self.regs.iter().position(|r| r.hostid == *h)
+        self.regs.iter().position(|r| r.hostid.names(h))
     }
 
     pub fn is_registered(&self, h: &HostId) -> bool {
@@ -80,7 +127,7 @@ impl State {
     pub fn is_holder(&self, h: &HostId) -> bool {
         match self.held {
             Some(r) if r.rtype.all_registrants() => self.is_registered(h),
-            Some(r) => r.holder == *h,
+            Some(r) => r.holder.names(h),
             None => false,
         }
     }
@@ -121,7 +168,7 @@ impl State {
         match cmd.action {
             // Registering again with the same key succeeds (and changes nothing).
             RegisterAction::Register => match at {
-                Some(i) if self.regs[i].rkey == nrkey => {}
+                Some(i) if self.regs[i].rkey == nrkey => self.bind(i, h),
                 Some(_) => return Err(CONFLICT),
                 None if self.regs.len() >= max => return Err(REGISTRANTS_FULL),
                 None => self.regs.push(Registrant {
@@ -150,6 +197,19 @@ impl State {
         Ok(notes)
     }
 
+    /// Registrant `i` is host `h` from now on: a version 1 registrant
+    /// (NQN unknown) takes the NQN of the host that registered again as it.
+    fn bind(&mut self, i: usize, h: &HostId) {
+        let was = self.regs[i].hostid;
+        if was == *h {
+            return;
+        }
+        if let Some(held) = self.held.as_mut().filter(|r| r.holder == was) {
+            held.holder = *h;
+        }
+        self.regs[i].hostid = *h;
+    }
+
     /// Removes registrant `i` and what it held: a single holder's
     /// reservation is released (a Registrants Only one with a notice to
     /// the remaining registrants); an All Registrants one ends with its
@@ -173,7 +233,7 @@ impl State {
 
     /// A notice of `kind` for every registrant but `except`.
     fn notify_all(&self, except: &HostId, kind: u8, notes: &mut Notices) {
-        for r in self.regs.iter().filter(|r| r.hostid != *except) {
+        for r in self.regs.iter().filter(|r| !r.hostid.names(except)) {
             notes.push((r.hostid, kind));
         }
     }
@@ -292,7 +352,7 @@ impl State {
         notes: &mut Notices,
     ) {
         self.regs.retain(|r| {
-            let go = r.hostid != *keep && pred(r);
+            let go = !r.hostid.names(keep) && pred(r);
             if go {
                 notes.push((r.hostid, notice::REGISTRATION_PREEMPTED));
             }
@@ -349,7 +409,7 @@ impl State {
             .map(|r| trellis_nvme::resv::Registrant {
                 cntlid: 0xFFFF,
                 holds: self.is_holder(&r.hostid),
-                hostid: r.hostid,
+                hostid: r.hostid.id,
                 rkey: r.rkey,
             })
             .collect();
@@ -366,6 +426,9 @@ struct Saved {
     /// 0: no reservation.
     rtype: u8,
     holder: String,
+    /// Version 2: hex of the holder's NQN digest ([`HostId`]).
+    #[serde(default)]
+    holder_nqn: String,
     registrants: Vec<SavedReg>,
 }
 
@@ -373,12 +436,28 @@ struct Saved {
 #[serde(deny_unknown_fields)]
 struct SavedReg {
     hostid: String,
+    /// Version 2: hex of the host's NQN digest ([`HostId`]).
+    #[serde(default)]
+    nqn: String,
     rkey: u64,
 }
 
-const SAVED_VERSION: u32 = 1;
+/// 2: hosts bound to their NQN digest. Version 1 files (Host IDs only)
+/// still load, their hosts bound by Host ID alone ([`NQN_UNKNOWN`]).
+const SAVED_VERSION: u32 = 2;
 
-fn hostid_of(s: &str) -> anyhow::Result<HostId> {
+fn saved_host(id: &str, nqn: &str, version: u32) -> anyhow::Result<HostId> {
+    let nqn = match version {
+        1 => NQN_UNKNOWN,
+        _ => hostid_of(nqn)?,
+    };
+    Ok(HostId {
+        id: hostid_of(id)?,
+        nqn,
+    })
+}
+
+fn hostid_of(s: &str) -> anyhow::Result<[u8; 16]> {
     let bad = || anyhow::anyhow!("host ID {s:?}: want 32 hex digits");
     if s.len() != 32 || !s.is_ascii() {
         return Err(bad());
@@ -397,12 +476,14 @@ impl State {
             version: SAVED_VERSION,
             gen: self.gen,
             rtype: self.held.map_or(0, |r| r.rtype as u8),
-            holder: self.held.map_or(String::new(), |r| hex(&r.holder)),
+            holder: self.held.map_or(String::new(), |r| hex(&r.holder.id)),
+            holder_nqn: self.held.map_or(String::new(), |r| hex(&r.holder.nqn)),
             registrants: self
                 .regs
                 .iter()
                 .map(|r| SavedReg {
-                    hostid: hex(&r.hostid),
+                    hostid: hex(&r.hostid.id),
+                    nqn: hex(&r.hostid.nqn),
                     rkey: r.rkey,
                 })
                 .collect(),
@@ -411,8 +492,8 @@ impl State {
 
     fn from_saved(s: Saved, max: usize) -> anyhow::Result<State> {
         anyhow::ensure!(
-            s.version == SAVED_VERSION,
-            "version {} (want {SAVED_VERSION})",
+            (1..=SAVED_VERSION).contains(&s.version),
+            "version {} (want 1..={SAVED_VERSION})",
             s.version
         );
         anyhow::ensure!(
@@ -423,7 +504,7 @@ impl State {
         let mut regs = Vec::with_capacity(s.registrants.len());
         for r in &s.registrants {
             regs.push(Registrant {
-                hostid: hostid_of(&r.hostid)?,
+                hostid: saved_host(&r.hostid, &r.nqn, s.version)?,
                 rkey: r.rkey,
             });
         }
@@ -431,7 +512,7 @@ impl State {
             0 => None,
             t => Some(Held {
                 rtype: RType::from_u8(t).ok_or_else(|| anyhow::anyhow!("reservation type {t}"))?,
-                holder: hostid_of(&s.holder)?,
+                holder: saved_host(&s.holder, &s.holder_nqn, s.version)?,
             }),
         };
         let st = State {
@@ -446,7 +527,7 @@ impl State {
             anyhow::ensure!(
                 st.find(&r.hostid) == Some(i),
                 "host {} registered twice",
-                crate::sys::hex(&r.hostid)
+                crate::sys::hex(&r.hostid.id)
             );
         }
         if let Some(h) = st.held {

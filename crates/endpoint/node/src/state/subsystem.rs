@@ -206,6 +206,8 @@ pub struct Controller {
     pub subsys: Option<Arc<Subsystem>>,
     pub hostnqn: String,
     pub hostid: [u8; 16],
+    /// The reservation host: `hostid` bound to `hostnqn` (`resv::HostId`).
+    pub resv_host: crate::state::resv::HostId,
     pub kato_ms: AtomicU32,
     pub last_keepalive_ns: AtomicU64,
     pub cc: AtomicU32,

@@ -176,6 +176,7 @@ impl Queue {
             subsys: sub.clone(),
             hostnqn: data.hostnqn.clone(),
             hostid: data.hostid,
+            resv_host: crate::state::resv::HostId::new(data.hostid, &data.hostnqn),
             kato_ms: AtomicU32::new(kato_ms(cmd.kato_ms, sub.is_none(), &self.reg.limits)),
             last_keepalive_ns: AtomicU64::new(ctx.now_ns),
             cc: AtomicU32::new(0),

@@ -424,7 +424,7 @@ fn resv_check(
     ns: &crate::state::subsystem::Namespace,
     access: Access,
 ) -> Result<(), Status> {
-    let host = q.q.as_ref().map_or([0; 16], |c| c.ctrl.hostid);
+    let host = q.q.as_ref().map(|c| c.ctrl.resv_host).unwrap_or_default();
     ns.resv.check_io(&host, access == Access::Write)
 }
 

@@ -358,9 +358,9 @@ fn resv_apply(
     let Some(ctrl) = q.q.as_ref().map(|c| &c.ctrl) else {
         return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
     };
-    let host = ctrl.hostid;
+    let host = ctrl.resv_host;
     // Every host with a zero ID would share one registration: refused.
-    if host == [0; 16] {
+    if host.is_zero() {
         return Exec::Done(generic::HOST_ID_INCONSISTENT.dnr());
     }
     match ns.resv.apply(|s, max| f(s, &host, max)) {
@@ -384,7 +384,7 @@ fn resv_notify(ctrl: &crate::state::subsystem::Controller, nsid: u32, notes: &No
         .cloned()
         .collect();
     for (host, kind) in notes {
-        for c in ctrls.iter().filter(|c| c.hostid == *host) {
+        for c in ctrls.iter().filter(|c| host.names(&c.resv_host)) {
             if crate::sys::lock(&c.resv_log).push(nsid, *kind) {
                 c.raise_ungated(crate::state::aen::RESV_LOG);
             }

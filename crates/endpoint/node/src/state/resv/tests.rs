@@ -5,9 +5,14 @@ use trellis_nvme::resv::{
     AcquireAction as AA, RType::*, RegisterAction as RA, ReleaseAction as RL,
 };
 
-const A: HostId = [0xA; 16];
-const B: HostId = [0xB; 16];
-const C: HostId = [0xC; 16];
+const A: HostId = HostId::raw([0xA; 16], [0xA; 16]);
+const B: HostId = HostId::raw([0xB; 16], [0xB; 16]);
+const C: HostId = HostId::raw([0xC; 16], [0xC; 16]);
+
+/// A host whose Host ID and NQN digest are both `b`s.
+const fn host(b: u8) -> HostId {
+    HostId::raw([b; 16], [b; 16])
+}
 
 fn reg(action: RA, iekey: bool, cptpl: Cptpl) -> RegisterCmd {
     RegisterCmd {
@@ -133,7 +138,7 @@ fn registrants_are_bounded_and_all_reported() {
     let mut s = State::default();
     let max = 40;
     for i in 0..max {
-        let h = [i as u8 + 1; 16];
+        let h = host(i as u8 + 1);
         s.register(
             &h,
             &reg(RA::Register, false, Cptpl::NoChange),
@@ -143,19 +148,19 @@ fn registrants_are_bounded_and_all_reported() {
         )
         .unwrap();
     }
-    let over = [0xEE; 16];
+    let over = host(0xEE);
     let r = s.register(&over, &reg(RA::Register, false, Cptpl::NoChange), 0, 1, max);
     assert_eq!(r, Err(REGISTRANTS_FULL));
     // Re-registering an existing host with its key still works when full.
     s.register(
-        &[1; 16],
+        &host(1),
         &reg(RA::Register, false, Cptpl::NoChange),
         0,
         100,
         max,
     )
     .unwrap();
-    s.acquire(&[3; 16], &acq(AA::Acquire, WriteExclusive), 102, 0)
+    s.acquire(&host(3), &acq(AA::Acquire, WriteExclusive), 102, 0)
         .unwrap();
     let (h, regs) = s.report();
     assert_eq!((h.regctl, h.rtype, regs.len()), (40, 1, 40));
@@ -439,7 +444,7 @@ fn ptpl_state_survives_reopen_and_clearing_deletes_it() {
     for i in 0..20u8 {
         r.apply(|s, max| {
             s.register(
-                &[i + 0x20; 16],
+                &host(i + 0x20),
                 &reg(RA::Register, false, Cptpl::Set),
                 0,
                 i as u64,
@@ -469,7 +474,7 @@ fn ptpl_state_survives_reopen_and_clearing_deletes_it() {
     r.set_ptpl(false).unwrap();
     assert!(!path.exists(), "PTPL cleared: the file goes");
     // A state no command sequence reaches is refused too.
-    let a = crate::sys::hex(&A);
+    let a = crate::sys::hex(&A.id);
     let twice = format!(
         r#"{{"version":1,"gen":1,"rtype":0,"holder":"","registrants":[{{"hostid":"{a}","rkey":1}},{{"hostid":"{a}","rkey":2}}]}}"#
     );
@@ -534,4 +539,52 @@ fn reservation_state_files_are_the_owners_only() {
         .unwrap();
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "reservation state file mode {mode:o}");
+}
+
+#[test]
+fn the_same_host_id_under_another_nqn_is_another_host() {
+    let s = held(WriteExclusive);
+    // A's Host ID claimed by a controller admitted under another NQN.
+    let impostor = HostId::new(A.id, "nqn.2014-08.org.example:impostor");
+    let a = HostId::new(A.id, "nqn.2014-08.org.example:a");
+    let mut s2 = State::default();
+    register(&mut s2, &a, 1).unwrap();
+    s2.acquire(&a, &acq(AA::Acquire, WriteExclusive), 1, 0)
+        .unwrap();
+    assert!(s2.allows(&a, true), "the holder writes");
+    assert!(!s2.allows(&impostor, true), "the impostor does not");
+    assert!(!s2.is_registered(&impostor));
+    assert_eq!(
+        s2.release(&impostor, &rel(RL::Release, WriteExclusive as u8), 1),
+        Err(CONFLICT),
+        "nor can it use the holder's key"
+    );
+    assert!(s.allows(&A, true));
+}
+
+#[test]
+fn a_version_1_registrant_is_bound_by_host_id_until_it_registers_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("resv.json");
+    let a = crate::sys::hex(&A.id);
+    let v1 = format!(
+        r#"{{"version":1,"gen":3,"rtype":1,"holder":"{a}","registrants":[{{"hostid":"{a}","rkey":9}}]}}"#
+    );
+    std::fs::write(&path, v1).unwrap();
+    let r = Resv::open(Some(path.clone()), 32).unwrap();
+    let a1 = HostId::new(A.id, "nqn.first");
+    let a2 = HostId::new(A.id, "nqn.second");
+    assert!(r.check_io(&a1, true).is_ok() && r.check_io(&a2, true).is_ok());
+    r.apply(|s, max| s.register(&a1, &reg(RA::Register, false, Cptpl::NoChange), 0, 9, max))
+        .unwrap();
+    assert!(r.check_io(&a1, true).is_ok(), "bound to the NQN that registered");
+    assert_eq!(r.check_io(&a2, true), Err(CONFLICT), "and only to it");
+    // Saved as version 2, the binding survives a restart.
+    drop(r);
+    let saved = std::fs::read_to_string(&path).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&saved).unwrap();
+    assert_eq!(v["version"], 2, "{saved}");
+    let r = Resv::open(Some(path), 32).unwrap();
+    assert!(r.check_io(&a1, true).is_ok());
+    assert_eq!(r.check_io(&a2, true), Err(CONFLICT));
 }
