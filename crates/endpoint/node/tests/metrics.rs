@@ -104,6 +104,7 @@ fn a_scrape_parses_and_its_counters_match_the_io_done() {
         ("trellis_namespace_read_bytes_total", reads as f64 * bytes),
         ("trellis_namespace_write_bytes_total", writes as f64 * bytes),
         ("trellis_namespace_media_errors_total", 0.0),
+        ("trellis_namespace_backend_errors_total", 0.0),
         ("trellis_namespace_size_bytes", (16 << 20) as f64),
     ];
     for (name, v) in want {

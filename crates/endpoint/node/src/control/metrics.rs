@@ -91,7 +91,12 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
     let errors = fam(
         prom,
         "namespace_media_errors",
-        "Commands failed by the backend",
+        "Commands failed with a media error (status code type 2h)",
+    );
+    let backend_errors = fam(
+        prom,
+        "namespace_backend_errors",
+        "Commands the backend failed (media, capacity or internal errors)",
     );
     let lat = Family::<OpLabels, BucketCounts>::default();
     prom.register(
@@ -116,6 +121,9 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
             errors
                 .get_or_create(&l)
                 .inc_by(s.media_errors.load(Relaxed));
+            backend_errors
+                .get_or_create(&l)
+                .inc_by(s.backend_errors.load(Relaxed));
             for (k, op) in ["read", "write"].into_iter().enumerate() {
                 let ol = OpLabels {
                     subsystem: sub.nqn.clone(),

@@ -24,6 +24,9 @@ pub struct NsStats {
     pub read_cmds: AtomicU64,
     pub write_cmds: AtomicU64,
     pub media_errors: AtomicU64,
+    /// Commands the backend failed, whatever the status (media, capacity,
+    /// internal): `trellis_namespace_backend_errors_total`.
+    pub backend_errors: AtomicU64,
     /// Write Zeroes commands with the Deallocate bit (DEAC) set.
     pub write_zeroes_deac: AtomicU64,
     /// Writes sent to the backend with Force Unit Access because the host

@@ -123,6 +123,8 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
         Some((st, credits)) => {
             if st.is_success() {
                 req.credit = credits.min(u16::MAX as u32) as u16 as u32;
+            } else if st != crate::data::qos::QOS_BUSY {
+                backend_failed(ns);
             }
             Exec::Done(st)
         }
@@ -147,9 +149,23 @@ fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exe
     // alive while `backend_in_flight` > 0), or in-capsule data that a
     // synchronous backend reads inside this call.
     match unsafe { q.submit(io, req.tag) } {
-        Some(st) => Exec::Done(st),
+        Some(st) => {
+            if !st.is_success() {
+                backend_failed(ns);
+            }
+            Exec::Done(st)
+        }
         None => Exec::Pending,
     }
+}
+
+/// A synchronous backend failed a request of `ns` (asynchronous failures
+/// are counted as they are reaped, `Conn::backend_done`).
+#[cold]
+fn backend_failed(ns: &Namespace) {
+    ns.stats
+        .backend_errors
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// A scheduled read of a null namespace that the scheduler completes at once

@@ -796,6 +796,9 @@ impl Conn {
         }
         debug_assert!(self.backend_in_flight > 0);
         self.backend_in_flight -= 1;
+        if !st.is_success() {
+            self.count_backend_error(s);
+        }
         self.finish(s, st);
     }
 
@@ -831,6 +834,16 @@ impl Conn {
                 break;
             };
             self.queue_response(s);
+        }
+    }
+
+    /// A backend failed slot `s`'s request: counted for `/metrics` (the log
+    /// line is the backend's, rate-limited there).
+    #[cold]
+    fn count_backend_error(&self, s: u16) {
+        let uid = self.slots[s as usize].req.ns_uid;
+        if let Some(ns) = self.queue.ns.by_uid(uid) {
+            ns.stats.backend_errors.fetch_add(1, Relaxed);
         }
     }
 
