@@ -519,14 +519,7 @@ fn set_buf(sock: &TcpStream, bytes: usize) -> Result<()> {
 }
 
 /// The process's monotonic clock in ns, the time base the sans-IO engine
-/// takes (its own tests and the simulator pass theirs).
-pub fn now_ns() -> u64 {
-    ns_of(Instant::now())
-}
-
-/// `t` as ns since a process-wide epoch (the first call).
-fn ns_of(t: Instant) -> u64 {
-    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    t.saturating_duration_since(epoch).as_nanos() as u64
-}
+/// takes (its own tests and the simulator pass theirs): the one clock and
+/// epoch of the process, shared with the node (`trellis_units::clock`).
+pub use trellis_units::clock::now_ns;
+use trellis_units::clock::instant_ns as ns_of;

@@ -16,6 +16,32 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The process's one monotonic clock, for the endpoints (the node's reactors
+/// and control plane, the host library): every `_ns` time they take counts
+/// from one epoch, so a node and a host in one process (the tests, `trellis
+/// san`) agree on "now". Policy cores never read it; their time is passed in.
+pub mod clock {
+    use super::Nanos;
+    use std::time::Instant;
+
+    fn epoch() -> Instant {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(Instant::now)
+    }
+
+    /// Monotonic nanoseconds since the process's first call.
+    pub fn now_ns() -> Nanos {
+        instant_ns(Instant::now())
+    }
+
+    /// `t` on the clock of [`now_ns`] (0 for an instant before the epoch;
+    /// saturates after 584 years).
+    pub fn instant_ns(t: Instant) -> Nanos {
+        let d = t.saturating_duration_since(epoch());
+        Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX)
+    }
+}
+
 /// A point in time or a duration, in nanoseconds. An alias, not a newtype: the
 /// policy code does arithmetic on it everywhere and the unit is carried by the `_ns`
 /// suffix of every name.

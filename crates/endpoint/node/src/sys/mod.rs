@@ -6,7 +6,6 @@ pub mod fault;
 pub mod ring;
 pub mod rlimit;
 
-use std::time::Instant;
 
 /// Locks a mutex whether or not it is poisoned. A poisoned lock means a
 /// reactor panicked while holding it; that reactor's failure already stops
@@ -38,22 +37,9 @@ pub fn parse_hex_id(text: &str, len: usize) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-/// The process's one monotonic epoch: every `*_ns` time of the node counts
-/// from it.
-fn base() -> Instant {
-    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    *BASE.get_or_init(Instant::now)
-}
-
-/// Monotonic nanoseconds since the first call in this process.
-pub fn now_ns() -> u64 {
-    base().elapsed().as_nanos() as u64
-}
-
-/// `t` on the clock of [`now_ns`] (0 for an instant before the epoch).
-pub fn instant_ns(t: Instant) -> u64 {
-    u64::try_from(t.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX)
-}
+/// The process's one monotonic clock (shared with the host library): every
+/// `*_ns` time of the node counts from its epoch.
+pub use trellis_units::clock::{instant_ns, now_ns};
 
 /// The CPUs this process may run on (`sched_getaffinity`), ascending; None
 /// when the kernel does not say.
