@@ -216,6 +216,7 @@ fn run(
         *now += 1_000;
         let mut ctx = Ctx {
             icd: &[],
+            auth: None,
             now_ns: *now,
             queues,
             reg,
@@ -441,6 +442,7 @@ mod direct_h2c_tests {
                 self.now += 1_000;
                 let mut ctx = Ctx {
                     icd: &[],
+                    auth: None,
                     now_ns: self.now,
                     queues: &mut self.queues,
                     reg: &self.reg,

@@ -28,6 +28,9 @@ pub struct Target {
     ctl: Option<std::thread::JoinHandle<()>>,
     /// The HA lease thread and fence watchdog, when `[ha]` is set.
     ha: Option<crate::control::ha::Threads>,
+    /// The DH-HMAC-CHAP workers and transaction bounds (its counters are
+    /// for tests).
+    pub auth: Arc<crate::data::nvme::auth_work::AuthPool>,
 }
 
 impl Target {
@@ -79,6 +82,14 @@ impl Target {
             },
             None => None,
         };
+        // The DH-HMAC-CHAP exponentiations' threads, off the reactors.
+        let auth = match crate::data::nvme::auth_work::AuthPool::start(&cfg.target) {
+            Ok(a) => a,
+            Err(e) => {
+                shutdown.store(true, Ordering::SeqCst);
+                return Err(e.into());
+            }
+        };
         let mut reactors = Vec::new();
         for i in 0..cfg.target.reactors {
             let cpu = cfg.target.cpus.get(i).copied();
@@ -87,6 +98,7 @@ impl Target {
                 shutdown: shutdown.clone(),
                 connections: connections.clone(),
                 failures: failures.clone(),
+                auth: Some(auth.clone()),
             };
             match reactor::spawn(i, cpu, shared) {
                 Ok(r) => reactors.push(r),
@@ -113,6 +125,7 @@ impl Target {
                 shutdown: shutdown.clone(),
                 connections,
                 failures: failures.clone(),
+                auth: None,
             };
             std::thread::Builder::new()
                 .name("acceptor".into())
@@ -136,6 +149,7 @@ impl Target {
             metrics,
             ctl,
             ha,
+            auth,
         })
     }
 
@@ -182,6 +196,7 @@ impl Target {
             }
             rs.clear(); // closes each reactor's eventfd
         }
+        self.auth.stop();
         for (id, ok) in joined {
             if !ok {
                 self.note_failure(format!("reactor {id} thread panicked outside its loop"));

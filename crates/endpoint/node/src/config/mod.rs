@@ -171,6 +171,20 @@ pub struct TargetConfig {
     /// Reservation registrants per namespace (hosts registered with
     /// Reservation Register); one more is refused with Capacity Exceeded.
     pub max_registrants: usize,
+    /// DH-HMAC-CHAP transactions (AUTH_Negotiates) one connection may start;
+    /// past it the transaction fails (AUTH_Failure1) before any exponentiation.
+    pub auth_per_conn_max: u32,
+    /// DH-HMAC-CHAP transactions one host NQN may start per second across
+    /// the node, after its `auth_per_host_burst` (a token bucket).
+    pub auth_per_host_per_sec: u32,
+    /// Transactions one host NQN may start at once (the bucket's size):
+    /// every queue of every controller authenticates, so a host connecting
+    /// or reconnecting all its paths spends one per queue.
+    pub auth_per_host_burst: u32,
+    /// Threads computing DH exponentiations, off the reactors.
+    pub auth_workers: usize,
+    /// Exponentiations waiting for a DH worker; one more is refused.
+    pub auth_queue_max: usize,
     /// Socket I/O engine: plain syscalls with epoll, or io_uring.
     pub socket_engine: SocketEngine,
     /// Where the node identity file (`node-id`) lives. Default: the config
@@ -249,6 +263,23 @@ pub const DEFAULT_DATA_WAIT_TIMEOUT_MS: u64 = 5_000;
 pub const DATA_WAIT_TIMEOUT_MS_MIN: u64 = 100;
 pub const DATA_WAIT_TIMEOUT_MS_MAX: u64 = 600_000;
 
+/// Default of `target.auth_per_conn_max`: a queue authenticates once at
+/// Connect, and again only when the host re-authenticates (a new key).
+pub const DEFAULT_AUTH_PER_CONN_MAX: u32 = 16;
+/// Default of `target.auth_per_host_per_sec`.
+pub const DEFAULT_AUTH_PER_HOST_PER_SEC: u32 = 16;
+/// Default of `target.auth_per_host_burst`: a host's admin and I/O queues
+/// (`max_io_queues` is 16 by default) on two paths to two subsystems.
+pub const DEFAULT_AUTH_PER_HOST_BURST: u32 = 64;
+/// Default of `target.auth_workers`.
+pub const DEFAULT_AUTH_WORKERS: usize = 1;
+/// Default of `target.auth_queue_max`.
+pub const DEFAULT_AUTH_QUEUE_MAX: usize = 64;
+/// Upper bound of the `target.auth_*` counts and rates.
+pub const AUTH_LIMIT_MAX: u32 = 1_000_000;
+/// Upper bound of `target.auth_workers`.
+pub const AUTH_WORKERS_MAX: usize = 64;
+
 /// Bounds of `target.send_budget` (when not 0): one page, and far above any
 /// socket buffer.
 pub const SEND_BUDGET_MIN: u64 = 4 << 10;
@@ -260,6 +291,33 @@ impl TargetConfig {
         self.max_connections_per_addr
             .unwrap_or(self.max_connections / 4)
             .max(1)
+    }
+}
+
+impl TargetConfig {
+    /// Checks the DH-HMAC-CHAP bounds (`auth_*`).
+    fn validate_auth(&self) -> anyhow::Result<()> {
+        for (name, v) in [
+            ("auth_per_conn_max", self.auth_per_conn_max),
+            ("auth_per_host_per_sec", self.auth_per_host_per_sec),
+            ("auth_per_host_burst", self.auth_per_host_burst),
+        ] {
+            anyhow::ensure!(
+                (1..=AUTH_LIMIT_MAX).contains(&v),
+                "target.{name} {v} is out of range: use 1..={AUTH_LIMIT_MAX}"
+            );
+        }
+        anyhow::ensure!(
+            (1..=AUTH_WORKERS_MAX).contains(&self.auth_workers),
+            "target.auth_workers {} is out of range: use 1..={AUTH_WORKERS_MAX}",
+            self.auth_workers
+        );
+        anyhow::ensure!(
+            (1..=AUTH_LIMIT_MAX as usize).contains(&self.auth_queue_max),
+            "target.auth_queue_max {} is out of range: use 1..={AUTH_LIMIT_MAX}",
+            self.auth_queue_max
+        );
+        Ok(())
     }
 }
 
@@ -292,6 +350,11 @@ impl Default for TargetConfig {
             cntlid_min: 1,
             cntlid_max: MAX_CNTLID,
             max_registrants: crate::config::DEFAULT_MAX_REGISTRANTS,
+            auth_per_conn_max: DEFAULT_AUTH_PER_CONN_MAX,
+            auth_per_host_per_sec: DEFAULT_AUTH_PER_HOST_PER_SEC,
+            auth_per_host_burst: DEFAULT_AUTH_PER_HOST_BURST,
+            auth_workers: DEFAULT_AUTH_WORKERS,
+            auth_queue_max: DEFAULT_AUTH_QUEUE_MAX,
             socket_engine: SocketEngine::Epoll,
             state_dir: None,
         }
@@ -383,6 +446,7 @@ impl TargetConfig {
             "target.data_wait_timeout_ms {} is out of range: use {DATA_WAIT_TIMEOUT_MS_MIN}..={DATA_WAIT_TIMEOUT_MS_MAX}",
             t.data_wait_timeout_ms
         );
+        t.validate_auth()?;
         // Every connection's share must fit the largest transfer, or a
         // command of that size would wait forever.
         let need = t.max_io_size.0.saturating_mul(TRANSFER_POOL_SHARE_DIV);
@@ -555,8 +619,9 @@ pub struct HostConfig {
     /// sha384, sha512).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dhchap_hashes: Vec<String>,
-    /// DH groups accepted, preferred first (default ffdhe2048, ffdhe3072,
-    /// ffdhe4096, ffdhe6144, ffdhe8192, null).
+    /// DH groups accepted for this host, preferred first: the target picks
+    /// the first of these the host offers (default ffdhe2048, ffdhe3072,
+    /// ffdhe4096, null: `config::keys::DEFAULT_DHGROUPS`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dhchap_dhgroups: Vec<String>,
     /// The host's configured TLS PSK, `NVMeTLSkey-1:XX:<base64>:` as `nvme

@@ -191,6 +191,7 @@ impl Pair {
             off += n;
             let mut ctx = Ctx {
                 icd: &[],
+                auth: None,
                 now_ns: self.now,
                 queues: &mut self.queues,
                 reg: &self.reg,
@@ -238,6 +239,7 @@ impl Pair {
         if link.conn.rx_pending() {
             let mut ctx = Ctx {
                 icd: &[],
+                auth: None,
                 now_ns: self.now,
                 queues: &mut self.queues,
                 reg: &self.reg,

@@ -5,6 +5,16 @@
 //! controller's ([`Session::receive`]); randomness comes in through a
 //! closure, so tests are deterministic and no socket is needed.
 //!
+//! The two exponentiations of a transaction (the Challenge's public value,
+//! the Reply's shared secret) both happen in a Receive: [`Session::start_receive`]
+//! says what to compute ([`Work`]), [`Session::resume`] builds the message
+//! from its [`Output`]. The handlers hand the work to the DH workers
+//! (`auth_work`) and park the Receive; [`Session::receive`] does both
+//! inline (tests, the fuzz harness). The Reply's check therefore runs at
+//! the Receive of Success1, which is where its result was reported anyway
+//! (protocol errors never fail the Send: they become the next Receive's
+//! AUTH_Failure1).
+//!
 //! The sequence, as Linux's nvmet runs it (drivers/nvme/target/
 //! fabrics-cmd-auth.c): Negotiate (host) → Challenge (controller) → Reply
 //! (host) → Success1 (controller) → Success2 (host, bidirectional only). Any
@@ -14,6 +24,7 @@
 //! authenticated queue starts re-authentication.
 
 use crate::config::keys::HostKeys;
+use crate::data::nvme::auth_work::{Output, Work};
 use crate::data::nvme::exec::{Command, Ctx, Exec, Queue, QueueCtx, Request};
 use crate::state::subsystem::Subsystem;
 use std::sync::Arc;
@@ -35,6 +46,8 @@ enum Step {
     Challenge,
     /// Waiting for the Reply (Send).
     Reply,
+    /// A Receive waits for the DH workers: nothing else until it completes.
+    Computing,
     /// The host receives Success1.
     Success1,
     /// Waiting for Success2 (Send), bidirectional only.
@@ -53,12 +66,23 @@ struct Exchange {
     hash: HashId,
     group: DhGroup,
     dh: Option<DhKey>,
+    /// Our DH public value (empty for the NULL group).
+    dhv: Vec<u8>,
     c1: Vec<u8>,
     s1: u32,
     /// The DH shared secret: wiped when the exchange ends.
     session_key: Option<zeroize::Zeroizing<Vec<u8>>>,
     /// C2 and S2 when the host authenticates the controller too.
     c2: Option<(Vec<u8>, u32)>,
+    /// The host's response R1 and DH value, checked at the next Receive.
+    response: Vec<u8>,
+    host_dhv: Vec<u8>,
+}
+
+/// What a Receive starts with: the message, or an exponentiation first.
+pub enum Started {
+    Msg(Message),
+    Work(Work),
 }
 
 /// One queue's authentication state.
@@ -70,6 +94,12 @@ pub struct Session {
     failure: u8,
     x: Option<Exchange>,
     authenticated: bool,
+    /// Transactions (Negotiates) on this queue so far.
+    transactions: u32,
+    /// Set by a Negotiate, taken by the handler that admits it.
+    started: bool,
+    /// The DH job a parked Receive waits for, and its command slot.
+    pending: Option<(u64, u16)>,
 }
 
 /// Fills a buffer with cryptographically secure random bytes.
@@ -91,7 +121,34 @@ impl Session {
             failure: 0,
             x: None,
             authenticated: false,
+            transactions: 0,
+            started: false,
+            pending: None,
         }
+    }
+
+    pub fn hostnqn(&self) -> &str {
+        &self.hostnqn
+    }
+
+    /// Transactions (Negotiates) this queue has started.
+    pub fn transactions(&self) -> u32 {
+        self.transactions
+    }
+
+    /// Whether the last Send started a transaction (once per Negotiate).
+    pub fn take_started(&mut self) -> bool {
+        std::mem::take(&mut self.started)
+    }
+
+    /// Ends the transaction just started, unauthenticated, with `why` as
+    /// the next Receive's AUTH_Failure1: a bound refused it. Not logged
+    /// here: the caller logs refusals at a bounded rate.
+    pub fn refuse(&mut self, why: u8) {
+        self.x = None;
+        self.authenticated = false;
+        self.failure = why;
+        self.step = Step::Failure1;
     }
 
     /// Whether the queue may run other commands.
@@ -107,7 +164,7 @@ impl Session {
     /// Authentication Send: one message from the host. Protocol errors are
     /// not command errors: they become the next Receive's AUTH_Failure1.
     pub fn send(&mut self, data: &[u8]) -> Result<(), Status> {
-        if self.step == Step::Failed {
+        if matches!(self.step, Step::Failed | Step::Computing) {
             return Err(generic::COMMAND_SEQUENCE_ERROR.dnr());
         }
         let msg = match Message::decode(data) {
@@ -140,15 +197,37 @@ impl Session {
         Ok(())
     }
 
-    /// Authentication Receive of `al` bytes: the controller's next message,
-    /// zero-padded to `al` as Linux's target does.
+    /// Authentication Receive of `al` bytes, computing inline: the
+    /// controller's next message, zero-padded to `al` as Linux's target does.
     pub fn receive(&mut self, al: usize, rng: Rng) -> Result<Vec<u8>, Status> {
+        let msg = match self.start_receive(rng)? {
+            Started::Msg(m) => m,
+            Started::Work(w) => self.resume(w.run()),
+        };
+        self.encode(msg, al)
+    }
+
+    /// The first half of a Receive: the message, or the exponentiation it
+    /// needs first (then the session waits in `Computing` for [`Self::resume`]).
+    pub fn start_receive(&mut self, rng: Rng) -> Result<Started, Status> {
         let msg = match self.step {
+            Step::Computing => return Err(generic::COMMAND_SEQUENCE_ERROR.dnr()),
             Step::Challenge => match self.challenge(rng) {
-                Ok(m) => m,
+                Ok(Some(w)) => {
+                    self.step = Step::Computing;
+                    return Ok(Started::Work(w));
+                }
+                Ok(None) => self.challenge_msg(),
                 Err(why) => self.failure1(why),
             },
-            Step::Success1 => self.success1(),
+            Step::Success1 => match self.x.as_mut().and_then(|x| Some((x.dh.take()?, x))) {
+                Some((key, x)) => {
+                    let peer = std::mem::take(&mut x.host_dhv);
+                    self.step = Step::Computing;
+                    return Ok(Started::Work(Work::Shared { key, peer }));
+                }
+                None => self.check_reply(None),
+            },
             Step::Failure1 => {
                 let why = self.failure;
                 self.failure1(why)
@@ -156,6 +235,37 @@ impl Session {
             // Nothing to receive now: the transaction fails (as in nvmet).
             _ => self.failure1(failure::FAILED),
         };
+        Ok(Started::Msg(msg))
+    }
+
+    /// The second half: the message from what the workers computed.
+    pub fn resume(&mut self, out: Output) -> Message {
+        if self.step != Step::Computing {
+            return self.failure1(failure::FAILED);
+        }
+        match out {
+            Output::Keygen { key, public } => match self.x.as_mut() {
+                Some(x) => {
+                    x.dh = key;
+                    x.dhv = public;
+                    self.challenge_msg()
+                }
+                None => self.failure1(failure::FAILED),
+            },
+            Output::Shared(Ok(k)) => self.check_reply(Some(k)),
+            Output::Shared(Err(_)) => self.failure1(failure::DHGROUP_UNUSABLE),
+            Output::Lost => self.failure1(failure::FAILED),
+        }
+    }
+
+    /// Ends a transaction whose work could not be queued (the workers'
+    /// queue is full): AUTH_Failure1, nothing computed.
+    pub fn abandon(&mut self) -> Message {
+        self.failure1(failure::FAILED)
+    }
+
+    /// The message as Receive data of `al` bytes.
+    pub fn encode(&mut self, msg: Message, al: usize) -> Result<Vec<u8>, Status> {
         let mut b = msg.encode();
         if b.len() > al || al > MAX_MSG_LEN {
             // The host's buffer cannot hold the message: nothing is sent,
@@ -188,11 +298,15 @@ impl Session {
         })
     }
 
-    /// Picks the first hash and DH group of ours that the host offers.
+    /// Picks the first hash and DH group of ours (the ones configured for
+    /// this host, in the target's order of preference) that the host
+    /// offers: the host's order does not matter.
     fn negotiate(&mut self, n: &Negotiate) -> Result<(), u8> {
         // A new transaction: forget the old one's values (its transaction
         // ID identifies a Failure1 for this one).
         self.x = None;
+        self.transactions = self.transactions.saturating_add(1);
+        self.started = true;
         if n.sc_c != 0 {
             return Err(failure::CONCAT_MISMATCH);
         }
@@ -215,16 +329,21 @@ impl Session {
             hash,
             group,
             dh: None,
+            dhv: Vec::new(),
             c1: Vec::new(),
             s1: 0,
             session_key: None,
             c2: None,
+            response: Vec::new(),
+            host_dhv: Vec::new(),
         });
         self.step = Step::Challenge;
         Ok(())
     }
 
-    fn challenge(&mut self, rng: Rng) -> Result<Message, u8> {
+    /// C1, S1 and the private key: the exponentiation to do, None for the
+    /// NULL group.
+    fn challenge(&mut self, rng: Rng) -> Result<Option<Work>, u8> {
         let x = self.x.as_mut().ok_or(failure::FAILED)?;
         x.c1 = vec![0u8; x.hash.len_bytes()];
         rng(&mut x.c1);
@@ -234,34 +353,66 @@ impl Session {
             rng(&mut s);
             x.s1 = u32::from_le_bytes(s);
         }
-        let mut priv_key = [0u8; dhchap::PRIVATE_KEY_LEN];
-        rng(&mut priv_key);
-        x.dh = DhKey::new(x.group, &priv_key);
-        let dhv = x.dh.as_ref().map_or(Vec::new(), |k| k.public_value());
-        self.step = Step::Reply;
-        Ok(Message::Challenge(Challenge {
+        if x.group == DhGroup::Null {
+            return Ok(None);
+        }
+        let mut random = zeroize::Zeroizing::new([0u8; dhchap::PRIVATE_KEY_LEN]);
+        rng(&mut random[..]);
+        Ok(Some(Work::Keygen {
+            group: x.group,
+            random,
+        }))
+    }
+
+    fn challenge_msg(&mut self) -> Message {
+        let Some(x) = self.x.as_ref() else {
+            return self.failure1(failure::FAILED);
+        };
+        let msg = Message::Challenge(Challenge {
             t_id: x.t_id,
             hash_id: x.hash as u8,
             dh_id: x.group as u8,
             seqnum: x.s1,
             c1: x.c1.clone(),
-            dhv,
-        }))
+            dhv: x.dhv.clone(),
+        });
+        self.step = Step::Reply;
+        msg
     }
 
+    /// Takes the Reply's values; they are checked at the next Receive,
+    /// after the shared secret is computed (off the reactor).
     fn reply(&mut self, r: &Reply) -> Result<(), u8> {
         let x = self.x.as_mut().ok_or(failure::FAILED)?;
         if r.t_id != x.t_id || r.response.len() != x.hash.len_bytes() {
             return Err(failure::INCORRECT_PAYLOAD);
         }
-        x.session_key = match (&x.dh, r.dhv.is_empty()) {
-            (None, true) => None,
-            (Some(k), false) => Some(zeroize::Zeroizing::new(
-                k.shared_secret(&r.dhv)
-                    .map_err(|_| failure::DHGROUP_UNUSABLE)?,
-            )),
-            _ => return Err(failure::INCORRECT_PAYLOAD),
+        if x.dh.is_some() == r.dhv.is_empty() {
+            // A DH value for the NULL group, or none for a DH group.
+            return Err(failure::INCORRECT_PAYLOAD);
+        }
+        x.response = r.response.clone();
+        x.host_dhv = r.dhv.clone();
+        // S2 = 0 with a C2 is no controller authentication (§8.13.5.5).
+        x.c2 =
+            r.c2.clone()
+                .filter(|_| r.seqnum != 0)
+                .map(|c| (c, r.seqnum));
+        if x.c2.is_some() && self.keys.ctrl_secret.is_none() {
+            // The host wants us to prove ourselves; we have no key to.
+            return Err(failure::FAILED);
+        }
+        self.step = Step::Success1;
+        Ok(())
+    }
+
+    /// Checks the host's response with the session key (None: NULL group)
+    /// and answers Success1, or Failure1.
+    fn check_reply(&mut self, session_key: Option<zeroize::Zeroizing<Vec<u8>>>) -> Message {
+        let Some(x) = self.x.as_mut() else {
+            return self.failure1(failure::FAILED);
         };
+        x.session_key = session_key;
         let challenge =
             dhchap::challenge_for(x.hash, &x.c1, x.session_key.as_deref().map(Vec::as_slice));
         let key = zeroize::Zeroizing::new(self.keys.secret.transformed(&self.hostnqn));
@@ -274,23 +425,14 @@ impl Session {
             hostnqn: &self.hostnqn,
             subnqn: &self.subnqn,
         });
-        if !dhchap::same(&want, &r.response) {
-            return Err(failure::FAILED);
-        }
-        // S2 = 0 with a C2 is no controller authentication (§8.13.5.5).
-        x.c2 =
-            r.c2.clone()
-                .filter(|_| r.seqnum != 0)
-                .map(|c| (c, r.seqnum));
-        if x.c2.is_some() && self.keys.ctrl_secret.is_none() {
-            // The host wants us to prove ourselves; we have no key to.
-            return Err(failure::FAILED);
+        if !dhchap::same(&want, &x.response) {
+            tracing::info!(host = %self.hostnqn, subsystem = %self.subnqn, "authentication failed: wrong response");
+            return self.failure1(failure::FAILED);
         }
         if x.c2.is_none() {
             self.authenticated = true;
         }
-        self.step = Step::Success1;
-        Ok(())
+        self.success1()
     }
 
     fn success1(&mut self) -> Message {
@@ -382,27 +524,105 @@ fn session(q: &mut Queue) -> Result<(&mut Session, u16), Status> {
 }
 
 /// Fabrics Authentication Send (05h).
-pub(crate) fn auth_send(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+pub(crate) fn auth_send(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let peer = q.peer;
+    let per_conn_max = q.reg.limits.auth_per_conn_max;
     let r = check_cmd(req).and_then(|len| {
         let (s, qid) = session(q)?;
         let was = s.authenticated();
         s.send(req.buf.slice(len))?;
+        if s.take_started() {
+            admit(s, ctx, per_conn_max, peer);
+        }
         log_change(s, was, qid, peer);
         Ok(())
     });
     Exec::Done(r.err().unwrap_or(Status::SUCCESS))
 }
 
-/// Fabrics Authentication Receive (06h).
-pub(crate) fn auth_receive(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+/// The bounds a new transaction must pass before any exponentiation:
+/// `target.auth_per_conn_max` on this queue, then the host NQN's token
+/// bucket. A refused one fails at the next Receive (AUTH_Failure1 01h).
+fn admit(s: &mut Session, ctx: &Ctx, per_conn_max: u32, peer: std::net::SocketAddr) {
+    let why = if s.transactions() > per_conn_max {
+        "past target.auth_per_conn_max transactions on this connection"
+    } else if ctx
+        .auth
+        .is_some_and(|p| !p.pool.admit_host(s.hostnqn(), ctx.now_ns))
+    {
+        "past the host's rate (target.auth_per_host_per_sec, auth_per_host_burst)"
+    } else {
+        return;
+    };
+    s.refuse(failure::FAILED);
+    match ctx.auth {
+        Some(p) => p.pool.note_refusal(s.hostnqn(), peer, why, ctx.now_ns),
+        None => {
+            tracing::debug!(host = %s.hostnqn(), %peer, "refusing an authentication transaction: {why}")
+        }
+    }
+}
+
+/// Fabrics Authentication Receive (06h). An exponentiation goes to the DH
+/// workers when the reactor has them (`Ctx::auth`): the command is parked
+/// and [`resume`] completes it.
+pub(crate) fn auth_receive(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let peer = q.peer;
     let r = check_cmd(req).and_then(|al| {
         let (s, qid) = session(q)?;
         let was = s.authenticated();
-        let msg = s.receive(al, &mut os_rng)?;
+        let msg = match s.start_receive(&mut os_rng)? {
+            Started::Msg(m) => m,
+            Started::Work(w) => match ctx.auth {
+                None => s.resume(w.run()),
+                Some(p) => match p.submit((req.tag >> 16) as u32, w) {
+                    Ok(job) => {
+                        s.pending = Some((job, req.slot()));
+                        return Ok(None);
+                    }
+                    Err(_) => {
+                        p.pool.note_refusal(
+                            s.hostnqn(),
+                            peer,
+                            "the DH workers' queue is full (target.auth_queue_max)",
+                            ctx.now_ns,
+                        );
+                        s.abandon()
+                    }
+                },
+            },
+        };
+        let b = s.encode(msg, al)?;
         log_change(s, was, qid, peer);
-        Ok(msg)
+        Ok(Some(b))
+    });
+    match r {
+        Ok(Some(msg)) => req.reply_data(&msg),
+        Ok(None) => Exec::Held,
+        Err(st) => Exec::Done(st),
+    }
+}
+
+/// The slot of the Receive parked for DH job `job` on this queue, if any.
+pub(crate) fn parked(q: &Queue, job: u64) -> Option<u16> {
+    let s = q.q.as_ref()?.auth.as_deref()?;
+    s.pending.filter(|p| p.0 == job).map(|p| p.1)
+}
+
+/// Completes the Receive parked for `job` (see [`parked`]) with the
+/// workers' result.
+pub(crate) fn resume(q: &mut Queue, req: &mut Request, job: u64, out: Output) -> Exec {
+    let peer = q.peer;
+    let al = AuthCmd::decode(&req.sqe).len as usize;
+    let r = session(q).and_then(|(s, qid)| {
+        if s.pending.take().map(|p| p.0) != Some(job) {
+            return Err(generic::COMMAND_SEQUENCE_ERROR.dnr());
+        }
+        let was = s.authenticated();
+        let msg = s.resume(out);
+        let b = s.encode(msg, al)?;
+        log_change(s, was, qid, peer);
+        Ok(b)
     });
     match r {
         Ok(msg) => req.reply_data(&msg),

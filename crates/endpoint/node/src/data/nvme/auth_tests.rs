@@ -29,8 +29,18 @@ fn secret(fill: u8, transform: Option<HashId>) -> Secret {
     }
 }
 
+/// A session whose host may use every DH group (the default set leaves
+/// out ffdhe6144 and ffdhe8192).
 fn target(ctrl: Option<Secret>) -> Session {
-    let keys = HostKeys::new(secret(1, Some(HashId::Sha256)), ctrl);
+    let mut keys = HostKeys::new(secret(1, Some(HashId::Sha256)), ctrl);
+    keys.dhgroups = vec![
+        DhGroup::Ffdhe2048,
+        DhGroup::Ffdhe3072,
+        DhGroup::Ffdhe4096,
+        DhGroup::Ffdhe6144,
+        DhGroup::Ffdhe8192,
+        DhGroup::Null,
+    ];
     Session::new(Arc::new(keys), HOST, SUB)
 }
 
@@ -268,5 +278,104 @@ fn a_receive_buffer_too_small_for_the_message() {
         t.receive(64, &mut rng(1)),
         Err(generic::INVALID_FIELD.dnr())
     );
+    assert!(t.failed());
+}
+
+#[test]
+fn the_targets_order_wins_over_the_hosts() {
+    let keys = HostKeys {
+        dhgroups: vec![DhGroup::Ffdhe3072, DhGroup::Ffdhe2048],
+        ..HostKeys::new(secret(1, Some(HashId::Sha256)), None)
+    };
+    let mut t = Session::new(Arc::new(keys), HOST, SUB);
+    let mut h = host(secret(1, Some(HashId::Sha256)), None);
+    h.dhgroups = vec![DhGroup::Ffdhe8192, DhGroup::Ffdhe2048, DhGroup::Ffdhe3072];
+    t.send(&h.negotiate()).unwrap();
+    let Ok(Message::Challenge(c)) = Message::decode(&t.receive(AL, &mut rng(2)).unwrap()) else {
+        panic!("no challenge");
+    };
+    assert_eq!(c.dh_id, DhGroup::Ffdhe3072 as u8);
+}
+
+#[test]
+fn the_default_groups_leave_out_the_two_largest() {
+    let keys = HostKeys::new(secret(1, Some(HashId::Sha256)), None);
+    assert!(!keys.dhgroups.contains(&DhGroup::Ffdhe6144));
+    assert!(!keys.dhgroups.contains(&DhGroup::Ffdhe8192));
+    let mut t = Session::new(Arc::new(keys), HOST, SUB);
+    let mut h = host(secret(1, Some(HashId::Sha256)), None);
+    h.dhgroups = vec![DhGroup::Ffdhe8192, DhGroup::Ffdhe6144];
+    assert_eq!(
+        run(&mut t, &mut h, 20),
+        Err(HostFailure::Controller(failure::DHGROUP_UNUSABLE))
+    );
+}
+
+/// Both exponentiations come out as work for the DH workers; while one is
+/// computed the session takes no other message and no other Receive, and
+/// the Reply counts only once its check has run.
+#[test]
+fn the_exponentiations_are_handed_out_and_nothing_runs_meanwhile() {
+    let mut t = target(None);
+    let mut h = host(secret(1, Some(HashId::Sha256)), None);
+    let mut r = rng(21);
+    let busy = generic::COMMAND_SEQUENCE_ERROR.dnr();
+    t.send(&h.negotiate()).unwrap();
+    assert!(t.take_started());
+    assert!(!t.take_started(), "once per Negotiate");
+    let Ok(Started::Work(w)) = t.start_receive(&mut r) else {
+        panic!("no work for a DH group");
+    };
+    assert!(matches!(
+        w,
+        Work::Keygen {
+            group: DhGroup::Ffdhe2048,
+            ..
+        }
+    ));
+    assert_eq!(t.send(&h.negotiate()), Err(busy));
+    assert!(matches!(t.start_receive(&mut r), Err(s) if s == busy));
+    let m = t.resume(w.run());
+    let challenge = t.encode(m, AL).unwrap();
+    let reply = h.reply(&challenge, &mut r).unwrap();
+    t.send(&reply).unwrap();
+    assert!(!t.authenticated(), "not before the reply is checked");
+    let Ok(Started::Work(w)) = t.start_receive(&mut r) else {
+        panic!("no work for the shared secret");
+    };
+    assert!(matches!(w, Work::Shared { .. }));
+    let m = t.resume(w.run());
+    let success1 = t.encode(m, AL).unwrap();
+    assert_eq!(h.success1(&success1), Ok(None));
+    assert!(t.authenticated());
+    assert_eq!(t.transactions(), 1);
+}
+
+#[test]
+fn a_refused_transaction_fails_without_work() {
+    let mut t = target(None);
+    let h = host(secret(1, Some(HashId::Sha256)), None);
+    t.send(&h.negotiate()).unwrap();
+    t.refuse(failure::FAILED);
+    assert!(matches!(
+        t.start_receive(&mut rng(1)),
+        Ok(Started::Msg(Message::Failure1(f))) if f.explanation == failure::FAILED
+    ));
+    assert_eq!(
+        t.send(&h.negotiate()),
+        Err(generic::COMMAND_SEQUENCE_ERROR.dnr())
+    );
+}
+
+#[test]
+fn the_workers_lost_result_fails_the_transaction() {
+    let mut t = target(None);
+    let h = host(secret(1, Some(HashId::Sha256)), None);
+    t.send(&h.negotiate()).unwrap();
+    assert!(matches!(t.start_receive(&mut rng(1)), Ok(Started::Work(_))));
+    assert!(matches!(
+        t.resume(Output::Lost),
+        Message::Failure1(f) if f.explanation == failure::FAILED
+    ));
     assert!(t.failed());
 }

@@ -275,6 +275,10 @@ pub struct Ctx<'a> {
     /// In-capsule data of the command being executed; empty when its data
     /// came through R2T (then it is in the request's buffer) or there is none.
     pub icd: &'a [u8],
+    /// The DH workers and this reactor's mailbox for their results (None:
+    /// authentication computes inline, as the fuzz harness and sans-IO
+    /// tests do).
+    pub auth: Option<&'a crate::data::nvme::auth_work::AuthPort>,
 }
 
 impl Ctx<'_> {

@@ -762,6 +762,7 @@ impl Conn {
             reg: ctx.reg,
             scratch: &mut *ctx.scratch,
             icd,
+            auth: ctx.auth,
         };
         let req = &mut slot.req;
         let connect = req.cmd.opcode == trellis_nvme::sqe::admin::FABRICS;
@@ -800,6 +801,23 @@ impl Conn {
             self.count_backend_error(s);
         }
         self.finish(s, st);
+    }
+
+    /// The DH workers finished job `job`: completes the Authentication
+    /// Receive parked for it, if this connection still has one (a job
+    /// of a closed connection finds none: job IDs are never reused).
+    pub fn auth_done(&mut self, job: u64, out: crate::data::nvme::auth_work::Output, now_ns: u64) {
+        self.now_ns = now_ns;
+        let Some(s) = crate::data::nvme::auth::parked(&self.queue, job) else {
+            return;
+        };
+        if self.slots.get(s as usize).map(|x| x.phase) != Some(Phase::Held) {
+            return;
+        }
+        let req = &mut self.slots[s as usize].req;
+        if let Exec::Done(st) = crate::data::nvme::auth::resume(&mut self.queue, req, job, out) {
+            self.finish(s, st);
+        }
     }
 
     /// Records the outcome of slot `s` and queues its response.

@@ -168,6 +168,8 @@ pub struct Shared {
     pub connections: Arc<AtomicUsize>,
     /// Why reactors failed; non-empty makes `Target::wait` return an error.
     pub failures: Arc<Mutex<Vec<String>>>,
+    /// The DH workers (None: authentication computes on the reactor).
+    pub auth: Option<Arc<crate::data::nvme::auth_work::AuthPool>>,
 }
 
 impl Shared {
@@ -281,6 +283,32 @@ struct Reactor {
     /// The TLS context of `secure_channel` listeners (made at the first
     /// connection on one).
     tls_server: Option<trellis_tls::ServerConfig>,
+    /// The DH workers and where their results for this reactor arrive.
+    auth: Option<crate::data::nvme::auth_work::AuthPort>,
+    auth_done: Vec<crate::data::nvme::auth_work::Done>,
+}
+
+/// The reactor's way to the DH workers: None (computing on the reactor,
+/// with a warning) if its eventfd cannot be shared with them.
+fn auth_port(
+    id: usize,
+    shared: &Shared,
+    wake_fd: RawFd,
+) -> Option<crate::data::nvme::auth_work::AuthPort> {
+    let pool = shared.auth.clone()?;
+    match crate::data::nvme::auth_work::Mailbox::new(wake_fd) {
+        Ok(m) => Some(crate::data::nvme::auth_work::AuthPort {
+            pool,
+            mailbox: Arc::new(m),
+        }),
+        Err(e) => {
+            tracing::warn!(
+                reactor = id,
+                "DH-HMAC-CHAP exponentiations will run on the reactor: {e}"
+            );
+            None
+        }
+    }
 }
 
 /// The text of a caught panic.
@@ -304,6 +332,7 @@ impl Reactor {
         alive: Arc<AtomicBool>,
     ) -> Reactor {
         let engine = shared.reg.limits.socket_engine;
+        let auth = auth_port(id, &shared, wake_fd);
         Reactor {
             id,
             shared,
@@ -324,6 +353,8 @@ impl Reactor {
             next_gen: 0,
             uring: open_uring(id, engine),
             tls_server: None,
+            auth,
+            auth_done: Vec::new(),
         }
     }
 
@@ -450,6 +481,7 @@ impl Reactor {
                 work |= self.epoll_step(&mut events, now, shutting);
             }
             work |= self.reap_backends(now);
+            work |= self.reap_auth(now);
             work |= self.flush_all(now);
             self.run_timers(now);
             if work {
@@ -618,6 +650,7 @@ impl Reactor {
         queues: &'a mut Vec<Option<crate::data::nvme::exec::NsQueue>>,
         reg: &'a Registry,
         scratch: &'a mut Vec<u8>,
+        auth: Option<&'a crate::data::nvme::auth_work::AuthPort>,
         now: u64,
     ) -> Ctx<'a> {
         Ctx {
@@ -626,6 +659,7 @@ impl Reactor {
             queues,
             reg,
             scratch,
+            auth,
         }
     }
 
@@ -657,7 +691,13 @@ impl Reactor {
         }
         if e.tls.is_some() {
             tls_receive(e, fd);
-            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            let mut ctx = Self::ctx(
+                &mut self.queues,
+                &self.shared.reg,
+                &mut self.scratch,
+                self.auth.as_ref(),
+                now,
+            );
             tls_drive(e, &mut ctx);
             return;
         }
@@ -690,8 +730,28 @@ impl Reactor {
         }
         e.conn.rx_commit(n as usize);
         // Borrow disjoint fields; no Arc clone (and no shared refcount traffic) per recv.
-        let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+        let mut ctx = Self::ctx(
+            &mut self.queues,
+            &self.shared.reg,
+            &mut self.scratch,
+            self.auth.as_ref(),
+            now,
+        );
         e.conn.process(&mut ctx);
+    }
+
+    /// Hands the DH workers' results to their connections.
+    fn reap_auth(&mut self, now: u64) -> bool {
+        let Some(port) = &self.auth else { return false };
+        let mut done = std::mem::take(&mut self.auth_done);
+        let any = port.mailbox.take(&mut done);
+        for d in done.drain(..) {
+            if let Some(e) = self.conns.get_mut(d.conn as usize).and_then(|e| e.as_mut()) {
+                e.conn.auth_done(d.job, d.out, now);
+            }
+        }
+        self.auth_done = done;
+        any
     }
 
     fn reap_backends(&mut self, now: u64) -> bool {
@@ -730,8 +790,13 @@ impl Reactor {
                 tls_encrypt(e, &mut self.iov, budget);
                 let has_input = e.tls.as_ref().is_some_and(|t| t.has_input());
                 if has_input || e.conn.rx_pending() {
-                    let mut ctx =
-                        Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+                    let mut ctx = Self::ctx(
+                        &mut self.queues,
+                        &self.shared.reg,
+                        &mut self.scratch,
+                        self.auth.as_ref(),
+                        now,
+                    );
                     if e.conn.rx_pending() {
                         e.conn.process(&mut ctx);
                     }
@@ -765,8 +830,13 @@ impl Reactor {
             } else if e.conn.has_output() && !e.zombie {
                 work |= send(e, &mut self.iov, self.epfd, idx, budget);
                 if e.conn.rx_pending() {
-                    let mut ctx =
-                        Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+                    let mut ctx = Self::ctx(
+                        &mut self.queues,
+                        &self.shared.reg,
+                        &mut self.scratch,
+                        self.auth.as_ref(),
+                        now,
+                    );
                     e.conn.process(&mut ctx);
                     if e.conn.has_output() {
                         send(e, &mut self.iov, self.epfd, idx, budget);
@@ -828,7 +898,13 @@ impl Reactor {
             }
             e.conn.handle_timeout(now);
             if e.conn.has_pool_waiters() {
-                let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+                let mut ctx = Self::ctx(
+                    &mut self.queues,
+                    &self.shared.reg,
+                    &mut self.scratch,
+                    self.auth.as_ref(),
+                    now,
+                );
                 e.conn.pump_pool(&mut ctx);
             }
             self.arm_timer(idx as usize);
@@ -1149,11 +1225,23 @@ impl Reactor {
             decide(&mut self.tls_server, &self.shared.reg, e, first);
         } else if let Some(t) = e.tls.as_mut() {
             t.cipher_in_commit(res as usize);
-            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            let mut ctx = Self::ctx(
+                &mut self.queues,
+                &self.shared.reg,
+                &mut self.scratch,
+                self.auth.as_ref(),
+                now,
+            );
             tls_drive(e, &mut ctx);
         } else {
             e.conn.rx_commit(res as usize);
-            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            let mut ctx = Self::ctx(
+                &mut self.queues,
+                &self.shared.reg,
+                &mut self.scratch,
+                self.auth.as_ref(),
+                now,
+            );
             e.conn.process(&mut ctx);
         }
         true
@@ -1181,7 +1269,13 @@ impl Reactor {
         }
         // Parsing may have stopped for lack of output room: resume it.
         if e.conn.rx_pending() {
-            let mut ctx = Self::ctx(&mut self.queues, &self.shared.reg, &mut self.scratch, now);
+            let mut ctx = Self::ctx(
+                &mut self.queues,
+                &self.shared.reg,
+                &mut self.scratch,
+                self.auth.as_ref(),
+                now,
+            );
             e.conn.process(&mut ctx);
         }
         true
