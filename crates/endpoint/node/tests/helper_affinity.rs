@@ -1,4 +1,4 @@
-//! Helper threads (acceptor, metrics) keep off the CPUs reactors are pinned
+//! Helper threads (acceptor, metrics, DH workers) keep off the CPUs reactors are pinned
 //! to. Its own test binary: threads are found by name in this process, and
 //! a target started by a test running alongside would have threads of the
 //! same names.
@@ -38,7 +38,7 @@ fn helper_threads_stay_off_the_cpus_reactors_are_pinned_to() {
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
     let t = trellis_target::Target::start(&cfg).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    for name in ["acceptor", "metrics"] {
+    for name in ["acceptor", "metrics", "dh-worker-0"] {
         let cpus = allowed_cpus(name).unwrap_or_else(|| panic!("no {name} thread"));
         let has0 = cpus.split(',').any(|r| {
             let (a, _) = r.split_once('-').unwrap_or((r, r));
