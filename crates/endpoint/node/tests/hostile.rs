@@ -492,3 +492,100 @@ fn another_nqn_claiming_the_holders_host_id_cannot_write_through_its_reservation
     assert_eq!(data, vec![0xAA; 512], "the holder's data stays");
     t.stop().unwrap();
 }
+
+/// Reservation Register (`crkey` → `nrkey`) or Acquire (`action`, `rtype`,
+/// CRKEY, PRKEY) on NSID 1 through `q`: the completion's status.
+fn resv_register(q: &mut Queue, nrkey: u64) -> trellis_nvme::Status {
+    use trellis_nvme::resv::{self, Cptpl, RegisterAction, RegisterCmd};
+    use trellis_nvme::sqe::{io, Sgl};
+    let mut reg = trellis_nvme::Sqe::new(io::RESV_REGISTER, 0, 1);
+    RegisterCmd {
+        action: RegisterAction::Register,
+        iekey: false,
+        cptpl: Cptpl::NoChange,
+    }
+    .encode(&mut reg);
+    reg.set_sgl(Sgl::in_capsule(16));
+    q.cmd(reg, &resv::encode_keys(0, nrkey), 0, 4096).0.status
+}
+
+fn resv_acquire(
+    q: &mut Queue,
+    action: trellis_nvme::resv::AcquireAction,
+    crkey: u64,
+    prkey: u64,
+) -> trellis_nvme::Status {
+    use trellis_nvme::resv::{self, AcquireCmd, RType};
+    use trellis_nvme::sqe::{io, Sgl};
+    let mut acq = trellis_nvme::Sqe::new(io::RESV_ACQUIRE, 0, 1);
+    AcquireCmd {
+        action,
+        iekey: false,
+        rtype: RType::WriteExclusive,
+    }
+    .encode(&mut acq);
+    acq.set_sgl(Sgl::in_capsule(16));
+    q.cmd(acq, &resv::encode_keys(crkey, prkey), 0, 4096).0.status
+}
+
+/// Finding (high, the guide's "reservation takeover that lets the
+/// preempted host's write land"): the reservation was checked once, when
+/// the command was parsed. A holder's write admitted and sent R2T, its data
+/// held back while another host took the reservation over with Preempt and
+/// Abort and wrote new data, then landed over the new data with SUCCESS.
+/// Now the check is made again when the command reaches the backend (and
+/// when the scheduler releases it), so the held write fails with
+/// Reservation Conflict and the new data stays. Both with QoS off and on.
+#[test]
+fn a_write_held_after_r2t_by_a_preempted_host_never_lands() {
+    use trellis_nvme::pdu::{PduType, R2t};
+    use trellis_nvme::resv::AcquireAction;
+    use trellis_nvme::sqe::{io, Sgl};
+    use trellis_target::config::qos::QosMode;
+    const TAKER: &str = "nqn.2014-08.org.nvmexpress:uuid:taker";
+    for qos in [QosMode::Off, QosMode::Gimbal] {
+        let mut ns = NamespaceConfig::sized(BackendKind::Ram, 1 << 20);
+        ns.qos = qos;
+        let mut cfg = test_config(ns);
+        cfg.subsystems[0].allow_any_host = Some(true);
+        let t = trellis_target::Target::start(&cfg).unwrap();
+        let addr = t.local_addrs[0];
+        let mut a = controller(addr, NQN, 1, Digests::default(), 0);
+        let qa = &mut a.io[0];
+        assert!(resv_register(qa, 5).is_success());
+        assert!(resv_acquire(qa, AcquireAction::Acquire, 5, 0).is_success());
+        // A's write of STALE data is admitted; its data is held back.
+        let cid = qa.next_cid();
+        let mut w = trellis_nvme::Sqe::rw(io::WRITE, cid, 1, 0, 8, false);
+        w.set_sgl(Sgl::transport(4096));
+        qa.send_capsule(&w, &[]);
+        let r2t = qa.recv().expect("an R2T");
+        assert_eq!(r2t.ch.pdu_type, PduType::R2T as u8, "{qos:?}");
+        let ttag = R2t::decode(&r2t.bytes).ttag;
+
+        // B takes the reservation over and writes NEW data, acknowledged.
+        let mut b = controller_as(addr, NQN, TAKER, 1, Digests::default(), 0);
+        let qb = &mut b.io[0];
+        assert!(resv_register(qb, 9).is_success());
+        let st = resv_acquire(qb, AcquireAction::PreemptAndAbort, 9, 5);
+        assert!(st.is_success(), "{qos:?} preempt and abort: {st:?}");
+        let new = vec![0x4E; 4096];
+        assert!(write(qb, 0, &new).status.is_success(), "{qos:?}");
+
+        // A's held data arrives: refused, and the new data stays.
+        qa.send_h2c(ttag, cid, &[0x5A; 4096], 0, 4096);
+        let resp = qa.recv().expect("the held write's response");
+        assert_eq!(resp.ch.pdu_type, PduType::CapsuleResp as u8);
+        let cqe = trellis_nvme::Cqe::decode(&resp.bytes[8..24]);
+        assert_eq!(
+            cqe.status,
+            trellis_nvme::status::generic::RESERVATION_CONFLICT.dnr(),
+            "{qos:?}: the preempted host's held write completed {:?}",
+            cqe.status
+        );
+        let (r, data) = read(qb, 0, 8);
+        assert!(r.status.is_success());
+        assert!(data == new, "{qos:?}: block 0 lost the new data");
+        t.stop().unwrap();
+    }
+}

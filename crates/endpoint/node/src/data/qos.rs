@@ -59,6 +59,16 @@ fn with_credit(tag: u64, credits: u32) -> u64 {
 struct ConnIo {
     io: IoReq,
     tag: u64,
+    /// Who sent it, for the reservation check at release.
+    resv: Option<ResvAccess>,
+}
+
+/// A scheduled command's reservation access (§8.19): its host and whether
+/// it is of the write group; None for a command reservations do not gate.
+#[derive(Clone, Copy, Debug)]
+pub struct ResvAccess {
+    pub host: crate::state::resv::HostId,
+    pub write: bool,
 }
 
 /// One reactor's queue for one Gimbal namespace.
@@ -92,6 +102,9 @@ pub struct QosQueue {
     /// Checked when a held request is released (`dispatch`): it may have
     /// waited in the scheduler past the HA fence.
     fence: Arc<crate::state::fence::Fence>,
+    /// The namespace's reservations, checked at release too: its host may
+    /// have been preempted while it waited (Preempt and Abort).
+    resv: Arc<crate::state::resv::Resv>,
 }
 
 /// Converts wall-clock ns to the device's clock.
@@ -125,6 +138,8 @@ pub struct NodeShare<'a> {
     pub board: Option<&'a QosBoard>,
     /// Checked when a held request is released.
     pub fence: Arc<crate::state::fence::Fence>,
+    /// The namespace's reservations, checked when a held request is released.
+    pub resv: Arc<crate::state::resv::Resv>,
 }
 
 /// Wraps `inner` with a Gimbal scheduler configured by `cfg`.
@@ -140,6 +155,7 @@ pub fn wrap(
         tenants,
         board,
         fence,
+        resv,
     } = node;
     let clock = DeviceClock::new(time_scale);
     let sched_cfg = cfg.sched_for(model);
@@ -168,6 +184,7 @@ pub fn wrap(
         dirty: false,
         submit_seen_ns: 0,
         fence,
+        resv,
     }))
 }
 
@@ -181,7 +198,8 @@ fn dir_of(op: Op) -> IoDir {
 impl QosQueue {
     /// Submits `io` for `tenant`. `Some((status, credits))` when it finished
     /// now (a synchronous backend, or Busy); `None` when its completion will
-    /// come from `reap`.
+    /// come from `reap`. `resv`: its reservation access, checked again if
+    /// the scheduler holds it.
     ///
     /// # Safety
     /// As [`BackendQueue::submit`]; the buffer must also stay valid while
@@ -191,6 +209,7 @@ impl QosQueue {
         tenant: TenantId,
         io: &IoReq,
         tag: u64,
+        resv: Option<ResvAccess>,
         now_ns: u64,
     ) -> Option<(Status, u32)> {
         let (len, dir) = (io.len_bytes.min(u32::MAX as u64) as u32, dir_of(io.op));
@@ -211,7 +230,7 @@ impl QosQueue {
             tenant,
             dir,
             len_bytes: len,
-            payload: ConnIo { io: *io, tag },
+            payload: ConnIo { io: *io, tag, resv },
         };
         match self.drv.submit(req, dev_ns) {
             Ok(Submit::Run(slot)) => self.dispatch_now(slot, io, dev_ns),
@@ -260,18 +279,33 @@ impl QosQueue {
     /// returns (status, its connection tag, credits) when it is over now:
     /// the backend finished it synchronously, or the fence failed it.
     fn dispatch(&mut self, r: Released<ConnIo>, dev_ns: u64) -> Option<(Status, u64, u32)> {
-        let ConnIo { io, tag } = r.req.payload;
+        let ConnIo { io, tag, resv } = r.req.payload;
         if !self.fence.allows_now() {
             // Held past the fence (docs/target.md, "HA pair"): never sent,
             // failed with a path error so the host retries elsewhere.
             let credits = self.finish(r.slot, dev_ns, dev_ns).map_or(0, |(_, c)| c);
             return Some((trellis_nvme::status::path::ANA_INACCESSIBLE, tag, credits));
         }
+        if let Some(st) = resv.and_then(|a| self.resv_denies(a)) {
+            // Its host lost access while it waited (Preempt and Abort).
+            let credits = self.finish(r.slot, dev_ns, dev_ns).map_or(0, |(_, c)| c);
+            return Some((st, tag, credits));
+        }
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
         let st = unsafe { self.inner.submit(&io, SCHEDULED | r.slot as u64) }?;
         let credits = self.finish(r.slot, dev_ns, dev_ns).map_or(0, |(_, c)| c);
         Some((st, tag, credits))
+    }
+
+    /// The status a released request fails with because its host may no
+    /// longer run it (one load while no reservation is held).
+    #[inline]
+    fn resv_denies(&self, a: ResvAccess) -> Option<Status> {
+        if !self.resv.any_held() {
+            return None;
+        }
+        self.resv.check_io(&a.host, a.write).err()
     }
 
     /// Completes `slot` into the driver: the device finished it at `done_ns`
@@ -561,6 +595,7 @@ mod tests {
             tenants: &tenants,
             board: None,
             fence: Arc::new(crate::state::fence::Fence::always()),
+            resv: Arc::new(crate::state::resv::Resv::open(None, 4).unwrap()),
         };
         let mut q = wrap(inner, &cfg, node, crate::sys::now_ns(), 1.0, None).unwrap();
         let io = IoReq {
@@ -572,7 +607,7 @@ mod tests {
         };
         let qq = &mut *q;
         // SAFETY: no buffer: the fake device never touches it.
-        let r = unsafe { qq.submit_for(0, &io, 42, crate::sys::now_ns()) };
+        let r = unsafe { qq.submit_for(0, &io, 42, None, crate::sys::now_ns()) };
         assert!(r.is_none(), "an asynchronous device completes later");
         std::thread::sleep(std::time::Duration::from_millis(20));
         let mut out = Vec::new();
@@ -627,6 +662,7 @@ mod fence_tests {
             tenants: &tenants,
             board: None,
             fence: fence.clone(),
+            resv: Arc::new(crate::state::resv::Resv::open(None, 4).unwrap()),
         };
         let inner = Box::new(Counting {
             submitted: submitted.clone(),
@@ -643,7 +679,7 @@ mod fence_tests {
                 fua: false,
             };
             // SAFETY: no buffer: the fake device never touches it.
-            let r = unsafe { q.submit_for(0, &io, tag, crate::sys::now_ns()) };
+            let r = unsafe { q.submit_for(0, &io, tag, None, crate::sys::now_ns()) };
             assert!(r.is_none(), "nothing finishes at submit");
         }
         let at_device = submitted.load(Relaxed);
@@ -674,6 +710,86 @@ mod fence_tests {
             "a held request reached the device after the fence"
         );
         assert_eq!((ok, fenced), (at_device, N as usize - at_device));
+    }
+
+    /// Issue 37 item 4: a write held in the scheduler when its host is
+    /// preempted (Preempt and Abort) must not reach the device when the
+    /// scheduler lets it go: it fails with Reservation Conflict.
+    #[test]
+    fn writes_held_in_the_scheduler_of_a_preempted_host_never_reach_the_device() {
+        use crate::state::resv::{HostId, Resv};
+        use trellis_nvme::resv::{AcquireAction, AcquireCmd, Cptpl, RType};
+        use trellis_nvme::resv::{RegisterAction, RegisterCmd};
+        let cfg = QosConfig::default();
+        let tenants = Tenants::new(&[], &cfg.limits);
+        let submitted = Arc::new(AtomicUsize::new(0));
+        let resv = Arc::new(Resv::open(None, 4).unwrap());
+        let (a, b) = (HostId::new([1; 16], "nqn.a"), HostId::new([2; 16], "nqn.b"));
+        let reg = RegisterCmd {
+            action: RegisterAction::Register,
+            iekey: false,
+            cptpl: Cptpl::NoChange,
+        };
+        let acq = |action| AcquireCmd {
+            action,
+            iekey: false,
+            rtype: RType::WriteExclusive,
+        };
+        resv.apply(|s, max| s.register(&a, &reg, 0, 5, max)).unwrap();
+        resv.apply(|s, _| s.acquire(&a, &acq(AcquireAction::Acquire), 5, 0))
+            .unwrap();
+        let node = NodeShare {
+            tenants: &tenants,
+            board: None,
+            fence: Arc::new(crate::state::fence::Fence::always()),
+            resv: resv.clone(),
+        };
+        let inner = Box::new(Counting {
+            submitted: submitted.clone(),
+            pending: Vec::new(),
+        });
+        let mut q = wrap(inner, &cfg, node, crate::sys::now_ns(), 1.0, None).unwrap();
+        const N: u64 = 200;
+        let who = Some(ResvAccess { host: a, write: true });
+        for tag in 0..N {
+            let io = IoReq {
+                op: Op::Write,
+                offset_bytes: tag * 4096,
+                len_bytes: 4096,
+                buf: std::ptr::null_mut(),
+                fua: false,
+            };
+            // SAFETY: no buffer: the fake device never touches it.
+            let r = unsafe { q.submit_for(0, &io, tag, who, crate::sys::now_ns()) };
+            assert!(r.is_none(), "nothing finishes at submit");
+        }
+        let at_device = submitted.load(Relaxed);
+        assert!(at_device > 0 && (at_device as u64) < N, "{at_device} of {N} sent");
+        resv.apply(|s, max| s.register(&b, &reg, 0, 9, max)).unwrap();
+        resv.apply(|s, _| s.acquire(&b, &acq(AcquireAction::PreemptAndAbort), 9, 5))
+            .unwrap();
+        let (mut ok, mut refused, mut out) = (0, 0, Vec::new());
+        for _ in 0..1_000 {
+            out.clear();
+            q.reap(&mut out);
+            for &(_, st) in &out {
+                match st {
+                    Status::SUCCESS => ok += 1,
+                    s if s == crate::state::resv::CONFLICT => refused += 1,
+                    s => panic!("unexpected status {s:?}"),
+                }
+            }
+            if ok + refused == N as usize {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(300));
+        }
+        assert_eq!(
+            submitted.load(Relaxed),
+            at_device,
+            "a preempted host's held write reached the device"
+        );
+        assert_eq!((ok, refused), (at_device, N as usize - at_device));
     }
 }
 

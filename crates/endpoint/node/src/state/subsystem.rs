@@ -69,7 +69,9 @@ pub struct Namespace {
     pub anagrpid: u32,
     pub ana_idx: usize,
     /// Reservations (`resv`): checked on every I/O, one load while none is held.
-    pub resv: crate::state::resv::Resv,
+    /// Shared with the namespace's schedulers, which check it again when
+    /// they release a request they held (`data::qos`).
+    pub resv: Arc<crate::state::resv::Resv>,
 }
 
 impl Namespace {
@@ -625,7 +627,7 @@ pub(crate) fn open_namespace(
         qos_board: Default::default(),
         anagrpid: grpid,
         ana_idx,
-        resv,
+        resv: Arc::new(resv),
     }))
 }
 

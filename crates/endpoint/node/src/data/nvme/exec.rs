@@ -307,6 +307,7 @@ impl Ctx<'_> {
                         tenants: &self.reg.tenants,
                         board: Some(&ns.qos_board),
                         fence: self.reg.fence.clone(),
+                        resv: ns.resv.clone(),
                     },
                     self.now_ns,
                     ns.backend.time_scale(),

@@ -9,6 +9,8 @@
 
 use crate::backend::{IoReq, Op};
 use crate::config::qos::QosMode;
+use crate::data::nvme::exec::Access;
+use crate::data::qos::ResvAccess;
 use crate::data::nvme::exec::Request;
 use crate::data::nvme::exec::{Ctx, Exec, Queue};
 use crate::state::resv::{HostId, Notices, State};
@@ -111,6 +113,10 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
     if let Some(st) = fenced(queue, ns) {
         return Exec::Done(st);
     }
+    let access = resv_access(queue, req);
+    if let Some(st) = access.and_then(|a| resv_denies(ns, a)) {
+        return Exec::Done(st);
+    }
     let tenant = queue.q.as_ref().map_or(0, |q| q.ctrl.tenant());
     let now = ctx.now_ns;
     let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
@@ -119,7 +125,7 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
     // SAFETY: as in `submit_direct`, except in-capsule data: `write` copies
     // it into the request's buffer for a scheduled namespace, since the
     // scheduler may hold the request past this call.
-    match unsafe { qq.submit_for(tenant, io, req.tag, now) } {
+    match unsafe { qq.submit_for(tenant, io, req.tag, access, now) } {
         Some((st, credits)) => {
             if st.is_success() {
                 req.credit = credits.min(u16::MAX as u32) as u16 as u32;
@@ -140,6 +146,9 @@ fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exe
     if let Some(st) = fenced(queue, ns) {
         return Exec::Done(st);
     }
+    if let Some(st) = resv_access(queue, req).and_then(|a| resv_denies(ns, a)) {
+        return Exec::Done(st);
+    }
     let Some(q) = ctx.queue(ns) else {
         return Exec::Done(generic::INTERNAL_ERROR);
     };
@@ -157,6 +166,30 @@ fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exe
         }
         None => Exec::Pending,
     }
+}
+
+/// The reservation access of `req` from this queue's host: None for a
+/// command reservations do not gate (§8.19, the command table's `access`).
+#[inline]
+fn resv_access(queue: &Queue, req: &Request) -> Option<ResvAccess> {
+    let write = match req.cmd.access {
+        Access::None => return None,
+        Access::Read => false,
+        Access::Write => true,
+    };
+    let host = queue.q.as_ref().map(|q| q.ctrl.resv_host).unwrap_or_default();
+    Some(ResvAccess { host, write })
+}
+
+/// Checked again when a command reaches the backend, as the fence is: a
+/// write that waited for its data (R2T) while its host was preempted must
+/// not land (Preempt and Abort, §8.19.7). One load while none is held.
+#[inline]
+fn resv_denies(ns: &Namespace, a: ResvAccess) -> Option<Status> {
+    if !ns.resv.any_held() {
+        return None;
+    }
+    ns.resv.check_io(&a.host, a.write).err()
 }
 
 /// A synchronous backend failed a request of `ns` (asynchronous failures
