@@ -273,6 +273,10 @@ impl EmulatedQueue {
 }
 
 impl BackendQueue for EmulatedQueue {
+    /// Zeroing is done on the RAM: its bound.
+    fn zero_chunk_bytes(&self) -> u64 {
+        self.ram.zero_chunk_bytes()
+    }
     unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
         let dir = match req.op {
             Op::Read => IoDir::Read,

@@ -22,6 +22,8 @@ pub struct FileBackend {
     direct: bool,
     /// A block device's PCIe link bandwidth, from sysfs; 0 when unknown.
     link_bytes_per_s: u64,
+    /// What fallocate does here, shared by every reactor's queue.
+    zero: Arc<ZeroSupport>,
 }
 
 /// `BLKGETSIZE64` from <linux/fs.h>: a block device's size in bytes
@@ -29,9 +31,138 @@ pub struct FileBackend {
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 /// Buffer alignment for O_DIRECT: a page satisfies every logical block size.
 const DIRECT_ALIGN: usize = 4096;
-/// Largest write of zeroes when fallocate is unsupported: big enough to
-/// amortise syscalls, small enough not to hold much memory.
-const ZERO_CHUNK: usize = 1 << 20;
+/// Largest write of zeroes when neither FALLOC_FL_ZERO_RANGE nor
+/// FALLOC_FL_PUNCH_HOLE works here: big enough to amortise syscalls, small
+/// enough not to hold much memory; never done on the reactor thread (an
+/// io_uring write, or the zero worker's pwrite).
+pub(crate) const ZERO_FILL_CHUNK: usize = 1 << 20;
+
+/// Which native zeroing this file or device has. Probed at open (regular
+/// files, without changing their data) and cleared when a call says it is
+/// unsupported after all; read by every queue for each piece.
+pub(crate) struct ZeroSupport {
+    pub(crate) zero_range: std::sync::atomic::AtomicBool,
+    pub(crate) punch: std::sync::atomic::AtomicBool,
+}
+
+impl ZeroSupport {
+    pub(crate) fn new(zero_range: bool, punch: bool) -> ZeroSupport {
+        ZeroSupport {
+            zero_range: zero_range.into(),
+            punch: punch.into(),
+        }
+    }
+    fn zero_range(&self) -> bool {
+        self.zero_range.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn punch(&self) -> bool {
+        self.punch.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    /// A call answered `errno`: if that says the mode is unsupported, stop
+    /// using it (logged once per mode) and return true.
+    fn unsupported(&self, step: ZeroStep, errno: i32) -> bool {
+        if !fallocate_unsupported(errno) {
+            return false;
+        }
+        let (flag, name) = match step {
+            ZeroStep::ZeroRange => (&self.zero_range, "FALLOC_FL_ZERO_RANGE"),
+            ZeroStep::Punch => (&self.punch, "FALLOC_FL_PUNCH_HOLE"),
+            _ => return false,
+        };
+        if flag.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!(
+                "{name} unsupported here ({}): falling back",
+                std::io::Error::from_raw_os_error(errno)
+            );
+        }
+        true
+    }
+    /// The first step of a Write Zeroes or Deallocate piece; None: nothing
+    /// to do (Deallocate where nothing can deallocate: it is advisory).
+    fn first_step(&self, op: Op) -> Option<ZeroStep> {
+        match op {
+            Op::Discard => self.punch().then_some(ZeroStep::Punch),
+            _ if self.zero_range() => Some(ZeroStep::ZeroRange),
+            _ if self.punch() => Some(ZeroStep::Punch),
+            _ => Some(ZeroStep::Fill),
+        }
+    }
+    /// The step after `step` failed as unsupported for `op`.
+    fn next_step(&self, op: Op, step: ZeroStep) -> Option<ZeroStep> {
+        match (op, step) {
+            (Op::Discard, _) => None,
+            (_, ZeroStep::ZeroRange) if self.punch() => Some(ZeroStep::Punch),
+            _ => Some(ZeroStep::Fill),
+        }
+    }
+}
+
+/// fallocate's answers that mean "this mode is not available here" (not "this
+/// call failed"): EOPNOTSUPP from the file system or device, ENOSYS, and
+/// EINVAL, which a kernel without IORING_OP_FALLOCATE and a block device
+/// that cannot zero without writing (PUNCH_HOLE) give.
+fn fallocate_unsupported(errno: i32) -> bool {
+    matches!(errno, libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL)
+}
+
+/// How one piece of Write Zeroes or Deallocate is being done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ZeroStep {
+    /// fallocate(FALLOC_FL_ZERO_RANGE | KEEP_SIZE): zeroes, keeps the space.
+    ZeroRange,
+    /// fallocate(FALLOC_FL_PUNCH_HOLE | KEEP_SIZE): deallocates; reads zero.
+    Punch,
+    /// Writes of zeroes, at most [`ZERO_FILL_CHUNK`] each.
+    Fill,
+    /// fdatasync after the zeroing, for FUA.
+    Sync,
+}
+
+/// Probes whether a regular file can punch holes, without changing it: a
+/// hole punched at its end with KEEP_SIZE touches no byte and no block.
+/// ZERO_RANGE has no such harmless probe (at the end it preallocates), so
+/// it is taken as available and corrected at the first call that says
+/// otherwise, as is a block device (whose driver zeroes natively or in the
+/// kernel). Either correction happens off the reactor thread.
+fn probe_zero_support(file: &File, block_device: bool, read_only: bool) -> ZeroSupport {
+    if block_device || read_only {
+        return ZeroSupport::new(!read_only, !read_only);
+    }
+    let Ok(end) = file
+        .metadata()
+        .map(|m| m.len().next_multiple_of(DIRECT_ALIGN as u64))
+    else {
+        return ZeroSupport::new(true, false);
+    };
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate takes no pointers; the fd stays open for the call.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, end as i64, DIRECT_ALIGN as i64) };
+    let punch = rc == 0
+        || !fallocate_unsupported(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    ZeroSupport::new(true, punch)
+}
+
+/// A page-aligned buffer of zeroes that io_uring writes read from.
+struct ZeroBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl ZeroBuf {
+    fn new() -> Option<ZeroBuf> {
+        let layout = std::alloc::Layout::from_size_align(ZERO_FILL_CHUNK, DIRECT_ALIGN).ok()?;
+        // SAFETY: the layout has a non-zero size; null is checked below.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        (!ptr.is_null()).then_some(ZeroBuf { ptr, layout })
+    }
+}
+
+impl Drop for ZeroBuf {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from alloc_zeroed with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
 
 impl FileBackend {
     pub fn open(
@@ -100,12 +231,22 @@ impl FileBackend {
         };
         let size_bytes = size_bytes / block_size as u64 * block_size as u64;
         anyhow::ensure!(size_bytes > 0, "{path} is smaller than one block");
+        let zero = probe_zero_support(&file, meta.file_type().is_block_device(), read_only);
+        if !read_only && !zero.punch() {
+            tracing::warn!(
+                "{path}: fallocate cannot punch holes here: Deallocate does nothing (it is \
+                 advisory; Identify's DLFEAT then reports no read-zeroes), and Write Zeroes \
+                 falls back to writing zeroes (off the reactor, {ZERO_FILL_CHUNK} bytes a write) \
+                 where FALLOC_FL_ZERO_RANGE is missing too"
+            );
+        }
         Ok(FileBackend {
             file: Arc::new(file),
             size_bytes,
             path: path.into(),
             direct,
             link_bytes_per_s,
+            zero: Arc::new(zero),
         })
     }
 }
@@ -196,17 +337,23 @@ impl Backend for FileBackend {
         }
         Ok(())
     }
+    /// Deallocated blocks read zeroes only where Deallocate really punches
+    /// holes (DLFEAT); elsewhere Deallocate is a no-op, as the spec allows.
+    fn deallocate_reads_zeroes(&self) -> bool {
+        self.zero.punch()
+    }
     fn open_queue(&self) -> anyhow::Result<Box<dyn BackendQueue>> {
-        match UringQueue::new(self.file.clone()) {
+        match UringQueue::new(self.file.clone(), self.zero.clone()) {
             Ok(q) => Ok(Box::new(q)),
             Err(e) => {
                 tracing::warn!(
                     "io_uring unavailable ({e}); {} uses synchronous I/O",
                     self.path
                 );
-                Ok(Box::new(SyncQueue {
-                    file: self.file.clone(),
-                }))
+                Ok(Box::new(SyncQueue::new(
+                    self.file.clone(),
+                    self.zero.clone(),
+                )))
             }
         }
     }
@@ -233,79 +380,77 @@ impl Backend for FileBackend {
     }
 }
 
-/// Write Zeroes and Deallocate are rare and not latency critical: both are
-/// done synchronously with fallocate, falling back to writing zeroes.
-fn zero_range(file: &File, off: u64, len: u64, punch: bool, fua: bool) -> Status {
-    let s = zero_range_inner(file, off, len, punch);
-    // SAFETY: fdatasync only takes an fd, which `file` keeps open.
-    if s.is_success() && fua && unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
-        return media::WRITE_FAULT;
+/// One piece of Write Zeroes or Deallocate, done synchronously: by the
+/// zero worker of a queue without io_uring, never by a reactor. Natively
+/// where the file system or device can (ZERO_RANGE, then PUNCH_HOLE), else
+/// (Write Zeroes only) by writes of at most [`ZERO_FILL_CHUNK`] bytes.
+fn zero_piece(file: &File, zero: &ZeroSupport, req: &IoReq) -> Status {
+    let fd = file.as_raw_fd();
+    let mut step = zero.first_step(req.op);
+    while let Some(st) = step {
+        let mode = match st {
+            ZeroStep::ZeroRange => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            ZeroStep::Punch => libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            _ => break,
+        };
+        // SAFETY: fallocate takes no pointers; fd stays open for the call.
+        let rc =
+            unsafe { libc::fallocate(fd, mode, req.offset_bytes as i64, req.len_bytes as i64) };
+        if rc == 0 {
+            return zero_sync(fd, req);
+        }
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if !zero.unsupported(st, errno) {
+            return io_error_status(req.op, Some(errno));
+        }
+        step = zero.next_step(req.op, st);
     }
-    s
+    if step.is_none() {
+        return Status::SUCCESS; // Deallocate where nothing deallocates: advisory
+    }
+    match fill_zeroes(fd, req.offset_bytes, req.len_bytes) {
+        Ok(()) => zero_sync(fd, req),
+        Err(st) => st,
+    }
 }
 
-fn zero_range_inner(file: &File, off: u64, len: u64, punch: bool) -> Status {
-    let fd = file.as_raw_fd();
-    let mode = if punch {
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
-    } else {
-        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
-    };
-    // SAFETY: fallocate takes no pointers; fd stays open for the call.
-    if unsafe { libc::fallocate(fd, mode, off as i64, len as i64) } == 0 {
-        return Status::SUCCESS;
+/// FUA on zeroing: durable before it completes.
+fn zero_sync(fd: i32, req: &IoReq) -> Status {
+    // SAFETY: fdatasync only takes an fd, which the caller keeps open.
+    if req.fua && unsafe { libc::fdatasync(fd) } != 0 {
+        return media::WRITE_FAULT;
     }
-    // Not supported here (some filesystems, some devices): write zeroes from
-    // an aligned buffer (O_DIRECT files need one).
-    let Ok(layout) = std::alloc::Layout::from_size_align(ZERO_CHUNK, DIRECT_ALIGN) else {
-        return generic::INTERNAL_ERROR;
-    };
-    // SAFETY: the layout has a non-zero size; null is checked below.
-    let buf = unsafe { std::alloc::alloc_zeroed(layout) };
-    if buf.is_null() {
-        return generic::INTERNAL_ERROR;
-    }
+    Status::SUCCESS
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Bytes of zeroes written from user space on this thread (tests: the
+    /// reactor's thread must never be one that writes them).
+    pub(crate) static FILLED_ON_THIS_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Writes `len` zero bytes at `off` from an aligned buffer (O_DIRECT files
+/// need one), [`ZERO_FILL_CHUNK`] bytes a call.
+fn fill_zeroes(fd: i32, off: u64, len: u64) -> Result<(), Status> {
+    let buf = ZeroBuf::new().ok_or(generic::INTERNAL_ERROR)?;
     let mut done = 0u64;
-    let mut status = Status::SUCCESS;
     while done < len {
-        let n = (len - done).min(ZERO_CHUNK as u64) as usize;
-        // SAFETY: buf holds ZERO_CHUNK >= n initialised bytes; pwrite only
-        // reads them, synchronously.
-        let rc = unsafe { libc::pwrite(fd, buf as *const _, n, (off + done) as i64) };
+        let n = (len - done).min(ZERO_FILL_CHUNK as u64) as usize;
+        // SAFETY: buf holds ZERO_FILL_CHUNK >= n initialised bytes; pwrite
+        // only reads them, synchronously.
+        let rc = unsafe { libc::pwrite(fd, buf.ptr as *const _, n, (off + done) as i64) };
         if rc <= 0 {
             let errno = (rc < 0)
                 .then(|| std::io::Error::last_os_error().raw_os_error())
                 .flatten();
-            status = io_error_status(Op::WriteZeroes, errno);
-            break;
+            return Err(io_error_status(Op::WriteZeroes, errno));
         }
+        #[cfg(test)]
+        FILLED_ON_THIS_THREAD.with(|c| c.set(c.get() + rc as u64));
         done += rc as u64;
     }
-    // SAFETY: buf came from alloc_zeroed with this layout and is freed once.
-    unsafe { std::alloc::dealloc(buf, layout) };
-    status
-}
-
-/// Write Zeroes and Deallocate, done synchronously by both queue kinds;
-/// `None` for every other operation.
-fn zero_or_discard(file: &File, req: &IoReq) -> Option<Status> {
-    match req.op {
-        Op::WriteZeroes => Some(zero_range(
-            file,
-            req.offset_bytes,
-            req.len_bytes,
-            false,
-            req.fua,
-        )),
-        Op::Discard => Some(zero_range(
-            file,
-            req.offset_bytes,
-            req.len_bytes,
-            true,
-            req.fua,
-        )),
-        _ => None,
-    }
+    Ok(())
 }
 
 /// The status of a failed `op` that ended with `errno` (None: a short
@@ -351,14 +496,108 @@ fn io_error_log_allowed() -> Option<u64> {
     Some(QUIET.swap(0, Relaxed))
 }
 
-/// Synchronous fallback queue.
+/// Synchronous fallback queue. Reads, writes and flushes run inline, as
+/// before io_uring; Write Zeroes and Deallocate pieces go to a zero worker
+/// thread (started at the first), so fallocate's time, and a fill's, is
+/// never the reactor's.
 struct SyncQueue {
     file: Arc<File>,
+    zero: Arc<ZeroSupport>,
+    worker: Option<ZeroWorker>,
+}
+
+/// The thread one [`SyncQueue`] hands zeroing pieces to. Its channels hold
+/// at most `ZERO_CHUNKS_IN_FLIGHT_MAX` pieces, the most the chunking queue
+/// above may send at once; it exits when the queue drops its sender.
+struct ZeroWorker {
+    tx: std::sync::mpsc::SyncSender<Piece>,
+    rx: std::sync::mpsc::Receiver<(u64, Status)>,
+    in_flight: usize,
+}
+
+/// IoReq holds a raw pointer; the pieces sent to the worker carry none
+/// (Write Zeroes and Discard have no buffer).
+struct Piece(u64, IoReq);
+// SAFETY: a zeroing piece's buf is null; nothing is shared through it.
+unsafe impl Send for Piece {}
+
+impl ZeroWorker {
+    fn start(file: Arc<File>, zero: Arc<ZeroSupport>) -> std::io::Result<ZeroWorker> {
+        let n = crate::config::ZERO_CHUNKS_IN_FLIGHT_MAX;
+        let (tx, work) = std::sync::mpsc::sync_channel::<Piece>(n);
+        let (done_tx, rx) = std::sync::mpsc::sync_channel(n);
+        std::thread::Builder::new()
+            .name("trellis-zero".into())
+            .spawn(move || {
+                while let Ok(Piece(tag, req)) = work.recv() {
+                    if done_tx.send((tag, zero_piece(&file, &zero, &req))).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(ZeroWorker {
+            tx,
+            rx,
+            in_flight: 0,
+        })
+    }
+}
+
+impl SyncQueue {
+    fn new(file: Arc<File>, zero: Arc<ZeroSupport>) -> SyncQueue {
+        SyncQueue {
+            file,
+            zero,
+            worker: None,
+        }
+    }
+
+    /// Hands a zeroing piece to the worker; Some(status) if it cannot.
+    fn zero_to_worker(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+        if self.worker.is_none() {
+            match ZeroWorker::start(self.file.clone(), self.zero.clone()) {
+                Ok(w) => self.worker = Some(w),
+                Err(e) => {
+                    tracing::error!("cannot start a zero worker thread: {e}");
+                    return Some(super::SUBMIT_FAILED);
+                }
+            }
+        }
+        let w = self.worker.as_mut()?;
+        match w.tx.try_send(Piece(tag, *req)) {
+            Ok(()) => {
+                w.in_flight += 1;
+                None
+            }
+            // More pieces than the chunking queue sends at once: a bug
+            // elsewhere; fail the piece rather than block the reactor.
+            Err(_) => Some(super::SUBMIT_FAILED),
+        }
+    }
 }
 
 impl BackendQueue for SyncQueue {
-    unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
+    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+        let Some(w) = self.worker.as_mut() else {
+            return 0;
+        };
+        let before = out.len();
+        while let Ok(done) = w.rx.try_recv() {
+            w.in_flight = w.in_flight.saturating_sub(1);
+            out.push(done);
+        }
+        out.len() - before
+    }
+
+    fn in_flight(&self) -> usize {
+        self.worker.as_ref().map_or(0, |w| w.in_flight)
+    }
+
+    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
         crate::sys::fault::io_panic_point();
+        if matches!(req.op, Op::WriteZeroes | Op::Discard) {
+            return self.zero_to_worker(req, tag);
+        }
         let fd = self.file.as_raw_fd();
         let mut done = 0u64;
         let mut errno = None;
@@ -397,7 +636,7 @@ impl BackendQueue for SyncQueue {
                 }
                 ok
             }
-            Op::WriteZeroes | Op::Discard => return zero_or_discard(&self.file, req),
+            Op::WriteZeroes | Op::Discard => return Some(generic::INTERNAL_ERROR), // above
         };
         Some(if ok {
             Status::SUCCESS
@@ -431,6 +670,8 @@ struct Pending {
     /// Fault injection: how long a hard-linked timeout holds the read back.
     /// Read by the kernel when the timeout is submitted, so it lives here.
     delay: io_uring::types::Timespec,
+    /// Write Zeroes and Discard: how the piece is being done.
+    step: ZeroStep,
 }
 
 /// Requests go to a per-reactor io_uring. When a submit fails for good the
@@ -439,6 +680,9 @@ struct Pending {
 /// the next request opens a new ring.
 struct UringQueue {
     file: Arc<File>,
+    zero: Arc<ZeroSupport>,
+    /// What zero fills write from, made at the first fill.
+    zero_buf: Option<ZeroBuf>,
     ring: Option<Ring>,
     gen: u32,
     retired: Vec<(u32, Ring)>,
@@ -458,11 +702,13 @@ fn build_ring() -> std::io::Result<Ring> {
 }
 
 impl UringQueue {
-    fn new(file: Arc<File>) -> std::io::Result<UringQueue> {
+    fn new(file: Arc<File>, zero: Arc<ZeroSupport>) -> std::io::Result<UringQueue> {
         let ring = build_ring()?;
         let n = RING_ENTRIES as usize * SLOTS_PER_RING_ENTRY;
         Ok(UringQueue {
             file,
+            zero,
+            zero_buf: None,
             ring: Some(ring),
             gen: 0,
             retired: Vec::new(),
@@ -507,10 +753,84 @@ impl UringQueue {
             Op::Flush => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
-            // Done synchronously by zero_or_discard, never queued.
-            Op::WriteZeroes | Op::Discard => return None,
+            Op::WriteZeroes | Op::Discard => self.zero_entry(&p, off)?,
         };
         Some(e.user_data(idx as u64))
+    }
+
+    /// The entry for the next part of a zeroing piece: an fallocate (the
+    /// kernel runs it on its own worker, never on this thread), a write of
+    /// at most [`ZERO_FILL_CHUNK`] zeroes, or the FUA fdatasync.
+    fn zero_entry(&self, p: &Pending, off: u64) -> Option<io_uring::squeue::Entry> {
+        use io_uring::{opcode, types};
+        let fd = types::Fd(self.file.as_raw_fd());
+        let rest = p.req.len_bytes - p.done_bytes;
+        let falloc = |mode| {
+            opcode::Fallocate::new(fd, rest)
+                .offset(off)
+                .mode(mode)
+                .build()
+        };
+        Some(match p.step {
+            ZeroStep::ZeroRange => falloc(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE),
+            ZeroStep::Punch => falloc(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE),
+            ZeroStep::Fill => {
+                let n = rest.min(ZERO_FILL_CHUNK as u64) as u32;
+                opcode::Write::new(fd, self.zero_buf.as_ref()?.ptr, n)
+                    .offset(off)
+                    .build()
+            }
+            ZeroStep::Sync => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+        })
+    }
+
+    /// Moves a zeroing piece to `step` from its start and queues it; on
+    /// Err the caller fails the slot.
+    fn restart_zero(&mut self, idx: u32, step: ZeroStep) -> Result<(), Status> {
+        if step == ZeroStep::Fill && self.zero_buf.is_none() {
+            self.zero_buf = Some(ZeroBuf::new().ok_or(generic::INTERNAL_ERROR)?);
+        }
+        let p = self.slots[idx as usize]
+            .as_mut()
+            .ok_or(super::SUBMIT_FAILED)?;
+        p.step = step;
+        if step != ZeroStep::Sync {
+            p.done_bytes = 0;
+        }
+        self.push(idx)
+    }
+
+    /// Handles one completion of a zeroing piece: None while it goes on
+    /// (the next fill write, a fallback after "unsupported", the FUA sync).
+    fn complete_zero(&mut self, idx: u32, mut p: Pending, res: i32) -> Option<Status> {
+        let next = if res < 0 {
+            if !self.zero.unsupported(p.step, -res) {
+                return Some(io_error_status(p.req.op, Some(-res)));
+            }
+            match self.zero.next_step(p.req.op, p.step) {
+                Some(step) => step,
+                None => return Some(Status::SUCCESS), // Deallocate is advisory
+            }
+        } else {
+            match p.step {
+                ZeroStep::Sync => return Some(Status::SUCCESS),
+                ZeroStep::Fill if res == 0 => return Some(io_error_status(p.req.op, None)),
+                ZeroStep::Fill => p.done_bytes += res as u64,
+                _ => p.done_bytes = p.req.len_bytes,
+            }
+            if p.done_bytes < p.req.len_bytes {
+                self.slots[idx as usize] = Some(p);
+                return self.push(idx).err();
+            }
+            if !p.req.fua {
+                return Some(Status::SUCCESS);
+            }
+            ZeroStep::Sync
+        };
+        self.slots[idx as usize] = Some(p);
+        self.restart_zero(idx, next).err()
     }
 
     /// Queues the next part of slot `idx`'s request. On Err the slot is
@@ -609,18 +929,33 @@ impl UringQueue {
 
     /// Handles one completion of a request operation; returns the request's
     /// final status, or None while parts remain (resubmitted here).
+    /// A failed request, in the log at most every 10 s with a count.
+    fn log_failure(&self, p: &Pending, res: i32) {
+        if let Some(quiet) = io_error_log_allowed() {
+            tracing::warn!(
+                not_logged_since_last = quiet,
+                "{:?} at {} failed: {}",
+                p.req.op,
+                p.req.offset_bytes,
+                if res < 0 {
+                    std::io::Error::from_raw_os_error(-res).to_string()
+                } else {
+                    "short transfer".into()
+                }
+            );
+        }
+    }
+
     fn complete(&mut self, idx: u32, res: i32) -> Option<(u64, Status)> {
         let mut p = self.slots.get(idx as usize).copied().flatten()?;
-        let status = if res < 0 {
-            if let Some(quiet) = io_error_log_allowed() {
-                tracing::warn!(
-                    not_logged_since_last = quiet,
-                    "{:?} at {} failed: {}",
-                    p.req.op,
-                    p.req.offset_bytes,
-                    std::io::Error::from_raw_os_error(-res)
-                );
+        let status = if matches!(p.req.op, Op::WriteZeroes | Op::Discard) {
+            let st = self.complete_zero(idx, p, res)?;
+            if !st.is_success() {
+                self.log_failure(&p, res);
             }
+            st
+        } else if res < 0 {
+            self.log_failure(&p, res);
             io_error_status(p.req.op, Some(-res))
         } else if p.req.op == Op::Flush {
             Status::SUCCESS
@@ -647,8 +982,20 @@ impl UringQueue {
 impl BackendQueue for UringQueue {
     unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
         crate::sys::fault::io_panic_point();
-        if let Some(st) = zero_or_discard(&self.file, req) {
-            return Some(st);
+        let zeroing = matches!(req.op, Op::WriteZeroes | Op::Discard);
+        let step = if zeroing {
+            match self.zero.first_step(req.op) {
+                Some(s) => s,
+                None => return Some(Status::SUCCESS), // Deallocate is advisory
+            }
+        } else {
+            ZeroStep::ZeroRange // unused
+        };
+        if step == ZeroStep::Fill && self.zero_buf.is_none() {
+            self.zero_buf = ZeroBuf::new();
+            if self.zero_buf.is_none() {
+                return Some(generic::INTERNAL_ERROR);
+            }
         }
         let Some(idx) = self.free.pop() else {
             // More requests than slots: the reactor bounds queue depth, so
@@ -661,6 +1008,7 @@ impl BackendQueue for UringQueue {
             done_bytes: 0,
             gen: self.gen,
             delay: io_uring::types::Timespec::new(),
+            step,
         });
         match self.push(idx) {
             Ok(()) => None,
@@ -824,7 +1172,7 @@ mod enospc_tests {
             .write(true)
             .open("/dev/full")
             .unwrap();
-        let mut q = SyncQueue { file: Arc::new(f) };
+        let mut q = SyncQueue::new(Arc::new(f), Arc::new(ZeroSupport::new(false, false)));
         let mut buf = vec![0x5Au8; 4096];
         let req = IoReq {
             op: Op::Write,
@@ -849,5 +1197,148 @@ mod enospc_tests {
             media::WRITE_FAULT
         );
         assert!(!io_error_status(Op::Write, Some(libc::EIO)).is_dnr());
+    }
+}
+
+#[cfg(test)]
+mod zero_tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    const LEN: u64 = 128 << 20;
+
+    fn sparse_file(d: &tempfile::TempDir) -> Arc<File> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(d.path().join("z.img"))
+            .unwrap();
+        f.set_len(LEN + (1 << 20)).unwrap();
+        // Data at both ends of the range, which must read zero afterwards.
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[0x5A; 4096], 4096).unwrap();
+        f.write_all_at(&[0x5A; 4096], LEN).unwrap();
+        Arc::new(f)
+    }
+
+    /// Runs a Write Zeroes of `LEN` bytes through the chunking queue over
+    /// `q` until it completes: its status and the longest single loop step.
+    fn run(q: Box<dyn BackendQueue>) -> (Status, std::time::Duration) {
+        let mut q = super::super::zero::Chunked::wrap(q, Default::default());
+        let req = IoReq {
+            op: Op::WriteZeroes,
+            offset_bytes: 4096,
+            len_bytes: LEN,
+            buf: std::ptr::null_mut(),
+            fua: false,
+        };
+        // SAFETY: no buffer.
+        assert_eq!(unsafe { q.submit(&req, 1) }, None, "not done in submit");
+        let (started, mut worst) = (std::time::Instant::now(), std::time::Duration::ZERO);
+        let mut out = Vec::new();
+        while out.is_empty() {
+            assert!(
+                started.elapsed().as_secs() < 60,
+                "Write Zeroes never completed"
+            );
+            let t = std::time::Instant::now();
+            q.kick();
+            q.reap(&mut out);
+            worst = worst.max(t.elapsed());
+        }
+        assert_eq!(q.in_flight(), 0);
+        (out[0].1, worst)
+    }
+
+    fn check_zeroed(f: &File) {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![1u8; 4096];
+        for off in [4096, LEN] {
+            f.read_exact_at(&mut b, off).unwrap();
+            assert!(b.iter().all(|&x| x == 0), "zeroed at {off}");
+        }
+        // Written, not punched: the fill really ran (sparse before).
+        assert!(f.metadata().unwrap().blocks() * 512 >= LEN);
+    }
+
+    /// Issue 32: where neither ZERO_RANGE nor PUNCH_HOLE works, Write
+    /// Zeroes wrote the whole range from user space on the reactor thread.
+    /// Now the calling (reactor) thread writes no zero byte itself: the
+    /// io_uring queue's fills are kernel writes of at most 1 MiB, the sync
+    /// queue's run on its zero worker; the command completes, zeroed.
+    #[test]
+    fn a_huge_write_zeroes_without_fallocate_is_never_filled_on_the_reactor_thread() {
+        for uring in [true, false] {
+            let d = tempfile::tempdir().unwrap();
+            let f = sparse_file(&d);
+            let zero = Arc::new(ZeroSupport::new(false, false));
+            let q: Box<dyn BackendQueue> = if uring {
+                Box::new(UringQueue::new(f.clone(), zero).unwrap())
+            } else {
+                Box::new(SyncQueue::new(f.clone(), zero))
+            };
+            let before = FILLED_ON_THIS_THREAD.with(|c| c.get());
+            let (st, worst) = run(q);
+            assert_eq!(st, Status::SUCCESS);
+            assert_eq!(
+                FILLED_ON_THIS_THREAD.with(|c| c.get()),
+                before,
+                "zeroes written from user space on the calling thread (uring: {uring})"
+            );
+            check_zeroed(&f);
+            eprintln!("fill of {LEN} bytes, uring {uring}: longest loop step {worst:?}");
+        }
+    }
+
+    /// The probe finds the local file system's modes (ext4, xfs, btrfs and
+    /// tmpfs all punch holes) without changing the file's size or data.
+    #[test]
+    fn the_fallocate_probe_changes_nothing_and_finds_punch_hole() {
+        let d = tempfile::tempdir().unwrap();
+        let f = sparse_file(&d);
+        let before = (f.metadata().unwrap().len(), f.metadata().unwrap().blocks());
+        let z = probe_zero_support(&f, false, false);
+        assert!(z.punch(), "{} cannot punch holes?", d.path().display());
+        assert_eq!(
+            before,
+            (f.metadata().unwrap().len(), f.metadata().unwrap().blocks())
+        );
+        assert!(
+            !probe_zero_support(&f, false, true).punch(),
+            "read-only: nothing"
+        );
+    }
+
+    /// Deallocate where nothing deallocates completes, changing nothing
+    /// (it is advisory); the backend then reports no read-zeroes (DLFEAT).
+    #[test]
+    fn deallocate_without_punch_hole_is_a_no_op_and_dlfeat_says_so() {
+        let d = tempfile::tempdir().unwrap();
+        let f = sparse_file(&d);
+        let zero = Arc::new(ZeroSupport::new(true, false));
+        let mut q = UringQueue::new(f.clone(), zero.clone()).unwrap();
+        let req = IoReq {
+            op: Op::Discard,
+            offset_bytes: 4096,
+            len_bytes: 4096,
+            buf: std::ptr::null_mut(),
+            fua: false,
+        };
+        // SAFETY: no buffer.
+        assert_eq!(unsafe { q.submit(&req, 1) }, Some(Status::SUCCESS));
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; 4096];
+        f.read_exact_at(&mut b, 4096).unwrap();
+        assert!(b.iter().all(|&x| x == 0x5A), "left alone");
+        let fb = FileBackend {
+            file: f,
+            size_bytes: LEN,
+            path: "t".into(),
+            direct: false,
+            link_bytes_per_s: 0,
+            zero,
+        };
+        assert!(!fb.deallocate_reads_zeroes());
     }
 }

@@ -10,6 +10,7 @@ pub mod emulated;
 pub mod file;
 pub mod null;
 pub mod ram;
+pub mod zero;
 
 use trellis_nvme::Status;
 
@@ -112,6 +113,27 @@ pub trait BackendQueue {
     /// (`trellis_qos::sched::Scheduler::run_now`).
     fn completes_in_submit(&self) -> bool {
         false
+    }
+    /// Write Zeroes or Deallocate (`op`) of several byte ranges (offset,
+    /// length) as one request: Dataset Management. Only the chunking queue
+    /// ([`zero::Chunked`], which every reactor's queue is wrapped in) takes
+    /// them; a bare backend queue refuses.
+    fn submit_ranges(
+        &mut self,
+        op: Op,
+        ranges: &[(u64, u64)],
+        fua: bool,
+        tag: u64,
+    ) -> Option<Status> {
+        let _ = (op, ranges, fua, tag);
+        Some(trellis_nvme::status::generic::INTERNAL_ERROR)
+    }
+    /// The most bytes one Write Zeroes or Discard given to `submit` should
+    /// cover, beyond `target.zero_chunk` ([`zero::Chunked`] splits larger
+    /// ones): what one step of a backend that zeroes on the reactor thread
+    /// (RAM) does without holding it long. Unbounded for the others.
+    fn zero_chunk_bytes(&self) -> u64 {
+        u64::MAX
     }
     /// Pushes submitted-but-not-started work to the device (batching point).
     fn kick(&mut self) {}

@@ -387,11 +387,25 @@ impl QosQueue {
 }
 
 impl BackendQueue for QosQueue {
-    /// Requests without a tenant (Dataset Management's Discards, which the
-    /// handler needs to finish synchronously) bypass the scheduler.
+    /// Requests without a tenant bypass the scheduler.
     unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
         // SAFETY: forwarded under the caller's guarantee.
         unsafe { self.inner.submit(req, tag) }
+    }
+
+    /// Dataset Management: bypasses the scheduler, as `submit` does.
+    fn submit_ranges(
+        &mut self,
+        op: Op,
+        ranges: &[(u64, u64)],
+        fua: bool,
+        tag: u64,
+    ) -> Option<Status> {
+        self.inner.submit_ranges(op, ranges, fua, tag)
+    }
+
+    fn zero_chunk_bytes(&self) -> u64 {
+        self.inner.zero_chunk_bytes()
     }
 
     fn kick(&mut self) {

@@ -298,7 +298,16 @@ impl Ctx<'_> {
             self.queues.resize_with(ns.uid + 1, || None);
         }
         if self.queues[ns.uid].is_none() {
-            let q = ns.backend.open_queue().and_then(|q| match ns.qos {
+            // Write Zeroes and Deallocate go to the backend in bounded
+            // pieces, a few per loop (backend::zero); a null backend, which
+            // stores nothing, has nothing to zero.
+            let limits = crate::backend::zero::ZeroLimits::of(&self.reg.limits);
+            let chunked = !ns.reads_zero;
+            let q = ns.backend.open_queue().map(|q| match chunked {
+                true => crate::backend::zero::Chunked::wrap(q, limits),
+                false => q,
+            });
+            let q = q.and_then(|q| match ns.qos {
                 crate::config::qos::QosMode::Off => Ok(NsQueue::Plain(q)),
                 crate::config::qos::QosMode::Gimbal => crate::data::qos::wrap(
                     q,

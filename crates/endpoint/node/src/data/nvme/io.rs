@@ -310,7 +310,11 @@ pub(crate) fn write_zeroes(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
 }
 
 /// Deallocate (AD) each range; other attributes are hints we may ignore.
-/// Every range is checked before any is applied, so a bad range changes nothing.
+/// Every range is checked before any is applied, so a bad range changes
+/// nothing. The ranges go to the reactor's queue as one request, which
+/// merges them (so at most the namespace's size is deallocated, however the
+/// 256 ranges overlap) and deallocates them in bounded pieces off the
+/// reactor's loop (`backend::zero`); the command completes when all have.
 pub(crate) fn dataset_management(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let q = &*q;
     let Some(ns) = ns_of(q, req) else {
@@ -333,27 +337,23 @@ pub(crate) fn dataset_management(q: &mut Queue, ctx: &mut Ctx, req: &mut Request
         return Exec::Done(Status::SUCCESS);
     }
     let bs = ns.block_size as u64;
-    for i in 0..nr {
-        let (nlb, slba) = range(i);
-        if nlb == 0 {
-            continue;
-        }
-        let io = IoReq {
-            op: Op::Discard,
-            offset_bytes: slba * bs,
-            len_bytes: nlb * bs,
-            buf: std::ptr::null_mut(),
-            fua: false,
-        };
-        // Not scheduled: Discard is metadata work the handler needs done now.
-        match submit_direct(q, ctx, req, &io) {
-            Exec::Done(st) if st.is_success() => {}
-            Exec::Done(st) => return Exec::Done(st),
-            // Discard is synchronous in every backend; see backend::file.
-            _ => return Exec::Done(generic::INTERNAL_ERROR),
-        }
+    // range_ok: slba + nlb fits the namespace, so neither product overflows.
+    let bytes: Vec<(u64, u64)> = (0..nr)
+        .map(range)
+        .filter(|&(nlb, _)| nlb > 0)
+        .map(|(nlb, slba)| (slba * bs, nlb * bs))
+        .collect();
+    if let Some(st) = fenced(q, ns) {
+        return Exec::Done(st);
     }
-    Exec::Done(Status::SUCCESS)
+    let Some(bq) = ctx.queue(ns) else {
+        return Exec::Done(generic::INTERNAL_ERROR);
+    };
+    // Not scheduled: deallocation is metadata work, not a tenant's I/O.
+    match bq.submit_ranges(Op::Discard, &bytes, false, req.tag) {
+        Some(st) => Exec::Done(st),
+        None => Exec::Pending,
+    }
 }
 
 // Reservation commands (NVMe Base 2.0 §8.19). They run on the reactor that
