@@ -1276,6 +1276,38 @@ mod tests {
         assert_eq!(s.namespaces[1].nsid, Some(7));
     }
 
+    /// The two zeroing limits (issue 32): defaults as documented, bad
+    /// values refused naming the key and the range.
+    #[test]
+    fn zero_limits_default_and_refuse_out_of_range_values() {
+        let base = "[[listener]]\naddr = \"127.0.0.1:1\"\n";
+        let c = Config::from_toml(base).unwrap();
+        assert_eq!(c.target.zero_chunk.0, 256 << 20);
+        assert_eq!(c.target.zero_chunks_in_flight, 4);
+        let set = |t: &str| Config::from_toml(&format!("[target]\n{t}\n{base}"));
+        let c = set("zero_chunk = \"1GiB\"\nzero_chunks_in_flight = 64").unwrap();
+        assert_eq!(
+            (c.target.zero_chunk.0, c.target.zero_chunks_in_flight),
+            (1 << 30, 64)
+        );
+        for (bad, want) in [
+            (
+                "zero_chunk = \"64KiB\"",
+                "target.zero_chunk 65536 is out of range",
+            ),
+            ("zero_chunk = \"2GiB\"", "1MiB..=1GiB"),
+            ("zero_chunk = 1050000", "a multiple of 4KiB"),
+            (
+                "zero_chunks_in_flight = 0",
+                "target.zero_chunks_in_flight 0",
+            ),
+            ("zero_chunks_in_flight = 65", "1..=64"),
+        ] {
+            let e = format!("{:#}", set(bad).unwrap_err());
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+
     #[test]
     fn dhchap_host_keys_are_read_and_bad_ones_named() {
         let base = |host: &str| {
