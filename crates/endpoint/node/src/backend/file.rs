@@ -122,11 +122,19 @@ pub(crate) enum ZeroStep {
 /// hole punched at its end with KEEP_SIZE touches no byte and no block.
 /// ZERO_RANGE has no such harmless probe (at the end it preallocates), so
 /// it is taken as available and corrected at the first call that says
-/// otherwise, as is a block device (whose driver zeroes natively or in the
-/// kernel). Either correction happens off the reactor thread.
+/// otherwise (on a block device the kernel zeroes by writing if the device
+/// cannot). A block device punches holes if sysfs says it writes zeroes
+/// natively. Any correction happens off the reactor thread.
 fn probe_zero_support(file: &File, block_device: bool, read_only: bool) -> ZeroSupport {
-    if block_device || read_only {
-        return ZeroSupport::new(!read_only, !read_only);
+    if read_only {
+        return ZeroSupport::new(false, false);
+    }
+    if block_device {
+        use std::os::unix::fs::MetadataExt;
+        let punch = file.metadata().map_or(true, |m| {
+            block_device_writes_zeroes(m.rdev()).unwrap_or(true)
+        });
+        return ZeroSupport::new(true, punch);
     }
     let Ok(end) = file
         .metadata()
@@ -262,6 +270,22 @@ fn block_device_link_bytes_per_s(rdev: u64) -> Option<u64> {
         let read = |f: &str| std::fs::read_to_string(pci.join(f)).ok();
         if let (Some(s), Some(w)) = (read("current_link_speed"), read("current_link_width")) {
             return pcie_link_bytes_per_s(&s, &w);
+        }
+    }
+    None
+}
+
+/// Whether block device `rdev` zeroes natively, which PUNCH_HOLE on a
+/// block device needs (the kernel turns it into Write Zeroes with unmap
+/// allowed, and refuses it without falling back to writing): its queue's
+/// `write_zeroes_max_bytes` in sysfs is not 0 (a partition's is its
+/// disk's). None when sysfs does not say.
+fn block_device_writes_zeroes(rdev: u64) -> Option<bool> {
+    let (maj, min) = (libc::major(rdev), libc::minor(rdev));
+    let dev = std::path::PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    for q in [dev.join("queue"), dev.join("../queue")] {
+        if let Ok(v) = std::fs::read_to_string(q.join("write_zeroes_max_bytes")) {
+            return v.trim().parse::<u64>().ok().map(|n| n > 0);
         }
     }
     None
