@@ -6,7 +6,7 @@
 //! side matters.
 //!
 //! The etcd tests run etcd (Debian's etcd-server) as a real process on
-//! loopback; they need the `etcd` feature. Without an `etcd` binary they
+//! loopback (the store is in every build). Without an `etcd` binary they
 //! print "SKIPPED <test>: ..." (uncaptured, so plain `cargo test` shows it)
 //! and pass, unless TRELLIS_REQUIRE_ETCD=1 (scripts/test.d/70-ha.sh sets
 //! it, and also checks that every etcd test ran), where a missing etcd
@@ -389,7 +389,6 @@ fn a_node_without_ha_refuses_drain_and_bad_ha_settings_name_the_fix() {
     assert!(stderr(&o).contains("no [ha] section"), "{}", stderr(&o));
 }
 
-#[cfg(feature = "etcd")]
 mod etcd {
     use super::*;
 

@@ -21,8 +21,6 @@ pub const MAX_NAME_LEN: usize = 256;
 /// The most etcd endpoints.
 pub const MAX_ENDPOINTS: usize = 16;
 
-pub(crate) const NO_ETCD: &str = "[ha] store = \"etcd\": this trellis was built without etcd support: rebuild with `--features etcd` (needs protoc: Debian protobuf-compiler), or use store = \"file\"";
-
 /// Which cluster store holds the lease.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -30,7 +28,7 @@ pub enum StoreKind {
     /// An `flock`ed file (`path`): nodes on one machine, no daemon.
     #[default]
     File,
-    /// An etcd cluster (`endpoints`), through etcd-client.
+    /// An etcd cluster (`endpoints`), through its JSON gateway.
     Etcd,
 }
 
@@ -49,8 +47,20 @@ impl StoreKind {
 #[serde(deny_unknown_fields, default)]
 pub struct HaConfig {
     pub store: StoreKind,
-    /// etcd endpoints ("127.0.0.1:2379" or "http://host:2379").
+    /// etcd endpoints ("127.0.0.1:2379", "http://host:2379" or
+    /// "https://host:2379"; without a scheme, https when a TLS option is set).
     pub endpoints: Vec<String>,
+    /// etcd over TLS: the CA that signed etcd's server certificate (PEM).
+    /// None: the system's trusted roots (for https endpoints).
+    pub etcd_ca_file: Option<PathBuf>,
+    /// etcd's `--client-cert-auth`: this node's certificate (PEM), with
+    /// `etcd_key_file` (PEM; mode 0600, refused when group or others may read it).
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
+    /// etcd auth: the user, with its password in `etcd_password_file`
+    /// (first line; mode 0600, refused when group or others may read it).
+    pub etcd_user: Option<String>,
+    pub etcd_password_file: Option<PathBuf>,
     /// The lease's key; both nodes of a pair use the same. Empty: derived
     /// from the first subsystem's NQN at start ("/trellis/ha/NQN").
     pub key: String,
@@ -79,6 +89,11 @@ impl Default for HaConfig {
         HaConfig {
             store: StoreKind::File,
             endpoints: Vec::new(),
+            etcd_ca_file: None,
+            etcd_cert_file: None,
+            etcd_key_file: None,
+            etcd_user: None,
+            etcd_password_file: None,
             key: String::new(),
             node: String::new(),
             path: None,
@@ -156,12 +171,44 @@ impl HaConfig {
         self.validate_store()
     }
 
+    fn has_etcd_options(&self) -> bool {
+        self.etcd_ca_file.is_some()
+            || self.etcd_cert_file.is_some()
+            || self.etcd_key_file.is_some()
+            || self.etcd_user.is_some()
+            || self.etcd_password_file.is_some()
+    }
+
+    /// The TLS and auth options come in pairs.
+    fn validate_etcd_security(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.etcd_cert_file.is_some() == self.etcd_key_file.is_some(),
+            "[ha] etcd_cert_file and etcd_key_file go together: set both (a client certificate) or neither"
+        );
+        ensure!(
+            self.etcd_user.is_some() == self.etcd_password_file.is_some(),
+            "[ha] etcd_user and etcd_password_file go together: set both or neither"
+        );
+        if let Some(u) = &self.etcd_user {
+            ensure!(
+                !u.is_empty() && u.len() <= MAX_NAME_LEN,
+                "[ha] etcd_user is {} bytes: use 1..={MAX_NAME_LEN}",
+                u.len()
+            );
+        }
+        Ok(())
+    }
+
     fn validate_store(&self) -> anyhow::Result<()> {
         match self.store {
             StoreKind::File => {
                 ensure!(
                     self.endpoints.is_empty(),
                     "[ha] endpoints are for store = \"etcd\": remove them or set store = \"etcd\""
+                );
+                ensure!(
+                    !self.has_etcd_options(),
+                    "[ha] etcd_* options are for store = \"etcd\": remove them or set store = \"etcd\""
                 );
                 // No default: one in each node's own state directory gave
                 // two nodes two lock files, and both owned the lease.
@@ -171,7 +218,6 @@ impl HaConfig {
                 );
             }
             StoreKind::Etcd => {
-                ensure!(cfg!(feature = "etcd"), "{NO_ETCD}");
                 ensure!(
                     !self.endpoints.is_empty(),
                     "[ha] store = \"etcd\" needs endpoints, e.g. endpoints = [\"127.0.0.1:2379\"] (--ha-endpoints)"
@@ -181,12 +227,24 @@ impl HaConfig {
                     "[ha] {} endpoints: use at most {MAX_ENDPOINTS}",
                     self.endpoints.len()
                 );
+                let tls = self.etcd_ca_file.is_some() || self.etcd_cert_file.is_some();
                 for e in &self.endpoints {
                     ensure!(
                         !e.is_empty() && !e.contains(char::is_whitespace),
-                        "[ha] endpoint {e:?}: use HOST:PORT or http://HOST:PORT"
+                        "[ha] endpoint {e:?}: use HOST:PORT, http://HOST:PORT or https://HOST:PORT"
                     );
+                    if let Some((scheme, _)) = e.split_once("://") {
+                        ensure!(
+                            scheme == "http" || scheme == "https",
+                            "[ha] endpoint {e:?}: use http:// or https://"
+                        );
+                        ensure!(
+                            !(tls && scheme == "http"),
+                            "[ha] endpoint {e:?} is plain http but etcd_ca_file or etcd_cert_file is set: use https://"
+                        );
+                    }
                 }
+                self.validate_etcd_security()?;
                 ensure!(
                     self.path.is_none(),
                     "[ha] path is for store = \"file\": remove it"
@@ -234,13 +292,37 @@ mod tests {
             &|c| c.endpoints = vec!["x:1".into()],
             "endpoints are for store = \"etcd\"",
         );
+        bad(&|c| c.store = StoreKind::Etcd, "needs endpoints");
         bad(
-            &|c| c.store = StoreKind::Etcd,
-            if cfg!(feature = "etcd") {
-                "needs endpoints"
-            } else {
-                "built without etcd"
-            },
+            &|c| c.etcd_user = Some("trellis".into()),
+            "etcd_* options are for store = \"etcd\"",
         );
+        let etcd = |f: &dyn Fn(&mut HaConfig), want: &str| {
+            bad(
+                &|c| {
+                    c.store = StoreKind::Etcd;
+                    c.path = None;
+                    c.endpoints = vec!["127.0.0.1:2379".into()];
+                    f(c)
+                },
+                want,
+            )
+        };
+        etcd(
+            &|c| c.etcd_user = Some("trellis".into()),
+            "etcd_user and etcd_password_file go together",
+        );
+        etcd(
+            &|c| c.etcd_key_file = Some("/k".into()),
+            "etcd_cert_file and etcd_key_file go together",
+        );
+        etcd(
+            &|c| {
+                c.etcd_ca_file = Some("/ca".into());
+                c.endpoints = vec!["http://e:2379".into()];
+            },
+            "is plain http but etcd_ca_file",
+        );
+        etcd(&|c| c.endpoints = vec!["grpc://e:2379".into()], "use http:// or https://");
     }
 }

@@ -4,9 +4,9 @@
 //! reports inaccessible (docs/target.md, "HA pair").
 //!
 //! - [`LeaseStore`]: the store, one lease on one key. [`file::FileStore`]
-//!   (an `flock`ed file: one machine, no daemon; the default) and, with the
-//!   `etcd` feature, [`etcd::EtcdStore`] (an etcd lease, a compare-and-swap
-//!   on the key, a watch).
+//!   (an `flock`ed file: one machine, no daemon; the default) and
+//!   [`etcd::EtcdStore`] (an etcd lease, a compare-and-swap on the key, a
+//!   watch, over etcd's JSON gateway with optional TLS and auth).
 //! - [`Ha`]: what the node serves, shared by the lease thread, the fence
 //!   watchdog and the management socket (`ha_get`, `ha_drain`).
 //! - Fencing: the owner serves only until `fence_ms` after the send time of
@@ -17,7 +17,6 @@
 //! The I/O path sees none of this: it reads the ANA state byte it always
 //! reads (`AnaTable::io_status`).
 
-#[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod file;
 
@@ -342,10 +341,7 @@ pub fn spawn(
 fn open_store(cfg: &HaConfig) -> anyhow::Result<Box<dyn LeaseStore>> {
     Ok(match cfg.store {
         StoreKind::File => Box::new(file::FileStore::open(cfg)?),
-        #[cfg(feature = "etcd")]
         StoreKind::Etcd => Box::new(etcd::EtcdStore::connect(cfg)?),
-        #[cfg(not(feature = "etcd"))]
-        StoreKind::Etcd => anyhow::bail!("{}", config::NO_ETCD),
     })
 }
 
