@@ -408,36 +408,111 @@ mod etcd {
             .port()
     }
 
+    /// False (the test is skipped, and says so) when there is no etcd
+    /// binary, unless TRELLIS_REQUIRE_ETCD=1: then the test fails.
+    fn found() -> bool {
+        let found = Command::new("etcd").arg("--version").output().is_ok();
+        if !found {
+            let required = std::env::var("TRELLIS_REQUIRE_ETCD").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "TRELLIS_REQUIRE_ETCD=1 but there is no etcd binary in PATH \
+                 (Debian: apt-get install etcd-server)"
+            );
+            // Straight to the stderr handle, not eprintln!: libtest
+            // captures the macros' output of a passing test, which
+            // would hide the skip behind an "ok".
+            use std::io::Write;
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: no etcd binary (apt-get install etcd-server); \
+                 TRELLIS_REQUIRE_ETCD=1 makes this a failure"
+            );
+        }
+        found
+    }
+
+    /// A throwaway CA, a server certificate for 127.0.0.1 and a client
+    /// certificate, made with the `openssl` command (valid one day). No
+    /// extended key usage: etcd's gateway presents the server certificate
+    /// as a client to etcd's own gRPC port.
+    fn make_pki(dir: &Path) {
+        let run = |args: &[&str]| {
+            let o = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("the openssl command (Debian: apt-get install openssl)");
+            assert!(o.status.success(), "openssl {args:?}: {}", stderr(&o));
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let mut ca = vec!["req", "-x509", "-days", "1", "-subj", "/CN=trellis-test-ca"];
+        ca.extend(ec);
+        ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
+        run(&ca);
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        for who in ["server", "client"] {
+            let (key, csr, crt) = (format!("{who}.key"), format!("{who}.csr"), format!("{who}.crt"));
+            let subj = format!("/CN=trellis-test-{who}");
+            let mut req = vec!["req", "-subj", &subj];
+            req.extend(ec);
+            req.extend(["-keyout", &key, "-out", &csr]);
+            run(&req);
+            run(&[
+                "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", &crt,
+            ]);
+        }
+        // The node refuses a key file that others may read.
+        use std::os::unix::fs::PermissionsExt;
+        let key = dir.join("client.key");
+        std::fs::set_permissions(key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    /// `trellis target` with `[ha]` = `ha` that must not start: its output.
+    fn refused_start(dir: &Path, ha: &str) -> std::process::Output {
+        shared_disk(dir);
+        let cfg = dir.join("refused.toml");
+        let ha = format!("node = \"r\"\n{ha}");
+        write_private(&cfg, &node_config(&dir.join("disk.img"), &dir.join("r.sock"), &ha));
+        let state = tempfile::tempdir().unwrap();
+        let (cfg, state) = (cfg.display().to_string(), state.path().display().to_string());
+        let o = trellis_within(
+            &["target", "--config", &cfg, "--state-dir", &state],
+            Duration::from_secs(30),
+        );
+        eprintln!("refused start: {}", stderr(&o).trim());
+        o
+    }
+
     impl Etcd {
-        /// None (the test is skipped, and says so) when there is no etcd
-        /// binary, unless TRELLIS_REQUIRE_ETCD=1: then the test fails.
         pub fn start() -> Option<Etcd> {
-            let found = Command::new("etcd").arg("--version").output().is_ok();
-            if !found {
-                let required = std::env::var("TRELLIS_REQUIRE_ETCD").is_ok_and(|v| v == "1");
-                assert!(
-                    !required,
-                    "TRELLIS_REQUIRE_ETCD=1 but there is no etcd binary in PATH \
-                     (Debian: apt-get install etcd-server)"
-                );
-                // Straight to the stderr handle, not eprintln!: libtest
-                // captures the macros' output of a passing test, which
-                // would hide the skip behind an "ok".
-                use std::io::Write;
-                let test = std::thread::current().name().unwrap_or("?").to_string();
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIPPED {test}: no etcd binary (apt-get install etcd-server); \
-                     TRELLIS_REQUIRE_ETCD=1 makes this a failure"
-                );
+            found().then(|| Etcd::launch(tempfile::tempdir().unwrap(), false))
+        }
+
+        /// etcd serving https only to clients with a certificate of a
+        /// throwaway CA made here (`pki`: ca.crt, client.crt, client.key).
+        pub fn start_tls() -> Option<Etcd> {
+            if !found() {
                 return None;
             }
             let dir = tempfile::tempdir().unwrap();
+            make_pki(dir.path());
+            Some(Etcd::launch(dir, true))
+        }
+
+        pub fn pki(&self, name: &str) -> String {
+            self._dir.path().join(name).display().to_string()
+        }
+
+        fn launch(dir: tempfile::TempDir, tls: bool) -> Etcd {
             let (c, p) = (free_port(), free_port());
-            let client = format!("http://127.0.0.1:{c}");
+            let scheme = if tls { "https" } else { "http" };
+            let client = format!("{scheme}://127.0.0.1:{c}");
             let peer = format!("http://127.0.0.1:{p}");
-            let child = Command::new("etcd")
-                .args(["--name", "t", "--data-dir"])
+            let mut cmd = Command::new("etcd");
+            cmd.args(["--name", "t", "--data-dir"])
                 .arg(dir.path().join("data"))
                 .args([
                     "--listen-client-urls",
@@ -451,7 +526,18 @@ mod etcd {
                     "--initial-advertise-peer-urls",
                     &peer,
                 ])
-                .args(["--initial-cluster", &format!("t={peer}")])
+                .args(["--initial-cluster", &format!("t={peer}")]);
+            if tls {
+                let f = |n: &str| dir.path().join(n);
+                cmd.arg("--cert-file")
+                    .arg(f("server.crt"))
+                    .arg("--key-file")
+                    .arg(f("server.key"))
+                    .arg("--trusted-ca-file")
+                    .arg(f("ca.crt"))
+                    .arg("--client-cert-auth");
+            }
+            let child = cmd
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap())
                 .spawn()
@@ -469,7 +555,43 @@ mod etcd {
                 );
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Some(e)
+            e
+        }
+
+        /// One call to etcd's JSON gateway (plain http), as `token`'s user.
+        fn gw(&self, path: &str, body: Value, token: Option<&str>) -> Value {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(10)))
+                .build()
+                .into();
+            let mut r = agent.post(format!("http://{}{path}", self.endpoint));
+            if let Some(t) = token {
+                r = r.header("Authorization", t);
+            }
+            let mut resp = r.send(body.to_string()).unwrap();
+            let ok = resp.status().is_success();
+            let v: Value =
+                serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+            assert!(ok, "{path}: {v}");
+            v
+        }
+
+        /// etcd auth on: root (etcd wants it, with the root role, first),
+        /// and `user` whose role may read and write /trellis/ha/ only.
+        pub fn enable_auth(&self, user: &str, password: &str) {
+            use serde_json::json;
+            let gw = |p: &str, b: Value| self.gw(p, b, None);
+            gw("/v3/auth/user/add", json!({"name": "root", "password": "root-pw"}));
+            gw("/v3/auth/role/add", json!({"name": "root"}));
+            gw("/v3/auth/user/grant", json!({"user": "root", "role": "root"}));
+            gw("/v3/auth/role/add", json!({"name": "trellis-ha"}));
+            // Keys base64: "/trellis/ha/" up to (not including) "/trellis/ha0".
+            let perm = json!({"permType": "READWRITE", "key": "L3RyZWxsaXMvaGEv", "range_end": "L3RyZWxsaXMvaGEw"});
+            gw("/v3/auth/role/grant", json!({"name": "trellis-ha", "perm": perm}));
+            gw("/v3/auth/user/add", json!({"name": user, "password": password}));
+            gw("/v3/auth/user/grant", json!({"user": user, "role": "trellis-ha"}));
+            gw("/v3/auth/enable", json!({}));
         }
 
         pub fn ha(&self) -> String {
@@ -574,6 +696,73 @@ mod etcd {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_ne!(a.role(), b.role());
+    }
+
+    /// Drains `a` (the owner): `b` takes the lease (revoke, watch, grant and
+    /// txn all went through the store's security).
+    fn drain_to_b(a: &Node, b: &Node) {
+        let o = a.ctl(&["drain"]);
+        assert!(o.status.success(), "drain: {}", stderr(&o));
+        b.wait_role("owner", Duration::from_secs(10));
+        assert_eq!(a.role(), "standby");
+    }
+
+    /// Issue 32: anyone who reached etcd could revoke or take the lease.
+    /// With etcd's auth on, a node with the user's password holds the lease;
+    /// one without credentials, with a wrong password or with a password
+    /// file others may read does not start, and says why.
+    #[test]
+    fn etcd_auth_the_right_password_holds_the_lease_a_wrong_or_none_is_refused() {
+        let Some(e) = Etcd::start() else { return };
+        e.enable_auth("trellis", "pw-of-trellis");
+        let d = tempfile::tempdir().unwrap();
+        let auth = |f: &Path| {
+            format!(
+                "{}\netcd_user = \"trellis\"\netcd_password_file = \"{}\"",
+                e.ha(),
+                f.display()
+            )
+        };
+        let o = refused_start(d.path(), &e.ha());
+        assert_refused(&o, &["cannot use it", "etcd refused: etcdserver: user name is empty"]);
+        let wrong = d.path().join("wrong.pw");
+        write_private(&wrong, "not-the-password\n");
+        let o = refused_start(d.path(), &auth(&wrong));
+        assert_refused(
+            &o,
+            &["etcd_user \"trellis\": authentication", "authentication failed"],
+        );
+        assert!(!stderr(&o).contains("not-the-password"), "{}", stderr(&o));
+        let open = d.path().join("open.pw");
+        std::fs::write(&open, "pw-of-trellis\n").unwrap(); // 0644 by the umask
+        let o = refused_start(d.path(), &auth(&open));
+        assert_refused(&o, &["etcd_password_file", "chmod 600"]);
+        let pw = d.path().join("etcd.pw");
+        write_private(&pw, "pw-of-trellis\n");
+        let (a, b) = pair(d.path(), &auth(&pw));
+        drain_to_b(&a, &b);
+    }
+
+    /// etcd with `--client-cert-auth` on https: a node with the CA and a
+    /// client certificate holds the lease; one with the CA alone is refused.
+    #[test]
+    fn etcd_tls_with_a_client_certificate_holds_the_lease_and_without_is_refused() {
+        let Some(e) = Etcd::start_tls() else { return };
+        let d = tempfile::tempdir().unwrap();
+        let ca_only = format!(
+            "store = \"etcd\"\nendpoints = [\"https://{}\"]\netcd_ca_file = \"{}\"",
+            e.endpoint,
+            e.pki("ca.crt")
+        );
+        let o = refused_start(d.path(), &ca_only);
+        assert_refused(&o, &["cannot use it", "https://"]);
+        let tls = format!(
+            "{ca_only}\netcd_cert_file = \"{}\"\netcd_key_file = \"{}\"",
+            e.pki("client.crt"),
+            e.pki("client.key")
+        );
+        let (a, b) = pair(d.path(), &tls);
+        drain_to_b(&a, &b);
     }
 
     #[test]
