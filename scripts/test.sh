@@ -99,7 +99,10 @@ if ! command -v python3 >/dev/null; then
 fi
 # cargo-fuzz is installed by scripts/fuzz-smoke.sh itself (cargo install, no root needed).
 
-suite "cargo test --workspace" cargo-test cargo test --workspace
+# The etcd tests of crates/app/cli/tests/ha.rs run in scripts/test.d/70-ha.sh
+# (with etcd required, and counted), not here as well: once is enough, and
+# their timing bounds want the binary to themselves.
+suite "cargo test --workspace" cargo-test cargo test --workspace -- --skip etcd::etcd_
 
 # Failing io_uring submits, a panicking handler, I/O in flight at shutdown.
 suite "cargo test -p trellis-target --features fault-injection --test faults" cargo-test-faults \

@@ -446,22 +446,45 @@ mod etcd {
                 .expect("the openssl command (Debian: apt-get install openssl)");
             assert!(o.status.success(), "openssl {args:?}: {}", stderr(&o));
         };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
         let mut ca = vec!["req", "-x509", "-days", "1", "-subj", "/CN=trellis-test-ca"];
         ca.extend(ec);
         ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
         run(&ca);
         std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
         for who in ["server", "client"] {
-            let (key, csr, crt) = (format!("{who}.key"), format!("{who}.csr"), format!("{who}.crt"));
+            let (key, csr, crt) = (
+                format!("{who}.key"),
+                format!("{who}.csr"),
+                format!("{who}.crt"),
+            );
             let subj = format!("/CN=trellis-test-{who}");
             let mut req = vec!["req", "-subj", &subj];
             req.extend(ec);
             req.extend(["-keyout", &key, "-out", &csr]);
             run(&req);
             run(&[
-                "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", &crt,
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "san.ext",
+                "-out",
+                &crt,
             ]);
         }
         // The node refuses a key file that others may read.
@@ -475,9 +498,15 @@ mod etcd {
         shared_disk(dir);
         let cfg = dir.join("refused.toml");
         let ha = format!("node = \"r\"\n{ha}");
-        write_private(&cfg, &node_config(&dir.join("disk.img"), &dir.join("r.sock"), &ha));
+        write_private(
+            &cfg,
+            &node_config(&dir.join("disk.img"), &dir.join("r.sock"), &ha),
+        );
         let state = tempfile::tempdir().unwrap();
-        let (cfg, state) = (cfg.display().to_string(), state.path().display().to_string());
+        let (cfg, state) = (
+            cfg.display().to_string(),
+            state.path().display().to_string(),
+        );
         let o = trellis_within(
             &["target", "--config", &cfg, "--state-dir", &state],
             Duration::from_secs(30),
@@ -582,15 +611,30 @@ mod etcd {
         pub fn enable_auth(&self, user: &str, password: &str) {
             use serde_json::json;
             let gw = |p: &str, b: Value| self.gw(p, b, None);
-            gw("/v3/auth/user/add", json!({"name": "root", "password": "root-pw"}));
+            gw(
+                "/v3/auth/user/add",
+                json!({"name": "root", "password": "root-pw"}),
+            );
             gw("/v3/auth/role/add", json!({"name": "root"}));
-            gw("/v3/auth/user/grant", json!({"user": "root", "role": "root"}));
+            gw(
+                "/v3/auth/user/grant",
+                json!({"user": "root", "role": "root"}),
+            );
             gw("/v3/auth/role/add", json!({"name": "trellis-ha"}));
             // Keys base64: "/trellis/ha/" up to (not including) "/trellis/ha0".
             let perm = json!({"permType": "READWRITE", "key": "L3RyZWxsaXMvaGEv", "range_end": "L3RyZWxsaXMvaGEw"});
-            gw("/v3/auth/role/grant", json!({"name": "trellis-ha", "perm": perm}));
-            gw("/v3/auth/user/add", json!({"name": user, "password": password}));
-            gw("/v3/auth/user/grant", json!({"user": user, "role": "trellis-ha"}));
+            gw(
+                "/v3/auth/role/grant",
+                json!({"name": "trellis-ha", "perm": perm}),
+            );
+            gw(
+                "/v3/auth/user/add",
+                json!({"name": user, "password": password}),
+            );
+            gw(
+                "/v3/auth/user/grant",
+                json!({"user": user, "role": "trellis-ha"}),
+            );
             gw("/v3/auth/enable", json!({}));
         }
 
@@ -724,13 +768,22 @@ mod etcd {
             )
         };
         let o = refused_start(d.path(), &e.ha());
-        assert_refused(&o, &["cannot use it", "etcd refused: etcdserver: user name is empty"]);
+        assert_refused(
+            &o,
+            &[
+                "cannot use it",
+                "etcd refused: etcdserver: user name is empty",
+            ],
+        );
         let wrong = d.path().join("wrong.pw");
         write_private(&wrong, "not-the-password\n");
         let o = refused_start(d.path(), &auth(&wrong));
         assert_refused(
             &o,
-            &["etcd_user \"trellis\": authentication", "authentication failed"],
+            &[
+                "etcd_user \"trellis\": authentication",
+                "authentication failed",
+            ],
         );
         assert!(!stderr(&o).contains("not-the-password"), "{}", stderr(&o));
         let open = d.path().join("open.pw");

@@ -323,6 +323,9 @@ mod tests {
             },
             "is plain http but etcd_ca_file",
         );
-        etcd(&|c| c.endpoints = vec!["grpc://e:2379".into()], "use http:// or https://");
+        etcd(
+            &|c| c.endpoints = vec!["grpc://e:2379".into()],
+            "use http:// or https://",
+        );
     }
 }

@@ -55,7 +55,11 @@ struct Refused {
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "etcd refused: {} (gRPC code {})", self.message, self.code)
+        write!(
+            f,
+            "etcd refused: {} (gRPC code {})",
+            self.message, self.code
+        )
     }
 }
 
@@ -209,9 +213,12 @@ impl EtcdStore {
         let v = self
             .call_once("/v3/auth/authenticate", &body)
             .with_context(|| format!("[ha] etcd_user {user:?}: authentication"))?;
-        let tok = v["token"].as_str().filter(|t| !t.is_empty()).ok_or_else(|| {
-            anyhow!("etcd gave no token for etcd_user {user:?}: is auth enabled there?")
-        })?;
+        let tok = v["token"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                anyhow!("etcd gave no token for etcd_user {user:?}: is auth enabled there?")
+            })?;
         self.token = Some(Zeroizing::new(tok.to_string()));
         Ok(())
     }
@@ -220,7 +227,10 @@ impl EtcdStore {
     fn campaign(&mut self) -> anyhow::Result<Option<i64>> {
         let g = self.call("/v3/lease/grant", json!({"TTL": self.ttl_s.to_string()}))?;
         let id = int(&g["ID"]).filter(|&id| id != 0).ok_or_else(|| {
-            anyhow!("lease grant: no lease ID in the answer: {:.200}", g.to_string())
+            anyhow!(
+                "lease grant: no lease ID in the answer: {:.200}",
+                g.to_string()
+            )
         })?;
         let (key, value) = (self.key.clone(), B64.encode(&self.node));
         let txn = json!({
@@ -445,7 +455,9 @@ fn read_certs(what: &str, p: &Path) -> anyhow::Result<Vec<Certificate<'static>>>
     let pem = read_small(what, p)?;
     let mut certs = Vec::new();
     for item in ureq::tls::parse_pem(&pem) {
-        if let PemItem::Certificate(c) = item.map_err(|e| anyhow!("[ha] {what} {}: {e}", p.display()))? {
+        if let PemItem::Certificate(c) =
+            item.map_err(|e| anyhow!("[ha] {what} {}: {e}", p.display()))?
+        {
             certs.push(c);
         }
     }
@@ -474,7 +486,12 @@ fn tls_config(cfg: &HaConfig) -> anyhow::Result<TlsConfig> {
         // Any PEM key (PKCS#8, RSA, EC) as PKCS#8, which native-tls takes.
         let pkcs8 = openssl::pkey::PKey::private_key_from_pem(&pem)
             .and_then(|k| k.private_key_to_pem_pkcs8())
-            .map_err(|e| anyhow!("[ha] etcd_key_file {}: not a PEM private key: {e}", k.display()))?;
+            .map_err(|e| {
+                anyhow!(
+                    "[ha] etcd_key_file {}: not a PEM private key: {e}",
+                    k.display()
+                )
+            })?;
         let pkcs8 = Zeroizing::new(pkcs8);
         let key = PrivateKey::from_pem(&pkcs8)
             .map_err(|e| anyhow!("[ha] etcd_key_file {}: {e}", k.display()))?;
@@ -494,15 +511,24 @@ mod tests {
         assert!(e.to_string().contains("user name is empty"), "{e}");
         assert!(is_code(&e, 3));
         let v2 = json!({"code": 16, "message": "etcdserver: invalid auth token", "details": []});
-        assert!(is_code(&refusal(&v2, false).unwrap_err(), GRPC_UNAUTHENTICATED));
+        assert!(is_code(
+            &refusal(&v2, false).unwrap_err(),
+            GRPC_UNAUTHENTICATED
+        ));
         let stream = json!({"error": {"grpc_code": 16, "http_code": 401, "message": "etcdserver: invalid auth token"}});
-        assert!(is_code(&refusal(&stream, true).unwrap_err(), GRPC_UNAUTHENTICATED));
+        assert!(is_code(
+            &refusal(&stream, true).unwrap_err(),
+            GRPC_UNAUTHENTICATED
+        ));
         assert!(refusal(&json!({"result": {"TTL": "5"}}), true).is_ok());
     }
 
     #[test]
     fn integers_are_strings_or_numbers_and_endpoints_get_a_scheme() {
-        assert_eq!(int(&json!("7587862072907553537")), Some(7587862072907553537));
+        assert_eq!(
+            int(&json!("7587862072907553537")),
+            Some(7587862072907553537)
+        );
         assert_eq!(int(&json!(5)), Some(5));
         assert_eq!(int(&Value::Null), None);
         assert_eq!(base_url("127.0.0.1:2379", false), "http://127.0.0.1:2379");
