@@ -771,7 +771,7 @@ mod etcd {
         assert_refused(
             &o,
             &[
-                "cannot use it",
+                "set [ha] etcd_user and etcd_password_file",
                 "etcd refused: etcdserver: user name is empty",
             ],
         );
@@ -815,6 +815,20 @@ mod etcd {
             e.pki("client.key")
         );
         let (a, b) = pair(d.path(), &tls);
+        drain_to_b(&a, &b);
+    }
+
+    /// A first endpoint nobody listens on is passed over, at start and after.
+    #[test]
+    fn etcd_a_dead_first_endpoint_is_passed_over() {
+        let Some(e) = Etcd::start() else { return };
+        let d = tempfile::tempdir().unwrap();
+        let dead = format!("127.0.0.1:{}", free_port());
+        let ha = format!(
+            "store = \"etcd\"\nendpoints = [\"{dead}\", \"{}\"]",
+            e.endpoint
+        );
+        let (a, b) = pair(d.path(), &ha);
         drain_to_b(&a, &b);
     }
 

@@ -133,7 +133,17 @@ impl EtcdStore {
         for _ in 0..self.endpoints.len() {
             match self.holder() {
                 Ok(_) => return Ok(()),
-                Err(e) if e.downcast_ref::<Refused>().is_some() => return Err(e),
+                Err(e) if e.downcast_ref::<Refused>().is_some() => {
+                    let anonymous =
+                        self.auth.is_none() && e.to_string().contains("user name is empty");
+                    return Err(if anonymous {
+                        e.context(
+                            "etcd has auth enabled: set [ha] etcd_user and etcd_password_file",
+                        )
+                    } else {
+                        e
+                    });
+                }
                 Err(e) => last = Some(e),
             }
         }
