@@ -12,10 +12,10 @@ mod table;
 
 pub use outputs::capex_svg;
 use outputs::write_outputs;
+use scenarios::nsdi26_configs;
 pub use scenarios::{
-    fast_ssds, rack27, synthetic, testbed, testbed_attached, warm_gimbal, TESTBED_NODES,
+    fast_ssds, rack27, synthetic, testbed, testbed_attached, warm_gimbal, TESTBED_NODES, TRACE_LOAD,
 };
-use scenarios::{fio, sensitivity_configs, TUNED_RTO_MIN_NS};
 pub use table::format_table;
 use table::table;
 
@@ -140,163 +140,10 @@ pub struct Report {
     pub runs: Vec<Results>,
 }
 
-/// Offered load of the trace-like runs, as a fraction of each client's 400GbE link.
-pub const TRACE_LOAD: f64 = 0.5;
-
 pub fn nsdi26(scale: Scale, out_dir: &Path, progress: bool) -> Result<Report> {
     std::fs::create_dir_all(out_dir)?;
     let (sm, lg) = (scale.small_ms, scale.large_ms);
-    let mut cfgs = Vec::new();
-    // 1. Testbed fio: (randread 4K, seqwrite 128K) × (clean, fragmented) × (switched, switchless).
-    let frag = Precondition::Fragmented {
-        overwrite_permille: 1000,
-    };
-    let fio_jobs = [
-        fio("randread-4k", 100, vec![(4096, 1)], Pattern::Random, 32),
-        fio(
-            "seqwrite-128k",
-            0,
-            vec![(131072, 1)],
-            Pattern::Sequential,
-            8,
-        ),
-    ];
-    for job in &fio_jobs {
-        for pre in [Precondition::Clean, frag] {
-            for sw in [true, false] {
-                let mut c = testbed(sw, pre, job.clone(), sm);
-                c.name = format!(
-                    "{}-{}",
-                    c.name,
-                    if pre == Precondition::Clean {
-                        "clean"
-                    } else {
-                        "frag"
-                    }
-                );
-                cfgs.push(c);
-            }
-        }
-    }
-    // 2. YCSB A-F on the testbed.
-    for w in ['A', 'B', 'C', 'D', 'E', 'F'] {
-        for sw in [true, false] {
-            let job = JobConfig {
-                name: format!("ycsb-{w}"),
-                job: JobKind::Ycsb {
-                    workload: w,
-                    record_bytes: 1024,
-                    cores: 0,
-                    cpu_ns_per_op: crate::config::ycsb_cpu_ns_per_op(),
-                },
-                qd: 16,
-                ..JobConfig::default()
-            };
-            cfgs.push(testbed(sw, Precondition::Clean, job, sm));
-        }
-    }
-    // 3. 27 nodes at 600GbE with trace-like workloads (open loop).
-    for m in ["oltp", "systor", "websearch"] {
-        for sw in [true, false] {
-            cfgs.push(rack27(
-                sw,
-                TopologyKind::Torus3d,
-                synthetic(m, TRACE_LOAD, 400),
-                lg,
-            ));
-        }
-    }
-    // 4. Scalability: uniform 4 KiB and mixed 4/32/128 KiB; incast to one drive.
-    let uni = fio("uniform-4k", 100, vec![(4096, 1)], Pattern::Random, 16);
-    let mixed = fio(
-        "mixed-50-50",
-        50,
-        vec![(4096, 1), (32768, 1), (131072, 1)],
-        Pattern::Random,
-        8,
-    );
-    let incast = JobConfig {
-        targets: Targets::One(0),
-        ..fio("incast-4k", 100, vec![(4096, 1)], Pattern::Random, 8)
-    };
-    for job in [&uni, &mixed, &incast] {
-        for sw in [true, false] {
-            cfgs.push(rack27(sw, TopologyKind::Torus3d, job.clone(), lg));
-        }
-    }
-    // 5. Link failure at mid-run: 3D torus and dragonfly, two workloads.
-    let f_uni = fio("fail-4k-95-5", 95, vec![(4096, 1)], Pattern::Random, 16);
-    for job in [&f_uni, &mixed] {
-        for kind in [TopologyKind::Torus3d, TopologyKind::Dragonfly] {
-            // The run covers detection, convergence and `lg` ms after it, so the drop
-            // averages the whole failure cycle rather than stopping mid-blackhole.
-            let (detect_ns, converge_ns) = (failure_detect_ns(), failure_converge_ns());
-            let after_ms = (detect_ns + converge_ns).div_ceil(1_000_000) + lg;
-            let mut c = rack27(false, kind, job.clone(), lg + after_ms);
-            c.name = format!("{}-failure", c.name);
-            // Warm up over the first tenth before the failure, not of the longer run.
-            c.warmup_ns = lg * 100_000;
-            c.bin_ns = 50_000;
-            c.failures = vec![FailureConfig {
-                at_ns: lg * 1_000_000,
-                what: "link".into(),
-                a: 0,
-                b: None,
-                detect_ns,
-                converge_ns,
-            }];
-            if kind == TopologyKind::Torus3d && job.name == f_uni.name {
-                // Sensitivity: the same failure with a datacenter-tuned 1 ms RTO floor.
-                let mut tuned = c.clone();
-                tuned.name = format!("{}-rto1ms", c.name);
-                tuned.topology.tcp_rto_min_ns = TUNED_RTO_MIN_NS;
-                cfgs.push(tuned);
-                // Sensitivity: without RACK every loss waits for its RTO (the model
-                // before 2026-11-29).
-                let mut no_rack = c.clone();
-                no_rack.name = format!("{}-norack", c.name);
-                no_rack.topology.tcp_rack = false;
-                cfgs.push(no_rack);
-            }
-            cfgs.push(c);
-        }
-    }
-    // 6. Per-hop cost: QD1 4 KiB reads one vs two adapter hops away on a ring.
-    for target in [1u32, 2] {
-        let mut c = testbed(
-            false,
-            Precondition::Clean,
-            JobConfig {
-                targets: Targets::One(target * 4),
-                hosts: vec![0],
-                ..fio("qd1-read", 100, vec![(4096, 1)], Pattern::Random, 1)
-            },
-            sm,
-        );
-        c.name = format!("hop-cost-{target}");
-        c.topology.kind = TopologyKind::Ring;
-        c.topology.storage_nodes = 6;
-        c.topology.hosts = 1;
-        // One port on node 0 and one I/O at a time: the hops are the only difference.
-        c.topology.host_ports = 1;
-        c.workload.jobs[0].qd = 1;
-        c.mechanisms = Mechanisms::all_off();
-        cfgs.push(c);
-    }
-    // 7. Drill-down: the same testbed without any of the mechanisms (plain ECMP, FIFO).
-    for sw in [true, false] {
-        let mut c = testbed(
-            sw,
-            frag,
-            fio("randread-4k", 100, vec![(4096, 1)], Pattern::Random, 32),
-            sm,
-        );
-        c.name = format!("{}-baseline-frag", c.name);
-        c.mechanisms = Mechanisms::all_off();
-        cfgs.push(c);
-    }
-    // 8. Beyond the paper: one parameter at a time on the clean 4-node testbed.
-    cfgs.extend(sensitivity_configs(sm));
+    let mut cfgs = nsdi26_configs(sm, lg);
     if progress {
         eprintln!(
             "running {} simulations ({} ms / {} ms simulated each)",

@@ -16,13 +16,7 @@ pub fn warm_gimbal() -> trellis_qos::GimbalConfig {
     }
 }
 
-pub(super) fn fio(
-    name: &str,
-    read_pct: u32,
-    sizes: Vec<(u32, u32)>,
-    pattern: Pattern,
-    qd: u32,
-) -> JobConfig {
+fn fio(name: &str, read_pct: u32, sizes: Vec<(u32, u32)>, pattern: Pattern, qd: u32) -> JobConfig {
     JobConfig {
         name: name.into(),
         read_pct,
@@ -50,7 +44,7 @@ pub fn testbed(switched: bool, pre: Precondition, job: JobConfig, ms: u64) -> Si
 
 /// A datacenter-tuned TCP RTO floor for the failure sensitivity row (`ip route ... rto_min`;
 /// Vasudevan et al., SIGCOMM 2009, argue for sub-ms floors in datacenters; docs/sim.md).
-pub(super) const TUNED_RTO_MIN_NS: u64 = 1_000_000;
+const TUNED_RTO_MIN_NS: u64 = 1_000_000;
 
 /// Storage nodes of the 4-node testbed.
 pub const TESTBED_NODES: u32 = 4;
@@ -218,7 +212,7 @@ pub(super) fn knobs() -> Vec<Knob> {
     ]
 }
 
-pub(super) fn sensitivity_configs(ms: u64) -> Vec<SimConfig> {
+fn sensitivity_configs(ms: u64) -> Vec<SimConfig> {
     let mut out = Vec::new();
     for (id, _, f) in knobs() {
         for sw in [true, false] {
@@ -230,4 +224,213 @@ pub(super) fn sensitivity_configs(ms: u64) -> Vec<SimConfig> {
         }
     }
     out
+}
+
+/// Offered load of the trace-like runs, as a fraction of each client's 400GbE link.
+pub const TRACE_LOAD: f64 = 0.5;
+
+/// The fragmented precondition of the testbed runs: the whole logical space overwritten once.
+const FRAGMENTED: Precondition = Precondition::Fragmented {
+    overwrite_permille: 1000,
+};
+
+/// The mixed 4/32/128 KiB job of the scalability and link-failure scenarios.
+fn mixed_job() -> JobConfig {
+    fio(
+        "mixed-50-50",
+        50,
+        vec![(4096, 1), (32768, 1), (131072, 1)],
+        Pattern::Random,
+        8,
+    )
+}
+
+/// Every scenario of `nsdi26`, in the order its runs are reported; `sm` and `lg` are
+/// the simulated ms of the small (testbed) and large (27-node) runs.
+pub(super) fn nsdi26_configs(sm: u64, lg: u64) -> Vec<SimConfig> {
+    let mut cfgs = testbed_fio_configs(sm);
+    cfgs.extend(ycsb_configs(sm));
+    cfgs.extend(trace_configs(lg));
+    cfgs.extend(scale_configs(lg));
+    cfgs.extend(failure_configs(lg));
+    cfgs.extend(hop_cost_configs(sm));
+    cfgs.extend(drill_down_configs(sm));
+    // Beyond the paper: one parameter at a time on the clean 4-node testbed.
+    cfgs.extend(sensitivity_configs(sm));
+    cfgs
+}
+
+/// Testbed fio: (randread 4K, seqwrite 128K) × (clean, fragmented) × (switched, switchless).
+fn testbed_fio_configs(sm: u64) -> Vec<SimConfig> {
+    let mut cfgs = Vec::new();
+    let fio_jobs = [
+        fio("randread-4k", 100, vec![(4096, 1)], Pattern::Random, 32),
+        fio(
+            "seqwrite-128k",
+            0,
+            vec![(131072, 1)],
+            Pattern::Sequential,
+            8,
+        ),
+    ];
+    for job in &fio_jobs {
+        for pre in [Precondition::Clean, FRAGMENTED] {
+            for sw in [true, false] {
+                let mut c = testbed(sw, pre, job.clone(), sm);
+                c.name = format!(
+                    "{}-{}",
+                    c.name,
+                    if pre == Precondition::Clean {
+                        "clean"
+                    } else {
+                        "frag"
+                    }
+                );
+                cfgs.push(c);
+            }
+        }
+    }
+    cfgs
+}
+
+/// YCSB A-F on the testbed.
+fn ycsb_configs(sm: u64) -> Vec<SimConfig> {
+    let mut cfgs = Vec::new();
+    for w in ['A', 'B', 'C', 'D', 'E', 'F'] {
+        for sw in [true, false] {
+            let job = JobConfig {
+                name: format!("ycsb-{w}"),
+                job: JobKind::Ycsb {
+                    workload: w,
+                    record_bytes: 1024,
+                    cores: 0,
+                    cpu_ns_per_op: crate::config::ycsb_cpu_ns_per_op(),
+                },
+                qd: 16,
+                ..JobConfig::default()
+            };
+            cfgs.push(testbed(sw, Precondition::Clean, job, sm));
+        }
+    }
+    cfgs
+}
+
+/// 27 nodes at 600GbE with trace-like workloads (open loop).
+fn trace_configs(lg: u64) -> Vec<SimConfig> {
+    let mut cfgs = Vec::new();
+    for m in ["oltp", "systor", "websearch"] {
+        for sw in [true, false] {
+            cfgs.push(rack27(
+                sw,
+                TopologyKind::Torus3d,
+                synthetic(m, TRACE_LOAD, 400),
+                lg,
+            ));
+        }
+    }
+    cfgs
+}
+
+/// Scalability: uniform 4 KiB and mixed 4/32/128 KiB; incast to one drive.
+fn scale_configs(lg: u64) -> Vec<SimConfig> {
+    let mut cfgs = Vec::new();
+    let uni = fio("uniform-4k", 100, vec![(4096, 1)], Pattern::Random, 16);
+    let mixed = mixed_job();
+    let incast = JobConfig {
+        targets: Targets::One(0),
+        ..fio("incast-4k", 100, vec![(4096, 1)], Pattern::Random, 8)
+    };
+    for job in [&uni, &mixed, &incast] {
+        for sw in [true, false] {
+            cfgs.push(rack27(sw, TopologyKind::Torus3d, job.clone(), lg));
+        }
+    }
+    cfgs
+}
+
+/// Link failure at mid-run: 3D torus and dragonfly, two workloads.
+fn failure_configs(lg: u64) -> Vec<SimConfig> {
+    let mut cfgs = Vec::new();
+    let f_uni = fio("fail-4k-95-5", 95, vec![(4096, 1)], Pattern::Random, 16);
+    let mixed = mixed_job();
+    for job in [&f_uni, &mixed] {
+        for kind in [TopologyKind::Torus3d, TopologyKind::Dragonfly] {
+            // The run covers detection, convergence and `lg` ms after it, so the drop
+            // averages the whole failure cycle rather than stopping mid-blackhole.
+            let (detect_ns, converge_ns) = (failure_detect_ns(), failure_converge_ns());
+            let after_ms = (detect_ns + converge_ns).div_ceil(1_000_000) + lg;
+            let mut c = rack27(false, kind, job.clone(), lg + after_ms);
+            c.name = format!("{}-failure", c.name);
+            // Warm up over the first tenth before the failure, not of the longer run.
+            c.warmup_ns = lg * 100_000;
+            c.bin_ns = 50_000;
+            c.failures = vec![FailureConfig {
+                at_ns: lg * 1_000_000,
+                what: "link".into(),
+                a: 0,
+                b: None,
+                detect_ns,
+                converge_ns,
+            }];
+            if kind == TopologyKind::Torus3d && job.name == f_uni.name {
+                // Sensitivity: the same failure with a datacenter-tuned 1 ms RTO floor.
+                let mut tuned = c.clone();
+                tuned.name = format!("{}-rto1ms", c.name);
+                tuned.topology.tcp_rto_min_ns = TUNED_RTO_MIN_NS;
+                cfgs.push(tuned);
+                // Sensitivity: without RACK every loss waits for its RTO (the model
+                // before 2026-11-29).
+                let mut no_rack = c.clone();
+                no_rack.name = format!("{}-norack", c.name);
+                no_rack.topology.tcp_rack = false;
+                cfgs.push(no_rack);
+            }
+            cfgs.push(c);
+        }
+    }
+    cfgs
+}
+
+/// Per-hop cost: QD1 4 KiB reads one vs two adapter hops away on a ring.
+fn hop_cost_configs(sm: u64) -> Vec<SimConfig> {
+    let mut cfgs = Vec::new();
+    for target in [1u32, 2] {
+        let mut c = testbed(
+            false,
+            Precondition::Clean,
+            JobConfig {
+                targets: Targets::One(target * 4),
+                hosts: vec![0],
+                ..fio("qd1-read", 100, vec![(4096, 1)], Pattern::Random, 1)
+            },
+            sm,
+        );
+        c.name = format!("hop-cost-{target}");
+        c.topology.kind = TopologyKind::Ring;
+        c.topology.storage_nodes = 6;
+        c.topology.hosts = 1;
+        // One port on node 0 and one I/O at a time: the hops are the only difference.
+        c.topology.host_ports = 1;
+        c.workload.jobs[0].qd = 1;
+        c.mechanisms = Mechanisms::all_off();
+        cfgs.push(c);
+    }
+    cfgs
+}
+
+/// Drill-down: the same testbed without any of the mechanisms (plain ECMP, FIFO).
+fn drill_down_configs(sm: u64) -> Vec<SimConfig> {
+    let mut cfgs = Vec::new();
+    for sw in [true, false] {
+        let mut c = testbed(
+            sw,
+            FRAGMENTED,
+            fio("randread-4k", 100, vec![(4096, 1)], Pattern::Random, 32),
+            sm,
+        );
+        c.name = format!("{}-baseline-frag", c.name);
+        c.mechanisms = Mechanisms::all_off();
+        cfgs.push(c);
+    }
+    cfgs
 }

@@ -7,10 +7,12 @@ use crate::config::{failure_converge_ns, failure_detect_ns};
 use crate::cost::{capex, Prices};
 use crate::run::Results;
 
-pub(super) fn table(runs: &[Results]) -> Vec<Row> {
-    let mut rows = Vec::new();
-    // (id, claim, paper as printed, (ours as a number, its unit), note)
-    let mut row = |id: &str, claim: &str, paper: &str, ours: (f64, &str), note: &str| {
+/// The rows as they are built, in the table's order.
+struct Rows(Vec<Row>);
+
+impl Rows {
+    /// (id, claim, paper as printed, (ours as a number, its unit), note)
+    fn add(&mut self, id: &str, claim: &str, paper: &str, ours: (f64, &str), note: &str) {
         let (value, unit) = ours;
         let trellis_text = match unit {
             "%" => format!("{value:+.1}%"),
@@ -19,7 +21,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
             "us" => format!("{value:+.2} us"),
             _ => format!("{value}"),
         };
-        rows.push(Row {
+        self.0.push(Row {
             id: id.into(),
             claim: claim.into(),
             paper: leading_number(paper),
@@ -28,10 +30,28 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
             paper_text: paper.into(),
             trellis_text,
             note: note.into(),
-        })
-    };
-    // A reduction as the table prints it: negative = switchless lower.
-    let pc = |x: f64| (-x * 100.0, "%");
+        });
+    }
+}
+
+/// A reduction as the table prints it: negative = switchless lower.
+fn pc(x: f64) -> (f64, &'static str) {
+    (-x * 100.0, "%")
+}
+
+pub(super) fn table(runs: &[Results]) -> Vec<Row> {
+    let mut rows = Rows(Vec::new());
+    testbed_rows(&mut rows, runs);
+    ycsb_rows(&mut rows, runs);
+    rack27_rows(&mut rows, runs);
+    failure_rows(&mut rows, runs);
+    drill_down_rows(&mut rows, runs);
+    capex_rows(&mut rows);
+    rows.0
+}
+
+/// The 4-node testbed fio rows: randread and seqwrite average latency, clean and fragmented.
+fn testbed_rows(rows: &mut Rows, runs: &[Results]) {
     for (job, op, papers) in [
         ("randread-4k", 0, ["-32.3%", "-43.1%"]),
         ("seqwrite-128k", 1, ["-18.0%", "-20.3%"]),
@@ -45,7 +65,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
                 (&sw.write, &sl.write)
             };
             let id = format!("t4.{}.{state}", job.replace('-', ""));
-            row(
+            rows.add(
                 &id,
                 &format!("4-node 2D torus vs switched: {job} avg latency, {state}"),
                 paper,
@@ -54,6 +74,10 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
             );
         }
     }
+}
+
+/// The YCSB rows: throughput ratio, average and p99.9 read latency, each the mean over A-F.
+fn ycsb_rows(rows: &mut Rows, runs: &[Results]) {
     let (mut tput, mut avg, mut tail) = (vec![], vec![], vec![]);
     for w in ['A', 'B', 'C', 'D', 'E', 'F'] {
         let sw = find(runs, &format!("testbed-switched-ycsb-{w}"))
@@ -69,27 +93,31 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
         tail.push(reduction(sw.read_lat_p999_us, sl.read_lat_p999_us));
     }
     let mean = |v: &Vec<f64>| v.iter().sum::<f64>() / v.len() as f64;
-    row(
+    rows.add(
         "ycsb.thpt_ratio",
         "YCSB A-F throughput, switchless / switched",
         "~1.00x",
         (mean(&tput), "x"),
         "mean over A-F",
     );
-    row(
+    rows.add(
         "ycsb.read_avg",
         "YCSB avg read latency",
         "-28.3%",
         pc(mean(&avg)),
         "mean over A-F",
     );
-    row(
+    rows.add(
         "ycsb.read_p999",
         "YCSB p99.9 read latency",
         "-25.0%",
         pc(mean(&tail)),
         "mean over A-F",
     );
+}
+
+/// The 27-node rows: the trace-like jobs, uniform and mixed sizes, and incast.
+fn rack27_rows(rows: &mut Rows, runs: &[Results]) {
     for (m, paper) in [
         ("oltp", "-50.0%"),
         ("systor", "-19.5%"),
@@ -97,7 +125,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
     ] {
         let sw = find(runs, &format!("rack27-tor-{m}"));
         let sl = find(runs, &format!("rack27-torus3d-{m}"));
-        row(
+        rows.add(
             &format!("r27.{m}.read_avg"),
             &format!("27 nodes 600GbE 3D torus, {m}-like: avg read latency"),
             paper,
@@ -112,7 +140,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
         )
     };
     let (sw, sl) = pair("uniform-4k");
-    row(
+    rows.add(
         "r27.uniform4k.read_avg",
         "27 nodes, uniform 4 KiB: avg read latency",
         "-39.7%",
@@ -120,14 +148,14 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
         &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
     );
     let (sw, sl) = pair("mixed-50-50");
-    row(
+    rows.add(
         "r27.mixed.read_avg",
         "27 nodes, mixed 4/32/128 KiB: avg read latency",
         "-85.4%",
         pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
         &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
     );
-    row(
+    rows.add(
         "r27.mixed.write_avg",
         "27 nodes, mixed 4/32/128 KiB: avg write latency",
         "-91.2%",
@@ -138,13 +166,17 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
         ),
     );
     let (sw, sl) = pair("incast-4k");
-    row(
+    rows.add(
         "r27.incast4k.read_avg",
         "Incast to one drive: avg read latency",
         "~0 (drive-bound)",
         pc(reduction(sw.read.lat_avg_us, sl.read.lat_avg_us)),
         &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
     );
+}
+
+/// The link-failure rows (throughput drop, recovery in the note) and their RTO and RACK sensitivities.
+fn failure_rows(rows: &mut Rows, runs: &[Results]) {
     for (job, kind, drop, rec, short) in [
         ("fail-4k-95-5", "torus3d", "1.6%", "0.5 ms", "4k"),
         ("fail-4k-95-5", "dragonfly", "2.1%", "0.75 ms", "4k"),
@@ -158,7 +190,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
             (true, Some(n)) => format!("{:.2} ms", n as f64 / 1e6),
             (true, None) => "not within run".into(),
         };
-        row(
+        rows.add(
             &format!("fail.{kind}.{short}.drop"),
             &format!("Link failure, {kind}, {job}: throughput drop (recovery in the note)"),
             &format!("{drop} / {rec}"),
@@ -176,7 +208,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
         .failure
         .clone()
         .unwrap();
-    row(
+    rows.add(
         "sens.fail.torus3d.4k.rto1ms",
         "Sensitivity, link failure torus3d 4k: TCP RTO floor 1 ms instead of 200 ms",
         "n/a",
@@ -190,7 +222,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
         .failure
         .clone()
         .unwrap();
-    row(
+    rows.add(
         "sens.fail.torus3d.4k.norack",
         "Sensitivity, link failure torus3d 4k: no RACK (every loss waits for the RTO)",
         "n/a",
@@ -200,9 +232,13 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
             f.lost_ios
         ),
     );
+}
+
+/// The extra-hop cost, the testbed with every mechanism off, and the one-knob sensitivity rows.
+fn drill_down_rows(rows: &mut Rows, runs: &[Results]) {
     let h1 = find(runs, "hop-cost-1").read.lat_avg_us;
     let h2 = find(runs, "hop-cost-2").read.lat_avg_us;
-    row(
+    rows.add(
         "hop.extra_adapter.read_lat",
         "Extra adapter hop, 4 KiB read (QD1)",
         "+2.9 us",
@@ -211,7 +247,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
     );
     let sw = find(runs, "testbed-switched-randread-4k-baseline-frag");
     let sl = find(runs, "testbed-switchless-randread-4k-baseline-frag");
-    row(
+    rows.add(
         "t4.randread4k.frag.mechanisms_off",
         "Drill-down: 4-node randread frag, all mechanisms off",
         "n/a",
@@ -224,7 +260,7 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
     for (id, what, _) in knobs() {
         let sw = find(runs, &format!("testbed-switched-randread-4k-sens-{id}"));
         let sl = find(runs, &format!("testbed-switchless-randread-4k-sens-{id}"));
-        row(
+        rows.add(
             &format!("sens.{id}"),
             &format!("Sensitivity, 4-node randread clean: {what}"),
             "n/a",
@@ -232,29 +268,32 @@ pub(super) fn table(runs: &[Results]) -> Vec<Row> {
             &format!("{:.1} vs {:.1} us", sw.read.lat_avg_us, sl.read.lat_avg_us),
         );
     }
+}
+
+/// The capex rows at 20 storage nodes.
+fn capex_rows(rows: &mut Rows) {
     let c = capex(20, &Prices::default());
-    row(
+    rows.add(
         "capex20.switched",
         "Capex, 20 storage nodes: switched",
         "~$105,000",
         (c.switched_usd, "USD"),
         &format!("{}; default prices", c.switch_plan),
     );
-    row(
+    rows.add(
         "capex20.switchless",
         "Capex, 20 storage nodes: switchless",
         "~$52,000",
         (c.switchless_usd, "USD"),
         "4-port adapters",
     );
-    row(
+    rows.add(
         "capex20.saving",
         "Capex saving",
         "50.5%",
         (c.saving * 100.0, "%"),
         "see docs/cost-model.md",
     );
-    rows
 }
 
 pub fn format_table(rows: &[Row]) -> String {
