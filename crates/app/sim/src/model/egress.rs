@@ -3,8 +3,11 @@
 //! responses), eager bandwidth reservation, serialisation and propagation, and
 //! the queueing each hop records in the ISR header.
 
-use super::{Packet, PktKind, Sim, EV_ARRIVE, EV_TXDONE, NO_POOL, NO_PORT};
-use crate::topo::NodeKind;
+use super::{Packet, PktKind, PortQ, Sim, EV_ARRIVE, EV_TXDONE, NO_POOL, NO_PORT};
+use crate::config::SimConfig;
+use crate::net::shared_buffer::SharedBuffer;
+use crate::topo::{Graph, NodeKind};
+use trellis_fabric::reserve::PortReservation;
 use trellis_units::IoDir;
 
 impl Sim {
@@ -185,4 +188,38 @@ impl Sim {
         o.grants[n as usize] = (in_port, granted);
         o.n_grants += 1;
     }
+}
+
+/// One egress queue per port; one shared buffer per switch (adapters and hosts
+/// keep private port buffers), indexed by `PortQ::pool`.
+pub(super) fn build_ports(cfg: &SimConfig, g: &Graph) -> (Vec<PortQ>, Vec<SharedBuffer>) {
+    let mut pool_of_node = vec![NO_POOL; g.n()];
+    let mut pools = Vec::new();
+    for (n, k) in g.kinds.iter().enumerate() {
+        if *k == NodeKind::Switch {
+            pool_of_node[n] = pools.len() as u32;
+            pools.push(SharedBuffer::new(
+                cfg.topology.switch_buffer_bytes,
+                cfg.topology.switch_dt_alpha_log2,
+            ));
+        }
+    }
+    let ports = g
+        .ports
+        .iter()
+        .map(|p| PortQ {
+            pool: pool_of_node[p.node as usize],
+            q: Default::default(),
+            bytes: 0,
+            busy_until: 0,
+            tx_pending: false,
+            tx_bytes: 0,
+            resv: PortReservation::new(
+                p.bits_per_s / 8,
+                cfg.reserve.burst_bytes,
+                cfg.reserve.max_reserved_permille,
+            ),
+        })
+        .collect();
+    (ports, pools)
 }

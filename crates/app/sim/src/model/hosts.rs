@@ -4,15 +4,19 @@
 //! giving up) back to the workload generator.
 
 use super::{
-    Io, Limited, Msg, Packet, PktKind, R2t, Sim, EV_ADMIT, EV_HOST_ARRIVAL, EV_ISSUE,
-    NO_LOCAL_PORT, NO_PORT,
+    EndHostPaths, Host, Io, Limited, Msg, Packet, PktKind, R2t, Sim, EV_ADMIT, EV_HOST_ARRIVAL,
+    EV_ISSUE, NO_LOCAL_PORT, NO_PORT,
 };
-use crate::workload::IoSpec;
-use std::collections::VecDeque;
+use crate::config::SimConfig;
+use crate::net::rto::RtoEstimator;
+use crate::topo::Graph;
+use crate::workload::{Cluster, Gen, IoSpec};
+use anyhow::Result;
+use std::collections::{HashMap, VecDeque};
 use trellis_fabric::isr::{HopRec, IsrHeader};
 use trellis_fabric::ssd_credit;
 use trellis_fabric::ssd_credit::HostRateLimiter;
-use trellis_path::replica::{ReplicaState, MAX_PATHS};
+use trellis_path::replica::{IsrPaths, ReplicaState, MAX_PATHS};
 use trellis_units::IoDir;
 
 impl Sim {
@@ -389,4 +393,56 @@ impl Sim {
         self.slot_gen[i] = gen.wrapping_add(1);
         self.ios.remove(io);
     }
+}
+
+/// Each host with its workload generators (a job may be limited to some hosts), its
+/// end-host ISR paths, and one RTO estimator per storage node.
+pub(super) fn build_hosts(
+    cfg: &SimConfig,
+    g: &Graph,
+    n_ssds: u32,
+    ssd_bytes: u64,
+) -> Result<Vec<Host>> {
+    let n_targets = g.storage.len();
+    let mut hosts = Vec::new();
+    for (hi, &node) in g.hosts.iter().enumerate() {
+        let c = Cluster {
+            n_ssds,
+            ssd_bytes,
+            host_index: hi as u32,
+            n_hosts: g.hosts.len() as u32,
+        };
+        let mut jobs = Vec::new();
+        for job in &cfg.workload.jobs {
+            if job.hosts.is_empty() || job.hosts.contains(&(hi as u32)) {
+                let mut gen = Gen::new(job, c)?;
+                if let Gen::Ycsb(y) = &mut gen {
+                    y.measure_from_ns = cfg.warmup_ns;
+                }
+                jobs.push(Some(gen));
+            } else {
+                jobs.push(None);
+            }
+        }
+        let np = &g.node_ports[node as usize];
+        let ports = np.len();
+        // A team of ports to one switch is a LAG (per-flow hashing, below);
+        // ports to different nodes are paths the host chooses among.
+        let team = np.iter().all(|&p| g.peer_node(p) == g.peer_node(np[0]));
+        let end_host = cfg.mechanisms.isr && (2..=MAX_PATHS).contains(&ports) && !team;
+        hosts.push(Host {
+            node,
+            port: g.node_ports[node as usize][0],
+            paths: (0..if end_host { n_targets } else { 0 })
+                .map(|_| EndHostPaths {
+                    isr: IsrPaths::new(ports),
+                    inflight: [0; MAX_PATHS],
+                })
+                .collect(),
+            jobs,
+            limiters: HashMap::default(),
+            rto: vec![RtoEstimator::default(); n_targets],
+        });
+    }
+    Ok(hosts)
 }

@@ -28,6 +28,9 @@ mod routing;
 mod storage;
 mod transport;
 
+use egress::build_ports;
+use hosts::build_hosts;
+use routing::build_isr;
 use storage::build_ssds;
 use transport::tcp_table;
 
@@ -40,8 +43,8 @@ use crate::metrics::Metrics;
 use crate::net::rto::RtoEstimator;
 use crate::net::shared_buffer::SharedBuffer;
 use crate::net::tcp_window::SendWindow;
-use crate::topo::{self, Graph, NodeKind};
-use crate::workload::{Cluster, Gen, IoSpec};
+use crate::topo::{self, Graph};
+use crate::workload::{Gen, IoSpec};
 use anyhow::Result;
 use rustc_hash::FxBuildHasher;
 use std::collections::{HashMap, VecDeque};
@@ -307,87 +310,12 @@ impl Sim {
         let mut rng = Rng::new(cfg.seed);
         let ssds = build_ssds(&cfg, &g)?;
         let ssd_bytes = ssds[0].ssd.logical_bytes();
-        // One shared buffer per switch; adapters and hosts keep private port buffers.
-        let mut pool_of_node = vec![NO_POOL; g.n()];
-        let mut pools = Vec::new();
-        for (n, k) in g.kinds.iter().enumerate() {
-            if *k == NodeKind::Switch {
-                pool_of_node[n] = pools.len() as u32;
-                pools.push(SharedBuffer::new(
-                    cfg.topology.switch_buffer_bytes,
-                    cfg.topology.switch_dt_alpha_log2,
-                ));
-            }
-        }
-        let ports = g
-            .ports
-            .iter()
-            .map(|p| PortQ {
-                pool: pool_of_node[p.node as usize],
-                q: Default::default(),
-                bytes: 0,
-                busy_until: 0,
-                tx_pending: false,
-                tx_bytes: 0,
-                resv: PortReservation::new(
-                    p.bits_per_s / 8,
-                    cfg.reserve.burst_bytes,
-                    cfg.reserve.max_reserved_permille,
-                ),
-            })
-            .collect();
+        let (ports, pools) = build_ports(&cfg, &g);
         // Storage nodes are numbered first, so a storage node's id is its target index.
         let n_targets = g.storage.len();
-        let isr = (0..g.n())
-            .map(|u| {
-                // Multi-port clients choose their port per I/O like any node (ISR at the
-                // end host); single-port ones have nothing to choose.
-                let multi = g.node_ports[u].len() > 1;
-                (cfg.mechanisms.isr && multi)
-                    .then(|| IsrTable::new(cfg.isr.clone(), n_targets, g.node_ports[u].len()))
-            })
-            .collect();
+        let isr = build_isr(&cfg, &g, n_targets);
         let (payload_max, tcp) = tcp_table(&cfg, g.hosts.len(), n_targets)?;
-        let mut hosts = Vec::new();
-        for (hi, &node) in g.hosts.iter().enumerate() {
-            let c = Cluster {
-                n_ssds: ssds.len() as u32,
-                ssd_bytes,
-                host_index: hi as u32,
-                n_hosts: g.hosts.len() as u32,
-            };
-            let mut jobs = Vec::new();
-            for job in &cfg.workload.jobs {
-                if job.hosts.is_empty() || job.hosts.contains(&(hi as u32)) {
-                    let mut gen = Gen::new(job, c)?;
-                    if let Gen::Ycsb(y) = &mut gen {
-                        y.measure_from_ns = cfg.warmup_ns;
-                    }
-                    jobs.push(Some(gen));
-                } else {
-                    jobs.push(None);
-                }
-            }
-            let np = &g.node_ports[node as usize];
-            let ports = np.len();
-            // A team of ports to one switch is a LAG (per-flow hashing, below);
-            // ports to different nodes are paths the host chooses among.
-            let team = np.iter().all(|&p| g.peer_node(p) == g.peer_node(np[0]));
-            let end_host = cfg.mechanisms.isr && (2..=MAX_PATHS).contains(&ports) && !team;
-            hosts.push(Host {
-                node,
-                port: g.node_ports[node as usize][0],
-                paths: (0..if end_host { n_targets } else { 0 })
-                    .map(|_| EndHostPaths {
-                        isr: IsrPaths::new(ports),
-                        inflight: [0; MAX_PATHS],
-                    })
-                    .collect(),
-                jobs,
-                limiters: HashMap::default(),
-                rto: vec![RtoEstimator::default(); n_targets],
-            });
-        }
+        let hosts = build_hosts(&cfg, &g, ssds.len() as u32, ssd_bytes)?;
         let _ = rng.next_u64();
         let metrics = Metrics::new(&cfg, g.ports.len());
         let (n_ports, n_failures) = (g.ports.len(), cfg.failures.len());

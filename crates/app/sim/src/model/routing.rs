@@ -4,9 +4,11 @@
 //! telemetry completions carry home.
 
 use super::{Msg, Packet, PktKind, R2t, Sim, DOWN, NO_PORT, UP};
+use crate::config::SimConfig;
+use crate::topo::Graph;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rand_xoshiro::SplitMix64;
-use trellis_fabric::isr::HopRec;
+use trellis_fabric::isr::{HopRec, IsrTable};
 
 impl Sim {
     pub(super) fn local_of(&self, node: u32, port: u32) -> u8 {
@@ -238,4 +240,18 @@ impl Sim {
 pub(super) fn mix64(z: u64) -> u64 {
     const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
     SplitMix64::seed_from_u64(z.wrapping_sub(GOLDEN)).next_u64()
+}
+
+/// Per node: its ISR table toward every storage node, where ISR is on and the node
+/// has ports to choose among (None elsewhere).
+pub(super) fn build_isr(cfg: &SimConfig, g: &Graph, n_targets: usize) -> Vec<Option<IsrTable>> {
+    (0..g.n())
+        .map(|u| {
+            // Multi-port clients choose their port per I/O like any node (ISR at the
+            // end host); single-port ones have nothing to choose.
+            let multi = g.node_ports[u].len() > 1;
+            (cfg.mechanisms.isr && multi)
+                .then(|| IsrTable::new(cfg.isr.clone(), n_targets, g.node_ports[u].len()))
+        })
+        .collect()
 }
