@@ -225,70 +225,14 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
     let mut acc = empty_result();
     let mut measured = 0f64;
     for r in results {
-        acc.fatal |= r.fatal;
-        acc.read_hist
-            .add(&r.read_hist)
-            .expect("same histogram bounds");
-        acc.write_hist
-            .add(&r.write_hist)
-            .expect("same histogram bounds");
-        acc.read_bytes += r.read_bytes;
-        acc.write_bytes += r.write_bytes;
-        acc.errors += r.errors;
-        if acc.first_error.is_none() {
-            acc.first_error = r.first_error;
-        }
-        acc.verify_failures += r.verify_failures;
-        acc.verified_blocks += r.verified_blocks;
-        for s in r.verify_samples {
-            if acc.verify_samples.len() < 16 {
-                acc.verify_samples.push(s);
-            }
-        }
         measured = measured.max(r.measured.as_secs_f64());
-        acc.polls += r.polls;
-        acc.idle_polls += r.idle_polls;
-        acc.credit_busy += r.credit_busy;
-        acc.io_credits_min = match (acc.io_credits_min, r.io_credits_min) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        acc.io_credits_last = r.io_credits_last.or(acc.io_credits_last);
-        acc.path_failures += r.path_failures;
-        acc.path_retries += r.path_retries;
-        acc.reserve_waits += r.reserve_waits;
-        acc.ana_moves += r.ana_moves;
-        if acc.first_path_error.is_none() {
-            acc.first_path_error = r.first_path_error;
-        }
-        acc.failed_paths.extend(r.failed_paths);
-        acc.path_reconnects.extend(r.path_reconnects);
-        acc.path_ios_since_reopen.resize(
-            acc.path_ios_since_reopen
-                .len()
-                .max(r.path_ios_since_reopen.len()),
-            0,
-        );
-        for (a, n) in acc
-            .path_ios_since_reopen
-            .iter_mut()
-            .zip(&r.path_ios_since_reopen)
-        {
-            *a += n;
-        }
-        acc.replica_reads
-            .resize(acc.replica_reads.len().max(r.replica_reads.len()), 0);
-        for (a, n) in acc.replica_reads.iter_mut().zip(&r.replica_reads) {
-            *a += n;
-        }
-        if !r.replica_credits_last.is_empty() {
-            acc.replica_credits_last = r.replica_credits_last;
-        }
+        merge_worker(&mut acc, r);
     }
     let secs = measured;
     let mut all = acc.read_hist.clone();
     all.add(&acc.write_hist).expect("same bounds");
     let bytes = acc.read_bytes + acc.write_bytes;
+    let (paths, replicas) = (path_reports(job, &acc), replica_reports(job, &acc));
     JobReport {
         name: job.name.clone(),
         class: job.class,
@@ -325,26 +269,7 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         io_credits_last: acc.io_credits_last,
         replica_read: (!job.replicas.is_empty() && !job.multipath).then_some(job.replica_read),
         path_policy: job.multipath.then_some(job.replica_read),
-        paths: if job.multipath {
-            job.replicas
-                .iter()
-                .enumerate()
-                .map(|(i, addr)| PathReport {
-                    addr: addr.clone(),
-                    ios: acc.replica_reads.get(i).copied().unwrap_or(0),
-                    failed: acc.failed_paths.contains(&(i as u32)),
-                    reconnects: acc
-                        .path_reconnects
-                        .iter()
-                        .filter(|&&p| p == i as u32)
-                        .count() as u64,
-                    ios_since_reconnect: acc.path_ios_since_reopen.get(i).copied().unwrap_or(0),
-                    ana_state: None,
-                })
-                .collect()
-        } else {
-            Vec::new()
-        },
+        paths,
         ios_timeline: Vec::new(),
         path_failures: acc.path_failures,
         path_retries: acc.path_retries,
@@ -352,20 +277,111 @@ pub fn job_report(job: &JobSpec, results: Vec<WorkerResult>) -> JobReport {
         reserve_waits: (job.path_rate_bytes_per_s > 0).then_some(acc.reserve_waits),
         ana_moves: job.multipath.then_some(acc.ana_moves),
         first_path_error: acc.first_path_error,
-        replicas: if job.multipath {
-            &[][..]
-        } else {
-            &job.replicas[..]
-        }
-        .iter()
-        .enumerate()
-        .map(|(i, addr)| ReplicaReport {
-            addr: addr.clone(),
-            reads: acc.replica_reads.get(i).copied().unwrap_or(0),
-            io_credits_last: acc.replica_credits_last.get(i).copied().flatten(),
-        })
-        .collect(),
+        replicas,
     }
+}
+
+/// Adds one worker's counters, histograms and samples into `acc`.
+fn merge_worker(acc: &mut WorkerResult, r: WorkerResult) {
+    acc.fatal |= r.fatal;
+    acc.read_hist
+        .add(&r.read_hist)
+        .expect("same histogram bounds");
+    acc.write_hist
+        .add(&r.write_hist)
+        .expect("same histogram bounds");
+    acc.read_bytes += r.read_bytes;
+    acc.write_bytes += r.write_bytes;
+    acc.errors += r.errors;
+    if acc.first_error.is_none() {
+        acc.first_error = r.first_error;
+    }
+    acc.verify_failures += r.verify_failures;
+    acc.verified_blocks += r.verified_blocks;
+    for s in r.verify_samples {
+        if acc.verify_samples.len() < 16 {
+            acc.verify_samples.push(s);
+        }
+    }
+    acc.polls += r.polls;
+    acc.idle_polls += r.idle_polls;
+    acc.credit_busy += r.credit_busy;
+    acc.io_credits_min = match (acc.io_credits_min, r.io_credits_min) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    acc.io_credits_last = r.io_credits_last.or(acc.io_credits_last);
+    acc.path_failures += r.path_failures;
+    acc.path_retries += r.path_retries;
+    acc.reserve_waits += r.reserve_waits;
+    acc.ana_moves += r.ana_moves;
+    if acc.first_path_error.is_none() {
+        acc.first_path_error = r.first_path_error;
+    }
+    acc.failed_paths.extend(r.failed_paths);
+    acc.path_reconnects.extend(r.path_reconnects);
+    acc.path_ios_since_reopen.resize(
+        acc.path_ios_since_reopen
+            .len()
+            .max(r.path_ios_since_reopen.len()),
+        0,
+    );
+    for (a, n) in acc
+        .path_ios_since_reopen
+        .iter_mut()
+        .zip(&r.path_ios_since_reopen)
+    {
+        *a += n;
+    }
+    acc.replica_reads
+        .resize(acc.replica_reads.len().max(r.replica_reads.len()), 0);
+    for (a, n) in acc.replica_reads.iter_mut().zip(&r.replica_reads) {
+        *a += n;
+    }
+    if !r.replica_credits_last.is_empty() {
+        acc.replica_credits_last = r.replica_credits_last;
+    }
+}
+
+/// A multipath job's paths: commands sent, failures and re-opens (empty otherwise).
+fn path_reports(job: &JobSpec, acc: &WorkerResult) -> Vec<PathReport> {
+    if job.multipath {
+        job.replicas
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| PathReport {
+                addr: addr.clone(),
+                ios: acc.replica_reads.get(i).copied().unwrap_or(0),
+                failed: acc.failed_paths.contains(&(i as u32)),
+                reconnects: acc
+                    .path_reconnects
+                    .iter()
+                    .filter(|&&p| p == i as u32)
+                    .count() as u64,
+                ios_since_reconnect: acc.path_ios_since_reopen.get(i).copied().unwrap_or(0),
+                ana_state: None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// A replicated job's replicas: reads sent and the latest credits (empty otherwise).
+fn replica_reports(job: &JobSpec, acc: &WorkerResult) -> Vec<ReplicaReport> {
+    if job.multipath {
+        &[][..]
+    } else {
+        &job.replicas[..]
+    }
+    .iter()
+    .enumerate()
+    .map(|(i, addr)| ReplicaReport {
+        addr: addr.clone(),
+        reads: acc.replica_reads.get(i).copied().unwrap_or(0),
+        io_credits_last: acc.replica_credits_last.get(i).copied().flatten(),
+    })
+    .collect()
 }
 
 pub fn cpu_time() -> CpuTime {
@@ -395,41 +411,7 @@ pub fn cpu_delta(a: &CpuTime, b: &CpuTime) -> CpuTime {
 
 /// The table printed at the end of a run.
 pub fn human_table(r: &RunReport) -> String {
-    let mut s = String::new();
-    s.push_str(&format!(
-        "{:<12} {:<10} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7} {:>6}\n",
-        "job", "class", "rw", "bs", "qd", "IOPS", "MiB/s", "mean", "p50", "p99", "p99.9", "p99.99",
-        "max", "errors", "verify", "idle%"
-    ));
-    for j in &r.jobs {
-        s.push_str(&format!(
-            "{:<12} {:<10} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>9.1} {:>6} {:>7} {:>6.1}\n",
-            trunc(&j.name, 12),
-            format!("{:?}", j.class).to_lowercase(),
-            j.rw,
-            j.bs,
-            j.iodepth,
-            j.iops,
-            j.mib_per_s,
-            j.lat.lat_us_mean,
-            j.lat.lat_us_p50,
-            j.lat.lat_us_p99,
-            j.lat.lat_us_p99_9,
-            j.lat.lat_us_p99_99,
-            j.lat.lat_us_max,
-            j.errors,
-            if j.verify {
-                if j.verify_failures == 0 {
-                    "ok".to_string()
-                } else {
-                    format!("{}!", j.verify_failures)
-                }
-            } else {
-                "-".to_string()
-            },
-            j.client_idle_poll_pct,
-        ));
-    }
+    let mut s = job_rows(&r.jobs);
     s.push_str("latency columns in microseconds (completion latency seen by the application)\n");
     if let Some(w) = &r.switch {
         s.push_str(&format!(
@@ -464,46 +446,7 @@ pub fn human_table(r: &RunReport) -> String {
         });
     }
     for j in r.jobs.iter().filter(|j| !j.paths.is_empty()) {
-        let carried: Vec<String> = j
-            .paths
-            .iter()
-            .map(|p| {
-                let state = match (p.failed, p.reconnects) {
-                    (false, _) => String::new(),
-                    (true, 0) => " (failed)".into(),
-                    (true, k) => format!(
-                        " (failed, re-opened {k}×, {} I/Os since)",
-                        p.ios_since_reconnect
-                    ),
-                };
-                format!("{} {} I/Os{state}", p.addr, p.ios)
-            })
-            .collect();
-        s.push_str(&format!(
-            "{}: paths ({}): {}\n",
-            j.name,
-            j.path_policy.unwrap_or(ReplicaRead::RoundRobin).label(),
-            carried.join(", ")
-        ));
-        if let Some(k @ 1..) = j.ana_moves {
-            s.push_str(&format!(
-                "{}: {k} command(s) refused by a path's ANA state (inaccessible, persistent loss or transition) went to another path\n",
-                j.name
-            ));
-        }
-        if let (Some(rate), Some(waits)) = (j.path_rate_bytes_per_s, j.reserve_waits) {
-            s.push_str(&format!(
-                "{}: responses reserved at {:.0} Mbit/s per path; reads that waited for room: {waits}\n",
-                j.name,
-                rate as f64 * 8.0 / 1e6
-            ));
-        }
-        if let Some(e) = &j.first_path_error {
-            s.push_str(&format!(
-                "{}: {} path failure(s), {} command(s) re-sent on another path; first: {}\n",
-                j.name, j.path_failures, j.path_retries, e
-            ));
-        }
+        path_lines(&mut s, j);
     }
     for j in r.jobs.iter().filter(|j| !j.replicas.is_empty()) {
         let served: Vec<String> = j
@@ -530,6 +473,90 @@ pub fn human_table(r: &RunReport) -> String {
         }
     }
     s
+}
+
+/// The header and one row per job.
+fn job_rows(jobs: &[JobReport]) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{:<12} {:<10} {:<9} {:>7} {:>4} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7} {:>6}\n",
+        "job", "class", "rw", "bs", "qd", "IOPS", "MiB/s", "mean", "p50", "p99", "p99.9", "p99.99",
+        "max", "errors", "verify", "idle%"
+    ));
+    for j in jobs {
+        s.push_str(&format!(
+            "{:<12} {:<10} {:<9} {:>7} {:>4} {:>10.0} {:>9.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>9.1} {:>9.1} {:>6} {:>7} {:>6.1}\n",
+            trunc(&j.name, 12),
+            format!("{:?}", j.class).to_lowercase(),
+            j.rw,
+            j.bs,
+            j.iodepth,
+            j.iops,
+            j.mib_per_s,
+            j.lat.lat_us_mean,
+            j.lat.lat_us_p50,
+            j.lat.lat_us_p99,
+            j.lat.lat_us_p99_9,
+            j.lat.lat_us_p99_99,
+            j.lat.lat_us_max,
+            j.errors,
+            if j.verify {
+                if j.verify_failures == 0 {
+                    "ok".to_string()
+                } else {
+                    format!("{}!", j.verify_failures)
+                }
+            } else {
+                "-".to_string()
+            },
+            j.client_idle_poll_pct,
+        ));
+    }
+    s
+}
+
+/// A multipath job's lines: I/Os per path, ANA moves, reservations and failures.
+fn path_lines(s: &mut String, j: &JobReport) {
+    let carried: Vec<String> = j
+        .paths
+        .iter()
+        .map(|p| {
+            let state = match (p.failed, p.reconnects) {
+                (false, _) => String::new(),
+                (true, 0) => " (failed)".into(),
+                (true, k) => format!(
+                    " (failed, re-opened {k}×, {} I/Os since)",
+                    p.ios_since_reconnect
+                ),
+            };
+            format!("{} {} I/Os{state}", p.addr, p.ios)
+        })
+        .collect();
+    s.push_str(&format!(
+        "{}: paths ({}): {}\n",
+        j.name,
+        j.path_policy.unwrap_or(ReplicaRead::RoundRobin).label(),
+        carried.join(", ")
+    ));
+    if let Some(k @ 1..) = j.ana_moves {
+        s.push_str(&format!(
+            "{}: {k} command(s) refused by a path's ANA state (inaccessible, persistent loss or transition) went to another path\n",
+            j.name
+        ));
+    }
+    if let (Some(rate), Some(waits)) = (j.path_rate_bytes_per_s, j.reserve_waits) {
+        s.push_str(&format!(
+            "{}: responses reserved at {:.0} Mbit/s per path; reads that waited for room: {waits}\n",
+            j.name,
+            rate as f64 * 8.0 / 1e6
+        ));
+    }
+    if let Some(e) = &j.first_path_error {
+        s.push_str(&format!(
+            "{}: {} path failure(s), {} command(s) re-sent on another path; first: {}\n",
+            j.name, j.path_failures, j.path_retries, e
+        ));
+    }
 }
 
 fn trunc(s: &str, n: usize) -> String {
