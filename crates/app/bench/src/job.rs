@@ -355,75 +355,17 @@ pub fn resolve_jobs(file: Option<&Path>, flags: &JobOpts) -> Result<Vec<JobSpec>
 }
 
 fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
-    let rw = o.rw.clone().unwrap_or_else(|| "randread".into());
-    let (random, read_pct) = match rw.as_str() {
-        "read" => (false, 100),
-        "write" => (false, 0),
-        "randread" => (true, 100),
-        "randwrite" => (true, 0),
-        "randrw" => (true, o.rwmixread.unwrap_or(50)),
-        "rw" | "readwrite" => (false, o.rwmixread.unwrap_or(50)),
-        other => bail!("unknown rw {other:?} (read, write, randread, randwrite, randrw, rw)"),
-    };
-    if read_pct > 100 {
-        bail!("--rwmixread {read_pct} is not a percentage: use 0 to 100");
-    }
-    let sizes = match (&o.bssplit, &o.bs) {
-        (Some(s), _) => parse_bssplit(s)?,
-        (None, Some(b)) => vec![(parse_bs(b)?, 100)],
-        (None, None) => vec![(4096, 100)],
-    };
-    for (b, _) in &sizes {
-        if *b == 0 || *b as u64 > MAX_BS || b % 512 != 0 {
-            bail!("block size {b} must be a multiple of 512 up to {MAX_BS} (4m): use e.g. --bs 4k");
-        }
-    }
-    let iodepth = o.iodepth.unwrap_or(1);
-    let numjobs = o.numjobs.unwrap_or(1);
-    let queues = o.queues.unwrap_or(1);
-    for (flag, v, max) in [
-        ("iodepth", iodepth, MAX_IODEPTH),
-        ("numjobs", numjobs, MAX_NUMJOBS),
-        ("queues", queues, MAX_QUEUES),
-    ] {
-        if !(1..=max).contains(&v) {
-            bail!("--{flag} {v} is out of range: use 1 to {max}");
-        }
-    }
-    if queues > iodepth {
-        bail!("--queues {queues} is more than --iodepth {iodepth}: every queue needs at least one I/O in flight; use --queues {iodepth} or less");
-    }
+    let (rw, random, read_pct) = parse_rw(&o)?;
+    let sizes = parse_sizes(&o)?;
+    let (iodepth, numjobs, queues) = parse_depths(&o)?;
     let verify = match o.verify.as_deref() {
         None | Some("0") | Some("false") | Some("none") | Some("off") => false,
         Some("crc32c") | Some("1") | Some("true") | Some("on") | Some("") => true,
         Some(other) => bail!("unsupported verify {other:?} (crc32c)"),
     };
     let (header_digest, data_digest) = parse_digest(o.digest.as_deref().unwrap_or("none"))?;
-    let tenant = o
-        .tenant
-        .clone()
-        .or_else(|| o.hostnqn.clone())
-        .unwrap_or_else(|| "default".into());
-    let hostnqn = o.hostnqn.clone().unwrap_or_else(|| {
-        if tenant.starts_with("nqn.") {
-            tenant.clone()
-        } else {
-            format!("nqn.2026-11.io.trellis:tenant:{tenant}")
-        }
-    });
-    let (replicas, replica_read, multipath) = match o.paths.as_deref() {
-        Some(list) => {
-            let (paths, policy) = parse_paths(&o, list)?;
-            (paths, policy, true)
-        }
-        None => {
-            if let Some(p) = &o.path_policy {
-                bail!("--path-policy {p:?} needs --paths HOST:PORT,HOST:PORT");
-            }
-            let (r, read) = parse_replicas(&o)?;
-            (r, read, false)
-        }
-    };
+    let (tenant, hostnqn) = tenant_and_hostnqn(&o);
+    let (replicas, replica_read, multipath) = parse_targets(&o)?;
     let class = match o.class.as_deref().unwrap_or("throughput") {
         "latency" | "L" | "l" => Class::Latency,
         "throughput" | "T" | "t" => Class::Throughput,
@@ -469,6 +411,98 @@ fn resolve(o: JobOpts, index: usize) -> Result<JobSpec> {
         replicas,
         replica_read,
         multipath,
+    })
+}
+
+/// `--rw` (default randread): the pattern, whether it is random, and the read
+/// share (`--rwmixread` for mixed patterns, default 50).
+fn parse_rw(o: &JobOpts) -> Result<(String, bool, u32)> {
+    let rw = o.rw.clone().unwrap_or_else(|| "randread".into());
+    let (random, read_pct) = match rw.as_str() {
+        "read" => (false, 100),
+        "write" => (false, 0),
+        "randread" => (true, 100),
+        "randwrite" => (true, 0),
+        "randrw" => (true, o.rwmixread.unwrap_or(50)),
+        "rw" | "readwrite" => (false, o.rwmixread.unwrap_or(50)),
+        other => bail!("unknown rw {other:?} (read, write, randread, randwrite, randrw, rw)"),
+    };
+    if read_pct > 100 {
+        bail!("--rwmixread {read_pct} is not a percentage: use 0 to 100");
+    }
+    Ok((rw, random, read_pct))
+}
+
+/// `--bssplit` or `--bs` (default 4k): (block size, weight) pairs, each a
+/// multiple of 512 up to `MAX_BS`.
+fn parse_sizes(o: &JobOpts) -> Result<Vec<(u32, u32)>> {
+    let sizes = match (&o.bssplit, &o.bs) {
+        (Some(s), _) => parse_bssplit(s)?,
+        (None, Some(b)) => vec![(parse_bs(b)?, 100)],
+        (None, None) => vec![(4096, 100)],
+    };
+    for (b, _) in &sizes {
+        if *b == 0 || *b as u64 > MAX_BS || b % 512 != 0 {
+            bail!("block size {b} must be a multiple of 512 up to {MAX_BS} (4m): use e.g. --bs 4k");
+        }
+    }
+    Ok(sizes)
+}
+
+/// `--iodepth`, `--numjobs` and `--queues` (default 1 each), within their
+/// limits and with every queue given at least one I/O of the depth.
+fn parse_depths(o: &JobOpts) -> Result<(u32, u32, u32)> {
+    let iodepth = o.iodepth.unwrap_or(1);
+    let numjobs = o.numjobs.unwrap_or(1);
+    let queues = o.queues.unwrap_or(1);
+    for (flag, v, max) in [
+        ("iodepth", iodepth, MAX_IODEPTH),
+        ("numjobs", numjobs, MAX_NUMJOBS),
+        ("queues", queues, MAX_QUEUES),
+    ] {
+        if !(1..=max).contains(&v) {
+            bail!("--{flag} {v} is out of range: use 1 to {max}");
+        }
+    }
+    if queues > iodepth {
+        bail!("--queues {queues} is more than --iodepth {iodepth}: every queue needs at least one I/O in flight; use --queues {iodepth} or less");
+    }
+    Ok((iodepth, numjobs, queues))
+}
+
+/// The tenant (`--tenant`, else the host NQN, else "default") and the host
+/// NQN (`--hostnqn`, else the tenant's own).
+fn tenant_and_hostnqn(o: &JobOpts) -> (String, String) {
+    let tenant = o
+        .tenant
+        .clone()
+        .or_else(|| o.hostnqn.clone())
+        .unwrap_or_else(|| "default".into());
+    let hostnqn = o.hostnqn.clone().unwrap_or_else(|| {
+        if tenant.starts_with("nqn.") {
+            tenant.clone()
+        } else {
+            format!("nqn.2026-11.io.trellis:tenant:{tenant}")
+        }
+    });
+    (tenant, hostnqn)
+}
+
+/// Where the job's I/O goes: the paths of a multipath volume (`--paths`), or
+/// the replicas, with the read policy and whether it is multipath.
+fn parse_targets(o: &JobOpts) -> Result<(Vec<String>, ReplicaRead, bool)> {
+    Ok(match o.paths.as_deref() {
+        Some(list) => {
+            let (paths, policy) = parse_paths(o, list)?;
+            (paths, policy, true)
+        }
+        None => {
+            if let Some(p) = &o.path_policy {
+                bail!("--path-policy {p:?} needs --paths HOST:PORT,HOST:PORT");
+            }
+            let (r, read) = parse_replicas(o)?;
+            (r, read, false)
+        }
     })
 }
 
