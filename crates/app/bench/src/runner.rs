@@ -105,27 +105,10 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
     for (ji, job) in jobs.iter().enumerate() {
         let job = Arc::new(job.clone());
         let job_keys = keys(&job);
-        let ana = job.multipath.then(|| {
-            let b = Arc::new(crate::ana::AnaBoard::new(job_keys.len()));
-            let w = AnaWatch {
-                job: ji,
-                keys: job_keys.clone(),
-                nsid: job.nsid,
-                board: b.clone(),
-            };
-            w.refresh(&mut ctrls, &Default::default());
-            boards.push(w);
-            b
-        });
-        let live: Vec<CtrlKey> = job_keys
-            .iter()
-            .filter(|k| !down.contains_key(*k))
-            .cloned()
-            .collect();
-        if live.is_empty() {
-            let (k, why) = down.iter().next().expect("only down keys are missing");
-            bail!("every path of job {} is down: {} ({why})", job.name, k.0);
-        }
+        let ana = job
+            .multipath
+            .then(|| ana_board(ji, &job, &job_keys, &mut ctrls, &mut boards));
+        let live = live_keys(&job, &job_keys, &down)?;
         let (bsz, nsze, identity) = volume_geometry(&job, &live, &mut ctrls)?;
         let (first, count) = range_blocks(&job, nsze, bsz)?;
         let per = count / job.numjobs as u64;
@@ -141,22 +124,7 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
                     None => queues.extend(dead_queues(&job)?),
                 }
             }
-            let reconnect = if job.multipath {
-                job_keys
-                    .iter()
-                    .map(|k| {
-                        Arc::new(PathConnector {
-                            key: k.clone(),
-                            cfg: host_config(k, job.queues, opts),
-                            job: job.clone(),
-                            identity: identity.clone(),
-                            down_at_start: down.contains_key(k),
-                        })
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
+            let reconnect = path_connectors(&job, &job_keys, &identity, &down, opts);
             let plan = WorkerPlan {
                 reconnect,
                 ana: ana.clone(),
@@ -193,6 +161,70 @@ pub fn run_jobs(jobs: &[JobSpec], opts: &RunOpts) -> Result<RunReport> {
         }
     }
     Ok(run_report(reports, opts, &cpu0, "plain", None))
+}
+
+/// A multipath job's ANA board, read once now and then by `watch` (`boards`).
+fn ana_board(
+    ji: usize,
+    job: &JobSpec,
+    job_keys: &[CtrlKey],
+    ctrls: &mut BTreeMap<CtrlKey, Controller>,
+    boards: &mut Vec<AnaWatch>,
+) -> Arc<crate::ana::AnaBoard> {
+    let b = Arc::new(crate::ana::AnaBoard::new(job_keys.len()));
+    let w = AnaWatch {
+        job: ji,
+        keys: job_keys.to_vec(),
+        nsid: job.nsid,
+        board: b.clone(),
+    };
+    w.refresh(ctrls, &Default::default());
+    boards.push(w);
+    b
+}
+
+/// The job's paths that were reached at the start; an error when none was.
+fn live_keys(
+    job: &JobSpec,
+    job_keys: &[CtrlKey],
+    down: &BTreeMap<CtrlKey, String>,
+) -> Result<Vec<CtrlKey>> {
+    let live: Vec<CtrlKey> = job_keys
+        .iter()
+        .filter(|k| !down.contains_key(*k))
+        .cloned()
+        .collect();
+    if live.is_empty() {
+        let (k, why) = down.iter().next().expect("only down keys are missing");
+        bail!("every path of job {} is down: {} ({why})", job.name, k.0);
+    }
+    Ok(live)
+}
+
+/// How each worker of a multipath job re-opens each path (empty otherwise).
+fn path_connectors(
+    job: &Arc<JobSpec>,
+    job_keys: &[CtrlKey],
+    identity: &Option<Vec<u8>>,
+    down: &BTreeMap<CtrlKey, String>,
+    opts: &RunOpts,
+) -> Vec<Arc<PathConnector>> {
+    if job.multipath {
+        job_keys
+            .iter()
+            .map(|k| {
+                Arc::new(PathConnector {
+                    key: k.clone(),
+                    cfg: host_config(k, job.queues, opts),
+                    job: job.clone(),
+                    identity: identity.clone(),
+                    down_at_start: down.contains_key(k),
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    }
 }
 
 /// The run's report from its job reports: overall ok, partial, bench CPU.
