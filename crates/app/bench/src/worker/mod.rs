@@ -273,6 +273,43 @@ fn ns_since(t0: Instant) -> u64 {
     t0.elapsed().as_nanos() as u64
 }
 
+/// One group per queue of the first replica (or path), each with that queue's
+/// depth and a read chooser for the job's policy.
+fn groups(job: &JobSpec, queues: &[QueueCtx], replicas: usize) -> Vec<Group> {
+    queues[..queues.len() / replicas]
+        .iter()
+        .map(|qc| Group {
+            depth: qc.depth,
+            inflight: 0,
+            chooser: ReplicaChooser::new(match job.replica_read {
+                ReplicaRead::RoundRobin => ReadPolicy::RoundRobin,
+                ReplicaRead::Headroom => ReadPolicy::Headroom,
+                ReplicaRead::QueueDepth => ReadPolicy::QueueDepth,
+                // Chosen by `isr` below; the chooser is the fallback.
+                ReplicaRead::Isr => ReadPolicy::QueueDepth,
+            }),
+            next_op: None,
+        })
+        .collect()
+}
+
+impl PathState {
+    /// A path as the run starts: down if it could not be reached, the first
+    /// re-open attempt due at once.
+    fn new(connector: Arc<crate::runner::PathConnector>) -> PathState {
+        PathState {
+            down: connector.down_at_start,
+            connector,
+            ctrl: None,
+            backoff: RECONNECT_BACKOFF_MIN,
+            next_try: Instant::now(),
+            pending: None,
+            last_tick: Instant::now(),
+            ios_since_reopen: 0,
+        }
+    }
+}
+
 impl Worker {
     fn new(p: WorkerPlan) -> Worker {
         let job = p.job;
@@ -288,21 +325,7 @@ impl Worker {
             .map(|(q, depth)| QueueCtx::new(q, depth))
             .collect::<Vec<QueueCtx>>();
         let replicas = p.replicas.max(1) as usize;
-        let groups: Vec<Group> = queues[..queues.len() / replicas]
-            .iter()
-            .map(|qc| Group {
-                depth: qc.depth,
-                inflight: 0,
-                chooser: ReplicaChooser::new(match job.replica_read {
-                    ReplicaRead::RoundRobin => ReadPolicy::RoundRobin,
-                    ReplicaRead::Headroom => ReadPolicy::Headroom,
-                    ReplicaRead::QueueDepth => ReadPolicy::QueueDepth,
-                    // Chosen by `isr` below; the chooser is the fallback.
-                    ReplicaRead::Isr => ReadPolicy::QueueDepth,
-                }),
-                next_op: None,
-            })
-            .collect();
+        let groups = groups(&job, &queues, replicas);
         let write_slots: u32 = if replicas > 1 && !job.multipath {
             groups.iter().map(|g| g.depth).sum()
         } else {
@@ -320,20 +343,7 @@ impl Worker {
             ana: p.ana,
             ana_seq: 0,
             t_start: Instant::now(),
-            paths: p
-                .reconnect
-                .into_iter()
-                .map(|connector| PathState {
-                    down: connector.down_at_start,
-                    connector,
-                    ctrl: None,
-                    backoff: RECONNECT_BACKOFF_MIN,
-                    next_try: Instant::now(),
-                    pending: None,
-                    last_tick: Instant::now(),
-                    ios_since_reopen: 0,
-                })
-                .collect(),
+            paths: p.reconnect.into_iter().map(PathState::new).collect(),
             writes: vec![
                 ReplicatedWrite {
                     parts_left: 0,
