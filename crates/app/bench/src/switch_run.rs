@@ -150,35 +150,7 @@ pub fn run(
     }));
     let mut handles = Vec::new();
     for core in 0..cores {
-        let mut qs = Vec::new();
-        for (ci, &d) in depth.iter().enumerate() {
-            // Any core may carry every request of a class (steering).
-            let size = (d + 1).clamp(2, trellis_host::engine::MAX_QUEUE_SIZE as u32);
-            let q = ctrl
-                .connect_io_queue(size as u16, max_bs as usize)
-                .context("connecting an I/O queue")?;
-            let granted = q.engine().queue_size() as u32;
-            if granted < d {
-                bail!(
-                    "--stack blk-switch: the {} class needs {d} commands per queue (its jobs' iodepth × numjobs), the target allows {granted}: lower the iodepths",
-                    if ci == 0 { "latency" } else { "throughput" }
-                );
-            }
-            let n = q.engine().queue_size() as usize;
-            let mut q = q;
-            if ci == 1 {
-                // A throughput receive is one turn of bounded length, so the
-                // latency queue is polled again within it (blk-switch bounds
-                // T work per turn; i10's caravan size).
-                q.set_recv_max(T_RECV_MAX_BYTES);
-            }
-            qs.push(ClassQueue {
-                q,
-                reqs: vec![dummy_req(); n],
-            });
-        }
-        let t = qs.pop().expect("two queues");
-        let l = qs.pop().expect("two queues");
+        let (l, t) = core_queues(ctrl, &depth, max_bs)?;
         let r = Reactor {
             core,
             cpu: cpus.get(core).copied(),
@@ -199,6 +171,45 @@ pub fn run(
         );
     }
     Ok((handles, shared))
+}
+
+/// One core's two queue pairs, latency then throughput, each deep enough for
+/// every request of its class (`depth`), as (latency, throughput).
+fn core_queues(
+    ctrl: &mut Controller,
+    depth: &[u32; 2],
+    max_bs: u32,
+) -> Result<(ClassQueue, ClassQueue)> {
+    let mut qs = Vec::new();
+    for (ci, &d) in depth.iter().enumerate() {
+        // Any core may carry every request of a class (steering).
+        let size = (d + 1).clamp(2, trellis_host::engine::MAX_QUEUE_SIZE as u32);
+        let q = ctrl
+            .connect_io_queue(size as u16, max_bs as usize)
+            .context("connecting an I/O queue")?;
+        let granted = q.engine().queue_size() as u32;
+        if granted < d {
+            bail!(
+                "--stack blk-switch: the {} class needs {d} commands per queue (its jobs' iodepth × numjobs), the target allows {granted}: lower the iodepths",
+                if ci == 0 { "latency" } else { "throughput" }
+            );
+        }
+        let n = q.engine().queue_size() as usize;
+        let mut q = q;
+        if ci == 1 {
+            // A throughput receive is one turn of bounded length, so the
+            // latency queue is polled again within it (blk-switch bounds
+            // T work per turn; i10's caravan size).
+            q.set_recv_max(T_RECV_MAX_BYTES);
+        }
+        qs.push(ClassQueue {
+            q,
+            reqs: vec![dummy_req(); n],
+        });
+    }
+    let t = qs.pop().expect("two queues");
+    let l = qs.pop().expect("two queues");
+    Ok((l, t))
 }
 
 /// Per-app results, in job order, and the switch's counters, once the
