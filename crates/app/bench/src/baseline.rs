@@ -215,26 +215,10 @@ pub fn run_client(o: &ClientOpts) -> Result<ClientResult> {
     if o.iodepth == 0 || o.bs == 0 || o.bs > MAX_LEN {
         bail!("bad baseline parameters");
     }
-    let s = TcpStream::connect(&o.addr).with_context(|| format!("connect {}", o.addr))?;
-    s.set_nodelay(true)?;
-    s.set_nonblocking(true)?;
+    let s = connect_client(o)?;
     let fd = s.as_raw_fd();
-    set_sock_buf(fd, CLIENT_SOCK_BUF).context("SO_SNDBUF/SO_RCVBUF")?;
-    let req_len = REQ_HDR + if o.write { o.bs as usize } else { 0 };
-    let resp_len = if o.write {
-        RESP_HDR
-    } else {
-        2 * RESP_HDR + o.bs as usize
-    };
-    // A periodic request stream, built once: whole requests, about SRC bytes,
-    // sent with wrap-around iovecs from `pos` (offset within the stream).
-    let reps = (SRC / req_len).max(1);
-    let mut stream = touched_zeros(req_len * reps);
-    for r in 0..reps {
-        let h = &mut stream[r * req_len..];
-        h[0] = if o.write { KIND_WRITE } else { KIND_READ };
-        h[4..8].copy_from_slice(&o.bs.to_le_bytes());
-    }
+    let (req_len, resp_len) = message_lens(o);
+    let stream = request_stream(o, req_len);
     let mut rx = touched_zeros(STAGING);
     let mut hist = Histogram::<u64>::new_with_bounds(100, 60_000_000_000, 3)?;
     let mut t0s: VecDeque<Instant> = VecDeque::with_capacity(o.iodepth as usize);
@@ -298,6 +282,40 @@ pub fn run_client(o: &ClientOpts) -> Result<ClientResult> {
         lat: Latency::from_hist(&hist),
         idle_poll_pct: 100.0 * idle as f64 / polls.max(1) as f64,
     })
+}
+
+/// The client's socket: connected, no Nagle, non-blocking, with its buffers.
+fn connect_client(o: &ClientOpts) -> Result<TcpStream> {
+    let s = TcpStream::connect(&o.addr).with_context(|| format!("connect {}", o.addr))?;
+    s.set_nodelay(true)?;
+    s.set_nonblocking(true)?;
+    set_sock_buf(s.as_raw_fd(), CLIENT_SOCK_BUF).context("SO_SNDBUF/SO_RCVBUF")?;
+    Ok(s)
+}
+
+/// Bytes of one request and of its response: the data travels with the write
+/// request or with the read response.
+fn message_lens(o: &ClientOpts) -> (usize, usize) {
+    let req_len = REQ_HDR + if o.write { o.bs as usize } else { 0 };
+    let resp_len = if o.write {
+        RESP_HDR
+    } else {
+        2 * RESP_HDR + o.bs as usize
+    };
+    (req_len, resp_len)
+}
+
+/// A periodic request stream, built once: whole requests, about SRC bytes,
+/// sent with wrap-around iovecs from `pos` (offset within the stream).
+fn request_stream(o: &ClientOpts, req_len: usize) -> Vec<u8> {
+    let reps = (SRC / req_len).max(1);
+    let mut stream = touched_zeros(req_len * reps);
+    for r in 0..reps {
+        let h = &mut stream[r * req_len..];
+        h[0] = if o.write { KIND_WRITE } else { KIND_READ };
+        h[4..8].copy_from_slice(&o.bs.to_le_bytes());
+    }
+    stream
 }
 
 #[cfg(test)]
