@@ -314,19 +314,7 @@ fn run_switch(
         switch_cpus(&opts.cpus, &allowed)?
     };
     let k = key_at(&jobs[0], &jobs[0].addr);
-    let nq = 2 * cpus.len() as u32;
-    let cfg = host_config(&k, nq, opts);
-    let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {
-        let hint = connect_hint(&e, &k.0, &k.2);
-        anyhow::Error::new(e).context(format!("connecting to {} at {} as {}{hint}", k.1, k.0, k.2))
-    })?;
-    let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
-    if (granted as u32) < nq {
-        bail!(
-            "the controller at {} granted {granted} I/O queues, --stack blk-switch needs {nq} (two per core of --cpus): use fewer CPUs, or raise the target's max_io_queues",
-            k.0
-        );
-    }
+    let c = switch_controller(&k, 2 * cpus.len() as u32, opts)?;
     let mut ctrls = BTreeMap::new();
     ctrls.insert(k.clone(), c);
     let (bsz, nsze, _) = volume_geometry(&jobs[0], std::slice::from_ref(&k), &mut ctrls)?;
@@ -372,6 +360,24 @@ fn run_switch(
     }
     let reports = reports_with_timelines(jobs, per_job, timelines);
     Ok(run_report(reports, opts, &cpu0, "blk-switch", Some(report)))
+}
+
+/// The one controller of `--stack blk-switch`, with `nq` I/O queues granted
+/// (two per core).
+fn switch_controller(k: &CtrlKey, nq: u32, opts: &RunOpts) -> Result<Controller> {
+    let cfg = host_config(k, nq, opts);
+    let mut c = Controller::connect(&k.0, &k.1, &cfg).map_err(|e| {
+        let hint = connect_hint(&e, &k.0, &k.2);
+        anyhow::Error::new(e).context(format!("connecting to {} at {} as {}{hint}", k.1, k.0, k.2))
+    })?;
+    let granted = c.set_num_queues(nq.min(u16::MAX as u32) as u16)?;
+    if (granted as u32) < nq {
+        bail!(
+            "the controller at {} granted {granted} I/O queues, --stack blk-switch needs {nq} (two per core of --cpus): use fewer CPUs, or raise the target's max_io_queues",
+            k.0
+        );
+    }
+    Ok(c)
 }
 
 /// Controllers of every key, and the multipath paths that could not be
