@@ -173,9 +173,24 @@ struct Suspendable {
     release_bytes: u32,
 }
 
-impl Ssd {
-    pub fn new(profile: SsdProfile) -> Self {
-        profile.validate();
+/// The drive's geometry, derived once from its profile.
+#[derive(Clone, Copy)]
+struct Geometry {
+    luns: u32,
+    subpages: u32,
+    pages_per_line: u32,
+    flash_pages_per_block: u32,
+    lines_total: u32,
+    physical: u64,
+    gc_hi_lines: u32,
+    gc_lo_lines: u32,
+    logical_pages: u32,
+}
+
+impl Geometry {
+    /// Panics on a geometry the model cannot hold (u32 page addresses, room
+    /// for the GC thresholds), as `SsdProfile::validate` does on bad fields.
+    fn of(profile: &SsdProfile) -> Geometry {
         let luns = profile.channels * profile.luns_per_channel;
         let subpages = profile.flash_page_bytes / profile.page_bytes;
         let pages_per_line = luns * profile.pages_per_block;
@@ -198,18 +213,36 @@ impl Ssd {
         let op_pages = (physical * profile.overprovision_permille as u64 / 1000)
             .max((gc_lo_lines as u64 + 2) * pages_per_line as u64);
         let logical_pages = (physical - op_pages) as u32;
-        let wbuf_slots =
-            (profile.write_buffer_bytes / profile.flash_page_bytes as u64) as usize + 1;
-        let mut ssd = Ssd {
+        Geometry {
             luns,
             subpages,
             pages_per_line,
             flash_pages_per_block,
-            logical_pages,
+            lines_total,
+            physical,
             gc_hi_lines,
             gc_lo_lines,
-            lun_avail_ns: vec![0; luns as usize],
-            lun_deferred: vec![std::collections::VecDeque::new(); luns as usize],
+            logical_pages,
+        }
+    }
+}
+
+impl Ssd {
+    pub fn new(profile: SsdProfile) -> Self {
+        profile.validate();
+        let g = Geometry::of(&profile);
+        let wbuf_slots =
+            (profile.write_buffer_bytes / profile.flash_page_bytes as u64) as usize + 1;
+        let mut ssd = Ssd {
+            luns: g.luns,
+            subpages: g.subpages,
+            pages_per_line: g.pages_per_line,
+            flash_pages_per_block: g.flash_pages_per_block,
+            logical_pages: g.logical_pages,
+            gc_hi_lines: g.gc_hi_lines,
+            gc_lo_lines: g.gc_lo_lines,
+            lun_avail_ns: vec![0; g.luns as usize],
+            lun_deferred: vec![std::collections::VecDeque::new(); g.luns as usize],
             deferred_programs: 0,
             filling: false,
             channels: if profile.channel_mb_s > 0 {
@@ -228,12 +261,12 @@ impl Ssd {
             map: if profile.static_map {
                 Vec::new()
             } else {
-                vec![UNMAPPED; logical_pages as usize]
+                vec![UNMAPPED; g.logical_pages as usize]
             },
             rmap: if profile.static_map {
                 Vec::new()
             } else {
-                vec![FREE; physical as usize]
+                vec![FREE; g.physical as usize]
             },
             lines: vec![
                 Line {
@@ -241,16 +274,16 @@ impl Ssd {
                     ipc: 0,
                     state: LineState::Free
                 };
-                lines_total as usize
+                g.lines_total as usize
             ],
-            free_lines: (0..lines_total).collect(),
+            free_lines: (0..g.lines_total).collect(),
             wp_line: [gc::NO_LINE; 2],
             wp_index: [0; 2],
-            gc: gc::GcState::new(luns, subpages),
+            gc: gc::GcState::new(g.luns, g.subpages),
             wbuf_used_bytes: 0,
             wbuf_open_bytes: 0,
             wbuf_pending: std::collections::BinaryHeap::with_capacity(wbuf_slots),
-            suspendable: vec![None; luns as usize],
+            suspendable: vec![None; g.luns as usize],
 
             wbuf_moved: Vec::new(),
             wbuf_released_ns: 0,
