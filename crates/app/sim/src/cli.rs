@@ -339,19 +339,7 @@ pub fn run(args: SimArgs) -> Result<()> {
             duration_ms,
             no_progress,
         } => {
-            let (mut cfg, from) = match (config, p) {
-                (Some(c), _) => (load_config(&c)?, c.display().to_string()),
-                (None, Some(p)) => (preset(&p)?, format!("preset {p}")),
-                (None, None) => bail!("give --config FILE or --preset NAME"),
-            };
-            if let Some(s) = seed {
-                cfg.seed = s;
-            }
-            if let Some(ms) = duration_ms {
-                cfg.duration_ns = check_duration_ms(ms)?;
-                cfg.warmup_ns = cfg.warmup_ns.min(cfg.duration_ns / 10);
-            }
-            check_times(&cfg, &from)?;
+            let cfg = run_config(config, p, seed, duration_ms)?;
             cmd_run(cfg, &out, !no_progress)
         }
         SimCmd::Config { preset: p } => {
@@ -369,24 +357,7 @@ pub fn run(args: SimArgs) -> Result<()> {
             out,
             quick,
             seed,
-        } => {
-            if which != "nsdi26" {
-                bail!("only `reproduce nsdi26` exists");
-            }
-            let t0 = std::time::Instant::now();
-            let scale = Scale {
-                seed,
-                ..if quick { Scale::quick() } else { Scale::full() }
-            };
-            let rep = reproduce::nsdi26(scale, &out, true)?;
-            println!("{}", reproduce::format_table(&rep.rows));
-            println!(
-                "wall time {:.1} s; outputs in {}",
-                t0.elapsed().as_secs_f64(),
-                out.display()
-            );
-            Ok(())
-        }
+        } => cmd_reproduce(&which, &out, quick, seed),
         SimCmd::Fairness {
             cases,
             weights,
@@ -426,6 +397,50 @@ pub fn run(args: SimArgs) -> Result<()> {
             cmd_sweep(&presets, &loads, duration_ms, &out, emit_jobs, merge)
         }
     }
+}
+
+/// `sim run`'s configuration: the file or the preset, with `--seed` and
+/// `--duration-ms` applied, its times checked.
+fn run_config(
+    config: Option<PathBuf>,
+    p: Option<String>,
+    seed: Option<u64>,
+    duration_ms: Option<u64>,
+) -> Result<SimConfig> {
+    let (mut cfg, from) = match (config, p) {
+        (Some(c), _) => (load_config(&c)?, c.display().to_string()),
+        (None, Some(p)) => (preset(&p)?, format!("preset {p}")),
+        (None, None) => bail!("give --config FILE or --preset NAME"),
+    };
+    if let Some(s) = seed {
+        cfg.seed = s;
+    }
+    if let Some(ms) = duration_ms {
+        cfg.duration_ns = check_duration_ms(ms)?;
+        cfg.warmup_ns = cfg.warmup_ns.min(cfg.duration_ns / 10);
+    }
+    check_times(&cfg, &from)?;
+    Ok(cfg)
+}
+
+/// `sim reproduce nsdi26`: run it, print the table and the wall time.
+fn cmd_reproduce(which: &str, out: &Path, quick: bool, seed: Option<u64>) -> Result<()> {
+    if which != "nsdi26" {
+        bail!("only `reproduce nsdi26` exists");
+    }
+    let t0 = std::time::Instant::now();
+    let scale = Scale {
+        seed,
+        ..if quick { Scale::quick() } else { Scale::full() }
+    };
+    let rep = reproduce::nsdi26(scale, out, true)?;
+    println!("{}", reproduce::format_table(&rep.rows));
+    println!(
+        "wall time {:.1} s; outputs in {}",
+        t0.elapsed().as_secs_f64(),
+        out.display()
+    );
+    Ok(())
 }
 
 fn cmd_sweep(
