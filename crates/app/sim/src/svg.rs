@@ -21,19 +21,7 @@ pub fn line_chart(
 ) -> String {
     let (w, h, ml, mr, mt, mb) = (720.0, 420.0, 70.0, 160.0, 40.0, 50.0);
     let tx = |x: f64| if log_x { x.max(1e-9).log10() } else { x };
-    let pts = series.iter().flat_map(|s| s.points.iter());
-    let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, f64::MIN);
-    for &(x, y) in pts {
-        x0 = x0.min(tx(x));
-        x1 = x1.max(tx(x));
-        y1 = y1.max(y);
-    }
-    if x0 >= x1 {
-        x1 = x0 + 1.0;
-    }
-    if y1.is_nan() || y1 <= 0.0 {
-        y1 = 1.0;
-    }
+    let (x0, x1, y1) = data_range(series, tx);
     let y0 = 0.0;
     let px = |x: f64| ml + (tx(x) - x0) / (x1 - x0) * (w - ml - mr);
     let py = |y: f64| h - mb - (y - y0) / (y1 - y0) * (h - mt - mb);
@@ -88,6 +76,38 @@ pub fn line_chart(
         mt + (h - mt - mb) / 2.0,
         esc(ylabel)
     );
+    draw_series(&mut s, series, &px, &py, (w, mr, mt));
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The plotted x range (after `tx`) and the top of the y range (from 0), widened
+/// where the data are one point or none.
+fn data_range(series: &[Series], tx: impl Fn(f64) -> f64) -> (f64, f64, f64) {
+    let pts = series.iter().flat_map(|s| s.points.iter());
+    let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, f64::MIN);
+    for &(x, y) in pts {
+        x0 = x0.min(tx(x));
+        x1 = x1.max(tx(x));
+        y1 = y1.max(y);
+    }
+    if x0 >= x1 {
+        x1 = x0 + 1.0;
+    }
+    if y1.is_nan() || y1 <= 0.0 {
+        y1 = 1.0;
+    }
+    (x0, x1, y1)
+}
+
+/// Each series' polyline and its legend entry in the right margin.
+fn draw_series(
+    s: &mut String,
+    series: &[Series],
+    px: &dyn Fn(f64) -> f64,
+    py: &dyn Fn(f64) -> f64,
+    (w, mr, mt): (f64, f64, f64),
+) {
     for (i, se) in series.iter().enumerate() {
         let c = COLORS[i % COLORS.len()];
         let path: Vec<String> = se
@@ -111,8 +131,6 @@ pub fn line_chart(
             esc(se.name)
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 fn fmt(v: f64) -> String {
