@@ -500,6 +500,46 @@ fn cmd_run(cfg: SimConfig, out: &Path, progress: bool) -> Result<()> {
         out.join("perf.json"),
         serde_json::to_string_pretty(&o.perf)?,
     )?;
+    write_run_plots(out, r)?;
+    println!(
+        "{}: {} storage nodes, {} SSDs, {:?}",
+        r.name, r.storage_nodes, r.ssds, r.mechanisms
+    );
+    for (op, s) in [("read", &r.read), ("write", &r.write)] {
+        println!("  {op:5}: {:>10.1} MB/s {:>9.1} kIOPS  avg {:>8.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us", s.mb_s, s.kiops, s.lat_avg_us, s.lat_p99_us, s.lat_p999_us);
+    }
+    if let Some(y) = &r.ycsb {
+        println!(
+            "  ycsb : {:.1} kops/s, read avg {:.1} us, p99.9 {:.1} us",
+            y.kops_s, y.read_lat_avg_us, y.read_lat_p999_us
+        );
+    }
+    if let Some(f) = &r.failure {
+        let recovery = match (f.dipped, f.recovery_ns) {
+            (false, _) => "none needed (no measurable dip)".to_string(),
+            (true, Some(ns)) => format!("{:.2} ms", ns as f64 / 1e6),
+            (true, None) => "not within the run".to_string(),
+        };
+        println!(
+            "  failure at {} ns: drop {:.1}%, recovery {recovery}",
+            f.at_ns,
+            f.throughput_drop * 100.0,
+        );
+    }
+    println!(
+        "  links: mean util {:.3}, max {:.3}; events {}, {:.2} M events/s, peak RSS {} MiB",
+        r.link_util_mean,
+        r.link_util_max,
+        o.perf.events,
+        o.perf.events_per_s / 1e6,
+        o.perf.peak_rss_bytes >> 20
+    );
+    println!("  wrote {}", out.display());
+    Ok(())
+}
+
+/// `sim run`'s plots: the latency CDFs and the throughput over time.
+fn write_run_plots(out: &Path, r: &run::Results) -> Result<()> {
     let cdf = [
         Series {
             name: "read",
@@ -539,40 +579,6 @@ fn cmd_run(cfg: SimConfig, out: &Path, progress: bool) -> Result<()> {
             false,
         ),
     )?;
-    println!(
-        "{}: {} storage nodes, {} SSDs, {:?}",
-        r.name, r.storage_nodes, r.ssds, r.mechanisms
-    );
-    for (op, s) in [("read", &r.read), ("write", &r.write)] {
-        println!("  {op:5}: {:>10.1} MB/s {:>9.1} kIOPS  avg {:>8.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us", s.mb_s, s.kiops, s.lat_avg_us, s.lat_p99_us, s.lat_p999_us);
-    }
-    if let Some(y) = &r.ycsb {
-        println!(
-            "  ycsb : {:.1} kops/s, read avg {:.1} us, p99.9 {:.1} us",
-            y.kops_s, y.read_lat_avg_us, y.read_lat_p999_us
-        );
-    }
-    if let Some(f) = &r.failure {
-        let recovery = match (f.dipped, f.recovery_ns) {
-            (false, _) => "none needed (no measurable dip)".to_string(),
-            (true, Some(ns)) => format!("{:.2} ms", ns as f64 / 1e6),
-            (true, None) => "not within the run".to_string(),
-        };
-        println!(
-            "  failure at {} ns: drop {:.1}%, recovery {recovery}",
-            f.at_ns,
-            f.throughput_drop * 100.0,
-        );
-    }
-    println!(
-        "  links: mean util {:.3}, max {:.3}; events {}, {:.2} M events/s, peak RSS {} MiB",
-        r.link_util_mean,
-        r.link_util_max,
-        o.perf.events,
-        o.perf.events_per_s / 1e6,
-        o.perf.peak_rss_bytes >> 20
-    );
-    println!("  wrote {}", out.display());
     Ok(())
 }
 
