@@ -359,61 +359,72 @@ pub fn build(cfg: &TopologyConfig) -> Result<Graph> {
             }
             attach_hosts(&mut g, cfg);
         }
-        TopologyKind::Torus2d | TopologyKind::Torus3d => {
-            let k = if cfg.kind == TopologyKind::Torus2d {
-                2
-            } else {
-                3
-            };
-            let dims = if cfg.dims.is_empty() {
-                balanced_dims(s, k)
-            } else {
-                cfg.dims.clone()
-            };
-            if dims.len() != k || dims.iter().product::<u32>() != s {
-                bail!(
-                    "torus dims {:?} do not multiply to {} nodes in {}D",
-                    dims,
-                    s,
-                    k
-                );
-            }
-            let per = cfg.node_gbps / (2 * k as u64);
-            torus_links(&mut g, &dims, per, p);
-            attach_hosts(&mut g, cfg);
-        }
-        TopologyKind::Dragonfly => {
-            let a = cfg.group_size.max(2);
-            let groups = s.div_ceil(a);
-            let group = |i: u32| (i * a..((i + 1) * a).min(s)).collect::<Vec<u32>>();
-            let local_ports = (a - 1).max(1) as u64;
-            let global_per_node = (groups - 1).div_ceil(a).max(1) as u64;
-            let per = cfg.node_gbps / (local_ports + global_per_node);
-            for gi in 0..groups {
-                let m = group(gi);
-                for x in 0..m.len() {
-                    for y in x + 1..m.len() {
-                        g.link(m[x], m[y], per, p);
-                    }
-                }
-            }
-            for gi in 0..groups {
-                for gj in gi + 1..groups {
-                    let (mi, mj) = (group(gi), group(gj));
-                    g.link(
-                        mi[gj as usize % mi.len()],
-                        mj[gi as usize % mj.len()],
-                        per,
-                        p,
-                    );
-                }
-            }
-            attach_hosts(&mut g, cfg);
-        }
+        TopologyKind::Torus2d | TopologyKind::Torus3d => build_torus(&mut g, cfg)?,
+        TopologyKind::Dragonfly => build_dragonfly(&mut g, cfg),
     }
     g.port_up = vec![true; g.ports.len()];
     g.compute_routes();
     Ok(g)
+}
+
+/// A 2D or 3D torus of the storage nodes (`dims`, or the most balanced ones),
+/// each adapter's bandwidth split over its 2k links; hosts attached.
+fn build_torus(g: &mut Graph, cfg: &TopologyConfig) -> Result<()> {
+    let (s, p) = (cfg.storage_nodes, cfg.prop_ns);
+    let k = if cfg.kind == TopologyKind::Torus2d {
+        2
+    } else {
+        3
+    };
+    let dims = if cfg.dims.is_empty() {
+        balanced_dims(s, k)
+    } else {
+        cfg.dims.clone()
+    };
+    if dims.len() != k || dims.iter().product::<u32>() != s {
+        bail!(
+            "torus dims {:?} do not multiply to {} nodes in {}D",
+            dims,
+            s,
+            k
+        );
+    }
+    let per = cfg.node_gbps / (2 * k as u64);
+    torus_links(g, &dims, per, p);
+    attach_hosts(g, cfg);
+    Ok(())
+}
+
+/// A dragonfly: groups of `group_size` fully connected, one global link
+/// between every two groups; hosts attached.
+fn build_dragonfly(g: &mut Graph, cfg: &TopologyConfig) {
+    let (s, p) = (cfg.storage_nodes, cfg.prop_ns);
+    let a = cfg.group_size.max(2);
+    let groups = s.div_ceil(a);
+    let group = |i: u32| (i * a..((i + 1) * a).min(s)).collect::<Vec<u32>>();
+    let local_ports = (a - 1).max(1) as u64;
+    let global_per_node = (groups - 1).div_ceil(a).max(1) as u64;
+    let per = cfg.node_gbps / (local_ports + global_per_node);
+    for gi in 0..groups {
+        let m = group(gi);
+        for x in 0..m.len() {
+            for y in x + 1..m.len() {
+                g.link(m[x], m[y], per, p);
+            }
+        }
+    }
+    for gi in 0..groups {
+        for gj in gi + 1..groups {
+            let (mi, mj) = (group(gi), group(gj));
+            g.link(
+                mi[gj as usize % mi.len()],
+                mj[gi as usize % mj.len()],
+                per,
+                p,
+            );
+        }
+    }
+    attach_hosts(g, cfg);
 }
 
 /// Switchless: host i attaches to storage node i mod S through its own adapter port.
