@@ -138,22 +138,7 @@ fn summarise(sim: &Sim, cfg: &SimConfig) -> Results {
     let failure = m
         .failure_at_ns
         .map(|at| failure_stats(m, at, cfg.warmup_ns, cfg.duration_ns));
-    let (kv_ops, mut kv_lat) = sim.ycsb_stats();
-    let ycsb = (kv_ops > 0).then(|| {
-        kv_lat.sort_unstable();
-        let avg = kv_lat.iter().sum::<u64>() as f64 / kv_lat.len().max(1) as f64;
-        // Nearest rank (§5): x_(⌈p·n⌉).
-        let p999 = if kv_lat.is_empty() {
-            0
-        } else {
-            kv_lat[((0.999 * kv_lat.len() as f64).ceil() as usize).clamp(1, kv_lat.len()) - 1]
-        };
-        YcsbStats {
-            kops_s: round3(kv_ops as f64 / secs / 1e3),
-            read_lat_avg_us: round3(avg / 1e3),
-            read_lat_p999_us: round3(p999 as f64 / 1e3),
-        }
-    });
+    let ycsb = ycsb_summary(sim, secs);
     let ts: Vec<f64> = m
         .bins
         .iter()
@@ -200,6 +185,26 @@ fn summarise(sim: &Sim, cfg: &SimConfig) -> Results {
         gc_runs: sim.ssd_stats().iter().map(|s| s.gc_runs).sum(),
         little: m.little(cfg.duration_ns),
     }
+}
+
+/// The YCSB figures of the application ops measured (None without YCSB jobs).
+fn ycsb_summary(sim: &Sim, secs: f64) -> Option<YcsbStats> {
+    let (kv_ops, mut kv_lat) = sim.ycsb_stats();
+    (kv_ops > 0).then(|| {
+        kv_lat.sort_unstable();
+        let avg = kv_lat.iter().sum::<u64>() as f64 / kv_lat.len().max(1) as f64;
+        // Nearest rank (§5): x_(⌈p·n⌉).
+        let p999 = if kv_lat.is_empty() {
+            0
+        } else {
+            kv_lat[((0.999 * kv_lat.len() as f64).ceil() as usize).clamp(1, kv_lat.len()) - 1]
+        };
+        YcsbStats {
+            kops_s: round3(kv_ops as f64 / secs / 1e3),
+            read_lat_avg_us: round3(avg / 1e3),
+            read_lat_p999_us: round3(p999 as f64 / 1e3),
+        }
+    })
 }
 
 /// Peak resident set size of this process (Linux VmHWM), 0 elsewhere.
