@@ -130,24 +130,7 @@ pub fn run(a: SanArgs) -> Result<()> {
             b: y,
             state,
             nth,
-        } => {
-            let st = load(&state_file)?;
-            let up = match state.as_str() {
-                "up" => true,
-                "down" => false,
-                other => bail!("link state {other:?}: use down or up"),
-            };
-            let ls = st.topology.links_between(&x, &y);
-            let Some(&l) = ls.get(nth) else {
-                bail!(
-                    "no link {nth} between {x} and {y} ({} link(s) there; see trellis san status)",
-                    ls.len()
-                );
-            };
-            run_all(&plan::link_state(&st.topology, l, up))?;
-            println!("link {x}-{y} #{nth} {}", if up { "up" } else { "down" });
-            Ok(())
-        }
+        } => set_link(&state_file, &x, &y, &state, nth),
         SanCmd::Exec { node, command } => {
             let st = load(&state_file)?;
             if !st.topology.nodes.contains(&node) {
@@ -165,6 +148,26 @@ pub fn run(a: SanArgs) -> Result<()> {
         }
         SanCmd::Down => down(&state_file),
     }
+}
+
+/// `san link A B up|down`: the `nth` link between two nodes goes up or down.
+fn set_link(state_file: &Path, x: &str, y: &str, state: &str, nth: usize) -> Result<()> {
+    let st = load(state_file)?;
+    let up = match state {
+        "up" => true,
+        "down" => false,
+        other => bail!("link state {other:?}: use down or up"),
+    };
+    let ls = st.topology.links_between(x, y);
+    let Some(&l) = ls.get(nth) else {
+        bail!(
+            "no link {nth} between {x} and {y} ({} link(s) there; see trellis san status)",
+            ls.len()
+        );
+    };
+    run_all(&plan::link_state(&st.topology, l, up))?;
+    println!("link {x}-{y} #{nth} {}", if up { "up" } else { "down" });
+    Ok(())
 }
 
 struct NodeSpec {

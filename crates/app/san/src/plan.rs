@@ -70,34 +70,7 @@ fn table_of(t: &Topology, node: &str, dev: &str) -> String {
 /// routes. (Targets are started afterwards.)
 pub fn up(t: &Topology, rate: Option<Rate>, host_rate: Option<Rate>) -> Vec<Cmd> {
     let mut out = Vec::new();
-    for n in &t.nodes {
-        let ns = Topology::ns(n);
-        out.push(cmd(&["ip", "netns", "add", &ns]));
-        out.push(cmd(&["ip", "-n", &ns, "link", "set", "lo", "up"]));
-        for k in [
-            "net.ipv4.ip_forward=1",
-            "net.ipv4.conf.all.rp_filter=0",
-            "net.ipv4.conf.default.rp_filter=0",
-        ] {
-            out.push(cmd(&["ip", "netns", "exec", &ns, "sysctl", "-qw", k]));
-        }
-    }
-    if t.kind == Kind::Switched {
-        let tor = Topology::ns("tor");
-        out.push(cmd(&[
-            "ip",
-            "-n",
-            &tor,
-            "link",
-            "add",
-            "br0",
-            "type",
-            "bridge",
-            "stp_state",
-            "0",
-        ]));
-        out.push(cmd(&["ip", "-n", &tor, "link", "set", "br0", "up"]));
-    }
+    namespaces(t, &mut out);
     for l in &t.links {
         let (na, nb) = (Topology::ns(&l.a), Topology::ns(&l.b));
         out.push(cmd(&[
@@ -155,6 +128,39 @@ pub fn up(t: &Topology, rate: Option<Rate>, host_rate: Option<Rate>) -> Vec<Cmd>
         path_rules(t, &mut out);
     }
     out
+}
+
+/// One namespace per node (loopback up, forwarding on, no reverse-path
+/// filter), and the ToR's bridge when switched.
+fn namespaces(t: &Topology, out: &mut Vec<Cmd>) {
+    for n in &t.nodes {
+        let ns = Topology::ns(n);
+        out.push(cmd(&["ip", "netns", "add", &ns]));
+        out.push(cmd(&["ip", "-n", &ns, "link", "set", "lo", "up"]));
+        for k in [
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ] {
+            out.push(cmd(&["ip", "netns", "exec", &ns, "sysctl", "-qw", k]));
+        }
+    }
+    if t.kind == Kind::Switched {
+        let tor = Topology::ns("tor");
+        out.push(cmd(&[
+            "ip",
+            "-n",
+            &tor,
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+        ]));
+        out.push(cmd(&["ip", "-n", &tor, "link", "set", "br0", "up"]));
+    }
 }
 
 fn addresses(t: &Topology, out: &mut Vec<Cmd>) {
