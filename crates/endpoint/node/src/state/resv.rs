@@ -147,9 +147,14 @@ impl State {
 
     /// The key check every command but Register makes: `h` is a registrant
     /// and CRKEY is its key.
-    fn check_key(&self, h: &HostId, crkey: u64) -> Result<usize, Status> {
+    /// On success the registrant is bound to `h` (a version 1 one takes
+    /// its NQN), so the holder it may become names it exactly.
+    fn check_key(&mut self, h: &HostId, crkey: u64) -> Result<usize, Status> {
         match self.find(h) {
-            Some(i) if self.regs[i].rkey == crkey => Ok(i),
+            Some(i) if self.regs[i].rkey == crkey => {
+                self.bind(i, h);
+                Ok(i)
+            }
             _ => Err(CONFLICT),
         }
     }
@@ -181,6 +186,7 @@ impl State {
                 if !cmd.iekey && self.regs[i].rkey != crkey {
                     return Err(CONFLICT);
                 }
+                self.bind(i, h);
                 if cmd.action == RegisterAction::Replace {
                     self.regs[i].rkey = nrkey;
                 } else {

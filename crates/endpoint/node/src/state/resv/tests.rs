@@ -588,3 +588,27 @@ fn a_version_1_registrant_is_bound_by_host_id_until_it_registers_again() {
     assert!(r.check_io(&a1, true).is_ok());
     assert_eq!(r.check_io(&a2, true), Err(CONFLICT));
 }
+
+#[test]
+fn a_version_1_registrant_that_acquires_then_unregisters_releases_and_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("resv.json");
+    let a = crate::sys::hex(&A.id);
+    let v1 = format!(
+        r#"{{"version":1,"gen":1,"rtype":0,"holder":"","registrants":[{{"hostid":"{a}","rkey":5}}]}}"#
+    );
+    std::fs::write(&path, v1).unwrap();
+    let r = Resv::open(Some(path.clone()), 32).unwrap();
+    let a1 = HostId::new(A.id, "nqn.first");
+    r.apply(|s, _| s.acquire(&a1, &acq(AA::Acquire, WriteExclusive), 5, 0))
+        .unwrap();
+    let s = r.snapshot();
+    assert_eq!(s.held.map(|h| h.holder), Some(a1));
+    assert_eq!(s.regs[0].hostid, a1, "bound by the Acquire");
+    let unreg = reg(RA::Unregister, false, Cptpl::NoChange);
+    r.apply(|s, max| s.register(&a1, &unreg, 5, 0, max)).unwrap();
+    assert_eq!(r.snapshot().held, None, "its reservation went with it");
+    drop(r);
+    let r = Resv::open(Some(path), 32).expect("the saved state loads");
+    assert_eq!(r.snapshot().held, None);
+}
