@@ -104,6 +104,8 @@ impl Tenants {
             tenants: self.clone(),
             hostnqn: hostnqn.to_string(),
             id,
+            // The catch-all is given without an entry: nothing to give back.
+            counted: id != self.catch_all(),
         }
     }
 
@@ -146,12 +148,12 @@ impl Tenants {
         self.catch_all()
     }
 
-    /// A lease dropped: the id is freed with the host's last lease unless
-    /// pinned.
-    fn release(&self, hostnqn: &str) {
+    /// A lease of `id` dropped: the id is freed with the host's last lease
+    /// unless pinned.
+    fn release(&self, hostnqn: &str, id: TenantId) {
         let mut m = crate::sys::lock(&self.map);
-        let Some(a) = m.ids.get_mut(hostnqn) else {
-            return; // the catch-all, or forgotten by the fuzz harness
+        let Some(a) = m.ids.get_mut(hostnqn).filter(|a| a.id == id) else {
+            return; // forgotten by the fuzz harness since
         };
         a.leases = a.leases.saturating_sub(1);
         if a.leases > 0 || a.pinned {
@@ -273,6 +275,9 @@ pub struct TenantLease {
     tenants: Arc<Tenants>,
     hostnqn: String,
     id: TenantId,
+    /// Whether `take` counted this lease on the host's entry (not for the
+    /// catch-all), so only counted leases are given back.
+    counted: bool,
 }
 
 impl TenantLease {
@@ -284,7 +289,9 @@ impl TenantLease {
 
 impl Drop for TenantLease {
     fn drop(&mut self) {
-        self.tenants.release(&self.hostnqn);
+        if self.counted {
+            self.tenants.release(&self.hostnqn, self.id);
+        }
     }
 }
 
@@ -405,6 +412,21 @@ mod tests {
         assert_eq!(e.id(), 1, "b's id, freed with its last lease");
         drop(c);
         assert_eq!(t.lease("nqn.f").id(), 2, "c's id; e still holds 1");
+    }
+
+    #[test]
+    fn a_catch_all_lease_gives_back_nothing_another_controller_holds() {
+        let t = tenants(&[], 3); // ids 0 and 1, then the catch-all 2
+        let (x0, y) = (t.lease("nqn.x0"), t.lease("nqn.y"));
+        let x_catch_all = t.lease("nqn.x");
+        assert_eq!(x_catch_all.id(), 2);
+        drop(x0);
+        let x_real = t.lease("nqn.x");
+        assert_eq!(x_real.id(), 0, "a freed id for x's second controller");
+        drop(x_catch_all);
+        let z = t.lease("nqn.z");
+        assert_ne!(z.id(), x_real.id(), "x's id was freed while x held it");
+        drop(y);
     }
 
     #[test]
