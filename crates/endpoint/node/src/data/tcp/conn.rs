@@ -797,7 +797,12 @@ impl Conn {
         }
         debug_assert!(self.backend_in_flight > 0);
         self.backend_in_flight -= 1;
-        if !st.is_success() {
+        // The scheduler's own refusals (Busy, the HA fence, a reservation
+        // lost while held) come back this way too: not backend failures.
+        let not_backend = st == crate::data::qos::QOS_BUSY
+            || st == trellis_nvme::status::path::ANA_INACCESSIBLE
+            || st == crate::state::resv::CONFLICT;
+        if !st.is_success() && !not_backend {
             self.count_backend_error(s);
         }
         self.finish(s, st);
