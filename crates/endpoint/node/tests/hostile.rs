@@ -180,35 +180,6 @@ fn writes_parked_after_r2t_are_bounded_by_the_pool_and_timed_out() {
 
 /// A TCP connection to `dst` from source address `src` (any of 127/8 on
 /// loopback), so one test can be two peers.
-fn connect_from(src: std::net::Ipv4Addr, dst: std::net::SocketAddr) -> std::net::TcpStream {
-    use std::os::fd::FromRawFd;
-    let std::net::SocketAddr::V4(dst) = dst else {
-        panic!("IPv4 only")
-    };
-    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(ip).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: plain socket calls on a descriptor this function owns; the
-    // sockaddr_in values live across the calls that read them.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-        let a = sin(src, 0);
-        let r = libc::bind(fd, &a as *const _ as *const libc::sockaddr, len);
-        assert_eq!(r, 0, "bind {src}: {}", std::io::Error::last_os_error());
-        let b = sin(*dst.ip(), dst.port());
-        let r = libc::connect(fd, &b as *const _ as *const libc::sockaddr, len);
-        assert_eq!(r, 0, "connect {dst}: {}", std::io::Error::last_os_error());
-        std::net::TcpStream::from_raw_fd(fd)
-    }
-}
-
 /// Finding (medium): sockets that never send an ICReq held a connection
 /// slot for the 10 s connect timeout, and past `max_connections` every new
 /// connection was reset, legitimate hosts included. Now one address holds

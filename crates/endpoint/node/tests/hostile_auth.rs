@@ -346,3 +346,46 @@ fn the_host_library_authenticates_through_the_workers_on_both_engines() {
         t.stop().unwrap();
     }
 }
+
+/// Review finding on the per-host bucket: keyed by the NQN a peer claims
+/// alone, a flood in a keyed host's name from anywhere emptied it and
+/// locked the real host out of authentication for as long as the flood
+/// went on. The bucket is per (host NQN, source address): a flood from
+/// 127.0.0.2 empties its own, and the host at 127.0.0.1 still
+/// authenticates.
+#[test]
+fn a_flood_in_a_hosts_name_from_another_address_does_not_lock_it_out() {
+    let mut cfg = auth_config(&["ffdhe2048"]);
+    cfg.target.auth_per_host_burst = 4;
+    cfg.target.auth_per_host_per_sec = 1;
+    let t = trellis_target::Target::start(&cfg).unwrap();
+    let addr = t.local_addrs[0];
+    let from = |ip: [u8; 4]| {
+        let s = connect_from(std::net::Ipv4Addr::from(ip), addr);
+        let mut q = Queue::open_stream(s, Digests::default());
+        let c = q.fabrics_connect(0, 31, NQN, KEYED, CNTLID_DYNAMIC, 0);
+        assert!(c.status.is_success(), "connect: {:?}", c.status);
+        q
+    };
+    let mut flood = Vec::new();
+    for _ in 0..4 {
+        let mut q = from([127, 0, 0, 2]);
+        assert!(negotiate(&mut q, KEYED, &[DhGroup::Ffdhe2048]).is_success());
+        assert!(challenge_group(&receive(&mut q).unwrap()).is_ok());
+        flood.push(q);
+    }
+    let mut q = from([127, 0, 0, 2]);
+    assert!(negotiate(&mut q, KEYED, &[DhGroup::Ffdhe2048]).is_success());
+    assert_eq!(
+        challenge_group(&receive(&mut q).unwrap()),
+        Err(failure::FAILED),
+        "the flooding address is past its bucket"
+    );
+    let mut real = from([127, 0, 0, 1]);
+    assert!(negotiate(&mut real, KEYED, &[DhGroup::Ffdhe2048]).is_success());
+    assert!(
+        challenge_group(&receive(&mut real).unwrap()).is_ok(),
+        "the host at its own address was locked out by the flood"
+    );
+    t.stop().unwrap();
+}

@@ -279,8 +279,9 @@ pub const DEFAULT_AUTH_PER_CONN_MAX: u32 = 16;
 /// Default of `target.auth_per_host_per_sec`.
 pub const DEFAULT_AUTH_PER_HOST_PER_SEC: u32 = 16;
 /// Default of `target.auth_per_host_burst`: a host's admin and I/O queues
-/// (`max_io_queues` is 16 by default) on two paths to two subsystems.
-pub const DEFAULT_AUTH_PER_HOST_BURST: u32 = 64;
+/// (`max_io_queues` is 16 by default) on two paths to two subsystems,
+/// 4 × 17 = 68, reconnecting at once, with room to spare.
+pub const DEFAULT_AUTH_PER_HOST_BURST: u32 = 128;
 /// Default of `target.auth_workers`.
 pub const DEFAULT_AUTH_WORKERS: usize = 1;
 /// Default of `target.auth_queue_max`.

@@ -146,3 +146,34 @@ pub fn pattern(slba: u64, blocks: usize, gen: u64) -> Vec<u8> {
     }
     v
 }
+
+/// A TCP connection to `dst` from source address `src` (any 127.0.0.0/8
+/// address is local): one machine playing peers at several addresses.
+pub fn connect_from(src: std::net::Ipv4Addr, dst: std::net::SocketAddr) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(dst) = dst else {
+        panic!("IPv4 only")
+    };
+    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns; the
+    // sockaddr_in values live across the calls that read them.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let a = sin(src, 0);
+        let r = libc::bind(fd, &a as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "bind {src}: {}", std::io::Error::last_os_error());
+        let b = sin(*dst.ip(), dst.port());
+        let r = libc::connect(fd, &b as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "connect {dst}: {}", std::io::Error::last_os_error());
+        std::net::TcpStream::from_raw_fd(fd)
+    }
+}

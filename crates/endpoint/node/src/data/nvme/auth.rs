@@ -548,7 +548,7 @@ fn admit(s: &mut Session, ctx: &Ctx, per_conn_max: u32, peer: std::net::SocketAd
         "past target.auth_per_conn_max transactions on this connection"
     } else if ctx
         .auth
-        .is_some_and(|p| !p.pool.admit_host(s.hostnqn(), ctx.now_ns))
+        .is_some_and(|p| !p.pool.admit_host(s.hostnqn(), peer.ip(), ctx.now_ns))
     {
         "past the host's rate (target.auth_per_host_per_sec, auth_per_host_burst)"
     } else {

@@ -33,6 +33,8 @@ use trellis_nvme::dhchap::{BadPublicValue, DhGroup, DhKey, PRIVATE_KEY_LEN};
 /// The nice value of the DH workers: below every reactor and host thread
 /// (nice 0), so the scheduler runs those first when both are runnable.
 pub const WORKER_NICE: i32 = 10;
+/// At most this many (host NQN, source address) token buckets.
+pub const MAX_AUTH_BUCKETS: usize = 4096;
 /// At most one warning per this long about refused transactions.
 pub const REFUSAL_LOG_INTERVAL_NS: u64 = 10_000_000_000;
 
@@ -150,7 +152,8 @@ pub struct AuthPool {
     next_job: AtomicU64,
     computed: Arc<AtomicU64>,
     refused: AtomicU64,
-    buckets: Mutex<HashMap<String, Bucket>>,
+    /// Per (host NQN, source address): see [`AuthPool::admit_host`].
+    buckets: Mutex<HashMap<(String, std::net::IpAddr), Bucket>>,
     per_host_per_sec: u64,
     per_host_burst: u64,
     refusals: Mutex<Refusals>,
@@ -231,28 +234,42 @@ impl AuthPool {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// Takes one transaction from `hostnqn`'s bucket; false when empty.
-    /// The map holds only host NQNs that have a key here (only they have
-    /// a session), so the configuration bounds it.
-    pub fn admit_host(&self, hostnqn: &str, now_ns: u64) -> bool {
+    /// Takes one transaction from the bucket of `hostnqn` connecting from
+    /// `src`; false when empty. Keyed by the source address too: the NQN is
+    /// only claimed until the transaction succeeds, so a flood in a host's
+    /// name from another address must not empty the real host's bucket and
+    /// lock it out. Only host NQNs with a key here have a session, and at
+    /// most [`MAX_AUTH_BUCKETS`] pairs are kept (full, idle ones are dropped
+    /// first; past that a new pair is refused).
+    pub fn admit_host(&self, hostnqn: &str, src: std::net::IpAddr, now_ns: u64) -> bool {
         let cap = self.per_host_burst * 1000;
         let mut m = crate::sys::lock(&self.buckets);
-        let b = match m.get_mut(hostnqn) {
-            Some(b) => b,
-            None => m.entry(hostnqn.to_string()).or_insert(Bucket {
-                milli: cap,
-                at_ns: now_ns,
-            }),
-        };
-        let dt = now_ns.saturating_sub(b.at_ns) as u128;
-        let add = dt * self.per_host_per_sec as u128 / 1_000_000;
-        b.milli = (b.milli as u128 + add).min(cap as u128) as u64;
-        b.at_ns = now_ns.max(b.at_ns);
-        if b.milli < 1000 {
+        let key = (hostnqn.to_string(), src);
+        if !m.contains_key(&key) && m.len() >= MAX_AUTH_BUCKETS {
+            m.retain(|_, b| self.refill(b, now_ns, cap) < cap);
+            if m.len() >= MAX_AUTH_BUCKETS {
+                return false;
+            }
+        }
+        let b = m.entry(key).or_insert(Bucket {
+            milli: cap,
+            at_ns: now_ns,
+        });
+        if self.refill(b, now_ns, cap) < 1000 {
             return false;
         }
         b.milli -= 1000;
         true
+    }
+
+    /// Adds what `b` earned since it was last touched; its level (milli-
+    /// transactions).
+    fn refill(&self, b: &mut Bucket, now_ns: u64, cap: u64) -> u64 {
+        let dt = now_ns.saturating_sub(b.at_ns) as u128;
+        let add = dt * self.per_host_per_sec as u128 / 1_000_000;
+        b.milli = (b.milli as u128 + add).min(cap as u128) as u64;
+        b.at_ns = now_ns.max(b.at_ns);
+        b.milli
     }
 
     /// Counts a refusal and warns about it, at most every
