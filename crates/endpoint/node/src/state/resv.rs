@@ -247,7 +247,8 @@ impl State {
     /// Reservation Acquire. IEKEY set is Invalid Field: since revision 1.3
     /// (RESCAP bit 7) it no longer skips the key check of Acquire and
     /// Release, and nvmet refuses it the same way. Preempt and Abort is a
-    /// Preempt: this target does not abort the preempted hosts' commands.
+    /// Preempt: the state change only; the preempted hosts' commands that
+    /// have not reached the backend fail their check there (`data::nvme::io`).
     pub fn acquire(
         &mut self,
         h: &HostId,
