@@ -359,6 +359,7 @@ impl Conn {
                             deallocate_reads_zeroes: true,
                             anagrpid: 0,
                             rescap: 0,
+                            used_blocks: None,
                         },
                         &mut page,
                     ),

@@ -560,3 +560,33 @@ fn a_write_held_after_r2t_by_a_preempted_host_never_lands() {
         t.stop().unwrap();
     }
 }
+
+/// Finding (medium): the backing file the target creates is sparse, and
+/// nothing said so: a host saw a fully provisioned namespace, and a full
+/// file system came as a surprise. Now Identify Namespace reports thin
+/// provisioning (NSFEAT bit 0, THINP) with NUSE the blocks the file holds,
+/// growing as hosts write (and the log says so when the file is created).
+#[test]
+fn a_thin_backing_file_says_so_in_identify() {
+    use trellis_nvme::sqe::admin;
+    let dir = tempfile::tempdir().unwrap();
+    let mut ns = NamespaceConfig::sized(BackendKind::File, 64 << 20);
+    ns.path = Some(dir.path().join("thin.img").to_str().unwrap().into());
+    let t = trellis_target::Target::start(&test_config(ns)).unwrap();
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let id_ns = |q: &mut Queue| {
+        let mut s = trellis_nvme::Sqe::new(admin::IDENTIFY, 0, 1);
+        s.set_cdw(10, 0); // CNS 00h: Identify Namespace
+        let (cqe, d) = q.cmd(s, &[], 4096, 0);
+        assert!(cqe.status.is_success(), "{:?}", cqe.status);
+        (trellis_nvme::le64(&d, 0), trellis_nvme::le64(&d, 16), d[24])
+    };
+    let (nsze, nuse, nsfeat) = id_ns(&mut c.admin);
+    assert_eq!(nsze, (64 << 20) / 512);
+    assert_eq!(nsfeat & 1, 1, "THINP");
+    assert!(nuse < 2048, "a fresh sparse file holds {nuse} blocks");
+    assert!(write(&mut c.io[0], 0, &pattern(0, 2048, 1)).status.is_success());
+    let (_, after, _) = id_ns(&mut c.admin);
+    assert!(after >= nuse + 2048, "NUSE {nuse} -> {after} after 1 MiB written");
+    t.stop().unwrap();
+}

@@ -217,6 +217,10 @@ pub struct NamespaceInfo {
     pub anagrpid: u32,
     /// Reservation Capabilities (RESCAP); 0: no reservations.
     pub rescap: u8,
+    /// Thin provisioning: the blocks the backing store has allocated, which
+    /// Identify reports as NUSE with NSFEAT bit 0 (THINP) set (NVMe NVM
+    /// Command Set 1.0, Figure 97). None: fully allocated, NUSE = NSZE.
+    pub used_blocks: Option<u64>,
 }
 
 /// Encodes Identify Namespace (CNS 00h).
@@ -225,8 +229,9 @@ pub fn encode_namespace(n: &NamespaceInfo, b: &mut [u8]) {
     b.fill(0);
     put64(b, 0, n.size_blocks); // NSZE
     put64(b, 8, n.size_blocks); // NCAP: non-zero, or the host drops the namespace
-    put64(b, 16, n.size_blocks); // NUSE
-    b[24] = 0; // NSFEAT: no optional per-namespace limits reported
+    // NUSE: allocated blocks where the store is thin, else every block.
+    put64(b, 16, n.used_blocks.map_or(n.size_blocks, |u| u.min(n.size_blocks)));
+    b[24] = n.used_blocks.is_some() as u8; // NSFEAT: bit 0 THINP; no other limits reported
     b[25] = 0; // NLBAF: one format
     b[26] = 0; // FLBAS: format 0, no metadata
     b[30] = 1; // NMIC: may be shared by several controllers (multipath)
@@ -414,6 +419,7 @@ mod tests {
             deallocate_reads_zeroes: false,
             anagrpid: 0,
             rescap: crate::resv::RESCAP_ALL,
+            used_blocks: None,
         };
         encode_namespace(&ns, &mut b);
         assert_eq!(b[31], 0xFF, "RESCAP: PTPL, six types, IEKEY (1.3)");
@@ -434,6 +440,7 @@ mod tests {
             deallocate_reads_zeroes: true,
             anagrpid: 4,
             rescap: 0,
+            used_blocks: None,
         };
         encode_ns_descriptors(&ns, &mut b);
         assert_eq!(

@@ -194,6 +194,11 @@ impl FileBackend {
                 .open(path)
                 .with_context(|| format!("creating {path}"))?;
             f.set_len(size)?;
+            tracing::info!(
+                path,
+                size_bytes = size,
+                "created a sparse (thin) backing file: blocks are allocated as hosts write them, so its file system must keep room for them (Identify reports THINP and NUSE)"
+            );
         }
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
@@ -343,6 +348,15 @@ fn direct_io_works(f: &File, block_size: u32) -> bool {
 impl Backend for FileBackend {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+    /// A regular file's allocated bytes (st_blocks is in 512-byte units,
+    /// stat(2)); None for a block device, which is not thin to us.
+    fn allocated_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.file.metadata().ok()?;
+        m.file_type()
+            .is_file()
+            .then(|| m.blocks().saturating_mul(512).min(self.size_bytes))
     }
     /// A regular file is extended (sparse); a block device's size is the
     /// device's.

@@ -59,6 +59,12 @@ pub fn no_drive_model() -> trellis_qos::DeviceModel {
 
 pub trait Backend: Send + Sync {
     fn size_bytes(&self) -> u64;
+    /// Bytes the backing store has allocated, where it is thin (a sparse
+    /// file): Identify reports them as NUSE with THINP. None: fully
+    /// allocated (or not known).
+    fn allocated_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Deallocated or zeroed ranges read back as zeroes (DLFEAT).
     fn deallocate_reads_zeroes(&self) -> bool {
         true

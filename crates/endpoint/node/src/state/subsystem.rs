@@ -84,6 +84,11 @@ impl Namespace {
     pub fn identify_info(&self) -> NamespaceInfo {
         let mut i = self.info.clone();
         i.size_blocks = self.size_blocks();
+        // One fstat per Identify (admin path): what a thin file holds now.
+        i.used_blocks = self
+            .backend
+            .allocated_bytes()
+            .map(|b| b / u64::from(self.block_size));
         i
     }
 }
@@ -568,6 +573,7 @@ pub(crate) fn open_namespace(
         deallocate_reads_zeroes: backend.deallocate_reads_zeroes(),
         anagrpid: grpid,
         rescap: trellis_nvme::resv::RESCAP_ALL,
+        used_blocks: None,
     };
     tracing::info!(subsystem = %s, nsid, "namespace: {}; {ids}", backend.describe());
     // Keyed by NGUID: unique per namespace on the node and stable across
