@@ -6,5 +6,6 @@ pub mod admin;
 pub mod auth;
 pub mod auth_work;
 pub mod cmd;
+pub mod connect;
 pub mod exec;
 pub mod io;
