@@ -518,8 +518,8 @@ fn set_buf(sock: &TcpStream, bytes: usize) -> Result<()> {
     Ok(())
 }
 
+use trellis_units::clock::instant_ns as ns_of;
 /// The process's monotonic clock in ns, the time base the sans-IO engine
 /// takes (its own tests and the simulator pass theirs): the one clock and
 /// epoch of the process, shared with the node (`trellis_units::clock`).
 pub use trellis_units::clock::now_ns;
-use trellis_units::clock::instant_ns as ns_of;

@@ -204,7 +204,10 @@ fn backend_submit_failures_become_command_errors_and_the_queue_recovers() {
     assert!(!l.contains("panicked"), "log:\n{l}");
     // Both failed commands are counted for /metrics, the retried one not.
     let ns = t.reg.ns.load().by_uid[0].clone().expect("the namespace");
-    let failed = ns.stats.backend_errors.load(std::sync::atomic::Ordering::Relaxed);
+    let failed = ns
+        .stats
+        .backend_errors
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(failed, 2, "trellis_namespace_backend_errors_total");
     t.stop().expect("the target ran without a reactor failure");
 }

@@ -388,7 +388,11 @@ fn throw_away_host_nqns_do_not_use_up_the_qos_tenants() {
     let released = |why: &str| {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while !t.reg.tenants.in_use().is_empty() {
-            assert!(std::time::Instant::now() < deadline, "{why}: {:?}", t.reg.tenants.in_use());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{why}: {:?}",
+                t.reg.tenants.in_use()
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     };
@@ -406,7 +410,10 @@ fn throw_away_host_nqns_do_not_use_up_the_qos_tenants() {
         let (cqe, page) = get_log(&mut c.admin, VIEW_LID, 0, 4096);
         assert!(cqe.status.is_success(), "{:?}", cqe.status);
         let me = trellis_nvme::le16(&page, 4);
-        assert_eq!(me, 0, "host {i} got tenant {me} (catch-all {catch_all}), not the freed id 0");
+        assert_eq!(
+            me, 0,
+            "host {i} got tenant {me} (catch-all {catch_all}), not the freed id 0"
+        );
         drop(c);
         released(&format!("host {i}'s tenant after its controller went"));
     }
@@ -438,7 +445,11 @@ fn another_nqn_claiming_the_holders_host_id_cannot_write_through_its_reservation
     }
     .encode(&mut reg);
     reg.set_sgl(Sgl::in_capsule(16));
-    assert!(q.cmd(reg, &resv::encode_keys(0, 5), 0, 4096).0.status.is_success());
+    assert!(q
+        .cmd(reg, &resv::encode_keys(0, 5), 0, 4096)
+        .0
+        .status
+        .is_success());
     let mut acq = Sqe::new(io::RESV_ACQUIRE, 0, 1);
     AcquireCmd {
         action: AcquireAction::Acquire,
@@ -447,8 +458,15 @@ fn another_nqn_claiming_the_holders_host_id_cannot_write_through_its_reservation
     }
     .encode(&mut acq);
     acq.set_sgl(Sgl::in_capsule(16));
-    assert!(q.cmd(acq, &resv::encode_keys(5, 0), 0, 4096).0.status.is_success());
-    assert!(write(q, 0, &[0xAA; 512]).status.is_success(), "the holder writes");
+    assert!(q
+        .cmd(acq, &resv::encode_keys(5, 0), 0, 4096)
+        .0
+        .status
+        .is_success());
+    assert!(
+        write(q, 0, &[0xAA; 512]).status.is_success(),
+        "the holder writes"
+    );
 
     let mut imp = controller_as(addr, NQN, IMPOSTOR, 1, Digests::default(), 0);
     let w = write(&mut imp.io[0], 0, &[0x66; 512]);
@@ -496,7 +514,9 @@ fn resv_acquire(
     }
     .encode(&mut acq);
     acq.set_sgl(Sgl::in_capsule(16));
-    q.cmd(acq, &resv::encode_keys(crkey, prkey), 0, 4096).0.status
+    q.cmd(acq, &resv::encode_keys(crkey, prkey), 0, 4096)
+        .0
+        .status
 }
 
 /// Finding (high, the guide's "reservation takeover that lets the
@@ -585,8 +605,13 @@ fn a_thin_backing_file_says_so_in_identify() {
     assert_eq!(nsze, (64 << 20) / 512);
     assert_eq!(nsfeat & 1, 1, "THINP");
     assert!(nuse < 2048, "a fresh sparse file holds {nuse} blocks");
-    assert!(write(&mut c.io[0], 0, &pattern(0, 2048, 1)).status.is_success());
+    assert!(write(&mut c.io[0], 0, &pattern(0, 2048, 1))
+        .status
+        .is_success());
     let (_, after, _) = id_ns(&mut c.admin);
-    assert!(after >= nuse + 2048, "NUSE {nuse} -> {after} after 1 MiB written");
+    assert!(
+        after >= nuse + 2048,
+        "NUSE {nuse} -> {after} after 1 MiB written"
+    );
     t.stop().unwrap();
 }

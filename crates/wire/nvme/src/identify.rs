@@ -229,8 +229,13 @@ pub fn encode_namespace(n: &NamespaceInfo, b: &mut [u8]) {
     b.fill(0);
     put64(b, 0, n.size_blocks); // NSZE
     put64(b, 8, n.size_blocks); // NCAP: non-zero, or the host drops the namespace
-    // NUSE: allocated blocks where the store is thin, else every block.
-    put64(b, 16, n.used_blocks.map_or(n.size_blocks, |u| u.min(n.size_blocks)));
+                                // NUSE: allocated blocks where the store is thin, else every block.
+    put64(
+        b,
+        16,
+        n.used_blocks
+            .map_or(n.size_blocks, |u| u.min(n.size_blocks)),
+    );
     b[24] = n.used_blocks.is_some() as u8; // NSFEAT: bit 0 THINP; no other limits reported
     b[25] = 0; // NLBAF: one format
     b[26] = 0; // FLBAS: format 0, no metadata

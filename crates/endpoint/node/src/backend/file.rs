@@ -172,6 +172,25 @@ impl Drop for ZeroBuf {
     }
 }
 
+/// Creates `path` as a sparse file of `size` bytes, mode 0600 (host data:
+/// the owner's only, never another user's to read), and says it is thin.
+fn create_sparse(path: &str, size: u64) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {path}"))?;
+    f.set_len(size)?;
+    tracing::info!(
+        path,
+        size_bytes = size,
+        "created a sparse (thin) backing file: blocks are allocated as hosts write them, so its file system must keep room for them (Identify reports THINP and NUSE)"
+    );
+    Ok(())
+}
+
 impl FileBackend {
     pub fn open(
         path: &str,
@@ -181,24 +200,11 @@ impl FileBackend {
         want_direct: bool,
     ) -> anyhow::Result<FileBackend> {
         use anyhow::Context;
-        let exists = std::path::Path::new(path).exists();
-        if !exists {
+        if !std::path::Path::new(path).exists() {
             let size = create_size.with_context(|| {
                 format!("{path} does not exist and no size was given to create it")
             })?;
-            // Host data: the owner's only (never another user's to read).
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .with_context(|| format!("creating {path}"))?;
-            f.set_len(size)?;
-            tracing::info!(
-                path,
-                size_bytes = size,
-                "created a sparse (thin) backing file: blocks are allocated as hosts write them, so its file system must keep room for them (Identify reports THINP and NUSE)"
-            );
+            create_sparse(path, size)?;
         }
         let open = |direct: bool| {
             let mut o = OpenOptions::new();

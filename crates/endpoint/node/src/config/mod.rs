@@ -7,9 +7,9 @@
 pub mod emulated;
 pub mod ha;
 pub mod keys;
+mod listener;
 pub mod qos;
 pub mod referral;
-mod listener;
 mod target;
 pub use listener::*;
 pub use target::*;
@@ -475,26 +475,7 @@ impl Config {
             if s.allow_any_host == Some(false) && s.allowed_hosts.is_empty() && s.hosts.is_empty() {
                 bail!("subsystem {} allows no host at all", s.nqn);
             }
-            let mut ids = std::collections::HashSet::new();
-            for (i, n) in s.namespaces.iter().enumerate() {
-                let id = n.nsid.unwrap_or(i as u32 + 1);
-                ensure!((1..0xFFFF_FFFE).contains(&id), "nsid {id} out of range");
-                ensure!(
-                    n.ana_group != Some(0),
-                    "namespace {id} of {}: ana_group 0 is reserved: use 1 or more, or leave it out (the NSID)",
-                    s.nqn
-                );
-                ensure!(ids.insert(id), "duplicate nsid {id} in {}", s.nqn);
-                ensure!(
-                    n.block_size == 512 || n.block_size == 4096,
-                    "namespace {id} of {}: block_size {} is not supported: use 512 or 4096",
-                    s.nqn,
-                    n.block_size
-                );
-                check_ns_size(n, id, &s.nqn)?;
-                emulated::EmulatedParams::from_config(n)
-                    .map_err(|e| anyhow::anyhow!("namespace {id} of {}: {e}", s.nqn))?;
-            }
+            validate_namespaces(s)?;
         }
         self.validate_identities()
     }
@@ -596,6 +577,33 @@ fn preflight_file(path: &str, n: &NamespaceConfig) -> anyhow::Result<()> {
             meta.len(),
             n.block_size
         );
+    }
+    Ok(())
+}
+
+/// A subsystem's namespaces: NSIDs in range and unique, ANA groups, block
+/// sizes, sizes and emulated-drive parameters.
+fn validate_namespaces(s: &SubsystemConfig) -> anyhow::Result<()> {
+    use anyhow::ensure;
+    let mut ids = std::collections::HashSet::new();
+    for (i, n) in s.namespaces.iter().enumerate() {
+        let id = n.nsid.unwrap_or(i as u32 + 1);
+        ensure!((1..0xFFFF_FFFE).contains(&id), "nsid {id} out of range");
+        ensure!(
+            n.ana_group != Some(0),
+            "namespace {id} of {}: ana_group 0 is reserved: use 1 or more, or leave it out (the NSID)",
+            s.nqn
+        );
+        ensure!(ids.insert(id), "duplicate nsid {id} in {}", s.nqn);
+        ensure!(
+            n.block_size == 512 || n.block_size == 4096,
+            "namespace {id} of {}: block_size {} is not supported: use 512 or 4096",
+            s.nqn,
+            n.block_size
+        );
+        check_ns_size(n, id, &s.nqn)?;
+        emulated::EmulatedParams::from_config(n)
+            .map_err(|e| anyhow::anyhow!("namespace {id} of {}: {e}", s.nqn))?;
     }
     Ok(())
 }

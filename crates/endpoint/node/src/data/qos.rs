@@ -749,7 +749,8 @@ mod fence_tests {
             iekey: false,
             rtype: RType::WriteExclusive,
         };
-        resv.apply(|s, max| s.register(&a, &reg, 0, 5, max)).unwrap();
+        resv.apply(|s, max| s.register(&a, &reg, 0, 5, max))
+            .unwrap();
         resv.apply(|s, _| s.acquire(&a, &acq(AcquireAction::Acquire), 5, 0))
             .unwrap();
         let node = NodeShare {
@@ -764,7 +765,10 @@ mod fence_tests {
         });
         let mut q = wrap(inner, &cfg, node, crate::sys::now_ns(), 1.0, None).unwrap();
         const N: u64 = 200;
-        let who = Some(ResvAccess { host: a, write: true });
+        let who = Some(ResvAccess {
+            host: a,
+            write: true,
+        });
         for tag in 0..N {
             let io = IoReq {
                 op: Op::Write,
@@ -778,8 +782,12 @@ mod fence_tests {
             assert!(r.is_none(), "nothing finishes at submit");
         }
         let at_device = submitted.load(Relaxed);
-        assert!(at_device > 0 && (at_device as u64) < N, "{at_device} of {N} sent");
-        resv.apply(|s, max| s.register(&b, &reg, 0, 9, max)).unwrap();
+        assert!(
+            at_device > 0 && (at_device as u64) < N,
+            "{at_device} of {N} sent"
+        );
+        resv.apply(|s, max| s.register(&b, &reg, 0, 9, max))
+            .unwrap();
         resv.apply(|s, _| s.acquire(&b, &acq(AcquireAction::PreemptAndAbort), 9, 5))
             .unwrap();
         let (mut ok, mut refused, mut out) = (0, 0, Vec::new());

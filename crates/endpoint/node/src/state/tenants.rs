@@ -314,9 +314,7 @@ impl TenantSlot {
     /// The tenant of `hostnqn` (the controller's host), leased on first use.
     #[inline]
     pub fn get(&self, hostnqn: &str) -> TenantId {
-        self.lease
-            .get_or_init(|| self.tenants.lease(hostnqn))
-            .id()
+        self.lease.get_or_init(|| self.tenants.lease(hostnqn)).id()
     }
 
     /// The tenant, if the controller has sent QoS I/O yet.
@@ -401,7 +399,11 @@ mod tests {
         let t = tenants(&["nqn.a"], 4);
         let b1 = t.lease("nqn.b");
         let b2 = t.lease("nqn.b");
-        assert_eq!((b1.id(), b2.id()), (1, 1), "one id per host, after the configured");
+        assert_eq!(
+            (b1.id(), b2.id()),
+            (1, 1),
+            "one id per host, after the configured"
+        );
         let c = t.lease("nqn.c");
         assert_eq!(c.id(), 2);
         assert_eq!(t.lease("nqn.d").id(), 3, "ids 1 and 2 taken: the catch-all");
@@ -438,7 +440,11 @@ mod tests {
         let l = t.lease("nqn.op");
         assert_eq!(l.id(), named);
         drop(l);
-        assert_eq!(t.lease("nqn.other").id(), named + 1, "the named host kept its id");
+        assert_eq!(
+            t.lease("nqn.other").id(),
+            named + 1,
+            "the named host kept its id"
+        );
         assert_eq!(t.name_of(named), "nqn.op");
     }
 

@@ -6,7 +6,6 @@ pub mod fault;
 pub mod ring;
 pub mod rlimit;
 
-
 /// Locks a mutex whether or not it is poisoned. A poisoned lock means a
 /// reactor panicked while holding it; that reactor's failure already stops
 /// the target with an error, and the guarded data (controller maps, error

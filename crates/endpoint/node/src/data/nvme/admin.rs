@@ -236,7 +236,10 @@ impl Queue {
                 let sns = nss.sub(sub.idx);
                 // A host takes a tenant id only where QoS runs: on a
                 // subsystem without it, the page names the catch-all.
-                let qos = sns.namespaces.iter().any(|n| n.qos != crate::config::qos::QosMode::Off);
+                let qos = sns
+                    .namespaces
+                    .iter()
+                    .any(|n| n.qos != crate::config::qos::QosMode::Off);
                 let me = match qos {
                     true => ctrl.tenant(),
                     false => self.reg.tenants.catch_all(),

@@ -164,7 +164,32 @@ impl Queue {
         let Some(cntlid) = self.reg.alloc_cntlid(&|id| ctrls.contains_key(&id)) else {
             return Err(refuse(busy(), "no free controller ID"));
         };
-        let ctrl = Arc::new(Controller {
+        let ctrl = Arc::new(self.new_controller(ctx, cmd, data, sub.clone(), cntlid));
+        ctrls.insert(cntlid, ctrl.clone());
+        drop(ctrls);
+        tracing::info!(cntlid, host = ?data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
+        self.q = Some(QueueCtx {
+            qid: 0,
+            sqsize: cmd.sqsize,
+            kind: QueueKind::Admin,
+            ctrl,
+            sqflow_disabled: cmd.disable_sqflow(),
+            sqhd: 0,
+            auth: crate::data::nvme::auth::session_for(sub.as_deref(), data),
+        });
+        Ok(crate::data::nvme::auth::connected(self.q.as_ref(), cntlid))
+    }
+
+    /// The controller an admin Connect creates, with its ID `cntlid`.
+    fn new_controller(
+        &self,
+        ctx: &Ctx,
+        cmd: &ConnectCmd,
+        data: &ConnectData,
+        sub: Option<Arc<Subsystem>>,
+        cntlid: u16,
+    ) -> Controller {
+        Controller {
             cntlid,
             subsys: sub.clone(),
             hostnqn: data.hostnqn.clone(),
@@ -197,20 +222,7 @@ impl Queue {
                 .as_ref()
                 .is_some_and(|(h, _)| *h == data.hostnqn),
             write_cache_off: AtomicBool::new(false),
-        });
-        ctrls.insert(cntlid, ctrl.clone());
-        drop(ctrls);
-        tracing::info!(cntlid, host = ?data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
-        self.q = Some(QueueCtx {
-            qid: 0,
-            sqsize: cmd.sqsize,
-            kind: QueueKind::Admin,
-            ctrl,
-            sqflow_disabled: cmd.disable_sqflow(),
-            sqhd: 0,
-            auth: crate::data::nvme::auth::session_for(sub.as_deref(), data),
-        });
-        Ok(crate::data::nvme::auth::connected(self.q.as_ref(), cntlid))
+        }
     }
 
     fn connect_io(

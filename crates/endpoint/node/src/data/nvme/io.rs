@@ -10,9 +10,9 @@
 use crate::backend::{IoReq, Op};
 use crate::config::qos::QosMode;
 use crate::data::nvme::exec::Access;
-use crate::data::qos::ResvAccess;
 use crate::data::nvme::exec::Request;
 use crate::data::nvme::exec::{Ctx, Exec, Queue};
+use crate::data::qos::ResvAccess;
 use crate::state::resv::{HostId, Notices, State};
 use crate::state::subsystem::Namespace;
 use std::sync::atomic::Ordering::Relaxed;
@@ -177,7 +177,11 @@ fn resv_access(queue: &Queue, req: &Request) -> Option<ResvAccess> {
         Access::Read => false,
         Access::Write => true,
     };
-    let host = queue.q.as_ref().map(|q| q.ctrl.resv_host).unwrap_or_default();
+    let host = queue
+        .q
+        .as_ref()
+        .map(|q| q.ctrl.resv_host)
+        .unwrap_or_default();
     Some(ResvAccess { host, write })
 }
 

@@ -577,7 +577,10 @@ fn a_version_1_registrant_is_bound_by_host_id_until_it_registers_again() {
     assert!(r.check_io(&a1, true).is_ok() && r.check_io(&a2, true).is_ok());
     r.apply(|s, max| s.register(&a1, &reg(RA::Register, false, Cptpl::NoChange), 0, 9, max))
         .unwrap();
-    assert!(r.check_io(&a1, true).is_ok(), "bound to the NQN that registered");
+    assert!(
+        r.check_io(&a1, true).is_ok(),
+        "bound to the NQN that registered"
+    );
     assert_eq!(r.check_io(&a2, true), Err(CONFLICT), "and only to it");
     // Saved as version 2, the binding survives a restart.
     drop(r);
@@ -606,7 +609,8 @@ fn a_version_1_registrant_that_acquires_then_unregisters_releases_and_reloads() 
     assert_eq!(s.held.map(|h| h.holder), Some(a1));
     assert_eq!(s.regs[0].hostid, a1, "bound by the Acquire");
     let unreg = reg(RA::Unregister, false, Cptpl::NoChange);
-    r.apply(|s, max| s.register(&a1, &unreg, 5, 0, max)).unwrap();
+    r.apply(|s, max| s.register(&a1, &unreg, 5, 0, max))
+        .unwrap();
     assert_eq!(r.snapshot().held, None, "its reservation went with it");
     drop(r);
     let r = Resv::open(Some(path), 32).expect("the saved state loads");

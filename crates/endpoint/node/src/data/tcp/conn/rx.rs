@@ -381,5 +381,4 @@ impl Conn {
             self.size_slots(sqsize);
         }
     }
-
 }

@@ -138,5 +138,4 @@ impl Conn {
         tracing::debug!(cid = slot.req.sqe.cid(), "AER completed: {dw0:#010x}");
         self.finish(s, Status::SUCCESS);
     }
-
 }

@@ -232,5 +232,4 @@ impl Conn {
         self.drop_output = true;
         true
     }
-
 }

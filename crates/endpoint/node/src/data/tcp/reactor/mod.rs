@@ -708,7 +708,6 @@ impl Reactor {
         self.free.push(idx as u32);
         self.shared.connections.fetch_sub(1, Ordering::Relaxed);
     }
-
 }
 
 /// How much other work took the calling thread's CPU: (involuntary context

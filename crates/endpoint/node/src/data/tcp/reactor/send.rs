@@ -164,7 +164,13 @@ pub(super) fn cap_iovecs(iov: &mut Vec<libc::iovec>, budget: usize) {
 
 /// One gathered sendmsg of everything queued (up to MAX_IOV pieces and
 /// `budget` bytes). Returns whether bytes moved.
-pub(super) fn send(e: &mut Entry, iov: &mut Vec<libc::iovec>, epfd: RawFd, idx: usize, budget: usize) -> bool {
+pub(super) fn send(
+    e: &mut Entry,
+    iov: &mut Vec<libc::iovec>,
+    epfd: RawFd,
+    idx: usize,
+    budget: usize,
+) -> bool {
     e.conn.tx_iovecs(iov, MAX_IOV);
     cap_iovecs(iov, budget);
     if iov.is_empty() {

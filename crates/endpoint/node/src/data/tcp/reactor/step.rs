@@ -252,7 +252,6 @@ impl Reactor {
             self.arm_timer(idx as usize);
         }
     }
-
 }
 
 /// A receive returned `n` <= 0: the peer closed, or the socket failed
