@@ -325,7 +325,7 @@ fn with_keys(
     from: &std::path::Path,
     defaulted: bool,
 ) -> anyhow::Result<trellis_target::config::keys::KeyText> {
-    use trellis_target::config::keys::{subsystem_key_texts, KeyText, REDACTED};
+    use trellis_target::config::keys::{subsystem_key_texts, KeyText};
     let first = &keys[0];
     let how = format!(
         "give --keys-from FILE, a config file holding the target's keys (the one it started with){}",
@@ -372,23 +372,7 @@ fn with_keys(
                 from.display()
             ),
         };
-        let slot = doc
-            .get_mut("subsystem")
-            .and_then(|v| v.as_array_mut())
-            .and_then(|subs| {
-                subs.iter_mut()
-                    .find(|s| s.get("nqn").and_then(|n| n.as_str()) == Some(&k.subsystem))
-            })
-            .and_then(|s| s.get_mut("host"))
-            .and_then(|v| v.as_array_mut())
-            .and_then(|hosts| {
-                hosts
-                    .iter_mut()
-                    .find(|h| h.get("nqn").and_then(|n| n.as_str()) == Some(&k.host))
-            })
-            .and_then(|h| h.get_mut(&k.key))
-            .filter(|v| v.as_str() == Some(REDACTED));
-        let Some(slot) = slot else {
+        let Some(slot) = redacted_slot(&mut doc, k) else {
             anyhow::bail!(
                 "ctl config_get: subsystem {} host {} has no redacted {} in its TOML",
                 k.subsystem,
@@ -411,6 +395,23 @@ fn with_keys(
         wipe(v);
     }
     Ok(out)
+}
+
+/// Where key `k` sits in the TOML `config_get` returned, if it is there as
+/// `"<redacted>"`: `[[subsystem]] nqn` → `[[subsystem.host]] nqn` → the key.
+fn redacted_slot<'a>(doc: &'a mut ::toml::Table, k: &LiveKey) -> Option<&'a mut ::toml::Value> {
+    let nqn_is =
+        |v: &::toml::Value, want: &str| v.get("nqn").and_then(|n| n.as_str()) == Some(want);
+    doc.get_mut("subsystem")?
+        .as_array_mut()?
+        .iter_mut()
+        .find(|s| nqn_is(s, &k.subsystem))?
+        .get_mut("host")?
+        .as_array_mut()?
+        .iter_mut()
+        .find(|h| nqn_is(h, &k.host))?
+        .get_mut(&k.key)
+        .filter(|v| v.as_str() == Some(trellis_target::config::keys::REDACTED))
 }
 
 /// Overwrites every string of a TOML tree in place.

@@ -149,6 +149,10 @@ pub fn run(a: TargetArgs) -> anyhow::Result<()> {
     trellis_target::server::run(&cfg)
 }
 
+/// The configuration `trellis target` runs: the file (or the embedded
+/// default), then each flag over it. Long (over 70 lines) on purpose: one
+/// flag per step in the order `--help` lists them, each refusing what it
+/// cannot apply, reads better as one list than scattered over helpers.
 fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
     let mut cfg = match path {
         Some(p) => read_config(p)?,

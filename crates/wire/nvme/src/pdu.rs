@@ -231,6 +231,32 @@ impl Layout {
     }
 }
 
+/// The layout of an ICReq/ICResp (fixed length, no data offset) or a
+/// TermReq (its data is the offending header, up to `TERM_MAX_PLEN`):
+/// neither carries digests.
+fn ic_or_term_layout(t: PduType, ch: &CommonHeader, plen: usize) -> Result<Layout, Fatal> {
+    let bad = |fei| Err(Fatal::new(fes::INVALID_HEADER_FIELD, fei));
+    let hlen = ch.hlen as usize;
+    let ic = matches!(t, PduType::IcReq | PduType::IcResp);
+    if (ic && plen != IC_LEN) || (!ic && !(SMALL_HLEN..=TERM_MAX_PLEN).contains(&plen)) {
+        return bad(field::PLEN);
+    }
+    if ic && ch.pdo != 0 {
+        return bad(field::PDO);
+    }
+    let (data_off, data_len) = if ic { (0, 0) } else { (hlen, plen - hlen) };
+    Ok(Layout {
+        pdu_type: t,
+        flags: ch.flags,
+        hlen,
+        hdgst: false,
+        data_off,
+        data_len,
+        ddgst: false,
+        plen,
+    })
+}
+
 /// Validates a received common header against the receiver's role, the
 /// negotiated digests and the largest PDU the receiver accepts.
 ///
@@ -261,38 +287,8 @@ pub fn check_layout(
         return bad(field::HLEN);
     }
     let plen = ch.plen as usize;
-    if ic {
-        if plen != IC_LEN {
-            return bad(field::PLEN);
-        }
-        if ch.pdo != 0 {
-            return bad(field::PDO);
-        }
-        return Ok(Layout {
-            pdu_type: t,
-            flags: ch.flags,
-            hlen,
-            hdgst: false,
-            data_off: 0,
-            data_len: 0,
-            ddgst: false,
-            plen,
-        });
-    }
-    if term {
-        if !(SMALL_HLEN..=TERM_MAX_PLEN).contains(&plen) {
-            return bad(field::PLEN);
-        }
-        return Ok(Layout {
-            pdu_type: t,
-            flags: ch.flags,
-            hlen,
-            hdgst: false,
-            data_off: hlen,
-            data_len: plen - hlen,
-            ddgst: false,
-            plen,
-        });
+    if ic || term {
+        return ic_or_term_layout(t, ch, plen);
     }
     check_digest_flags(t, ch.flags, digests)?;
     let hdgst = digests.header && t.hdgst_eligible();

@@ -172,6 +172,8 @@ type FGauge = Gauge<f64, AtomicU64>;
 /// Gimbal's state per namespace and reactor (each reactor runs its own
 /// scheduler; docs/gimbal.md), as the reactors last published it, and each
 /// tenant's share: what the virtual-view log page shows, over time.
+/// Long (over 70 lines) on purpose: a flat list of metric families and the
+/// one pass that fills them, read side by side with docs/target.md's table.
 fn register_qos(prom: &mut Prom, reg: &Registry) {
     let g = |prom: &mut Prom, name: &str, help: &str| {
         let f = Family::<QosLabels, FGauge>::default();

@@ -377,6 +377,9 @@ impl Registry {
     }
 
     /// Opens every backend the config names, under the identity `node`.
+    /// Long (over 70 lines) on purpose: it fills the registry's fields in
+    /// declaration order, and splitting it would pass half-built state
+    /// between helpers.
     pub fn build_with(cfg: &Config, node: NodeId) -> anyhow::Result<Registry> {
         let mut all_ns = Vec::new();
         let mut subsystems = Vec::new();
@@ -538,6 +541,38 @@ fn unique(seen: &mut HashMap<String, String>, key: String, owner: &str) -> anyho
     Ok(())
 }
 
+/// Says at start what Gimbal will be calibrated to: the measured drive,
+/// a namespace without a drive, or only a PCIe link.
+fn log_device_model(s: &str, nsid: u32, m: &trellis_qos::DeviceModel, describe: String) {
+    if m.read_4k_iops > 0 {
+        tracing::info!(
+            subsystem = %s,
+            nsid,
+            "drive model: 4 KiB random read {} IOPS, read {} MB/s, {} % of it at {} × 128 KiB in flight, link {} MB/s",
+            m.read_4k_iops,
+            m.read_bytes_per_s / 1_000_000,
+            trellis_ssd::SATURATION_PERMILLE / 10,
+            m.read_128k_saturation_qd,
+            m.link_bytes_per_s / 1_000_000
+        );
+    } else if m.link_bytes_per_s == crate::backend::NO_DRIVE_LINK_BYTES_PER_S {
+        tracing::info!(
+            subsystem = %s,
+            nsid,
+            "no drive ({}): Gimbal's rate ceiling rises to {} MB/s, so only the reactor's CPU bounds it",
+            describe,
+            m.link_bytes_per_s / 1_000_000
+        );
+    } else {
+        tracing::info!(
+            subsystem = %s,
+            nsid,
+            "drive: PCIe link {} MB/s (sysfs); Gimbal's per-I/O cost and slots stay as configured",
+            m.link_bytes_per_s / 1_000_000
+        );
+    }
+}
+
 /// Opens namespace `i` of subsystem `s` with its backend and identifiers.
 pub(crate) fn open_namespace(
     node: &NodeId,
@@ -585,33 +620,7 @@ pub(crate) fn open_namespace(
         .then(|| backend.device_model())
         .flatten();
     if let Some(m) = &device_model {
-        if m.read_4k_iops > 0 {
-            tracing::info!(
-                subsystem = %s,
-                nsid,
-                "drive model: 4 KiB random read {} IOPS, read {} MB/s, {} % of it at {} × 128 KiB in flight, link {} MB/s",
-                m.read_4k_iops,
-                m.read_bytes_per_s / 1_000_000,
-                trellis_ssd::SATURATION_PERMILLE / 10,
-                m.read_128k_saturation_qd,
-                m.link_bytes_per_s / 1_000_000
-            );
-        } else if m.link_bytes_per_s == crate::backend::NO_DRIVE_LINK_BYTES_PER_S {
-            tracing::info!(
-                subsystem = %s,
-                nsid,
-                "no drive ({}): Gimbal's rate ceiling rises to {} MB/s, so only the reactor's CPU bounds it",
-                backend.describe(),
-                m.link_bytes_per_s / 1_000_000
-            );
-        } else {
-            tracing::info!(
-                subsystem = %s,
-                nsid,
-                "drive: PCIe link {} MB/s (sysfs); Gimbal's per-I/O cost and slots stay as configured",
-                m.link_bytes_per_s / 1_000_000
-            );
-        }
+        log_device_model(s, nsid, m, backend.describe());
     }
     let mut config = n.clone();
     config.nsid = Some(nsid);

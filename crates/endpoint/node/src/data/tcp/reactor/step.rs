@@ -185,20 +185,8 @@ impl Reactor {
                     }
                 }
             }
-            // A TLS connection closes once its ciphertext is out too (an
-            // alert, a TermReq): its queued send completed (io_uring) or the
-            // socket took it (epoll); or when the peer has taken none of it
-            // for `send_stall_timeout_ms`, as plain output is dropped.
-            let tls_pending =
-                e.tls.as_ref().is_some_and(|t| t.has_output()) || (e.tls.is_some() && e.send_armed);
-            let tls_done = !tls_pending || {
-                let stall_ns = self.shared.reg.limits.send_stall_timeout_ms * NS_PER_MS;
-                if e.close_wait_since_ns == u64::MAX && e.conn.wants_close() {
-                    e.close_wait_since_ns = now;
-                }
-                now.saturating_sub(e.close_wait_since_ns) > stall_ns
-                    && e.close_wait_since_ns != u64::MAX
-            };
+            let stall_ns = self.shared.reg.limits.send_stall_timeout_ms * NS_PER_MS;
+            let tls_done = tls_close_done(e, now, stall_ns);
             if close_now || (e.conn.wants_close() && tls_done) || e.zombie {
                 self.close(idx);
             } else if rearm {
@@ -252,6 +240,22 @@ impl Reactor {
             self.arm_timer(idx as usize);
         }
     }
+}
+
+/// Whether a closing connection's TLS output is out: a TLS connection
+/// closes once its ciphertext is out too (an alert, a TermReq): its queued
+/// send completed (io_uring) or the socket took it (epoll); or when the peer
+/// has taken none of it for `stall_ns`, as plain output is dropped.
+fn tls_close_done(e: &mut Entry, now: u64, stall_ns: u64) -> bool {
+    let tls_pending =
+        e.tls.as_ref().is_some_and(|t| t.has_output()) || (e.tls.is_some() && e.send_armed);
+    if !tls_pending {
+        return true;
+    }
+    if e.close_wait_since_ns == u64::MAX && e.conn.wants_close() {
+        e.close_wait_since_ns = now;
+    }
+    now.saturating_sub(e.close_wait_since_ns) > stall_ns && e.close_wait_since_ns != u64::MAX
 }
 
 /// A receive returned `n` <= 0: the peer closed, or the socket failed
