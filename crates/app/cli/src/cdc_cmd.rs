@@ -12,7 +12,12 @@
 //! and serves the NVMe subsystem entries (SUBTYPE 2h) of every node it
 //! reaches, after its own entry, on its own discovery listeners (a
 //! `trellis target` with no subsystems). Entries are merged as the nodes
-//! wrote them, with their own addresses and PORTIDs.
+//! wrote them, with their own addresses and PORTIDs, after two checks a
+//! rogue node (or a man in the middle) would otherwise get past: an entry
+//! must point at the node's own address (the IP of its `--node`) or at one
+//! `--allow-traddr` lists, so no node can steer hosts to other targets;
+//! and a node contributes at most `--node-entries-max` entries, so none
+//! can crowd the others out of the log. Dropped entries are logged.
 //!
 //! A node is dropped when its connection fails: at once when the socket
 //! closes (the node stopped), or when a Keep Alive or log read gets no
@@ -39,6 +44,10 @@ const AEN_DISC_CHANGE_DW0: u32 = 0x0070_F002;
 const POLL: Duration = Duration::from_millis(20);
 /// Nodes one CDC follows.
 pub const MAX_NODES: usize = 64;
+/// Default of `--node-entries-max`: entries one node may add to the log.
+pub const DEFAULT_NODE_ENTRIES_MAX: usize = 256;
+/// Upper bound of `--node-entries-max`.
+pub const NODE_ENTRIES_MAX_LIMIT: usize = 4096;
 
 #[derive(Args, Debug)]
 pub struct CdcArgs {
@@ -65,6 +74,13 @@ pub struct CdcArgs {
     /// Management socket (JSON-RPC 2.0; `trellis ctl referral ...`).
     #[arg(long)]
     ctl_socket: Option<std::path::PathBuf>,
+    /// An address besides each node's own (the IP of its --node) that its
+    /// entries may point at, e.g. a node's second port (repeatable).
+    #[arg(long = "allow-traddr")]
+    allow_traddr: Vec<std::net::IpAddr>,
+    /// Entries one node may add to the merged log (1..=4096).
+    #[arg(long, default_value_t = DEFAULT_NODE_ENTRIES_MAX)]
+    node_entries_max: usize,
 }
 
 /// The follower settings of every node.
@@ -72,6 +88,9 @@ pub struct CdcArgs {
 struct Follow {
     host: HostConfig,
     retry: Duration,
+    /// Addresses any node's entries may point at besides its own.
+    allow: Vec<std::net::IpAddr>,
+    entries_max: usize,
 }
 
 pub fn run(a: CdcArgs) -> anyhow::Result<()> {
@@ -121,6 +140,11 @@ fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
         "--retry-ms {}: give 10..=600000",
         a.retry_ms
     );
+    ensure!(
+        (1..=NODE_ENTRIES_MAX_LIMIT).contains(&a.node_entries_max),
+        "--node-entries-max {}: give 1..={NODE_ENTRIES_MAX_LIMIT}",
+        a.node_entries_max
+    );
     for n in &a.nodes {
         trellis_host::queue::resolve(n).map_err(|e| {
             anyhow::anyhow!("--node {n:?}: {e}: give HOST:PORT of a node's discovery listener")
@@ -152,8 +176,13 @@ fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
         connect_timeout: Duration::from_millis(a.kato_ms as u64),
         ..HostConfig::default()
     };
-    let retry = Duration::from_millis(a.retry_ms);
-    Ok((cfg, Follow { host, retry }))
+    let follow = Follow {
+        host,
+        retry: Duration::from_millis(a.retry_ms),
+        allow: a.allow_traddr.clone(),
+        entries_max: a.node_entries_max,
+    };
+    Ok((cfg, follow))
 }
 
 /// Follows one node until `stop`: connect, merge its log, wait for
@@ -195,7 +224,7 @@ fn session(
         if read_log {
             // Armed before the read: a change after it is not missed.
             c.arm_event()?;
-            let entries = merged(c.discovery_log()?);
+            let entries = checked(node, f, merged(c.discovery_log()?));
             if reg.set_remote_entries(node, entries.clone()) || !*was_up {
                 tracing::info!(
                     node,
@@ -231,9 +260,83 @@ fn merged(log: Vec<DiscoveryEntry>) -> Vec<DiscoveryEntry> {
         .collect()
 }
 
+/// The entries of `node` the CDC serves: those pointing at the node's own
+/// address or an allowed one, at most `f.entries_max` (see the module doc).
+fn checked(node: &str, f: &Follow, log: Vec<DiscoveryEntry>) -> Vec<DiscoveryEntry> {
+    let own = trellis_host::queue::resolve(node).ok().map(|a| a.ip());
+    let ok = |e: &DiscoveryEntry| {
+        let ip = e.traddr.trim().parse::<std::net::IpAddr>().ok();
+        ip.is_some_and(|ip| Some(ip) == own || f.allow.contains(&ip))
+    };
+    let n = log.len();
+    let (mine, foreign): (Vec<_>, Vec<_>) = log.into_iter().partition(|e| ok(e));
+    if let Some(e) = foreign.first() {
+        let example = format!("{} at {}:{}", e.subnqn, e.traddr, e.trsvcid);
+        tracing::warn!(node, dropped = foreign.len(), %example, "entries pointing away from the node were dropped (--allow-traddr allows an address)");
+    }
+    if mine.len() > f.entries_max {
+        tracing::warn!(
+            node,
+            entries = n,
+            kept = f.entries_max,
+            "the node lists more entries than --node-entries-max: the rest are dropped"
+        );
+    }
+    mine.into_iter().take(f.entries_max).collect()
+}
+
 fn sleep_unless(stop: &AtomicBool, d: Duration) {
     let end = Instant::now() + d;
     while !stop.load(Ordering::Relaxed) && Instant::now() < end {
         std::thread::sleep(POLL.min(end.saturating_duration_since(Instant::now())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(nqn: &str, traddr: &str) -> DiscoveryEntry {
+        DiscoveryEntry {
+            adrfam: 1,
+            subtype: subtype::NVME,
+            treq: 0,
+            portid: 1,
+            trsvcid: "4420".into(),
+            subnqn: nqn.into(),
+            traddr: traddr.into(),
+            sectype: 0,
+        }
+    }
+
+    fn follow(allow: &[&str], max: usize) -> Follow {
+        Follow {
+            host: HostConfig::default(),
+            retry: Duration::from_millis(100),
+            allow: allow.iter().map(|a| a.parse().unwrap()).collect(),
+            entries_max: max,
+        }
+    }
+
+    /// A rogue node cannot steer hosts to another address, nor crowd the
+    /// log: its entries pointing away are dropped unless allowed, and at
+    /// most `--node-entries-max` are kept.
+    #[test]
+    fn a_nodes_entries_must_point_at_it_and_are_bounded() {
+        let log = vec![
+            entry("nqn.x:own", "10.0.0.1"),
+            entry("nqn.x:elsewhere", "10.9.9.9"),
+            entry("nqn.x:second-port", "10.0.1.1"),
+            entry("nqn.x:garbage", "not-an-address"),
+        ];
+        let names = |v: Vec<DiscoveryEntry>| v.into_iter().map(|e| e.subnqn).collect::<Vec<_>>();
+        let kept = checked("10.0.0.1:8009", &follow(&[], 16), log.clone());
+        assert_eq!(names(kept), ["nqn.x:own"]);
+        let kept = checked("10.0.0.1:8009", &follow(&["10.0.1.1"], 16), log);
+        assert_eq!(names(kept), ["nqn.x:own", "nqn.x:second-port"]);
+        let many: Vec<_> = (0..10)
+            .map(|i| entry(&format!("nqn.x:{i}"), "10.0.0.1"))
+            .collect();
+        assert_eq!(checked("10.0.0.1:8009", &follow(&[], 3), many).len(), 3);
     }
 }
