@@ -150,16 +150,21 @@ impl AnaLog {
         out.clear();
         out.resize(self.encoded_len(rgo), 0);
         put64(out, 0, self.chgcnt);
-        put16(out, 8, self.groups.len().min(u16::MAX as usize) as u16);
+        // NUMANAGRPD saturates; groups are bounded far below that by config.
+        put16(out, 8, u16::try_from(self.groups.len()).unwrap_or(u16::MAX));
         let mut off = HDR_LEN;
         for g in &self.groups {
             let n = if rgo { 0 } else { g.nsids.len() };
-            put32(out, off, g.grpid);
-            put32(out, off + 4, n as u32);
-            put64(out, off + 8, g.chgcnt);
-            out[off + 16] = g.state as u8;
+            let mut d = [0u8; DESC_LEN];
+            d[..4].copy_from_slice(&g.grpid.to_le_bytes());
+            // NNSIDS: a Vec of u32 cannot hold more than u32::MAX NSIDs anyway.
+            let nn = u32::try_from(n).unwrap_or(u32::MAX);
+            d[4..8].copy_from_slice(&nn.to_le_bytes());
+            d[8..16].copy_from_slice(&g.chgcnt.to_le_bytes());
+            d[16] = g.state as u8;
+            crate::put_bytes(out, off, d);
             off += DESC_LEN;
-            for &id in &g.nsids[..n] {
+            for &id in g.nsids.iter().take(n) {
                 put32(out, off, id);
                 off += 4;
             }
@@ -181,13 +186,16 @@ impl AnaLog {
                 index,
                 len: b.len(),
             };
-            let d = b.get(off..off + DESC_LEN).ok_or(short.clone())?;
+            let d: &[u8; DESC_LEN] = b
+                .get(off..)
+                .and_then(<[u8]>::first_chunk::<DESC_LEN>)
+                .ok_or(short.clone())?;
             let n = le32(d, 4) as usize;
             let list_end = n
                 .checked_mul(4)
                 .and_then(|l| (off + DESC_LEN).checked_add(l))
-                .filter(|&e| e <= b.len())
-                .ok_or(short)?;
+                .ok_or(short.clone())?;
+            let list = b.get(off + DESC_LEN..list_end).ok_or(short)?;
             let state = AnaState::from_u8(d[16]).ok_or(AnaLogError::BadState {
                 index,
                 state: d[16],
@@ -196,7 +204,6 @@ impl AnaLog {
             if grpid == 0 {
                 return Err(AnaLogError::ZeroGroup { index });
             }
-            let list = &b[off + DESC_LEN..list_end];
             groups.push(AnaGroup {
                 grpid,
                 chgcnt: le64(d, 8),

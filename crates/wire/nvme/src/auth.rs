@@ -4,7 +4,7 @@
 //! _Success1, _Success2, AUTH_Failure1/2). Field offsets as in Linux's
 //! `include/linux/nvme.h`; every length is checked before a field is read.
 
-use crate::{le16, le32, put16, put32, Sgl, Sqe};
+use crate::{le16, le32, put32, Sgl, Sqe};
 
 /// Security protocol of NVMe in-band authentication (SECP).
 pub const SECP: u8 = 0xE9;
@@ -59,6 +59,8 @@ pub const MAX_IDS: usize = 30;
 pub const HEADER_LEN: usize = 16;
 pub const NEGOTIATE_HEADER_LEN: usize = 8;
 pub const FAILURE_LEN: usize = 8;
+/// AUTH_Negotiate with its one descriptor.
+const NEGOTIATE_LEN: usize = NEGOTIATE_HEADER_LEN + DESCRIPTOR_LEN;
 
 /// Authentication Send/Receive SQE fields (CDW10: SPSP0 byte 1, SPSP1 byte 2,
 /// SECP byte 3; CDW11: TL for Send, AL for Receive).
@@ -180,17 +182,18 @@ impl Message {
     /// Reads one message. Trailing bytes past the message (a host may pad
     /// to its buffer size, as Linux's target pads to AL) are ignored.
     pub fn decode(b: &[u8]) -> Result<Message, BadMessage> {
-        if b.len() < FAILURE_LEN || b.len() > MAX_MSG_LEN {
+        if b.len() > MAX_MSG_LEN {
             return Err(PAYLOAD);
         }
-        let t_id = le16(b, 4);
-        match (b[0], b[1]) {
+        let h: &[u8; FAILURE_LEN] = b.first_chunk().ok_or(PAYLOAD)?;
+        let t_id = le16(h, 4);
+        match (h[0], h[1]) {
             (auth_type::COMMON, auth_id::NEGOTIATE) => decode_negotiate(b).map(Message::Negotiate),
             (auth_type::COMMON, id @ (auth_id::FAILURE1 | auth_id::FAILURE2)) => {
                 let f = Failure {
                     t_id,
-                    reason: b[6],
-                    explanation: b[7],
+                    reason: h[6],
+                    explanation: h[7],
                 };
                 Ok(if id == auth_id::FAILURE1 {
                     Message::Failure1(f)
@@ -213,28 +216,30 @@ impl Message {
         match self {
             Message::Negotiate(n) => encode_negotiate(n),
             Message::Challenge(c) => {
-                let mut b = header(auth_type::DHCHAP, auth_id::CHALLENGE, c.t_id, HEADER_LEN);
-                b[6] = c.c1.len() as u8;
-                b[8] = c.hash_id;
-                b[9] = c.dh_id;
-                put16(&mut b, 10, c.dhv.len() as u16);
-                put32(&mut b, 12, c.seqnum);
+                let mut h = header(auth_type::DHCHAP, auth_id::CHALLENGE, c.t_id);
+                h[6] = len_u8(c.c1.len());
+                h[8] = c.hash_id;
+                h[9] = c.dh_id;
+                h[10..12].copy_from_slice(&len_u16(c.dhv.len()).to_le_bytes());
+                h[12..16].copy_from_slice(&c.seqnum.to_le_bytes());
+                let mut b = h.to_vec();
                 b.extend_from_slice(&c.c1);
                 b.extend_from_slice(&c.dhv);
                 b
             }
             Message::Reply(r) => encode_reply(r),
             Message::Success1(s) => {
-                let mut b = header(auth_type::DHCHAP, auth_id::SUCCESS1, s.t_id, HEADER_LEN);
-                b[6] = s.hl;
+                let mut h = header(auth_type::DHCHAP, auth_id::SUCCESS1, s.t_id);
+                h[6] = s.hl;
+                h[8] = u8::from(s.response.is_some());
+                let mut b = h.to_vec();
                 if let Some(r) = &s.response {
-                    b[8] = 1;
                     b.extend_from_slice(r);
                 }
                 b
             }
             Message::Success2 { t_id } => {
-                header(auth_type::DHCHAP, auth_id::SUCCESS2, *t_id, HEADER_LEN)
+                header(auth_type::DHCHAP, auth_id::SUCCESS2, *t_id).to_vec()
             }
             Message::Failure1(f) | Message::Failure2(f) => {
                 let id = if matches!(self, Message::Failure1(_)) {
@@ -242,111 +247,129 @@ impl Message {
                 } else {
                     auth_id::FAILURE2
                 };
-                let mut b = header(auth_type::COMMON, id, f.t_id, FAILURE_LEN);
+                let h: [u8; HEADER_LEN] = header(auth_type::COMMON, id, f.t_id);
+                let mut b = [0u8; FAILURE_LEN];
+                b[..6].copy_from_slice(&h[..6]);
                 b[6] = f.reason;
                 b[7] = f.explanation;
-                b
+                b.to_vec()
             }
         }
     }
 }
 
-fn header(ty: u8, id: u8, t_id: u16, len: usize) -> Vec<u8> {
-    let mut b = vec![0u8; len];
+/// The 16-byte DH-HMAC-CHAP header with its common fields set (AUTH_Negotiate
+/// and AUTH_Failure use its first 8 bytes).
+fn header(ty: u8, id: u8, t_id: u16) -> [u8; HEADER_LEN] {
+    let mut b = [0u8; HEADER_LEN];
     b[0] = ty;
     b[1] = id;
-    put16(&mut b, 4, t_id);
+    b[4..6].copy_from_slice(&t_id.to_le_bytes());
     b
 }
 
+/// HL and the hash/group counts are one byte: our values are hash lengths
+/// (at most 64) and at most MAX_IDS (30) identifiers, so this never
+/// saturates in practice; it does rather than wrap if a caller passes more.
+fn len_u8(n: usize) -> u8 {
+    debug_assert!(n <= usize::from(u8::MAX));
+    u8::try_from(n).unwrap_or(u8::MAX)
+}
+
+/// DHVLEN is two bytes: the largest public value (ffdhe8192) is 1024.
+fn len_u16(n: usize) -> u16 {
+    debug_assert!(n <= usize::from(u16::MAX));
+    u16::try_from(n).unwrap_or(u16::MAX)
+}
+
+/// `len` bytes of `b` at `start`, or PAYLOAD if they are not all there.
+fn field(b: &[u8], start: usize, len: usize) -> Result<Vec<u8>, BadMessage> {
+    let end = start.checked_add(len).ok_or(PAYLOAD)?;
+    Ok(b.get(start..end).ok_or(PAYLOAD)?.to_vec())
+}
+
 fn decode_negotiate(b: &[u8]) -> Result<Negotiate, BadMessage> {
-    if b.len() < NEGOTIATE_HEADER_LEN + DESCRIPTOR_LEN {
-        return Err(PAYLOAD);
-    }
+    let b: &[u8; NEGOTIATE_LEN] = b.first_chunk().ok_or(PAYLOAD)?;
+    let (h, d) = b.split_at(NEGOTIATE_HEADER_LEN);
     // Only DH-HMAC-CHAP exists: one descriptor (NAPD = 1), as Linux requires.
     if b[7] != 1 {
         return Err(BadMessage(failure::HASH_UNUSABLE));
     }
-    let d = &b[NEGOTIATE_HEADER_LEN..NEGOTIATE_HEADER_LEN + DESCRIPTOR_LEN];
-    let (halen, dhlen) = (d[2] as usize, d[3] as usize);
-    if d[0] != AUTHID_DHCHAP || halen > MAX_IDS || dhlen > MAX_IDS {
+    let (halen, dhlen) = (usize::from(b[10]), usize::from(b[11]));
+    if b[8] != AUTHID_DHCHAP || halen > MAX_IDS || dhlen > MAX_IDS {
         return Err(PAYLOAD);
     }
     Ok(Negotiate {
-        t_id: le16(b, 4),
+        t_id: le16(h, 4),
         sc_c: b[6],
-        hash_ids: d[4..4 + halen].to_vec(),
-        dh_ids: d[4 + MAX_IDS..4 + MAX_IDS + dhlen].to_vec(),
+        hash_ids: field(d, 4, halen)?,
+        dh_ids: field(d, 4 + MAX_IDS, dhlen)?,
     })
 }
 
 fn encode_negotiate(n: &Negotiate) -> Vec<u8> {
-    let mut b = header(
-        auth_type::COMMON,
-        auth_id::NEGOTIATE,
-        n.t_id,
-        NEGOTIATE_HEADER_LEN + DESCRIPTOR_LEN,
-    );
+    let h = header(auth_type::COMMON, auth_id::NEGOTIATE, n.t_id);
+    let mut b = [0u8; NEGOTIATE_LEN];
+    b[..6].copy_from_slice(&h[..6]);
     b[6] = n.sc_c;
     b[7] = 1;
-    let d = &mut b[NEGOTIATE_HEADER_LEN..];
-    d[0] = AUTHID_DHCHAP;
-    let (h, g) = (n.hash_ids.len().min(MAX_IDS), n.dh_ids.len().min(MAX_IDS));
-    d[2] = h as u8;
-    d[3] = g as u8;
-    d[4..4 + h].copy_from_slice(&n.hash_ids[..h]);
-    d[4 + MAX_IDS..4 + MAX_IDS + g].copy_from_slice(&n.dh_ids[..g]);
-    b
+    let (_, d) = b.split_at_mut(NEGOTIATE_HEADER_LEN);
+    let (desc, ids) = d.split_at_mut(4);
+    let (hash_ids, dh_ids) = ids.split_at_mut(MAX_IDS);
+    // At most MAX_IDS (30) of each fit; the counts say how many were kept.
+    let h = crate::copy_prefix(hash_ids, &n.hash_ids);
+    let g = crate::copy_prefix(dh_ids, &n.dh_ids);
+    if let Some(desc) = desc.first_chunk_mut::<4>() {
+        *desc = [AUTHID_DHCHAP, 0, len_u8(h), len_u8(g)];
+    }
+    b.to_vec()
 }
 
 fn decode_challenge(b: &[u8]) -> Result<Challenge, BadMessage> {
-    if b.len() < HEADER_LEN {
-        return Err(PAYLOAD);
-    }
-    let hl = b[6] as usize;
-    let dhvlen = le16(b, 10) as usize;
-    let end = HEADER_LEN + hl + dhvlen;
-    if end > b.len() {
+    let h: &[u8; HEADER_LEN] = b.first_chunk().ok_or(PAYLOAD)?;
+    let hl = usize::from(h[6]);
+    let dhvlen = usize::from(le16(h, 10));
+    // Both lengths are checked before either is copied.
+    if HEADER_LEN + hl + dhvlen > b.len() {
         return Err(PAYLOAD);
     }
     Ok(Challenge {
-        t_id: le16(b, 4),
-        hash_id: b[8],
-        dh_id: b[9],
-        seqnum: le32(b, 12),
-        c1: b[HEADER_LEN..HEADER_LEN + hl].to_vec(),
-        dhv: b[HEADER_LEN + hl..end].to_vec(),
+        t_id: le16(h, 4),
+        hash_id: h[8],
+        dh_id: h[9],
+        seqnum: le32(h, 12),
+        c1: field(b, HEADER_LEN, hl)?,
+        dhv: field(b, HEADER_LEN + hl, dhvlen)?,
     })
 }
 
 fn decode_reply(b: &[u8]) -> Result<Reply, BadMessage> {
-    if b.len() < HEADER_LEN {
-        return Err(PAYLOAD);
-    }
-    let hl = b[6] as usize;
-    let dhvlen = le16(b, 10) as usize;
+    let h: &[u8; HEADER_LEN] = b.first_chunk().ok_or(PAYLOAD)?;
+    let hl = usize::from(h[6]);
+    let dhvlen = usize::from(le16(h, 10));
     // R1 and a C2 slot are always there (Linux sends both, CVALID or not).
-    let end = HEADER_LEN + 2 * hl + dhvlen;
-    if end > b.len() {
+    if HEADER_LEN + 2 * hl + dhvlen > b.len() {
         return Err(PAYLOAD);
     }
     let r = HEADER_LEN;
+    let c2 = field(b, r + hl, hl)?;
     Ok(Reply {
-        t_id: le16(b, 4),
-        response: b[r..r + hl].to_vec(),
-        c2: (b[8] & 1 != 0).then(|| b[r + hl..r + 2 * hl].to_vec()),
-        seqnum: le32(b, 12),
-        dhv: b[r + 2 * hl..end].to_vec(),
+        t_id: le16(h, 4),
+        response: field(b, r, hl)?,
+        c2: (h[8] & 1 != 0).then_some(c2),
+        seqnum: le32(h, 12),
+        dhv: field(b, r + 2 * hl, dhvlen)?,
     })
 }
 
 fn encode_reply(r: &Reply) -> Vec<u8> {
     let hl = r.response.len();
-    let mut b = header(auth_type::DHCHAP, auth_id::REPLY, r.t_id, HEADER_LEN);
-    b[6] = hl as u8;
-    b[8] = r.c2.is_some() as u8;
-    put16(&mut b, 10, r.dhv.len() as u16);
-    put32(&mut b, 12, r.seqnum);
+    let mut h = header(auth_type::DHCHAP, auth_id::REPLY, r.t_id);
+    h[6] = len_u8(hl);
+    h[8] = u8::from(r.c2.is_some());
+    h[10..12].copy_from_slice(&len_u16(r.dhv.len()).to_le_bytes());
+    h[12..16].copy_from_slice(&r.seqnum.to_le_bytes());
+    let mut b = h.to_vec();
     b.extend_from_slice(&r.response);
     match &r.c2 {
         Some(c) => b.extend_from_slice(c),
@@ -357,21 +380,15 @@ fn encode_reply(r: &Reply) -> Vec<u8> {
 }
 
 fn decode_success1(b: &[u8]) -> Result<Success1, BadMessage> {
-    if b.len() < HEADER_LEN {
-        return Err(PAYLOAD);
-    }
-    let hl = b[6];
-    let response = if b[8] & 1 != 0 {
-        let end = HEADER_LEN + hl as usize;
-        if end > b.len() {
-            return Err(PAYLOAD);
-        }
-        Some(b[HEADER_LEN..end].to_vec())
+    let h: &[u8; HEADER_LEN] = b.first_chunk().ok_or(PAYLOAD)?;
+    let hl = h[6];
+    let response = if h[8] & 1 != 0 {
+        Some(field(b, HEADER_LEN, usize::from(hl))?)
     } else {
         None
     };
     Ok(Success1 {
-        t_id: le16(b, 4),
+        t_id: le16(h, 4),
         hl,
         response,
     })

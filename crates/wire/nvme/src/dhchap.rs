@@ -156,7 +156,9 @@ impl Secret {
         let (ind, b64) = keyfmt::split(s, "DHHC-1:").map_err(|_| SecretError::Prefix)?;
         let transform = match ind {
             "00" => None,
-            "01" | "02" | "03" => HashId::from_id(ind.as_bytes()[1] - b'0'),
+            "01" => HashId::from_id(1),
+            "02" => HashId::from_id(2),
+            "03" => HashId::from_id(3),
             _ => return Err(SecretError::Transform(keyfmt::shown_indicator(ind))),
         };
         let key = keyfmt::decode(b64, &[36, 52, 68]).map_err(|e| match e {

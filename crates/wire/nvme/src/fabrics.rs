@@ -16,6 +16,9 @@ pub mod fctype {
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 pub const CONNECT_DATA_LEN: usize = 1024;
 pub const NQN_FIELD_LEN: usize = 256;
+/// CONNECT_DATA_LEN as the SGL length field carries it.
+const CONNECT_DATA_LEN_U32: u32 = 1024;
+const _: () = assert!(CONNECT_DATA_LEN_U32 as usize == CONNECT_DATA_LEN);
 /// NQNs are at most 223 bytes (NVMe Base 2.0 §4.5).
 pub const NQN_MAX_LEN: usize = 223;
 /// Dynamic controller model: the host asks for "any controller".
@@ -66,7 +69,7 @@ impl ConnectCmd {
     pub fn to_sqe(&self, cid: u16) -> Sqe {
         let mut s = Sqe::new(crate::sqe::admin::FABRICS, cid, 0);
         s.0[4] = fctype::CONNECT;
-        s.set_sgl(Sgl::in_capsule(CONNECT_DATA_LEN as u32));
+        s.set_sgl(Sgl::in_capsule(CONNECT_DATA_LEN_U32));
         put16(&mut s.0, 40, self.recfmt);
         put16(&mut s.0, 42, self.qid);
         put16(&mut s.0, 44, self.sqsize);
@@ -91,39 +94,38 @@ pub struct BadConnectField(pub u16);
 
 impl ConnectData {
     pub fn decode(b: &[u8]) -> Result<ConnectData, BadConnectField> {
-        if b.len() < CONNECT_DATA_LEN {
-            return Err(BadConnectField(0));
-        }
+        let b: &[u8; CONNECT_DATA_LEN] = b.first_chunk().ok_or(BadConnectField(0))?;
         // The host NQN may be empty (SPDK's initiator sends none unless
         // told): whether that is acceptable is the subsystem's policy. An
         // NQN is UTF-8 (NVMe Base 2.0 §4.5); control characters (C0, DEL,
         // C1: an ANSI escape starts with ESC) have no place in one and would
         // reach terminals and logs that print NQNs, so they are refused here,
         // before anything stores or prints the name.
-        let nqn = |off: usize, ipo, may_be_empty: bool| {
-            let f = &b[off..off + NQN_FIELD_LEN];
-            match get_cstr(f) {
-                Some(s)
-                    if (may_be_empty || !s.is_empty())
-                        && s.len() <= NQN_MAX_LEN
-                        && !s.chars().any(char::is_control) =>
-                {
-                    Ok(s.to_string())
-                }
-                _ => Err(BadConnectField(ipo)),
+        let nqn = |f: &[u8], ipo, may_be_empty: bool| match get_cstr(f) {
+            Some(s)
+                if (may_be_empty || !s.is_empty())
+                    && s.len() <= NQN_MAX_LEN
+                    && !s.chars().any(char::is_control) =>
+            {
+                Ok(s.to_string())
             }
+            _ => Err(BadConnectField(ipo)),
         };
         let mut hostid = [0u8; 16];
         hostid.copy_from_slice(&b[0..16]);
         Ok(ConnectData {
             hostid,
             cntlid: le16(b, 16),
-            subnqn: nqn(256, ipo::DATA_SUBNQN, false)?,
-            hostnqn: nqn(512, ipo::DATA_HOSTNQN, true)?,
+            subnqn: nqn(&b[256..512], ipo::DATA_SUBNQN, false)?,
+            hostnqn: nqn(&b[512..768], ipo::DATA_HOSTNQN, true)?,
         })
     }
+    /// Writes the 1024 bytes at the front of `b` (at least that long).
     pub fn encode(&self, b: &mut [u8]) {
-        b[..CONNECT_DATA_LEN].fill(0);
+        let Some(b) = crate::front_mut::<CONNECT_DATA_LEN>(b) else {
+            return;
+        };
+        b.fill(0);
         b[0..16].copy_from_slice(&self.hostid);
         put16(b, 16, self.cntlid);
         put_cstr(&mut b[256..512], &self.subnqn);

@@ -73,7 +73,8 @@ impl RxBuf {
             self.tail -= self.head;
             self.head = 0;
         }
-        &mut self.buf[self.tail..]
+        // tail <= buf.len() always (commit clamps it).
+        self.buf.get_mut(self.tail..).unwrap_or_default()
     }
 
     /// Accounts `n` bytes written at the start of [`RxBuf::space`].
@@ -86,9 +87,7 @@ impl RxBuf {
     /// Copies as much of `bytes` as fits into the space and commits it;
     /// returns how many bytes were taken (tests and fuzzing feed this way).
     pub fn fill_from(&mut self, bytes: &[u8]) -> usize {
-        let space = self.space();
-        let n = space.len().min(bytes.len());
-        space[..n].copy_from_slice(&bytes[..n]);
+        let n = crate::copy_prefix(self.space(), bytes);
         self.commit(n);
         n
     }
@@ -96,7 +95,15 @@ impl RxBuf {
     /// The received bytes not yet consumed.
     #[inline]
     pub fn pending(&self) -> &[u8] {
-        &self.buf[self.head..self.tail]
+        // head <= tail <= buf.len() always (consume and commit clamp).
+        self.buf.get(self.head..self.tail).unwrap_or_default()
+    }
+
+    /// The received bytes in `r`, or None past them: the checked form of
+    /// indexing an `RxBuf`.
+    #[inline]
+    pub fn get(&self, r: Range<usize>) -> Option<&[u8]> {
+        self.buf.get(..self.tail)?.get(r)
     }
 
     /// Number of unconsumed bytes.
@@ -140,6 +147,12 @@ impl RxBuf {
 impl std::ops::Index<Range<usize>> for RxBuf {
     type Output = [u8];
     #[inline]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "Index's contract is to panic out of range, as a slice does; \
+                  the node indexes only PDUs check_layout bounded within the \
+                  received bytes, and RxBuf::get is the checked form"
+    )]
     fn index(&self, r: Range<usize>) -> &[u8] {
         &self.buf[..self.tail][r]
     }
@@ -270,22 +283,54 @@ impl TxQueue {
         self.chunk_end += cb;
     }
 
+    /// `n` arena bytes at `at`. `reserve` hands out only ranges inside one
+    /// allocated chunk, so the lookup always succeeds; were it not to (a bug
+    /// here), a debug build asserts and a release build gets no bytes.
     #[inline]
     fn arena_mut(&mut self, at: usize, n: usize) -> &mut [u8] {
-        if at + n <= self.first.len() {
-            return &mut self.first[at..at + n];
-        }
-        let o = at & (self.chunk_bytes() - 1);
-        &mut self.more[(at >> self.chunk_shift) - 1][o..o + n]
+        let b = if at + n <= self.first.len() {
+            self.first.get_mut(at..at + n)
+        } else {
+            let o = at & (self.chunk_bytes() - 1);
+            (at >> self.chunk_shift)
+                .checked_sub(1)
+                .and_then(|k| self.more.get_mut(k))
+                .and_then(|c| c.get_mut(o..o + n))
+        };
+        debug_assert!(b.is_some(), "arena range {at}+{n} outside the chunks");
+        b.unwrap_or_default()
     }
 
+    /// `n` arena bytes at `at` (see [`TxQueue::arena_mut`]).
     #[inline]
     fn arena(&self, at: usize, n: usize) -> &[u8] {
-        if at + n <= self.first.len() {
-            return &self.first[at..at + n];
+        if let Some(b) = self.first.get(at..at + n) {
+            return b;
         }
         let o = at & (self.chunk_bytes() - 1);
-        &self.more[(at >> self.chunk_shift) - 1][o..o + n]
+        let b = (at >> self.chunk_shift)
+            .checked_sub(1)
+            .and_then(|k| self.more.get(k))
+            .and_then(|c| c.get(o..o + n));
+        debug_assert!(b.is_some(), "arena range {at}+{n} outside the chunks");
+        b.unwrap_or_default()
+    }
+
+    /// The bytes of one entry past its first `skip` (the part already sent).
+    #[inline]
+    fn unsent_of<'a>(
+        &'a self,
+        e: &Entry,
+        skip: usize,
+        resolve: &impl Fn(u16) -> &'a [u8],
+    ) -> &'a [u8] {
+        self.bytes(e, resolve).get(skip..).unwrap_or_default()
+    }
+
+    /// The entries not yet fully sent (head <= entries.len() always).
+    #[inline]
+    fn unsent_entries(&self) -> &[Entry] {
+        self.entries.get(self.head..).unwrap_or_default()
     }
 
     /// The bytes of one entry; `resolve` maps a source id to its buffer.
@@ -296,8 +341,11 @@ impl TxQueue {
             self.arena(off, len)
         } else {
             // Entries are pushed by the owner for its own buffers: a short
-            // buffer is a bug in the owner, not peer input.
-            &resolve(e.src)[off..off + len]
+            // buffer is a bug in the owner, not peer input (a debug build
+            // asserts; a release build sends none of it).
+            let b = resolve(e.src).get(off..off + len);
+            debug_assert!(b.is_some(), "entry {off}+{len} past its buffer");
+            b.unwrap_or_default()
         }
     }
 
@@ -312,7 +360,7 @@ impl TxQueue {
         // Give back what the closure did not use.
         self.used = at + n;
         if n > 0 {
-            self.push_entry(NO_RELEASE, at as u32, n as u32, release);
+            self.push_entry(NO_RELEASE, off32(at), off32(n), release);
         }
     }
 
@@ -325,7 +373,7 @@ impl TxQueue {
             let at = self.reserve(p.len());
             self.arena_mut(at, p.len()).copy_from_slice(p);
             let tag = if i == last { release } else { NO_RELEASE };
-            self.push_entry(NO_RELEASE, at as u32, p.len() as u32, tag);
+            self.push_entry(NO_RELEASE, off32(at), off32(p.len()), tag);
         }
     }
 
@@ -355,13 +403,10 @@ impl TxQueue {
     where
         F: Fn(u16) -> &'a [u8] + 'a,
     {
-        self.entries[self.head..]
-            .iter()
-            .enumerate()
-            .map(move |(i, e)| {
-                let skip = if i == 0 { self.head_sent } else { 0 };
-                &self.bytes(e, &resolve)[skip..]
-            })
+        self.unsent_entries().iter().enumerate().map(move |(i, e)| {
+            let skip = if i == 0 { self.head_sent } else { 0 };
+            self.unsent_of(e, skip, &resolve)
+        })
     }
 
     /// Fills `out` (cleared first) with up to `max` iovecs for the unsent
@@ -376,8 +421,8 @@ impl TxQueue {
         // A plain loop rather than `unsent()`: this runs once per send.
         out.clear();
         let mut skip = self.head_sent;
-        for e in self.entries[self.head..].iter().take(max) {
-            let b = &self.bytes(e, &resolve)[skip..];
+        for e in self.unsent_entries().iter().take(max) {
+            let b = self.unsent_of(e, skip, &resolve);
             skip = 0;
             out.push(libc::iovec {
                 iov_base: b.as_ptr() as *mut libc::c_void,
@@ -422,7 +467,7 @@ impl TxQueue {
 
     /// Unsent bytes (for limits, diagnostics and tests; walks the entries).
     pub fn pending_bytes(&self) -> usize {
-        self.entries[self.head..]
+        self.unsent_entries()
             .iter()
             .map(|e| e.len as usize)
             .sum::<usize>()
@@ -432,13 +477,23 @@ impl TxQueue {
     /// Drops everything unsent (the socket failed), calling `release` for
     /// every tag it carried.
     pub fn drain_releases(&mut self, mut release: impl FnMut(u16)) {
-        for e in &self.entries[self.head..] {
+        for e in self.unsent_entries() {
             if e.release != NO_RELEASE {
                 release(e.release);
             }
         }
         self.reset();
     }
+}
+
+/// An arena offset or length as an entry stores it. Arena offsets stay
+/// below the chunks allocated (a 64 KiB arena by default, growing a chunk
+/// per burst that outruns `has_room`), far below 4 GiB; were one not to fit,
+/// it saturates to an offset no chunk holds (a debug build asserts).
+#[inline]
+fn off32(v: usize) -> u32 {
+    debug_assert!(u32::try_from(v).is_ok(), "arena offset {v} past 4 GiB");
+    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

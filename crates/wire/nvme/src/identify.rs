@@ -68,7 +68,9 @@ pub struct AnaCaps {
 
 /// Encodes Identify Controller (CNS 01h).
 pub fn encode_controller(c: &ControllerInfo, b: &mut [u8]) {
-    let b = &mut b[..IDENTIFY_LEN];
+    let Some(b) = crate::front_mut::<IDENTIFY_LEN>(b) else {
+        return;
+    };
     b.fill(0);
     // VID/SSVID 0: not a PCI device, and not Intel (hosts key quirks off it).
     put_ascii_padded(&mut b[4..24], &c.serial);
@@ -163,11 +165,14 @@ pub struct IdCtrl {
 }
 
 impl IdCtrl {
+    /// Decodes an Identify Controller page; bytes past the end of a short
+    /// `b` read as zero.
     pub fn decode(b: &[u8]) -> IdCtrl {
-        let s = |r: std::ops::Range<usize>| String::from_utf8_lossy(&b[r]).trim_end().to_string();
+        let b = &crate::padded::<IDENTIFY_LEN>(b);
+        let s = |f: &[u8]| String::from_utf8_lossy(f).trim_end().to_string();
         IdCtrl {
-            serial: s(4..24),
-            model: s(24..64),
+            serial: s(&b[4..24]),
+            model: s(&b[24..64]),
             cntlid: le16(b, 78),
             mdts: b[77],
             kas: le16(b, 320),
@@ -225,7 +230,9 @@ pub struct NamespaceInfo {
 
 /// Encodes Identify Namespace (CNS 00h).
 pub fn encode_namespace(n: &NamespaceInfo, b: &mut [u8]) {
-    let b = &mut b[..IDENTIFY_LEN];
+    let Some(b) = crate::front_mut::<IDENTIFY_LEN>(b) else {
+        return;
+    };
     b.fill(0);
     put64(b, 0, n.size_blocks); // NSZE
     put64(b, 8, n.size_blocks); // NCAP: non-zero, or the host drops the namespace
@@ -266,8 +273,11 @@ pub struct IdNs {
 }
 
 impl IdNs {
+    /// Decodes an Identify Namespace page; bytes past the end of a short `b`
+    /// read as zero.
     pub fn decode(b: &[u8]) -> IdNs {
-        let fmt = (b[26] & 0xf) as usize;
+        let b = &crate::padded::<IDENTIFY_LEN>(b);
+        let fmt = usize::from(b[26] & 0xf);
         let mut nguid = [0u8; 16];
         nguid.copy_from_slice(&b[104..120]);
         let mut eui64 = [0u8; 8];
@@ -275,7 +285,8 @@ impl IdNs {
         IdNs {
             nsze: le64(b, 0),
             ncap: le64(b, 8),
-            lbads: b[128 + fmt * 4 + 2],
+            // LBAF0..15 are bytes 128..192: always inside the page.
+            lbads: b.get(128 + fmt * 4 + 2).copied().unwrap_or(0),
             read_only: b[99] & 1 != 0,
             nguid,
             eui64,
@@ -301,7 +312,9 @@ impl IdNs {
 
 /// Encodes the active namespace list: NSIDs greater than `after`, ascending.
 pub fn encode_ns_list(nsids: impl Iterator<Item = u32>, after: u32, b: &mut [u8]) {
-    let b = &mut b[..IDENTIFY_LEN];
+    let Some(b) = crate::front_mut::<IDENTIFY_LEN>(b) else {
+        return;
+    };
     b.fill(0);
     for (i, id) in nsids
         .filter(|&id| id > after)
@@ -315,21 +328,29 @@ pub fn encode_ns_list(nsids: impl Iterator<Item = u32>, after: u32, b: &mut [u8]
 /// Encodes the namespace identification descriptor list (CNS 03h). All-zero
 /// identifiers are skipped, as the spec requires.
 pub fn encode_ns_descriptors(n: &NamespaceInfo, b: &mut [u8]) {
-    let b = &mut b[..IDENTIFY_LEN];
-    b.fill(0);
-    let mut off = 0;
-    let mut put = |nidt: u8, id: &[u8]| {
-        if id.iter().all(|&x| x == 0) {
-            return;
-        }
-        b[off] = nidt;
-        b[off + 1] = id.len() as u8;
-        b[off + 4..off + 4 + id.len()].copy_from_slice(id);
-        off += 4 + id.len();
+    let Some(b) = crate::front_mut::<IDENTIFY_LEN>(b) else {
+        return;
     };
-    put(1, &n.eui64);
-    put(2, &n.nguid);
-    put(3, &n.uuid);
+    b.fill(0);
+    // Three descriptors of at most 20 bytes each: always inside the page.
+    let mut off = 0;
+    off = put_descriptor(b, off, 1, &n.eui64);
+    off = put_descriptor(b, off, 2, &n.nguid);
+    put_descriptor(b, off, 3, &n.uuid);
+}
+
+/// Writes one namespace identification descriptor (NIDT, NIDL, two reserved
+/// bytes, the identifier) at `off` unless the identifier is all zero;
+/// returns the offset after it.
+fn put_descriptor<const N: usize>(b: &mut [u8], off: usize, nidt: u8, id: &[u8; N]) -> usize {
+    if id.iter().all(|&x| x == 0) {
+        return off;
+    }
+    // NIDL: the identifiers are 8 and 16 bytes long.
+    let nidl = u8::try_from(N).unwrap_or(u8::MAX);
+    crate::put_bytes(b, off, [nidt, nidl, 0, 0]);
+    crate::put_bytes(b, off + 4, *id);
+    off + 4 + N
 }
 
 #[cfg(test)]

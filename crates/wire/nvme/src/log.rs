@@ -1,7 +1,7 @@
 //! Log pages: Get Log Page command fields, discovery log, SMART / health,
 //! error information, commands supported and effects.
 
-use crate::{get_cstr, le16, le32, le64, put16, put32, put64, put_cstr, Sqe};
+use crate::{get_cstr, le16, le32, le64, put16, put32, put64, put_ascii_padded, put_cstr, Sqe};
 
 pub mod lid {
     pub const SUPPORTED_LOGS: u8 = 0x00;
@@ -46,31 +46,41 @@ impl GetLogPage {
         debug_assert!(self.len_bytes >= 4 && self.len_bytes.is_multiple_of(4));
         let numd = self.len_bytes / 4 - 1;
         let mut s = Sqe::new(crate::sqe::admin::GET_LOG_PAGE, cid, nsid);
-        s.set_sgl(crate::Sgl::transport(self.len_bytes as u32));
+        // The SGL length is 32 bits: a read of 4 GiB or more (which no
+        // caller makes: the buffer is a Vec it allocates) saturates.
+        let sgl_len = u32::try_from(self.len_bytes).unwrap_or(u32::MAX);
+        s.set_sgl(crate::Sgl::transport(sgl_len));
         s.set_cdw(
             10,
             self.lid as u32
                 | (self.lsp as u32) << 8
                 | (self.rae as u32) << 15
-                | ((numd as u32) & 0xffff) << 16,
+                | (lo32(numd) & 0xffff) << 16,
         );
-        s.set_cdw(11, (numd >> 16) as u32 & 0xffff);
-        s.set_cdw(12, self.offset_bytes as u32);
-        s.set_cdw(13, (self.offset_bytes >> 32) as u32);
+        s.set_cdw(11, lo32(numd >> 16) & 0xffff);
+        s.set_cdw(12, lo32(self.offset_bytes));
+        s.set_cdw(13, lo32(self.offset_bytes >> 32));
         s
     }
+}
+
+/// The low 32 bits of `v`: NUMD and the log page offset are split into
+/// dwords across CDW10..13, so truncation is the point.
+fn lo32(v: u64) -> u32 {
+    let [a, b, c, d, ..] = v.to_le_bytes();
+    u32::from_le_bytes([a, b, c, d])
 }
 
 /// Copies `log[offset..offset+out.len()]` into `out`, zero-filling past the
 /// end of the log (hosts read 4 KiB chunks beyond it).
 pub fn copy_window(log: &[u8], offset_bytes: u64, out: &mut [u8]) {
     out.fill(0);
-    if offset_bytes >= log.len() as u64 {
-        return;
-    }
-    let start = offset_bytes as usize;
-    let n = (log.len() - start).min(out.len());
-    out[..n].copy_from_slice(&log[start..start + n]);
+    // An offset at or past the end (LPO is the host's 64-bit choice) copies nothing.
+    let tail = usize::try_from(offset_bytes)
+        .ok()
+        .and_then(|start| log.get(start..))
+        .unwrap_or_default();
+    crate::copy_prefix(out, tail);
 }
 
 pub const DISC_HDR_LEN: usize = 1024;
@@ -114,8 +124,11 @@ pub mod treq {
 }
 
 impl DiscoveryEntry {
+    /// Writes the 1024-byte entry at the front of `b` (at least that long).
     pub fn encode(&self, b: &mut [u8]) {
-        let b = &mut b[..DISC_ENTRY_LEN];
+        let Some(b) = crate::front_mut::<DISC_ENTRY_LEN>(b) else {
+            return;
+        };
         b.fill(0);
         b[0] = 3; // TRTYPE: TCP
         b[1] = self.adrfam;
@@ -134,31 +147,27 @@ impl DiscoveryEntry {
                 0
             },
         );
-        put_padded_space(&mut b[32..64], &self.trsvcid);
+        // TRSVCID and TRADDR are space padded (libnvme trims them).
+        put_ascii_padded(&mut b[32..64], &self.trsvcid);
         put_cstr(&mut b[256..512], &self.subnqn);
-        put_padded_space(&mut b[512..768], &self.traddr);
+        put_ascii_padded(&mut b[512..768], &self.traddr);
         b[768] = self.sectype; // TSAS (TCP): SECTYPE, the rest zero
     }
+    /// Decodes one entry; bytes past the end of a short `b` read as zero.
     pub fn decode(b: &[u8]) -> DiscoveryEntry {
-        let txt = |r: std::ops::Range<usize>| get_cstr(&b[r]).unwrap_or("").trim_end().to_string();
+        let b = &crate::padded::<DISC_ENTRY_LEN>(b);
+        let txt = |f: &[u8]| get_cstr(f).unwrap_or("").trim_end().to_string();
         DiscoveryEntry {
             adrfam: b[1],
             subtype: b[2],
             treq: b[3],
             portid: le16(b, 4),
-            trsvcid: txt(32..64),
-            subnqn: txt(256..512),
-            traddr: txt(512..768),
+            trsvcid: txt(&b[32..64]),
+            subnqn: txt(&b[256..512]),
+            traddr: txt(&b[512..768]),
             sectype: b[768],
         }
     }
-}
-
-/// ASCII fields TRSVCID and TRADDR are space padded (libnvme trims them).
-fn put_padded_space(dst: &mut [u8], s: &str) {
-    dst.fill(b' ');
-    let n = s.len().min(dst.len());
-    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
 /// Builds the whole discovery log page into `out` (header + entries).
@@ -168,11 +177,12 @@ pub fn encode_discovery_log(genctr: u64, entries: &[DiscoveryEntry], out: &mut V
     put64(out, 0, genctr);
     put64(out, 8, entries.len() as u64);
     put16(out, 16, 0); // RECFMT
-    let total = out.len() as u32;
-    put32(out, 20, total); // TDLPL
-    for (i, e) in entries.iter().enumerate() {
-        let off = DISC_HDR_LEN + i * DISC_ENTRY_LEN;
-        e.encode(&mut out[off..off + DISC_ENTRY_LEN]);
+                       // TDLPL: entries are bounded by the config far below 4 GiB of them.
+    let total = u32::try_from(out.len()).unwrap_or(u32::MAX);
+    put32(out, 20, total);
+    let body = out.get_mut(DISC_HDR_LEN..).unwrap_or_default();
+    for (e, b) in entries.iter().zip(body.chunks_exact_mut(DISC_ENTRY_LEN)) {
+        e.encode(b);
     }
 }
 
@@ -202,16 +212,18 @@ pub struct Smart {
 pub const SMART_LEN: usize = 512;
 
 impl Smart {
+    /// Writes the 512-byte page at the front of `b` (at least that long).
     pub fn encode(&self, b: &mut [u8]) {
-        let b = &mut b[..SMART_LEN];
+        let Some(b) = crate::front_mut::<SMART_LEN>(b) else {
+            return;
+        };
         b.fill(0);
         b[0] = self.critical_warning;
         put16(b, 1, self.temperature_k);
         b[3] = self.available_spare_pct;
         b[4] = 10; // available spare threshold
         b[5] = self.percent_used;
-        let put128 =
-            |b: &mut [u8], off: usize, v: u128| b[off..off + 16].copy_from_slice(&v.to_le_bytes());
+        let put128 = |b: &mut [u8], off: usize, v: u128| crate::put_bytes(b, off, v.to_le_bytes());
         put128(b, 32, self.data_units_read);
         put128(b, 48, self.data_units_written);
         put128(b, 64, self.host_read_commands);
@@ -222,7 +234,9 @@ impl Smart {
         put128(b, 160, self.media_errors);
         put128(b, 176, self.error_log_entries);
     }
+    /// Decodes the page; bytes past the end of a short `b` read as zero.
     pub fn decode(b: &[u8]) -> Smart {
+        let b = &crate::padded::<SMART_LEN>(b);
         let g = |off: usize| crate::le128(b, off);
         Smart {
             critical_warning: b[0],
@@ -258,8 +272,11 @@ pub struct ErrorEntry {
 }
 
 impl ErrorEntry {
+    /// Writes the 64-byte entry at the front of `b` (at least that long).
     pub fn encode(&self, b: &mut [u8]) {
-        let b = &mut b[..64];
+        let Some(b) = crate::front_mut::<64>(b) else {
+            return;
+        };
         b.fill(0);
         put64(b, 0, self.error_count);
         put16(b, 8, self.sqid);
@@ -275,7 +292,9 @@ impl ErrorEntry {
 /// admin and I/O command served; the dword carries CSUPP (bit 0) and the
 /// effect bits (LBCC bit 1, ...).
 pub fn encode_commands_effects(admin: &[(u8, u32)], io: &[(u8, u32)], b: &mut [u8]) {
-    let b = &mut b[..4096];
+    let Some(b) = crate::front_mut::<4096>(b) else {
+        return;
+    };
     b.fill(0);
     for &(op, e) in admin {
         put32(b, op as usize * 4, e);
@@ -287,7 +306,9 @@ pub fn encode_commands_effects(admin: &[(u8, u32)], io: &[(u8, u32)], b: &mut [u
 
 /// Supported Log Pages (LID 00h).
 pub fn encode_supported_logs(lids: &[u8], b: &mut [u8]) {
-    let b = &mut b[..1024];
+    let Some(b) = crate::front_mut::<1024>(b) else {
+        return;
+    };
     b.fill(0);
     for &l in lids {
         put32(b, l as usize * 4, 1);

@@ -6,7 +6,7 @@
 //! and the data lie (or which FES to send), before a single payload byte is
 //! trusted; the typed decoders then read the PDU-specific fields.
 
-use crate::{crc, le16, le32, put16, put32, Cqe, Sqe};
+use crate::{chunk, crc, le16, le32, put16, put32, put_bytes, Cqe, Sqe};
 
 pub const CH_LEN: usize = 8;
 pub const IC_LEN: usize = 128;
@@ -15,6 +15,13 @@ pub const SMALL_HLEN: usize = 24;
 pub const DIGEST_LEN: usize = 4;
 /// A TermReq carries at most 128 bytes of the offending header (PLEN ≤ 152).
 pub const TERM_MAX_PLEN: usize = 152;
+/// IC_LEN as the header's HLEN (u8) and PLEN (u32) fields carry it.
+const IC_HLEN: u8 = 128;
+const IC_PLEN: u32 = 128;
+const _: () = assert!(IC_HLEN as usize == IC_LEN && IC_PLEN as usize == IC_LEN);
+/// SMALL_HLEN as the HLEN field carries it.
+const SMALL_HLEN_U8: u8 = 24;
+const _: () = assert!(SMALL_HLEN_U8 as usize == SMALL_HLEN);
 
 /// Header-only encodings never exceed this (a CapsuleCmd with header digest).
 pub const MAX_HDR_LEN: usize = CMD_HLEN + DIGEST_LEN;
@@ -148,19 +155,17 @@ pub struct CommonHeader {
 impl CommonHeader {
     /// Decodes the first 8 bytes; `None` if fewer are available.
     pub fn decode(b: &[u8]) -> Option<CommonHeader> {
-        if b.len() < CH_LEN {
-            return None;
-        }
+        let b = b.first_chunk::<CH_LEN>()?;
         Some(CommonHeader {
             pdu_type: b[0],
             flags: b[1],
             hlen: b[2],
             pdo: b[3],
-            plen: le32(b, 4),
+            plen: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
         })
     }
     pub fn encode(&self, b: &mut [u8]) {
-        b[..CH_LEN].copy_from_slice(&self.to_bytes());
+        put_bytes(b, 0, self.to_bytes());
     }
     /// The 8 header bytes as a value: one store instead of five
     /// bounds-checked ones on the per-I/O send path.
@@ -368,7 +373,12 @@ pub fn verify_header_digest(layout: &Layout, b: &[u8]) -> Result<(), Fatal> {
 #[cold]
 fn check_header_digest(layout: &Layout, b: &[u8]) -> Result<(), Fatal> {
     let want = le32(b, layout.hlen);
-    if crc::digest(&b[..layout.hlen]) != want {
+    // check_layout put hlen + DIGEST_LEN within PLEN, and the caller holds
+    // header_total() bytes; a shorter `b` (a caller's bug) fails the check.
+    let Some(hdr) = b.get(..layout.hlen) else {
+        return Err(Fatal::new(fes::HEADER_DIGEST_ERROR, 0));
+    };
+    if crc::digest(hdr) != want {
         return Err(Fatal::new(fes::HEADER_DIGEST_ERROR, 0));
     }
     Ok(())
@@ -439,7 +449,13 @@ impl IcResp {
 /// ICReq and ICResp share one layout: PFV, a PDU alignment byte, the digest
 /// bits and one 32-bit limit (MAXR2T or MAXH2CDATA).
 fn decode_ic(b: &[u8]) -> (u16, u8, Digests, u32) {
-    (le16(b, 8), b[10], Digests::from_bits(b[11]), le32(b, 12))
+    let [_, _, _, _, _, _, _, _, p0, p1, pda, dgst, l0, l1, l2, l3] = chunk::<16>(b, 0);
+    (
+        u16::from_le_bytes([p0, p1]),
+        pda,
+        Digests::from_bits(dgst),
+        u32::from_le_bytes([l0, l1, l2, l3]),
+    )
 }
 
 fn encode_ic(b: &mut [u8; IC_LEN], t: PduType, pfv: u16, pda: u8, d: Digests, limit: u32) {
@@ -447,9 +463,9 @@ fn encode_ic(b: &mut [u8; IC_LEN], t: PduType, pfv: u16, pda: u8, d: Digests, li
     CommonHeader {
         pdu_type: t as u8,
         flags: 0,
-        hlen: IC_LEN as u8,
+        hlen: IC_HLEN,
         pdo: 0,
-        plen: IC_LEN as u32,
+        plen: IC_PLEN,
     }
     .encode(b);
     put16(b, 8, pfv);
@@ -515,15 +531,17 @@ impl TermReq {
     }
 }
 
-/// Writes a common header plus an optional header digest over `b[..hlen]`.
-/// Returns the header length including the digest. A PDU carries data
-/// exactly when its PDO is non-zero (the data digest flag follows from it).
+/// Fills in the common header of `h` (the PDU header, built in a fixed-size
+/// array), stores it at the front of `b` with a header digest over it if
+/// negotiated, and returns the bytes written (H, +4 with the digest). A PDU
+/// carries data exactly when its PDO is non-zero (the data digest flag
+/// follows from it).
 #[inline]
-fn finish_header(
+fn finish_header<const H: usize>(
     b: &mut [u8],
+    mut h: [u8; H],
     t: PduType,
     mut fl: u8,
-    hlen: usize,
     pdo: usize,
     plen: usize,
     d: Digests,
@@ -534,29 +552,34 @@ fn finish_header(
     if d.data && pdo != 0 {
         fl |= flags::DDGSTF;
     }
+    // Every header here is at most CMD_HLEN (72) long and its PDU at most a
+    // MAXH2CDATA/MDTS-bounded data length plus 80 bytes, so the fields fit;
+    // were one not to, it saturates (and a debug build asserts).
     debug_assert!(plen <= u32::MAX as usize && pdo <= u8::MAX as usize);
     let ch = CommonHeader {
         pdu_type: t as u8,
         flags: fl,
-        hlen: hlen as u8,
-        pdo: pdo as u8,
-        plen: plen as u32,
+        hlen: u8::try_from(H).unwrap_or(u8::MAX),
+        pdo: u8::try_from(pdo).unwrap_or(u8::MAX),
+        plen: u32::try_from(plen).unwrap_or(u32::MAX),
     };
-    b[..CH_LEN].copy_from_slice(&ch.to_bytes());
+    if let Some(c) = h.first_chunk_mut::<CH_LEN>() {
+        *c = ch.to_bytes();
+    }
+    put_bytes(b, 0, h);
     if d.header {
-        finish_digest(b, hlen)
+        finish_digest(b, &h)
     } else {
-        hlen
+        H
     }
 }
 
-/// Appends the header digest over `b[..hlen]`; kept out of line, since the
-/// common case negotiates none.
+/// Appends the header digest over `h` (already stored at the front of `b`);
+/// kept out of line, since the common case negotiates none.
 #[cold]
-fn finish_digest(b: &mut [u8], hlen: usize) -> usize {
-    let c = crc::digest(&b[..hlen]);
-    put32(b, hlen, c);
-    hlen + DIGEST_LEN
+fn finish_digest<const H: usize>(b: &mut [u8], h: &[u8; H]) -> usize {
+    put32(b, H, crc::digest(h));
+    H + DIGEST_LEN
 }
 
 /// Length on the wire of a data PDU carrying `datal` bytes.
@@ -580,8 +603,7 @@ pub fn encode_capsule_resp(b: &mut [u8], cqe: &Cqe, d: Digests) -> usize {
     h[18..20].copy_from_slice(&cqe.sqid.to_le_bytes());
     h[20..22].copy_from_slice(&cqe.cid.to_le_bytes());
     h[22..24].copy_from_slice(&cqe.status.to_wire().to_le_bytes());
-    b[..SMALL_HLEN].copy_from_slice(&h);
-    finish_header(b, PduType::CapsuleResp, 0, SMALL_HLEN, 0, plen, d)
+    finish_header(b, h, PduType::CapsuleResp, 0, 0, plen, d)
 }
 
 /// C2HData or H2CData header (data and data digest follow, written by the caller).
@@ -601,8 +623,7 @@ pub fn encode_data_hdr(
     a[10..12].copy_from_slice(&h.ttag.to_le_bytes());
     a[12..16].copy_from_slice(&h.datao.to_le_bytes());
     a[16..20].copy_from_slice(&h.datal.to_le_bytes());
-    b[..SMALL_HLEN].copy_from_slice(&a);
-    finish_header(b, t, extra_flags, SMALL_HLEN, pdo, plen, d)
+    finish_header(b, a, t, extra_flags, pdo, plen, d)
 }
 
 /// R2T header.
@@ -611,20 +632,13 @@ pub fn encode_r2t(b: &mut [u8], r: &R2t, d: Digests) -> usize {
         header: d.header,
         data: false,
     };
-    b[..SMALL_HLEN].fill(0);
-    put16(b, 8, r.cccid);
-    put16(b, 10, r.ttag);
-    put32(b, 12, r.r2to);
-    put32(b, 16, r.r2tl);
-    finish_header(
-        b,
-        PduType::R2T,
-        0,
-        SMALL_HLEN,
-        0,
-        SMALL_HLEN + d.hd_len(),
-        d,
-    )
+    let mut h = [0u8; SMALL_HLEN];
+    h[8..10].copy_from_slice(&r.cccid.to_le_bytes());
+    h[10..12].copy_from_slice(&r.ttag.to_le_bytes());
+    h[12..16].copy_from_slice(&r.r2to.to_le_bytes());
+    h[16..20].copy_from_slice(&r.r2tl.to_le_bytes());
+    let plen = SMALL_HLEN + d.hd_len();
+    finish_header(b, h, PduType::R2T, 0, 0, plen, d)
 }
 
 /// CapsuleCmd header; `icd_len` bytes of in-capsule data follow (then a data
@@ -636,28 +650,33 @@ pub fn encode_capsule_cmd(b: &mut [u8], sqe: &Sqe, icd_len: usize, d: Digests) -
     } else {
         (hdr, data_pdu_plen(CMD_HLEN, icd_len, d))
     };
-    b[..8].fill(0);
-    b[8..CMD_HLEN].copy_from_slice(&sqe.0);
-    finish_header(b, PduType::CapsuleCmd, 0, CMD_HLEN, pdo, plen, d)
+    let mut h = [0u8; CMD_HLEN];
+    h[8..CMD_HLEN].copy_from_slice(&sqe.0);
+    finish_header(b, h, PduType::CapsuleCmd, 0, pdo, plen, d)
 }
 
 /// TermReq carrying up to 128 bytes of the offending header.
 pub fn encode_term_req(b: &mut [u8], t: PduType, f: Fatal, offending: &[u8]) -> usize {
     debug_assert!(matches!(t, PduType::H2CTermReq | PduType::C2HTermReq));
-    let n = offending.len().min(TERM_MAX_PLEN - SMALL_HLEN);
-    let plen = SMALL_HLEN + n;
-    b[..SMALL_HLEN].fill(0);
-    put16(b, 8, f.fes);
-    put32(b, 10, f.fei);
-    b[SMALL_HLEN..plen].copy_from_slice(&offending[..n]);
+    let mut h = [0u8; TERM_MAX_PLEN];
+    h[8..10].copy_from_slice(&f.fes.to_le_bytes());
+    h[10..14].copy_from_slice(&f.fei.to_le_bytes());
+    let (_, rest) = h.split_at_mut(SMALL_HLEN);
+    let plen = SMALL_HLEN + crate::copy_prefix(rest, offending);
     CommonHeader {
         pdu_type: t as u8,
         flags: 0,
-        hlen: SMALL_HLEN as u8,
+        hlen: SMALL_HLEN_U8,
         pdo: 0,
-        plen: plen as u32,
+        // At most TERM_MAX_PLEN (152).
+        plen: u32::try_from(plen).unwrap_or(u32::MAX),
     }
-    .encode(b);
+    .encode(&mut h);
+    let stored = b.get_mut(..plen).zip(h.get(..plen));
+    if let Some((dst, src)) = stored {
+        dst.copy_from_slice(src);
+    }
+    debug_assert!(b.len() >= plen, "TermReq of {plen} bytes into {}", b.len());
     plen
 }
 

@@ -147,7 +147,8 @@ impl AcquireCmd {
         Some(AcquireCmd {
             action,
             iekey: d & (1 << 3) != 0,
-            rtype: RType::from_u8((d >> 8) as u8)?,
+            // RTYPE: CDW10 bits 15:8.
+            rtype: RType::from_u8(d.to_le_bytes()[1])?,
         })
     }
     pub fn encode(&self, sqe: &mut Sqe) {
@@ -188,7 +189,8 @@ impl ReleaseCmd {
         Some(ReleaseCmd {
             action,
             iekey: d & (1 << 3) != 0,
-            rtype: (d >> 8) as u8,
+            // RTYPE: CDW10 bits 15:8.
+            rtype: d.to_le_bytes()[1],
         })
     }
     pub fn encode(&self, sqe: &mut Sqe) {
@@ -270,8 +272,7 @@ pub fn encode_report_ext(h: &ReportHeader, regs: &[Registrant], out: &mut [u8]) 
     hdr[4] = h.rtype;
     put16(&mut hdr, 5, h.regctl);
     hdr[9] = h.ptpls as u8;
-    let n = hdr.len().min(out.len());
-    out[..n].copy_from_slice(&hdr[..n]);
+    crate::copy_prefix(out, &hdr);
     let body = out.get_mut(REPORT_EXT_HDR_LEN..).unwrap_or_default();
     for (e, r) in body.chunks_mut(REPORT_EXT_ENTRY_LEN).zip(regs) {
         let mut ent = [0u8; REPORT_EXT_ENTRY_LEN];
@@ -279,26 +280,25 @@ pub fn encode_report_ext(h: &ReportHeader, regs: &[Registrant], out: &mut [u8]) 
         ent[2] = r.holds as u8;
         put64(&mut ent, 8, r.rkey);
         ent[16..32].copy_from_slice(&r.hostid);
-        let n = e.len();
-        e.copy_from_slice(&ent[..n]);
+        // The last entry may be cut short by the host's buffer.
+        crate::copy_prefix(e, &ent);
     }
 }
 
 /// Decodes an extended Reservation Status: its header and the entries the
 /// buffer holds (at most REGCTL).
 pub fn decode_report_ext(b: &[u8]) -> Option<(ReportHeader, Vec<Registrant>)> {
-    if b.len() < REPORT_EXT_HDR_LEN {
-        return None;
-    }
+    let (hdr, body) = b.split_first_chunk::<REPORT_EXT_HDR_LEN>()?;
     let h = ReportHeader {
-        gen: crate::le32(b, 0),
-        rtype: b[4],
-        regctl: crate::le16(b, 5),
-        ptpls: b[9] & 1 != 0,
+        gen: crate::le32(hdr, 0),
+        rtype: hdr[4],
+        regctl: crate::le16(hdr, 5),
+        ptpls: hdr[9] & 1 != 0,
     };
-    let regs = b[REPORT_EXT_HDR_LEN..]
+    let regs = body
         .chunks_exact(REPORT_EXT_ENTRY_LEN)
         .take(h.regctl as usize)
+        .filter_map(|e| e.first_chunk::<REPORT_EXT_ENTRY_LEN>())
         .map(|e| {
             let mut hostid = [0u8; 16];
             hostid.copy_from_slice(&e[16..32]);
@@ -347,11 +347,11 @@ impl Notice {
         p[8] = self.kind;
         p[9] = self.available;
         put32(&mut p, 12, self.nsid);
-        let n = p.len().min(out.len());
-        out[..n].copy_from_slice(&p[..n]);
+        crate::copy_prefix(out, &p);
     }
     pub fn decode(b: &[u8]) -> Option<Notice> {
-        (b.len() >= 16).then(|| Notice {
+        let b = b.first_chunk::<16>()?;
+        Some(Notice {
             count: le64(b, 0),
             kind: b[8],
             available: b[9],

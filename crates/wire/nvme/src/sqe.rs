@@ -50,18 +50,19 @@ pub struct Sgl {
 
 impl Sgl {
     pub fn decode(b: &[u8]) -> Sgl {
-        debug_assert!(b.len() >= 16);
+        let a: [u8; 16] = crate::chunk(b, 0);
         Sgl {
-            address: le64(b, 0),
-            length: le32(b, 8),
-            id: b[15],
+            address: le64(&a, 0),
+            length: le32(&a, 8),
+            id: a[15],
         }
     }
     pub fn encode(&self, b: &mut [u8]) {
-        put64(b, 0, self.address);
-        put32(b, 8, self.length);
-        b[12..15].fill(0);
-        b[15] = self.id;
+        let mut a = [0u8; 16];
+        a[..8].copy_from_slice(&self.address.to_le_bytes());
+        a[8..12].copy_from_slice(&self.length.to_le_bytes());
+        a[15] = self.id;
+        crate::put_bytes(b, 0, a);
     }
     /// In-capsule data descriptor (offset 0 within the capsule).
     pub fn in_capsule(length: u32) -> Sgl {
@@ -109,11 +110,10 @@ impl std::fmt::Debug for Sqe {
 }
 
 impl Sqe {
-    /// Decodes from exactly 64 bytes.
+    /// Decodes from the first 64 bytes of `b` (callers pass at least 64; see
+    /// [`crate::le16`] for a shorter `b`).
     pub fn from_slice(b: &[u8]) -> Sqe {
-        let mut s = [0u8; SQE_SIZE];
-        s.copy_from_slice(&b[..SQE_SIZE]);
-        Sqe(s)
+        Sqe(crate::chunk(b, 0))
     }
     pub fn new(opcode: u8, cid: u16, nsid: u32) -> Sqe {
         let mut s = Sqe::default();

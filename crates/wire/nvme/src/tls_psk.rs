@@ -352,8 +352,8 @@ impl Identity {
         }
         let s = std::str::from_utf8(b).ok()?;
         let mut parts = s.split(' ');
-        let head = parts.next()?.as_bytes();
-        if head.len() != 8 || &head[..4] != b"NVMe" {
+        let head: &[u8; 8] = parts.next()?.as_bytes().try_into().ok()?;
+        if &head[..4] != b"NVMe" {
             return None;
         }
         let version = match head[4] {
@@ -391,8 +391,8 @@ impl Identity {
 
 /// HKDF-Extract with a zero salt (RFC 5869: HashLen zero bytes).
 fn hkdf_extract(h: PskHash, ikm: &[u8]) -> Vec<u8> {
-    let zeros = [0u8; 48];
-    crate::dhchap::hmac(h.hash_id(), &zeros[..h.len_bytes()], &[ikm])
+    let zeros = vec![0u8; h.len_bytes()];
+    crate::dhchap::hmac(h.hash_id(), &zeros, &[ikm])
 }
 
 /// HKDF-Expand (RFC 5869 §2.3) of `len` bytes (at most 255 × HashLen).
@@ -402,8 +402,8 @@ fn hkdf_expand(h: PskHash, prk: &[u8], info: &[u8], len: usize) -> Vec<u8> {
     let mut i = 1u8;
     while out.len() < len {
         t = crate::dhchap::hmac(h.hash_id(), prk, &[&t, info, &[i]]);
-        let n = (len - out.len()).min(t.len());
-        out.extend_from_slice(&t[..n]);
+        let want = len - out.len();
+        out.extend(t.iter().take(want));
         i = i.wrapping_add(1);
     }
     out
@@ -413,16 +413,22 @@ fn hkdf_expand(h: PskHash, prk: &[u8], info: &[u8], len: usize) -> Vec<u8> {
 fn hkdf_label(label: &str, context: &[u8], len: usize, d: Derivation) -> Vec<u8> {
     let full = format!("tls13 {label}");
     let mut info = Vec::with_capacity(4 + full.len() + context.len());
+    // HkdfLabel (RFC 8446 §7.1): a 2-byte length, 1-byte label and context
+    // lengths. Our labels and contexts are short constants and digests, and
+    // the length at most a hash length, so none of these saturates.
+    debug_assert!(len <= 0xffff && full.len() <= 0xff && context.len() <= 0xff);
+    let len16 = u16::try_from(len).unwrap_or(u16::MAX);
+    let len8 = |n: usize| u8::try_from(n).unwrap_or(u8::MAX);
     match d {
         Derivation::Spec => {
-            info.extend_from_slice(&(len as u16).to_be_bytes());
-            info.push(full.len() as u8);
+            info.extend_from_slice(&len16.to_be_bytes());
+            info.push(len8(full.len()));
             info.extend_from_slice(full.as_bytes());
-            info.push(context.len() as u8);
+            info.push(len8(context.len()));
             info.extend_from_slice(context);
         }
         Derivation::LibnvmeCompat => {
-            info.extend_from_slice(&(len as u16).to_le_bytes());
+            info.extend_from_slice(&len16.to_le_bytes());
             info.extend_from_slice(full.as_bytes());
             info.extend_from_slice(context);
         }
