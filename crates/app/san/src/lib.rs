@@ -2,8 +2,8 @@
 //! emulated on one machine with network namespaces, veth links shaped by
 //! `tc tbf`, and a `trellis target` in every storage node.
 //!
-//! - [`topo`]: the topologies as data, with the switchless paths;
-//! - [`paths`]: link-disjoint path search;
+//! - [`topo`]: the shared testbed description (`trellis_topology::testbed`)
+//!   laid out as namespaces, veths, addresses and the client's paths;
 //! - [`plan`]: the commands that build them (pure, tested without root);
 //! - [`cli`]: `up`, `status`, `link`, `exec`, `down`, and the state file.
 //!
@@ -12,6 +12,5 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cli;
-pub mod paths;
 pub mod plan;
 pub mod topo;

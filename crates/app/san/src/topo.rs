@@ -1,23 +1,33 @@
-//! The emulated SAN's shape, as data: nodes, links with their addresses, and
-//! for the switchless SAN the link-disjoint paths from the client to every
-//! storage node. Pure: `plan` turns this into `ip`/`tc` commands.
+//! The emulated SAN's shape, as data: nodes, links with their devices and
+//! addresses, and the paths from the client to every storage node. Pure:
+//! `plan` turns this into `ip`/`tc` commands.
 //!
-//! The topologies are the NSDI'26 study's 4-node testbed (seed 000, "Common
-//! setup"): four storage nodes, and
-//! - **switched**: every node, client included, has one link to a ToR (a
-//!   Linux bridge in its own namespace): a single client–ToR path;
-//! - **torus2d**: the storage nodes form a 2×2 torus (each node's E port to
-//!   its east neighbour's W port, S to its south neighbour's N, wrapping, so
-//!   in a 2×2 every neighbour pair has two parallel links and every node 4
-//!   ports), and the client's 4-port adapter has one port to each storage
-//!   node: 4 link-disjoint paths to each of them.
+//! The shape is not defined here: it is the shared description of the
+//! NSDI'26 4-node testbed (`trellis_topology::testbed`, the same one
+//! `trellis sim` simulates; crates/app/sim/tests/testbed.rs checks it), and
+//! this module lays it out as namespaces and veth links:
+//! - **switched**: a Linux bridge in the namespace `tor`, every other node's
+//!   `eth0` on it. A storage node's team of ports to the ToR (4 in the
+//!   description) is one veth here, shaped as one link: the one known
+//!   difference between what is emulated and what is simulated (docs/san.md);
+//! - **torus2d**: one veth per link; a storage node's link to its next
+//!   neighbour along dimension 0 leaves by `pE` and arrives at `pW`, along
+//!   dimension 1 by `pS` at `pN`; client port k is `p<k>`, a storage node's
+//!   port to the client `ph`; a /30 per link, numbered in link order.
+//!
+//! The client's paths are the shared link-disjoint paths
+//! (`trellis_topology::paths`) over the description's links.
 
 use serde::{Deserialize, Serialize};
+use trellis_topology::{paths, testbed, NodeKind};
+
+/// The shared description (`trellis_topology::Topology`).
+pub type Description = trellis_topology::Topology;
 
 /// Storage nodes of the testbed.
-pub const STORAGE_NODES: usize = 4;
+pub const STORAGE_NODES: usize = testbed::STORAGE_NODES as usize;
 /// Client ports of the switchless adapter (one per storage node).
-pub const CLIENT_PORTS: usize = 4;
+pub const CLIENT_PORTS: usize = testbed::SWITCHLESS_CLIENT_PORTS as usize;
 /// Every namespace we create starts with this, so nothing of ours can be
 /// mistaken for someone else's.
 pub const NS_PREFIX: &str = "tsan-";
@@ -80,116 +90,190 @@ pub struct Topology {
 /// The client's address: every path's traffic comes from it.
 pub const CLIENT_ADDR: &str = "10.81.2.1";
 
-fn storage(i: usize) -> String {
-    format!("st{i}")
-}
+/// The client's name in the description.
+const CLIENT: &str = "h0";
 
 fn storage_addr(i: usize) -> String {
     format!("10.81.1.{}", i + 1)
 }
 
 pub fn switched() -> Topology {
-    let mut nodes = vec!["tor".to_string(), "h0".to_string()];
-    let mut links = vec![bridge_link("h0")];
-    let mut primary = vec![("h0".to_string(), CLIENT_ADDR.to_string())];
-    for i in 0..STORAGE_NODES {
-        nodes.push(storage(i));
-        links.push(bridge_link(&storage(i)));
-        primary.push((storage(i), storage_addr(i)));
-    }
-    // One path to each storage node: through the ToR, to its primary.
-    let paths = (0..STORAGE_NODES)
-        .map(|i| Path {
-            target: storage(i),
-            index: 0,
-            addr: storage_addr(i),
-            hops: vec![(0, true), (i + 1, false)],
-        })
-        .collect();
-    Topology {
-        kind: Kind::Switched,
-        nodes,
-        links,
-        primary,
-        paths,
-    }
-}
-
-fn bridge_link(node: &str) -> Link {
-    Link {
-        a: node.to_string(),
-        a_dev: "eth0".to_string(),
-        b: "tor".to_string(),
-        b_dev: format!("v-{node}"),
-        a_ip: None,
-        b_ip: None,
-    }
+    emulate(Kind::Switched, &testbed::switched())
 }
 
 pub fn torus2d() -> Topology {
-    let mut nodes = vec!["h0".to_string()];
-    let mut primary = vec![("h0".to_string(), CLIENT_ADDR.to_string())];
-    for i in 0..STORAGE_NODES {
-        nodes.push(storage(i));
-        primary.push((storage(i), storage_addr(i)));
+    emulate(Kind::Torus2d, &testbed::torus2d())
+}
+
+/// A node's kind from its name (the description's names: `tor`, `h<i>`, `st<i>`).
+pub fn node_kind(name: &str) -> NodeKind {
+    if name == "tor" {
+        NodeKind::Switch
+    } else if name.starts_with('h') {
+        NodeKind::Host
+    } else {
+        NodeKind::Storage
     }
-    let mut links = Vec::new();
-    let p2p = |l: usize| (format!("10.82.{l}.1"), format!("10.82.{l}.2"));
-    // 2×2 grid: st(r*2+c). E(r,c) -> W(r,c+1), S(r,c) -> N(r+1,c), wrapping.
-    for r in 0..2 {
-        for c in 0..2 {
-            let me = r * 2 + c;
-            for (dst, out, inp) in [
-                (r * 2 + (c + 1) % 2, "pE", "pW"),
-                (((r + 1) % 2) * 2 + c, "pS", "pN"),
-            ] {
-                let (a_ip, b_ip) = p2p(links.len());
-                links.push(Link {
-                    a: storage(me),
-                    a_dev: out.to_string(),
-                    b: storage(dst),
-                    b_dev: inp.to_string(),
-                    a_ip: Some(a_ip),
-                    b_ip: Some(b_ip),
-                });
-            }
-        }
+}
+
+/// Namespaces in the order of earlier versions: the switch, the client,
+/// the storage nodes.
+fn kind_rank(k: NodeKind) -> u8 {
+    match k {
+        NodeKind::Switch => 0,
+        NodeKind::Host => 1,
+        NodeKind::Storage => 2,
     }
-    for i in 0..CLIENT_PORTS {
-        let (a_ip, b_ip) = p2p(links.len());
-        links.push(Link {
-            a: "h0".to_string(),
-            a_dev: format!("p{i}"),
-            b: storage(i),
-            b_dev: "ph".to_string(),
-            a_ip: Some(a_ip),
-            b_ip: Some(b_ip),
-        });
+}
+
+/// The description laid out as namespaces, veths, addresses and paths.
+fn emulate(kind: Kind, d: &Description) -> Topology {
+    let mut order: Vec<u32> = (0..d.nodes.len() as u32).collect();
+    order.sort_by_key(|&n| kind_rank(d.kind(n)));
+    let nodes: Vec<String> = order.iter().map(|&n| d.name(n).to_string()).collect();
+    let (links, veth_of) = veths(d);
+    let mut primary = vec![(CLIENT.to_string(), CLIENT_ADDR.to_string())];
+    let storage = d.of_kind(NodeKind::Storage);
+    for (i, &s) in storage.iter().enumerate() {
+        primary.push((d.name(s).to_string(), storage_addr(i)));
     }
-    let mut paths = Vec::new();
-    for t in 0..STORAGE_NODES {
-        for (k, hops) in crate::paths::disjoint(&links, "h0", &storage(t))
-            .into_iter()
-            .enumerate()
-        {
-            paths.push(Path {
-                target: storage(t),
+    let mut t = Topology {
+        kind,
+        nodes,
+        links,
+        primary,
+        paths: Vec::new(),
+    };
+    let Some(h0) = d.find(CLIENT) else {
+        return t;
+    };
+    for (i, &s) in storage.iter().enumerate() {
+        for (k, hops) in paths::disjoint(d, h0, s).into_iter().enumerate() {
+            let hops = emulated_hops(d, &t, &veth_of, h0, &hops);
+            let addr = match kind {
+                // One path, to the target's primary, through the bridge.
+                Kind::Switched => storage_addr(i),
+                Kind::Torus2d => format!("10.83.{k}.{}", i + 1),
+            };
+            let target = d.name(s).to_string();
+            t.paths.push(Path {
+                target,
                 index: k,
-                addr: format!("10.83.{k}.{}", t + 1),
+                addr,
                 hops,
             });
         }
     }
-    Topology {
-        kind: Kind::Torus2d,
-        nodes,
-        links,
-        primary,
-        paths,
+    t
+}
+
+/// A description path's hops as hops over the veths.
+fn emulated_hops(
+    d: &Description,
+    t: &Topology,
+    veth_of: &[usize],
+    src: u32,
+    hops: &[paths::Hop],
+) -> Vec<(usize, bool)> {
+    let at = paths::nodes_of(d, src, hops);
+    hops.iter()
+        .zip(&at)
+        .map(|(&(l, _), &from)| {
+            let v = veth_of[l];
+            (v, t.links[v].a == d.name(from))
+        })
+        .collect()
+}
+
+/// One veth per description link, except that a node's team of parallel
+/// links to a switch is one veth; returned with the veth of every
+/// description link. Bridge ports first, the client's before the storage
+/// nodes' (the link numbers of earlier versions, which `status`, `link
+/// --nth` and state files use), then the rest in description order.
+fn veths(d: &Description) -> (Vec<Link>, Vec<usize>) {
+    let on_switch = |l: &trellis_topology::Link| {
+        [l.a.node, l.b.node]
+            .iter()
+            .any(|&n| d.kind(n) == NodeKind::Switch)
+    };
+    let rank = |i: usize| {
+        let l = &d.links[i];
+        match (on_switch(l), [l.a.node, l.b.node].map(|n| d.kind(n))) {
+            (true, k) if k.contains(&NodeKind::Host) => 0,
+            (true, _) => 1,
+            (false, _) => 2,
+        }
+    };
+    let mut order: Vec<usize> = (0..d.links.len()).collect();
+    order.sort_by_key(|&i| rank(i));
+    let mut links: Vec<Link> = Vec::new();
+    let mut veth_of = vec![0; d.links.len()];
+    let mut teams: Vec<((u32, u32), usize)> = Vec::new();
+    for i in order {
+        let l = &d.links[i];
+        let pair = (l.a.node, l.b.node);
+        if on_switch(l) {
+            if let Some(&(_, v)) = teams.iter().find(|(p, _)| *p == pair) {
+                veth_of[i] = v;
+                continue;
+            }
+            teams.push((pair, links.len()));
+        }
+        veth_of[i] = links.len();
+        let n = links.len();
+        links.push(veth(d, l, n));
+    }
+    (links, veth_of)
+}
+
+/// The veth of description link `l`, the `n`-th veth.
+fn veth(d: &Description, l: &trellis_topology::Link, n: usize) -> Link {
+    let (a, b) = (d.name(l.a.node).to_string(), d.name(l.b.node).to_string());
+    let (ka, kb) = (d.kind(l.a.node), d.kind(l.b.node));
+    let p2p = || (Some(format!("10.82.{n}.1")), Some(format!("10.82.{n}.2")));
+    let (a_dev, b_dev, (a_ip, b_ip)) = match (ka, kb) {
+        (_, NodeKind::Switch) => ("eth0".to_string(), format!("v-{a}"), (None, None)),
+        (NodeKind::Switch, _) => (format!("v-{b}"), "eth0".to_string(), (None, None)),
+        (NodeKind::Host, _) => (format!("p{}", l.a.port), "ph".to_string(), p2p()),
+        (_, NodeKind::Host) => ("ph".to_string(), format!("p{}", l.b.port), p2p()),
+        _ => {
+            let (out, inp) = match testbed::torus2d_axis(l.a.node, l.b.node) {
+                Some(0) => ("pE".to_string(), "pW".to_string()),
+                Some(_) => ("pS".to_string(), "pN".to_string()),
+                // Not a testbed torus link: name the ports by number.
+                None => (format!("p{}", l.a.port), format!("p{}", l.b.port)),
+            };
+            (out, inp, p2p())
+        }
+    };
+    Link {
+        a,
+        a_dev,
+        b,
+        b_dev,
+        a_ip,
+        b_ip,
     }
 }
 
 impl Topology {
+    /// The graph this SAN emulates, as the shared description: nodes with
+    /// their kinds, one link per veth, each at `bits_per_s` (the rate a veth
+    /// stands for: `--rate` 1gbit stands for 100GbE) and `prop_ns`. To be
+    /// compared with what the simulator runs (`Topology::differences`).
+    pub fn description(&self, bits_per_s: u64, prop_ns: u64) -> Description {
+        let mut d = Description::new();
+        for n in &self.nodes {
+            d.add_node(node_kind(n), n.clone());
+        }
+        for l in &self.links {
+            if let (Some(a), Some(b)) = (d.find(&l.a), d.find(&l.b)) {
+                d.link(a, b, bits_per_s, prop_ns);
+            }
+        }
+        d
+    }
+
     pub fn ns(node: &str) -> String {
         format!("{NS_PREFIX}{node}")
     }
@@ -239,6 +323,10 @@ impl Topology {
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    fn storage(i: usize) -> String {
+        format!("st{i}")
+    }
 
     #[test]
     fn the_torus_gives_every_node_four_storage_ports_and_the_client_one_each() {

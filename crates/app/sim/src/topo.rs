@@ -1,15 +1,15 @@
-//! Topology construction: nodes, directed ports (one per link end), shortest-path tables.
+//! The simulator's routing graph: nodes, directed ports (one per link end),
+//! shortest-path tables; built from the shared description of the fabric
+//! (`trellis_topology`, whose generators make every shape and whose
+//! `testbed` is the 4-node testbed `trellis san` emulates).
 
 use crate::config::{TopologyConfig, TopologyKind};
 use crate::cost::SwitchPlan;
 use anyhow::{bail, Result};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeKind {
-    Storage,
-    Switch,
-    Host,
-}
+pub use trellis_topology::gen::balanced_dims;
+use trellis_topology::gen::{self, Attach};
+pub use trellis_topology::NodeKind;
+use trellis_topology::Topology;
 
 pub struct Port {
     pub node: u32,
@@ -31,6 +31,8 @@ pub struct Graph {
     /// Only destinations (storage and host nodes) have rows; index into `dist` rows.
     pub dest_row: Vec<u32>,
     pub port_up: Vec<bool>,
+    /// Node names from the description (`st0`, `tor`, `h0`, …).
+    pub names: Vec<String>,
 }
 
 impl Graph {
@@ -44,7 +46,43 @@ impl Graph {
             dist: vec![],
             dest_row: vec![],
             port_up: vec![],
+            names: vec![],
         }
+    }
+
+    /// The graph of a description: node ids are its node indices, and link i
+    /// is ports 2i (its `a` end) and 2i + 1, so a node's local port order is
+    /// its port numbers there. All links up, routes computed.
+    pub fn from_description(t: &Topology) -> Graph {
+        let mut g = Graph::new();
+        for n in &t.nodes {
+            g.add_node(n.kind);
+            g.names.push(n.name.clone());
+        }
+        for l in &t.links {
+            g.link(l.a.node, l.b.node, l.bits_per_s, l.prop_ns);
+        }
+        g.port_up = vec![true; g.ports.len()];
+        g.compute_routes();
+        g
+    }
+
+    /// The description of this graph's links (both ends, rate, delay) and
+    /// nodes: what the simulator runs on, to compare with what is emulated.
+    pub fn description(&self) -> Topology {
+        let mut t = Topology::new();
+        for (k, name) in self.kinds.iter().zip(&self.names) {
+            t.add_node(*k, name.clone());
+        }
+        for pair in self.ports.chunks_exact(2) {
+            t.link(
+                pair[0].node,
+                pair[1].node,
+                pair[0].bits_per_s,
+                pair[0].prop_ns,
+            );
+        }
+        t
     }
 
     fn add_node(&mut self, k: NodeKind) -> u32 {
@@ -59,9 +97,8 @@ impl Graph {
         id
     }
 
-    fn link(&mut self, a: u32, b: u32, gbps: u64, prop_ns: u64) {
+    fn link(&mut self, a: u32, b: u32, bps: u64, prop_ns: u64) {
         let pa = self.ports.len() as u32;
-        let bps = gbps * 1_000_000_000;
         self.ports.push(Port {
             node: a,
             peer: pa + 1,
@@ -229,37 +266,17 @@ impl Graph {
     }
 }
 
-/// Most balanced factorisation of n into `k` dimensions (largest first).
-pub fn balanced_dims(n: u32, k: usize) -> Vec<u32> {
-    let mut best: Vec<u32> = vec![];
-    let mut best_score = u32::MAX;
-    let mut cur = vec![];
-    fn rec(n: u32, k: usize, min: u32, cur: &mut Vec<u32>, best: &mut Vec<u32>, score: &mut u32) {
-        if k == 1 {
-            if n >= min {
-                cur.push(n);
-                let s = cur.iter().max().unwrap() - cur.iter().min().unwrap();
-                if s < *score {
-                    *score = s;
-                    *best = cur.clone();
-                }
-                cur.pop();
-            }
-            return;
-        }
-        let mut d = min;
-        while d * d <= n {
-            if n.is_multiple_of(d) {
-                cur.push(d);
-                rec(n / d, k - 1, d, cur, best, score);
-                cur.pop();
-            }
-            d += 1;
-        }
+/// The attachment every generator shares, from the configuration.
+fn attach(cfg: &TopologyConfig) -> Attach {
+    Attach {
+        storage_nodes: cfg.storage_nodes,
+        uplinks: cfg.uplinks,
+        node_gbps: cfg.node_gbps,
+        hosts: cfg.hosts,
+        host_ports: cfg.host_ports,
+        host_gbps: cfg.host_gbps,
+        prop_ns: cfg.prop_ns,
     }
-    rec(n, k, 1, &mut cur, &mut best, &mut best_score);
-    best.reverse();
-    best
 }
 
 /// The plan `tor` builds for `cfg`: the cost model's rule over every storage
@@ -271,106 +288,58 @@ pub fn switch_plan(cfg: &TopologyConfig) -> SwitchPlan {
 }
 
 /// `tor`: one switch while the ports fit, else what the cost model prices.
-fn build_switched(g: &mut Graph, cfg: &TopologyConfig) {
+fn describe_switched(t: &mut Topology, cfg: &TopologyConfig) {
+    let a = attach(cfg);
     match switch_plan(cfg) {
-        SwitchPlan::SingleTor => planes(g, cfg, 1),
-        SwitchPlan::Planes { switches } => planes(g, cfg, switches),
+        SwitchPlan::SingleTor => gen::planes(t, &a, 1),
+        SwitchPlan::Planes { switches } => gen::planes(t, &a, switches),
         SwitchPlan::LeafSpine { leaves, spines, .. } => {
             // Non-blocking: each leaf's half of uplinks spread evenly over the spines.
             let half = cfg.switch_ports.max(2) / 2;
-            leaf_spine(g, cfg, leaves, spines, half.div_ceil(spines).max(1));
+            gen::leaf_spine(t, &a, leaves, spines, half.div_ceil(spines).max(1));
         }
     }
 }
 
-/// `n` parallel switches without inter-switch links: storage port u on plane
-/// u mod n, host h on plane h mod n.
-fn planes(g: &mut Graph, cfg: &TopologyConfig, n: u32) {
-    let up = cfg.uplinks.max(1);
-    let per = cfg.node_gbps / up as u64;
-    let sws: Vec<u32> = (0..n.max(1))
-        .map(|_| g.add_node(NodeKind::Switch))
-        .collect();
-    for node in 0..cfg.storage_nodes {
-        for u in 0..up {
-            g.link(node, sws[u as usize % sws.len()], per, cfg.prop_ns);
-        }
-    }
-    for h in 0..cfg.hosts {
-        let host = g.add_node(NodeKind::Host);
-        for k in 0..cfg.host_ports.max(1) {
-            let sw = sws[(h + k) as usize % sws.len()];
-            g.link(host, sw, cfg.host_gbps, cfg.prop_ns);
-        }
-    }
-}
-
-/// Leaf-spine: storage node n (all its ports) and host h on leaf n / h mod
-/// leaves; `leaf_uplinks` links from every leaf to every spine.
-fn leaf_spine(g: &mut Graph, cfg: &TopologyConfig, leaves: u32, spines: u32, leaf_uplinks: u32) {
-    let p = cfg.prop_ns;
-    let up = cfg.uplinks.max(1);
-    let per = cfg.node_gbps / up as u64;
-    let leaves: Vec<u32> = (0..leaves).map(|_| g.add_node(NodeKind::Switch)).collect();
-    let spines: Vec<u32> = (0..spines).map(|_| g.add_node(NodeKind::Switch)).collect();
-    for n in 0..cfg.storage_nodes {
-        let leaf = leaves[(n as usize) % leaves.len()];
-        for _ in 0..up {
-            g.link(n, leaf, per, p);
-        }
-    }
-    for &l in &leaves {
-        for &sp in &spines {
-            for _ in 0..leaf_uplinks {
-                g.link(l, sp, per, p);
-            }
-        }
-    }
-    for i in 0..cfg.hosts {
-        let h = g.add_node(NodeKind::Host);
-        for _ in 0..cfg.host_ports.max(1) {
-            g.link(h, leaves[i as usize % leaves.len()], cfg.host_gbps, p);
-        }
-    }
-}
-
+/// The routing graph of `cfg`'s fabric, built from its description.
 pub fn build(cfg: &TopologyConfig) -> Result<Graph> {
+    Ok(Graph::from_description(&describe(cfg)?))
+}
+
+/// `cfg`'s fabric as the shared description (`trellis_topology`): for the
+/// 4-node testbed's configurations (`reproduce::testbed`) the same graph as
+/// `trellis_topology::testbed`, which `trellis san` emulates.
+pub fn describe(cfg: &TopologyConfig) -> Result<Topology> {
     let s = cfg.storage_nodes;
     if s == 0 {
         bail!("need at least one storage node");
     }
-    let mut g = Graph::new();
-    for _ in 0..s {
-        g.add_node(NodeKind::Storage);
-    }
-    let p = cfg.prop_ns;
+    let mut t = Topology::new();
+    gen::storage_nodes(&mut t, s);
+    let a = attach(cfg);
     match cfg.kind {
-        TopologyKind::Tor => build_switched(&mut g, cfg),
+        TopologyKind::Tor => describe_switched(&mut t, cfg),
         TopologyKind::LeafSpine => {
             let up = cfg.leaf_uplinks.max(1);
-            leaf_spine(&mut g, cfg, cfg.leaves.max(1), cfg.spines.max(1), up);
+            gen::leaf_spine(&mut t, &a, cfg.leaves.max(1), cfg.spines.max(1), up);
         }
         TopologyKind::Ring => {
             if s < 3 {
                 bail!("a ring needs at least 3 nodes");
             }
-            for n in 0..s {
-                g.link(n, (n + 1) % s, cfg.node_gbps / 2, p);
-            }
-            attach_hosts(&mut g, cfg);
+            gen::ring(&mut t, &a);
         }
-        TopologyKind::Torus2d | TopologyKind::Torus3d => build_torus(&mut g, cfg)?,
-        TopologyKind::Dragonfly => build_dragonfly(&mut g, cfg),
+        TopologyKind::Torus2d | TopologyKind::Torus3d => {
+            gen::torus(&mut t, &a, &torus_dims(cfg)?);
+        }
+        TopologyKind::Dragonfly => gen::dragonfly(&mut t, &a, cfg.group_size),
     }
-    g.port_up = vec![true; g.ports.len()];
-    g.compute_routes();
-    Ok(g)
+    Ok(t)
 }
 
-/// A 2D or 3D torus of the storage nodes (`dims`, or the most balanced ones),
-/// each adapter's bandwidth split over its 2k links; hosts attached.
-fn build_torus(g: &mut Graph, cfg: &TopologyConfig) -> Result<()> {
-    let (s, p) = (cfg.storage_nodes, cfg.prop_ns);
+/// A 2D or 3D torus's dimensions: `dims`, or the most balanced ones.
+fn torus_dims(cfg: &TopologyConfig) -> Result<Vec<u32>> {
+    let s = cfg.storage_nodes;
     let k = if cfg.kind == TopologyKind::Torus2d {
         2
     } else {
@@ -389,71 +358,7 @@ fn build_torus(g: &mut Graph, cfg: &TopologyConfig) -> Result<()> {
             k
         );
     }
-    let per = cfg.node_gbps / (2 * k as u64);
-    torus_links(g, &dims, per, p);
-    attach_hosts(g, cfg);
-    Ok(())
-}
-
-/// A dragonfly: groups of `group_size` fully connected, one global link
-/// between every two groups; hosts attached.
-fn build_dragonfly(g: &mut Graph, cfg: &TopologyConfig) {
-    let (s, p) = (cfg.storage_nodes, cfg.prop_ns);
-    let a = cfg.group_size.max(2);
-    let groups = s.div_ceil(a);
-    let group = |i: u32| (i * a..((i + 1) * a).min(s)).collect::<Vec<u32>>();
-    let local_ports = (a - 1).max(1) as u64;
-    let global_per_node = (groups - 1).div_ceil(a).max(1) as u64;
-    let per = cfg.node_gbps / (local_ports + global_per_node);
-    for gi in 0..groups {
-        let m = group(gi);
-        for x in 0..m.len() {
-            for y in x + 1..m.len() {
-                g.link(m[x], m[y], per, p);
-            }
-        }
-    }
-    for gi in 0..groups {
-        for gj in gi + 1..groups {
-            let (mi, mj) = (group(gi), group(gj));
-            g.link(
-                mi[gj as usize % mi.len()],
-                mj[gi as usize % mj.len()],
-                per,
-                p,
-            );
-        }
-    }
-    attach_hosts(g, cfg);
-}
-
-/// Switchless: host i attaches to storage node i mod S through its own adapter port.
-fn attach_hosts(g: &mut Graph, cfg: &TopologyConfig) {
-    let s = cfg.storage_nodes;
-    for i in 0..cfg.hosts {
-        let h = g.add_node(NodeKind::Host);
-        for k in 0..cfg.host_ports.max(1) {
-            g.link(h, (i + k) % s, cfg.host_gbps, cfg.prop_ns);
-        }
-    }
-}
-
-fn torus_links(g: &mut Graph, dims: &[u32], gbps: u64, p: u64) {
-    let n: u32 = dims.iter().product();
-    let stride = |d: usize| dims[..d].iter().product::<u32>();
-    for id in 0..n {
-        for (d, &size) in dims.iter().enumerate() {
-            if size == 1 {
-                continue;
-            }
-            let st = stride(d);
-            let c = (id / st) % size;
-            let next = id - c * st + ((c + 1) % size) * st;
-            // Dimension of size 2: +1 and −1 reach the same neighbour; keep both links
-            // (a 2×2 torus has 4 ports per node and parallel links, as in the testbed).
-            g.link(id, next, gbps, p);
-        }
-    }
+    Ok(dims)
 }
 
 #[cfg(test)]
@@ -554,12 +459,5 @@ mod tests {
         g.fail_port(p);
         g.compute_routes();
         assert_eq!(g.distance(0, 1), 4);
-    }
-
-    #[test]
-    fn dims_are_balanced() {
-        assert_eq!(balanced_dims(27, 3), vec![3, 3, 3]);
-        assert_eq!(balanced_dims(1000, 3), vec![10, 10, 10]);
-        assert_eq!(balanced_dims(4, 2), vec![2, 2]);
     }
 }

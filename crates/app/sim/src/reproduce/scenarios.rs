@@ -4,6 +4,7 @@
 
 use super::Precondition;
 use crate::config::*;
+use trellis_topology::testbed;
 
 /// Gimbal with a warm start [R]: simulated windows are tens of ms, but from Gimbal's cold
 /// defaults (write cost 9.0, 1000 MiB/s) AD/MI needs ~1.6 s to converge. Start near the
@@ -35,7 +36,11 @@ fn fio(name: &str, read_pct: u32, sizes: Vec<(u32, u32)>, pattern: Pattern, qd: 
 pub fn testbed(switched: bool, pre: Precondition, job: JobConfig, ms: u64) -> SimConfig {
     testbed_attached(
         switched,
-        if switched { 1 } else { TESTBED_NODES },
+        if switched {
+            testbed::SWITCHED_CLIENT_PORTS
+        } else {
+            testbed::SWITCHLESS_CLIENT_PORTS
+        },
         pre,
         job,
         ms,
@@ -46,8 +51,9 @@ pub fn testbed(switched: bool, pre: Precondition, job: JobConfig, ms: u64) -> Si
 /// Vasudevan et al., SIGCOMM 2009, argue for sub-ms floors in datacenters; docs/sim.md).
 const TUNED_RTO_MIN_NS: u64 = 1_000_000;
 
-/// Storage nodes of the 4-node testbed.
-pub const TESTBED_NODES: u32 = 4;
+/// Storage nodes of the 4-node testbed (`trellis_topology::testbed`, which
+/// `trellis san` emulates; tests/testbed.rs checks both are one graph).
+pub const TESTBED_NODES: u32 = testbed::STORAGE_NODES;
 
 /// The testbed with its one client attached by `client_ports` 100G ports. The paper's
 /// attachment [NSDI'26, evaluation setup]: switched, a single client–ToR path (1 port);
@@ -79,11 +85,12 @@ pub fn testbed_attached(
         topology: TopologyConfig {
             kind,
             storage_nodes: TESTBED_NODES,
-            node_gbps: 400,
-            uplinks: 4,
+            node_gbps: testbed::NODE_GBPS,
+            uplinks: testbed::NODE_PORTS,
             hosts: 1,
-            host_gbps: 100,
+            host_gbps: testbed::CLIENT_PORT_GBPS,
             host_ports: client_ports,
+            prop_ns: testbed::PROP_NS,
             ..TopologyConfig::default()
         },
         ssd: SsdConfig {
