@@ -4,7 +4,7 @@
 #      with passwordless sudo), one line each: "test.sh: installing X (needed for Y)"; without
 #      root the suites that need it are skipped, each with its reason;
 #   1. unit, protocol, bad-input and random-input tests of the whole workspace,
-#      then the fault-injection tests (trellis-target, feature fault-injection),
+#      then the fault-injection tests (trellis-node, feature fault-injection),
 #      then clippy with warnings as errors (workspace lints in Cargo.toml) and rustfmt --check;
 #   2. the Linux NVMe/TCP initiator interop test (QEMU guest, Debian kernel);
 #   3. a short cargo-fuzz smoke run of the PDU and command decoders;
@@ -105,14 +105,14 @@ fi
 suite "cargo test --workspace" cargo-test cargo test --workspace -- --skip etcd::etcd_
 
 # Failing io_uring submits, a panicking handler, I/O in flight at shutdown.
-suite "cargo test -p trellis-target --features fault-injection --test faults" cargo-test-faults \
-  cargo test -p trellis-target --features fault-injection --test faults
+suite "cargo test -p trellis-node --features fault-injection --test faults" cargo-test-faults \
+  cargo test -p trellis-node --features fault-injection --test faults
 
 suite "cargo clippy --workspace --all-targets -- -D warnings" clippy \
   cargo clippy --workspace --all-targets -- -D warnings
 # The fault-injection code and tests/faults.rs exist only with the feature.
-suite "cargo clippy -p trellis-target --all-targets --features fault-injection -- -D warnings" clippy-faults \
-  cargo clippy -p trellis-target --all-targets --features fault-injection -- -D warnings
+suite "cargo clippy -p trellis-node --all-targets --features fault-injection -- -D warnings" clippy-faults \
+  cargo clippy -p trellis-node --all-targets --features fault-injection -- -D warnings
 
 # Formatting: the workspace stays as rustfmt writes it (cargo fmt --all fixes it).
 suite "cargo fmt --all -- --check" fmt cargo fmt --all -- --check

@@ -4,5 +4,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = trellis_target::fuzzing::feed(data);
+    let _ = trellis_node::fuzzing::feed(data);
 });

@@ -24,7 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 etcd --version | sed -n 1p  # sed reads it all: head would leave etcd a SIGPIPE, and pipefail fails the suite (exit 141)
-cargo clippy -p trellis-target -p trellis-cli --all-targets -- -D warnings
+cargo clippy -p trellis-node -p trellis-cli --all-targets -- -D warnings
 log=$(mktemp "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/ha.XXXXXX")
 status=0
 TRELLIS_REQUIRE_ETCD=1 cargo test -p trellis-cli --test ha -- --nocapture >"$log" 2>&1 || status=$?

@@ -253,7 +253,7 @@ if [ "$SELFTEST" = 0 ]; then
   echo "run-interop: starting $TRELLIS target --config $TCONFIG (from $CONFIG; I/O port $IO_PORT, discovery port $DISC_PORT) ${TARGS[*]:-}" >&2
   # The node identity file goes with the logs, not beside the config in the source tree.
   CTL_SOCK=$LOGDIR/ctl.sock
-  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info,trellis_target::data::nvme::io=debug} "$TRELLIS" target --config "$TCONFIG" --state-dir "$LOGDIR/state" \
+  NO_COLOR=1 TRELLIS_LOG=${TRELLIS_LOG:-info,trellis_node::data::nvme::io=debug} "$TRELLIS" target --config "$TCONFIG" --state-dir "$LOGDIR/state" \
     --ctl-socket "$CTL_SOCK" ${TARGS[@]+"${TARGS[@]}"} \
     > "$LOGDIR/target.log" 2>&1 < /dev/null &
   TPID=$!

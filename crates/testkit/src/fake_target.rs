@@ -418,6 +418,12 @@ impl Conn {
         if fault != Fault::None && fault != Fault::CorruptData {
             self.broken = true;
         }
+        self.send_read_with(sqe, data, fault)
+    }
+
+    /// Answers a read of `data` the way `fault` says: the happy path, or
+    /// the one misbehaviour a host test asked for.
+    fn send_read_with(&mut self, sqe: Sqe, data: Vec<u8>, fault: Fault) -> R<()> {
         match fault {
             Fault::None => self.send_read(&sqe, &data, false),
             Fault::CorruptData => {

@@ -25,16 +25,24 @@
 //! after the node's last answer. The CDC retries every `--retry-ms`.
 //! Each change to the merged log bumps GENCTR and raises the Discovery Log
 //! Page Change notice on the CDC's persistent host connections.
+//!
+//! Keys (docs/target.md "Central discovery controller"): `--tls-key`,
+//! `--dhchap-secret` and `--dhchap-ctrl-secret` name files (mode 0600)
+//! used for every node, and `--node ADDR,tls-key=FILE,...` for one. A node
+//! with a TLS key is reached over TLS only, never plain TCP; one with a
+//! controller secret must authenticate itself or is not followed. Failures
+//! are logged at most every `--log-interval-ms` per node.
 
 use clap::Args;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trellis_host::{ctrl::Controller, HostConfig};
+use trellis_node::config::{Config, ListenerConfig, ListenerKind};
+use trellis_node::state::subsystem::Registry;
 use trellis_nvme::fabrics::DISCOVERY_NQN;
 use trellis_nvme::log::{subtype, DiscoveryEntry};
-use trellis_target::config::{Config, ListenerConfig, ListenerKind};
-use trellis_target::state::subsystem::Registry;
 
 /// Asynchronous Event Configuration bit 31: Discovery Log Page Change.
 const AEN_DISC_CHANGE: u32 = 1 << 31;
@@ -48,6 +56,8 @@ pub const MAX_NODES: usize = 64;
 pub const DEFAULT_NODE_ENTRIES_MAX: usize = 256;
 /// Upper bound of `--node-entries-max`.
 pub const NODE_ENTRIES_MAX_LIMIT: usize = 4096;
+/// Largest key file read (a key's text is under 200 bytes).
+pub const KEY_FILE_MAX_BYTES: u64 = 4096;
 
 #[derive(Args, Debug)]
 pub struct CdcArgs {
@@ -55,9 +65,26 @@ pub struct CdcArgs {
     #[arg(long, default_values_t = ["127.0.0.1:8009".to_string()])]
     listen: Vec<String>,
     /// A storage node's discovery controller, HOST:PORT (repeatable; at
-    /// least one, at most 64).
+    /// least one, at most 64), optionally with its own key files:
+    /// HOST:PORT[,tls-key=FILE][,dhchap-secret=FILE][,dhchap-ctrl-secret=FILE].
     #[arg(long = "node", required = true)]
     nodes: Vec<String>,
+    /// TLS PSK file (NVMe TLS PSK interchange format, `NVMeTLSkey-1:..`,
+    /// mode 0600) for every node without its own: those nodes are reached
+    /// over TLS only.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// DH-HMAC-CHAP host secret file (`DHHC-1:..`, mode 0600) for every
+    /// node without its own.
+    #[arg(long)]
+    dhchap_secret: Option<PathBuf>,
+    /// DH-HMAC-CHAP controller secret file (mode 0600): nodes must prove
+    /// it (bidirectional), or are not followed.
+    #[arg(long)]
+    dhchap_ctrl_secret: Option<PathBuf>,
+    /// A failing node is logged at most once per this many ms (100..=3600000).
+    #[arg(long, default_value_t = 10_000)]
+    log_interval_ms: u64,
     /// Keep Alive Timeout of each node connection, ms (1000..=600000): a
     /// node silent this long (plus half of it) is dropped from the log.
     #[arg(long, default_value_t = 5000)]
@@ -91,16 +118,25 @@ struct Follow {
     /// Addresses any node's entries may point at besides its own.
     allow: Vec<std::net::IpAddr>,
     entries_max: usize,
+    log_interval: Duration,
+}
+
+/// Key files of one node (its own, else the global flags').
+#[derive(Clone, Debug, Default)]
+struct KeyFiles {
+    tls: Option<PathBuf>,
+    dhchap: Option<PathBuf>,
+    dhchap_ctrl: Option<PathBuf>,
 }
 
 pub fn run(a: CdcArgs) -> anyhow::Result<()> {
-    let (cfg, follow) = config(&a)?;
-    let mut t = trellis_target::Target::start(&cfg)?;
+    let (cfg, follows) = config(&a)?;
+    let mut t = trellis_node::Target::start(&cfg)?;
     let stop = t.shutdown_flag();
     signal_hook_register(&stop)?;
     let mut threads = Vec::new();
-    for node in &a.nodes {
-        let (reg, stop, f, node) = (t.reg.clone(), stop.clone(), follow.clone(), node.clone());
+    for (node, f) in follows {
+        let (reg, stop) = (t.reg.clone(), stop.clone());
         let th = std::thread::Builder::new()
             .name(format!("cdc {node}"))
             .spawn(move || follow_node(&reg, &node, &f, &stop))?;
@@ -123,7 +159,7 @@ fn signal_hook_register(stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
 
 /// The CDC's target configuration (discovery listeners, no subsystems)
 /// and follower settings, with every flag checked.
-fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
+fn config(a: &CdcArgs) -> anyhow::Result<(Config, Vec<(String, Follow)>)> {
     use anyhow::ensure;
     ensure!(
         a.nodes.len() <= MAX_NODES,
@@ -145,11 +181,11 @@ fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
         "--node-entries-max {}: give 1..={NODE_ENTRIES_MAX_LIMIT}",
         a.node_entries_max
     );
-    for n in &a.nodes {
-        trellis_host::queue::resolve(n).map_err(|e| {
-            anyhow::anyhow!("--node {n:?}: {e}: give HOST:PORT of a node's discovery listener")
-        })?;
-    }
+    ensure!(
+        (100..=3_600_000).contains(&a.log_interval_ms),
+        "--log-interval-ms {}: give 100..=3600000",
+        a.log_interval_ms
+    );
     let mut cfg = Config::embedded_default();
     cfg.subsystems.clear();
     cfg.listeners = Vec::new();
@@ -158,6 +194,7 @@ fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
             .parse()
             .map_err(|_| anyhow::anyhow!("--listen {l:?}: give IP:PORT, e.g. 127.0.0.1:8009"))?;
         cfg.listeners.push(ListenerConfig {
+            name: None,
             addr,
             kind: Some(ListenerKind::Discovery),
             ana_state: None,
@@ -166,7 +203,7 @@ fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
     }
     cfg.target.state_dir = a.state_dir.clone();
     cfg.ctl.socket = a.ctl_socket.clone();
-    trellis_target::config::check_nqn(&a.hostnqn).map_err(|e| anyhow::anyhow!("--hostnqn: {e}"))?;
+    trellis_node::config::check_nqn(&a.hostnqn).map_err(|e| anyhow::anyhow!("--hostnqn: {e}"))?;
     let host = HostConfig {
         hostid: trellis_host::ctrl::hostid_from(&a.hostnqn),
         hostnqn: a.hostnqn.clone(),
@@ -181,14 +218,127 @@ fn config(a: &CdcArgs) -> anyhow::Result<(Config, Follow)> {
         retry: Duration::from_millis(a.retry_ms),
         allow: a.allow_traddr.clone(),
         entries_max: a.node_entries_max,
+        log_interval: Duration::from_millis(a.log_interval_ms),
     };
-    Ok((cfg, follow))
+    Ok((cfg, follows(a, &follow)?))
+}
+
+/// Each `--node`'s address and follower settings, its keys read.
+fn follows(a: &CdcArgs, follow: &Follow) -> anyhow::Result<Vec<(String, Follow)>> {
+    let global = KeyFiles {
+        tls: a.tls_key.clone(),
+        dhchap: a.dhchap_secret.clone(),
+        dhchap_ctrl: a.dhchap_ctrl_secret.clone(),
+    };
+    let mut follows = Vec::new();
+    for n in &a.nodes {
+        let (addr, files) = parse_node(n, &global)?;
+        trellis_host::queue::resolve(&addr).map_err(|e| {
+            anyhow::anyhow!("--node {n:?}: {e}: give HOST:PORT of a node's discovery listener")
+        })?;
+        let mut f = follow.clone();
+        with_keys(&mut f.host, &files).map_err(|e| anyhow::anyhow!("--node {addr}: {e}"))?;
+        follows.push((addr, f));
+    }
+    Ok(follows)
+}
+
+/// `HOST:PORT[,tls-key=FILE][,dhchap-secret=FILE][,dhchap-ctrl-secret=FILE]`:
+/// the address and the node's key files, each defaulting to the global flag.
+fn parse_node(spec: &str, global: &KeyFiles) -> anyhow::Result<(String, KeyFiles)> {
+    let mut parts = spec.split(',');
+    let addr = parts.next().unwrap_or_default().to_string();
+    let mut own = KeyFiles::default();
+    for p in parts {
+        let (k, v) = p.split_once('=').unwrap_or((p, ""));
+        let slot = match k {
+            "tls-key" => &mut own.tls,
+            "dhchap-secret" => &mut own.dhchap,
+            "dhchap-ctrl-secret" => &mut own.dhchap_ctrl,
+            _ => anyhow::bail!("--node {spec:?}: unknown option {k:?}: give HOST:PORT[,tls-key=FILE][,dhchap-secret=FILE][,dhchap-ctrl-secret=FILE]"),
+        };
+        anyhow::ensure!(
+            !v.is_empty(),
+            "--node {spec:?}: {k}= needs a file: {k}=FILE"
+        );
+        *slot = Some(PathBuf::from(v));
+    }
+    let files = KeyFiles {
+        tls: own.tls.or_else(|| global.tls.clone()),
+        dhchap: own.dhchap.or_else(|| global.dhchap.clone()),
+        dhchap_ctrl: own.dhchap_ctrl.or_else(|| global.dhchap_ctrl.clone()),
+    };
+    Ok((addr, files))
+}
+
+/// The keys of `files` read into `host`; errors name the file and the fix.
+fn with_keys(host: &mut HostConfig, files: &KeyFiles) -> anyhow::Result<()> {
+    use trellis_nvme::{dhchap::Secret, tls_psk::ConfiguredPsk};
+    if let Some(p) = &files.tls {
+        let text = read_key_file("tls-key", p)?;
+        let key = ConfiguredPsk::parse(text.trim()).map_err(|e| {
+            anyhow::anyhow!("tls-key {}: {e} (nvme gen-tls-key makes one)", p.display())
+        })?;
+        host.tls = Some(trellis_host::HostTls::new(key));
+    }
+    let secret = |name: &str, p: &Path| -> anyhow::Result<Secret> {
+        let text = read_key_file(name, p)?;
+        Secret::parse(text.trim()).map_err(|e| {
+            anyhow::anyhow!(
+                "{name} {}: {e} (nvme gen-dhchap-key makes one)",
+                p.display()
+            )
+        })
+    };
+    host.dhchap_secret = files
+        .dhchap
+        .as_deref()
+        .map(|p| secret("dhchap-secret", p))
+        .transpose()?;
+    host.dhchap_ctrl_secret = files
+        .dhchap_ctrl
+        .as_deref()
+        .map(|p| secret("dhchap-ctrl-secret", p))
+        .transpose()?;
+    anyhow::ensure!(
+        host.dhchap_ctrl_secret.is_none() || host.dhchap_secret.is_some(),
+        "dhchap-ctrl-secret needs a dhchap-secret too (the host authenticates first)"
+    );
+    Ok(())
+}
+
+/// A key file's text, wiped when dropped. Like `trellis target`'s config
+/// files with keys, it must be its owner's alone (mode 0600).
+fn read_key_file(name: &str, p: &Path) -> anyhow::Result<zeroize::Zeroizing<String>> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let shown = p.display();
+    let f = std::fs::File::open(p).map_err(|e| anyhow::anyhow!("{name} {shown}: {e}"))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| anyhow::anyhow!("{name} {shown}: {e}"))?;
+    let mode = meta.permissions().mode() & 0o777;
+    anyhow::ensure!(
+        mode & 0o077 == 0,
+        "{name} {shown}: its mode {mode:03o} lets its group or others read the key: chmod 600 {shown}"
+    );
+    let mut text = zeroize::Zeroizing::new(String::new());
+    f.take(KEY_FILE_MAX_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| anyhow::anyhow!("{name} {shown}: {e} (a key file holds one key as text)"))?;
+    anyhow::ensure!(
+        text.len() as u64 <= KEY_FILE_MAX_BYTES,
+        "{name} {shown}: longer than {KEY_FILE_MAX_BYTES} bytes: a key file holds one key"
+    );
+    Ok(text)
 }
 
 /// Follows one node until `stop`: connect, merge its log, wait for
 /// notices; on any failure drop its entries and retry.
 fn follow_node(reg: &Registry, node: &str, f: &Follow, stop: &AtomicBool) {
     let mut was_up = false;
+    // When a failure was last logged, and how many since were not.
+    let (mut logged, mut unlogged) = (None::<Instant>, 0u64);
     while !stop.load(Ordering::Relaxed) {
         let r = session(reg, node, f, stop, &mut was_up);
         reg.set_remote_entries(node, Vec::new());
@@ -196,11 +346,32 @@ fn follow_node(reg: &Registry, node: &str, f: &Follow, stop: &AtomicBool) {
             Ok(()) => break, // stopping
             Err(e) if was_up => {
                 tracing::warn!(node, "node dropped from the discovery log: {e}");
+                (logged, unlogged) = (Some(Instant::now()), 0);
             }
-            Err(e) => tracing::debug!(node, "node unreachable: {e}"),
+            Err(e) if logged.is_none_or(|t| t.elapsed() >= f.log_interval) => {
+                let hint = hint(f, &e);
+                tracing::warn!(node, unlogged, "node not followed: {e}{hint}");
+                (logged, unlogged) = (Some(Instant::now()), 0);
+            }
+            Err(_) => unlogged += 1,
         }
         was_up = false;
         sleep_unless(stop, f.retry);
+    }
+}
+
+/// What a failure may mean where the error alone does not say.
+fn hint(f: &Follow, e: &trellis_host::Error) -> &'static str {
+    match (e, f.host.tls.is_some()) {
+        (trellis_host::Error::Transport(io), false)
+            if io.kind() != std::io::ErrorKind::ConnectionRefused =>
+        {
+            " (a node whose listener requires TLS closes plain connections: give its tls-key)"
+        }
+        (trellis_host::Error::Transport(_) | trellis_host::Error::Protocol(_), true) => {
+            " (over TLS: a node that has no tls_key for this --hostnqn, or another key, ends the handshake)"
+        }
+        _ => "",
     }
 }
 
@@ -214,6 +385,12 @@ fn session(
     was_up: &mut bool,
 ) -> trellis_host::Result<()> {
     let mut c = Controller::connect(node, DISCOVERY_NQN, &f.host)?;
+    if f.host.dhchap_ctrl_secret.is_some() && !c.authenticated {
+        let _ = c.shutdown();
+        return Err(trellis_host::Error::Auth(
+            "the node did not ask for DH-HMAC-CHAP, so it has not proven the dhchap-ctrl-secret: not followed".into(),
+        ));
+    }
     if c.id.oaes & AEN_DISC_CHANGE == 0 {
         tracing::warn!(node, "the node's discovery controller has no change notices (OAES bit 31): its log is read at connect only");
     } else {
@@ -229,6 +406,8 @@ fn session(
                 tracing::info!(
                     node,
                     subsystems = entries.len(),
+                    tls = f.host.tls.is_some(),
+                    authenticated = c.authenticated,
                     "node's discovery log merged"
                 );
             }
@@ -315,6 +494,7 @@ mod tests {
             retry: Duration::from_millis(100),
             allow: allow.iter().map(|a| a.parse().unwrap()).collect(),
             entries_max: max,
+            log_interval: Duration::from_secs(10),
         }
     }
 

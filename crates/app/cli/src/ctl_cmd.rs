@@ -1,5 +1,5 @@
 //! `trellis ctl`: the management socket's client (JSON-RPC 2.0 over a Unix
-//! socket; the server is `trellis_target::control::rpc`, docs/target.md "Management
+//! socket; the server is `trellis_node::control::rpc`, docs/target.md "Management
 //! socket").
 
 use anyhow::Context;
@@ -297,7 +297,7 @@ fn save(
             .map_err(|e| anyhow::anyhow!("ctl config_get: bad \"keys\": {e}"))?,
     };
     let text = if keys.is_empty() {
-        trellis_target::config::keys::KeyText::new(toml)
+        trellis_node::config::keys::KeyText::new(toml)
     } else {
         let from = keys_from.unwrap_or(path);
         with_keys(toml, &keys, from, keys_from.is_none())?
@@ -324,8 +324,8 @@ fn with_keys(
     keys: &[LiveKey],
     from: &std::path::Path,
     defaulted: bool,
-) -> anyhow::Result<trellis_target::config::keys::KeyText> {
-    use trellis_target::config::keys::{subsystem_key_texts, KeyText};
+) -> anyhow::Result<trellis_node::config::keys::KeyText> {
+    use trellis_node::config::keys::{subsystem_key_texts, KeyText};
     let first = &keys[0];
     let how = format!(
         "give --keys-from FILE, a config file holding the target's keys (the one it started with){}",
@@ -341,7 +341,7 @@ fn with_keys(
             from.display()
         )
     })?;
-    let src = trellis_target::config::Config::from_toml(source.expose())
+    let src = trellis_node::config::Config::from_toml(source.expose())
         .map_err(|e| anyhow::anyhow!("ctl save: {} (for the keys): {e:#}", from.display()))?;
     let find = |k: &LiveKey| {
         let s = src.subsystems.iter().find(|s| s.nqn == k.subsystem)?;
@@ -387,7 +387,7 @@ fn with_keys(
             .map_err(|e| anyhow::anyhow!("ctl save: cannot write TOML: {e}"))?,
     );
     // What is written starts a target: every key in place and valid.
-    trellis_target::config::Config::from_toml(out.expose()).map_err(|e| {
+    trellis_node::config::Config::from_toml(out.expose()).map_err(|e| {
         anyhow::anyhow!("ctl save: the configuration with its keys does not check: {e:#}")
     })?;
     // Wipe the copies the TOML tree made.
@@ -411,7 +411,7 @@ fn redacted_slot<'a>(doc: &'a mut ::toml::Table, k: &LiveKey) -> Option<&'a mut 
         .iter_mut()
         .find(|h| nqn_is(h, &k.host))?
         .get_mut(&k.key)
-        .filter(|v| v.as_str() == Some(trellis_target::config::keys::REDACTED))
+        .filter(|v| v.as_str() == Some(trellis_node::config::keys::REDACTED))
 }
 
 /// Overwrites every string of a TOML tree in place.

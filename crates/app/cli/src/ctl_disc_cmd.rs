@@ -1,5 +1,5 @@
 //! `trellis ctl subsystem|referral|listener`: what the discovery log lists, changed
-//! live (the server side is `trellis_target::control::rpc_disc`).
+//! live (the server side is `trellis_node::control::rpc_disc`).
 
 use clap::Subcommand;
 use serde_json::{json, Value};

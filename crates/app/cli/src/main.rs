@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "trellis", version, about = "Trellis: NVMe/TCP storage fabric")]
 struct Cli {
-    /// Log filter (tracing env-filter syntax), e.g. "info" or "trellis_target=debug".
+    /// Log filter (tracing env-filter syntax), e.g. "info" or "trellis_node=debug".
     #[arg(long, global = true, env = "TRELLIS_LOG", default_value = "info")]
     log: String,
     #[command(subcommand)]

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use trellis_target::config::{
+use trellis_node::config::{
     resolve_host_port, BackendKind, ByteSize, Config, ListenerConfig, NamespaceConfig,
     SecureChannel, DEFAULT_NQN,
 };
@@ -66,7 +66,7 @@ pub struct TargetArgs {
     cpus: Vec<usize>,
     /// Socket engine: epoll (syscalls, the default) or uring (io_uring).
     #[arg(long)]
-    engine: Option<trellis_target::config::SocketEngine>,
+    engine: Option<trellis_node::config::SocketEngine>,
     /// Directory of the node identity file (node-id). Default: [target]
     /// state_dir, else the --config file's directory, else $STATE_DIRECTORY,
     /// $XDG_STATE_HOME/trellis, ~/.local/state/trellis or /var/lib/trellis.
@@ -75,7 +75,7 @@ pub struct TargetArgs {
     /// Traffic control for every namespace: off (the default) or gimbal
     /// (docs/gimbal.md); overrides each namespace's `qos`.
     #[arg(long)]
-    qos: Option<trellis_target::config::qos::QosMode>,
+    qos: Option<trellis_node::config::qos::QosMode>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (e.g.
     /// 127.0.0.1:9464 or localhost:9464); overrides `[metrics] listen`.
     #[arg(long, value_name = "HOST:PORT")]
@@ -146,7 +146,7 @@ pub fn run(a: TargetArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    trellis_target::server::run(&cfg)
+    trellis_node::server::run(&cfg)
 }
 
 /// The configuration `trellis target` runs: the file (or the embedded
@@ -216,16 +216,16 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             ));
         }
         if !nss.is_empty() {
-            cfg.subsystems
-                .push(trellis_target::config::SubsystemConfig {
-                    nqn: a.nqn.clone(),
-                    serial: String::new(), // derived from the node identity
-                    model: "Trellis".into(),
-                    allow_any_host: Some(a.allow_host.is_empty()),
-                    allowed_hosts: a.allow_host.clone(),
-                    hosts: vec![],
-                    namespaces: nss,
-                });
+            cfg.subsystems.push(trellis_node::config::SubsystemConfig {
+                nqn: a.nqn.clone(),
+                serial: String::new(), // derived from the node identity
+                model: "Trellis".into(),
+                allow_any_host: Some(a.allow_host.is_empty()),
+                allowed_hosts: a.allow_host.clone(),
+                hosts: vec![],
+                namespaces: nss,
+                listeners: None,
+            });
         }
     }
     if !a.listen.is_empty() {
@@ -235,6 +235,7 @@ fn build(path: Option<&str>, a: &TargetArgs) -> anyhow::Result<Config> {
             .iter()
             .map(|s| {
                 Ok(ListenerConfig {
+                    name: None,
                     addr: resolve_host_port(s).map_err(|e| anyhow::anyhow!("--listen: {e}"))?,
                     kind: None,
                     ana_state: None,
@@ -283,11 +284,11 @@ fn read_config(p: &str) -> anyhow::Result<Config> {
     f.read_to_string(&mut text)
         .with_context(|| format!("reading {p}"))?;
     // The key text is wiped when the config is dropped; the file's text too.
-    let text = trellis_target::config::keys::KeyText::new(text);
+    let text = trellis_node::config::keys::KeyText::new(text);
     let cfg = Config::from_toml(text.expose()).with_context(|| format!("in {p}"))?;
     if cfg.has_keys() {
         let meta = f.metadata().with_context(|| format!("reading {p}"))?;
-        trellis_target::config::keys::check_file_mode(p, &meta)?;
+        trellis_node::config::keys::check_file_mode(p, &meta)?;
     }
     Ok(cfg)
 }
@@ -326,8 +327,8 @@ fn listen_secure_channel(
 
 /// The --ha-* flags over `[ha]` (creating it with its defaults).
 fn ha_flags(cfg: &mut Config, a: &TargetArgs) -> anyhow::Result<()> {
-    use trellis_target::config::ha::HaConfig;
-    use trellis_target::control::ha::StoreKind;
+    use trellis_node::config::ha::HaConfig;
+    use trellis_node::control::ha::StoreKind;
     let any = a.ha_store.is_some()
         || !a.ha_endpoints.is_empty()
         || a.ha_node.is_some()
@@ -389,8 +390,8 @@ fn state_dir(
 /// yet, says so (the values shown are then placeholders from a fresh id).
 fn identities(cfg: &Config) -> anyhow::Result<String> {
     use std::fmt::Write;
-    use trellis_target::state::identity::NodeId;
-    let dir = trellis_target::state::subsystem::state_dir(cfg);
+    use trellis_node::state::identity::NodeId;
+    let dir = trellis_node::state::subsystem::state_dir(cfg);
     let Some(node) = NodeId::peek(&dir)? else {
         return Ok(format!(
             "node identity: none yet in {}; the first start creates one (serials, NGUIDs, EUI-64s and UUIDs derive from it)\n",

@@ -59,7 +59,7 @@ fn a_thousand_hosts_with_ten_io_queues_each_fit_the_default_limits() {
          [[listener]]\naddr = \"127.0.0.1:0\"\n\n\
          [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\n\
          [[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\n",
-        trellis_target::config::DEFAULT_MAX_CONNECTIONS
+        trellis_node::config::DEFAULT_MAX_CONNECTIONS
     ));
     set_nofile(need, hard);
     let pid = t.child.id();

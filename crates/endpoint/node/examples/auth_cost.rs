@@ -7,7 +7,7 @@
 //! to second); prints one JSON line per configuration with the median and
 //! range of the per-queue time. A benchmark, not a test:
 //!
-//!   cargo run --release -p trellis-target --example auth_cost [-- ROUNDS]
+//!   cargo run --release -p trellis-node --example auth_cost [-- ROUNDS]
 use std::time::Instant;
 use trellis_nvme::dhchap::Secret;
 
@@ -17,7 +17,7 @@ const NQN: &str = "nqn.2026-11.io.trellis:auth-cost";
 const HOST_KEY: &str = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:";
 const IO_QUEUES: u16 = 4;
 
-fn target(groups: Option<&str>) -> anyhow::Result<trellis_target::Target> {
+fn target(groups: Option<&str>) -> anyhow::Result<trellis_node::Target> {
     let host = match groups {
         None => String::new(),
         Some(g) => format!(
@@ -32,7 +32,7 @@ fn target(groups: Option<&str>) -> anyhow::Result<trellis_target::Target> {
     let toml = format!(
         "[target]\nreactors = 1\n\n[[listener]]\naddr = \"127.0.0.1:0\"\n\n[[subsystem]]\nnqn = \"{NQN}\"\n{allow}\n{host}\n[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\n"
     );
-    trellis_target::Target::start(&trellis_target::config::Config::from_toml(&toml)?)
+    trellis_node::Target::start(&trellis_node::config::Config::from_toml(&toml)?)
 }
 
 /// ms per queue to open the admin queue and IO_QUEUES I/O queues.

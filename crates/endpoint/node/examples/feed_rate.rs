@@ -1,10 +1,10 @@
 //! How many inputs per second the `conn_stream` fuzz target's harness
-//! (`trellis_target::fuzzing::feed`) runs, outside libFuzzer, on a fixed
+//! (`trellis_node::fuzzing::feed`) runs, outside libFuzzer, on a fixed
 //! set of inputs (a seeded generator: every mode, digests on and off, valid
 //! prefixes followed by random bytes or by valid read/write commands). Prints
 //! one JSON line. A benchmark, not a test:
 //!
-//!   cargo run --release -p trellis-target --example feed_rate [-- INPUTS]
+//!   cargo run --release -p trellis-node --example feed_rate [-- INPUTS]
 use std::time::Instant;
 use trellis_nvme::pdu::{self, Digests};
 use trellis_nvme::sqe::io;
@@ -75,12 +75,12 @@ fn main() {
     let set = inputs(n);
     // One warm-up pass over a tenth of the set.
     for d in set.iter().take(n / 10) {
-        std::hint::black_box(trellis_target::fuzzing::feed(d));
+        std::hint::black_box(trellis_node::fuzzing::feed(d));
     }
     let t0 = Instant::now();
     let mut sent = 0usize;
     for d in &set {
-        sent += trellis_target::fuzzing::feed(d).sent_bytes;
+        sent += trellis_node::fuzzing::feed(d).sent_bytes;
     }
     let secs = t0.elapsed().as_secs_f64();
     println!(

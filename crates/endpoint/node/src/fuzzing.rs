@@ -26,6 +26,7 @@ fn registry() -> Arc<Registry> {
 fn registry_with(tune: impl FnOnce(&mut Config)) -> Arc<Registry> {
     let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
+        name: None,
         addr: "127.0.0.1:4420".parse().unwrap(),
         kind: None,
         ana_state: None,
@@ -130,7 +131,7 @@ pub fn feed(data: &[u8]) -> Report {
 /// target refuses). What is left is the RAM namespace's data, on which no
 /// branch of the target depends, and statistics counters.
 fn reset(reg: &Registry) {
-    for s in reg.subsystems.iter() {
+    for s in reg.subsystems().iter() {
         let n = crate::sys::lock(&s.controllers).len();
         assert_eq!(
             n, 0,
@@ -138,12 +139,12 @@ fn reset(reg: &Registry) {
             s.nqn
         );
     }
-    let n = crate::sys::lock(&reg.discovery_controllers).len();
+    let n = crate::sys::lock(reg.discovery_controllers()).len();
     assert_eq!(n, 0, "{n} discovery controllers outlived their connections");
-    *crate::sys::lock(&reg.next_cntlid) = reg.limits.cntlid_min;
-    reg.tenants.forget_assigned();
-    for ns in reg.ns.load().by_uid.iter().flatten() {
-        ns.resv.forget();
+    reg.reset_cntlids();
+    reg.tenants().forget_assigned();
+    for ns in reg.ns().load().by_uid.iter().flatten() {
+        ns.resv().forget();
     }
 }
 
@@ -156,7 +157,7 @@ fn feed_with(reg: &Arc<Registry>, data: &[u8]) -> Report {
     let mut scratch = Vec::new();
     let addr = "127.0.0.1:1".parse().unwrap();
     let mut now = 1_000u64;
-    let kind = reg.listeners[0].kind;
+    let kind = reg.listeners()[0].kind;
     let [rx_admin, rx_io] = RX.with(|r| std::mem::take(&mut *r.borrow_mut()));
     // An admin connection that owns controller 1, for I/O-queue mode.
     let mut admin = Conn::with_rx(0, reg.clone(), addr, addr, kind, 1, now, rx_admin);
@@ -168,7 +169,7 @@ fn feed_with(reg: &Arc<Registry>, data: &[u8]) -> Report {
         _ => {
             let p = prefix(dg, Some((0, CNTLID_DYNAMIC)));
             let _ = run(&mut admin, &p, &mut queues, reg, &mut scratch, &mut now);
-            let cntlid = admin.ctrl().map_or(1, |c| c.cntlid);
+            let cntlid = admin.ctrl().map_or(1, |c| c.cntlid());
             [prefix(dg, Some((1, cntlid))), rest.to_vec()].concat()
         }
     };
@@ -280,20 +281,20 @@ mod tests {
         let mut read = vec![3 << 2];
         push_capsule(&mut read, &sqe, &[], Digests::default());
         // As if an earlier input's host had taken the first tenant.
-        REGISTRY.with(|reg| reg.tenants.tenant_of("nqn.2026-11.io.trellis:earlier"));
+        REGISTRY.with(|reg| reg.tenants().tenant_of("nqn.2026-11.io.trellis:earlier"));
         let first = feed(&read);
         for sel in [2u8 << 2, 3 << 2, 1] {
             feed(&[sel, 0xFF, 0, 0x7F]);
         }
         assert_eq!(feed(&read), first);
         REGISTRY.with(|reg| {
-            assert_eq!(*crate::sys::lock(&reg.next_cntlid), reg.limits.cntlid_min);
+            assert_eq!(reg.next_cntlid(), reg.limits().cntlid_min);
             assert!(reg
-                .subsystems
+                .subsystems()
                 .iter()
                 .all(|s| crate::sys::lock(&s.controllers).is_empty()));
             // The harness's host would get the first dynamic tenant again.
-            assert_eq!(reg.tenants.tenant_of(HOST), 0);
+            assert_eq!(reg.tenants().tenant_of(HOST), 0);
         });
         reset_for_next_test();
     }
@@ -330,12 +331,12 @@ mod tests {
         push_capsule(&mut v, &acq, &resv::encode_keys(5, 0), Digests::default());
         REGISTRY.with(|reg| {
             feed_with(reg, &v);
-            let ns = reg.ns.load().by_uid[0].clone().expect("the namespace");
-            let held = ns.resv.snapshot().held.map(|h| h.rtype);
+            let ns = reg.ns().load().by_uid[0].clone().expect("the namespace");
+            let held = ns.resv().snapshot().held.map(|h| h.rtype);
             assert_eq!(held, Some(RType::ExclusiveAccess), "the input acquired");
             reset(reg);
-            assert_eq!(ns.resv.snapshot(), crate::state::resv::State::default());
-            assert!(!ns.resv.any_held());
+            assert_eq!(ns.resv().snapshot(), crate::state::resv::State::default());
+            assert!(!ns.resv().any_held());
         });
     }
 
@@ -357,9 +358,9 @@ mod timer_tests {
         let reg = registry();
         let addr = "127.0.0.1:1".parse().unwrap();
         let t0 = 5_000_000_000u64;
-        let mut c = Conn::new(7, reg.clone(), addr, addr, reg.listeners[0].kind, 1, t0);
-        let limit = reg.limits.icreq_timeout_ms * 1_000_000;
-        assert!(limit < reg.limits.connect_timeout_ms * 1_000_000);
+        let mut c = Conn::new(7, reg.clone(), addr, addr, reg.listeners()[0].kind, 1, t0);
+        let limit = reg.limits().icreq_timeout_ms * 1_000_000;
+        assert!(limit < reg.limits().connect_timeout_ms * 1_000_000);
         assert_eq!(c.next_timeout(), Some(t0 + limit));
         c.handle_timeout(t0 + limit - 1);
         assert!(!c.is_closing(), "closed before its deadline");
@@ -377,7 +378,7 @@ mod timer_tests {
         let reg = registry();
         let addr = "127.0.0.1:1".parse().unwrap();
         let mut now = 1_000u64;
-        let mut c = Conn::new(0, reg.clone(), addr, addr, reg.listeners[0].kind, 1, now);
+        let mut c = Conn::new(0, reg.clone(), addr, addr, reg.listeners()[0].kind, 1, now);
         let mut queues = Vec::new();
         let mut scratch = Vec::new();
         let p = prefix(Digests::default(), Some((0, CNTLID_DYNAMIC)));
@@ -395,11 +396,8 @@ mod timer_tests {
             Some(check + crate::data::tcp::conn::CTRL_CHECK_NS)
         );
         let kato_ms = 4_500u64; // rounds up to 5 s
-        ctrl.kato_ms
-            .store(kato_ms as u32, std::sync::atomic::Ordering::Relaxed);
-        let last = ctrl
-            .last_keepalive_ns
-            .load(std::sync::atomic::Ordering::Relaxed);
+        ctrl.set_kato_ms(kato_ms as u32, ctrl.last_keepalive_ns());
+        let last = ctrl.last_keepalive_ns();
         let want = last + kato_ms.div_ceil(1000) * 1_000_000_000;
         c.handle_timeout(want - 1);
         assert!(!c.is_closing());
@@ -495,7 +493,7 @@ mod direct_h2c_tests {
         ] {
             let reg = registry();
             let addr = "127.0.0.1:1".parse().unwrap();
-            let kind = reg.listeners[0].kind;
+            let kind = reg.listeners()[0].kind;
             let mut d = Drive {
                 reg: reg.clone(),
                 queues: Vec::new(),
@@ -504,7 +502,7 @@ mod direct_h2c_tests {
             };
             let mut admin = Conn::new(0, reg.clone(), addr, addr, kind, 1, d.now);
             d.feed(&mut admin, &prefix(dg, Some((0, CNTLID_DYNAMIC))), 4096);
-            let cntlid = admin.ctrl().expect("admin connected").cntlid;
+            let cntlid = admin.ctrl().expect("admin connected").cntlid();
             let mut c = Conn::new(1, reg.clone(), addr, addr, kind, 1, d.now);
             d.feed(&mut c, &prefix(dg, Some((1, cntlid))), 4096);
             assert_eq!(c.qid(), Some(1));

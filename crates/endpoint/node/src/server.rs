@@ -206,9 +206,9 @@ impl Target {
                 self.note_failure(format!("reactor {id} thread panicked outside its loop"));
             }
         }
-        for ns in self.reg.ns.load().all() {
-            if let Err(e) = ns.backend.sync_all() {
-                tracing::error!("flush of nsid {} failed: {e}", ns.nsid);
+        for ns in self.reg.ns().load().all() {
+            if let Err(e) = ns.backend().sync_all() {
+                tracing::error!("flush of nsid {} failed: {e}", ns.nsid());
             }
         }
         // After the reactors: the lease is released once no command is in flight.
@@ -236,7 +236,7 @@ impl Target {
 /// The acceptor thread: a panic here would silently stop all new
 /// connections, so it is caught and stops the target with an error.
 fn accept_thread(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: &Shared) {
-    avoid_reactor_cpus(&shared.reg.limits.cpus);
+    avoid_reactor_cpus(&shared.reg.limits().cpus);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         accept_loop(listeners, reactors, shared)
     }));
@@ -288,11 +288,11 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
     let mut next = 0usize;
     let mut socks: Vec<(usize, TcpListener)> = listeners.into_iter().enumerate().collect();
     let mut fds = pollfds(&socks);
-    let max_connections = shared.reg.limits.max_connections;
+    let max_connections = shared.reg.limits().max_connections;
     let mut last_accept_warn: Option<std::time::Instant> = None;
     let mut refusals = Refusals::default();
     while !shared.shutdown.load(Ordering::Relaxed) {
-        if shared.reg.listeners.sync_sockets(&mut socks) {
+        if shared.reg.listeners().sync_sockets(&mut socks) {
             fds = pollfds(&socks);
         }
         // SAFETY: fds is a live array of fds.len() pollfds that the kernel
@@ -327,7 +327,7 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
                     refusals.note(peer, "connection limit reached (target.max_connections)");
                     continue;
                 }
-                let Some(token) = shared.reg.peer_budget.try_admit(peer.ip()) else {
+                let Some(token) = shared.reg.peer_budget().try_admit(peer.ip()) else {
                     refusals.note(peer, "this address holds its share of connections (target.max_connections_per_addr)");
                     continue;
                 };

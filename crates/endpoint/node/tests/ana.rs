@@ -8,6 +8,7 @@ use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
+use trellis_node::config::{BackendKind, ListenerConfig, NamespaceConfig};
 use trellis_nvme::ana::{self, AnaLog, AnaState};
 use trellis_nvme::identify::{IdCtrl, IdNs};
 use trellis_nvme::log::{lid, GetLogPage};
@@ -15,7 +16,6 @@ use trellis_nvme::pdu::Digests;
 use trellis_nvme::sqe::{admin, io};
 use trellis_nvme::status::path;
 use trellis_nvme::{Cqe, Sgl, Sqe};
-use trellis_target::config::{BackendKind, ListenerConfig, NamespaceConfig};
 
 const NO: Digests = Digests {
     header: false,
@@ -24,12 +24,13 @@ const NO: Digests = Digests {
 
 /// Two I/O listeners (the second starts non-optimized), namespaces 1 (ANA
 /// group 1) and 2 (`ana_group = 5`), and a management socket.
-fn start(dir: &std::path::Path) -> trellis_target::Target {
+fn start(dir: &std::path::Path) -> trellis_node::Target {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     let mut ns2 = NamespaceConfig::sized(BackendKind::Ram, 1 << 20);
     ns2.ana_group = Some(5);
     cfg.subsystems[0].namespaces.push(ns2);
     let mut second = ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
@@ -38,7 +39,7 @@ fn start(dir: &std::path::Path) -> trellis_target::Target {
     second.ana_state = Some(AnaState::NonOptimized);
     cfg.listeners.push(second);
     cfg.ctl.socket = Some(dir.join("ctl.sock"));
-    trellis_target::Target::start(&cfg).unwrap()
+    trellis_node::Target::start(&cfg).unwrap()
 }
 
 fn identify(q: &mut Queue, cns: u8, nsid: u32) -> Vec<u8> {

@@ -3,11 +3,11 @@
 
 mod common;
 use common::*;
+use trellis_node::config::{BackendKind, HostConfig as TargetHost, NamespaceConfig};
 use trellis_nvme::dhchap::{HashId, Secret};
 use trellis_nvme::fabrics::CNTLID_DYNAMIC;
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::status::specific;
-use trellis_target::config::{BackendKind, HostConfig as TargetHost, NamespaceConfig};
 
 fn secret(fill: u8, transform: Option<HashId>) -> Secret {
     Secret {
@@ -18,7 +18,7 @@ fn secret(fill: u8, transform: Option<HashId>) -> Secret {
 
 /// A target whose subsystem has `HOST`'s secret, the controller's secret
 /// and a DH group order given by `groups` (empty: the default).
-fn start_auth_target(groups: &[&str]) -> trellis_target::Target {
+fn start_auth_target(groups: &[&str]) -> trellis_node::Target {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
     let s = &mut cfg.subsystems[0];
     s.allowed_hosts.clear();
@@ -30,7 +30,7 @@ fn start_auth_target(groups: &[&str]) -> trellis_target::Target {
         dhchap_dhgroups: groups.iter().map(|g| g.to_string()).collect(),
         ..Default::default()
     }];
-    trellis_target::Target::start(&cfg).unwrap()
+    trellis_node::Target::start(&cfg).unwrap()
 }
 
 fn host(s: Option<Secret>, ctrl: Option<Secret>) -> trellis_host::HostConfig {

@@ -268,15 +268,15 @@ fn classes(addr: std::net::SocketAddr) {
 
 #[test]
 fn malformed_input_gets_the_right_answer_and_spares_other_connections() {
-    malformed_input_on(trellis_target::config::SocketEngine::Epoll);
+    malformed_input_on(trellis_node::config::SocketEngine::Epoll);
 }
 
 #[test]
 fn malformed_input_with_the_io_uring_socket_engine() {
-    malformed_input_on(trellis_target::config::SocketEngine::Uring);
+    malformed_input_on(trellis_node::config::SocketEngine::Uring);
 }
 
-fn malformed_input_on(engine: trellis_target::config::SocketEngine) {
+fn malformed_input_on(engine: trellis_node::config::SocketEngine) {
     let t = start_target_with(engine);
     let addr = t.local_addrs[0];
     let stop = Arc::new(AtomicBool::new(false));

@@ -7,6 +7,8 @@
 mod common;
 
 use common::*;
+use trellis_node::config::referral::ReferralConfig;
+use trellis_node::config::{BackendKind, NamespaceConfig};
 use trellis_nvme::fabrics::{CNTLID_DYNAMIC, DISCOVERY_NQN};
 use trellis_nvme::identify::IdCtrl;
 use trellis_nvme::log::{self, lid, DiscoveryEntry, GetLogPage};
@@ -14,8 +16,6 @@ use trellis_nvme::pdu::Digests;
 use trellis_nvme::sqe::admin;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Cqe, Sgl, Sqe};
-use trellis_target::config::referral::ReferralConfig;
-use trellis_target::config::{BackendKind, NamespaceConfig};
 
 const NO: Digests = Digests {
     header: false,
@@ -24,7 +24,7 @@ const NO: Digests = Digests {
 const DISC_CHANGE_DW0: u32 = 0x0070_F002;
 
 /// An enabled discovery controller connected with `kato_ms`.
-fn disc(t: &trellis_target::Target, kato_ms: u32) -> Queue {
+fn disc(t: &trellis_node::Target, kato_ms: u32) -> Queue {
     let mut q = Queue::open(t.local_addrs[0], NO);
     let c = q.fabrics_connect(0, 31, DISCOVERY_NQN, HOST, CNTLID_DYNAMIC, kato_ms);
     assert!(c.status.is_success());
@@ -167,19 +167,19 @@ fn a_config_with_referrals_reads_back_and_bad_ones_are_named() {
     cfg.referrals = vec![referral(8009)];
     let text = cfg.to_toml().unwrap();
     assert!(text.contains("[[referral]]"), "{text}");
-    let back = trellis_target::Config::from_toml(&text).unwrap();
+    let back = trellis_node::Config::from_toml(&text).unwrap();
     assert_eq!(back.referrals, cfg.referrals);
     let bad = text.replace("127.0.0.9:8009", "0.0.0.0:8009");
-    let e = trellis_target::Config::from_toml(&bad)
+    let e = trellis_node::Config::from_toml(&bad)
         .unwrap_err()
         .to_string();
     assert!(e.contains("0.0.0.0:8009"), "{e}");
 }
 
-fn start_ctl(dir: &std::path::Path) -> trellis_target::Target {
+fn start_ctl(dir: &std::path::Path) -> trellis_node::Target {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.ctl.socket = Some(dir.join("ctl.sock"));
-    trellis_target::Target::start(&cfg).unwrap()
+    trellis_node::Target::start(&cfg).unwrap()
 }
 
 fn rpc(dir: &std::path::Path, method: &str, params: serde_json::Value) -> serde_json::Value {
@@ -283,7 +283,7 @@ fn ctl_save_keeps_added_subsystems_and_referrals_and_bad_params_are_named() {
         .as_str()
         .unwrap()
         .to_string();
-    let back = trellis_target::Config::from_toml(&toml).unwrap();
+    let back = trellis_node::Config::from_toml(&toml).unwrap();
     let nqns: Vec<_> = back.subsystems.iter().map(|s| s.nqn.as_str()).collect();
     assert_eq!(nqns, [NQN, TWO]);
     assert_eq!(back.subsystems[1].namespaces.len(), 1);
@@ -426,7 +426,7 @@ fn a_listener_added_and_removed_live_keeps_every_connection() {
         .as_str()
         .unwrap()
         .to_string();
-    let back = trellis_target::Config::from_toml(&toml).unwrap();
+    let back = trellis_node::Config::from_toml(&toml).unwrap();
     assert_eq!(
         back.listeners.iter().map(|l| l.addr).collect::<Vec<_>>(),
         [new]
@@ -470,13 +470,13 @@ fn an_ha_node_refuses_an_io_listener_added_live() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.ctl.socket = Some(dir.path().join("ctl.sock"));
-    cfg.ha = Some(trellis_target::config::ha::HaConfig {
+    cfg.ha = Some(trellis_node::config::ha::HaConfig {
         path: Some(dir.path().join("lease")),
         node: "node-a".into(),
         key: "pair-1".into(),
         ..Default::default()
     });
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let r = rpc(dir.path(), "listener_add", json!({"addr": "127.0.0.1:0"}));
     let msg = r["error"]["message"]
         .as_str()

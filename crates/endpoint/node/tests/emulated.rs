@@ -2,8 +2,8 @@
 //! at least the model's time (scaled), and bad parameters are refused.
 mod common;
 use common::*;
+use trellis_node::config::{BackendKind, Config, NamespaceConfig};
 use trellis_nvme::pdu::Digests;
-use trellis_target::config::{BackendKind, Config, NamespaceConfig};
 
 /// One 16 MiB emulated namespace; `f` sets its emulation fields.
 fn config(f: impl FnOnce(&mut NamespaceConfig)) -> Config {
@@ -12,8 +12,8 @@ fn config(f: impl FnOnce(&mut NamespaceConfig)) -> Config {
     test_config(ns)
 }
 
-fn start(f: impl FnOnce(&mut NamespaceConfig)) -> trellis_target::Target {
-    trellis_target::Target::start(&config(f)).unwrap()
+fn start(f: impl FnOnce(&mut NamespaceConfig)) -> trellis_node::Target {
+    trellis_node::Target::start(&config(f)).unwrap()
 }
 
 /// Fastest of `n` QD1 4 KiB reads, in ns (the floor is what the model sets).
@@ -127,13 +127,13 @@ fn gimbal_on_a_time_scaled_drive_sees_the_drive_s_own_latency() {
     let scale = 8.0;
     let t = start(|n| {
         n.time_scale = Some(scale);
-        n.qos = trellis_target::config::qos::QosMode::Gimbal;
+        n.qos = trellis_node::config::qos::QosMode::Gimbal;
     });
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
     let wall_us = min_read_ns(&mut c.io[0], 20) / 1000;
-    let (cqe, page) = get_log(&mut c.admin, trellis_target::data::qos::VIEW_LID, 1, 4096);
+    let (cqe, page) = get_log(&mut c.admin, trellis_node::data::qos::VIEW_LID, 1, 4096);
     assert!(cqe.status.is_success(), "{:?}", cqe.status);
-    let e = &page[trellis_target::data::qos::VIEW_HEADER_BYTES..];
+    let e = &page[trellis_node::data::qos::VIEW_HEADER_BYTES..];
     let ewma_us = trellis_nvme::le32(e, 32) as u64;
     assert!(
         ewma_us >= idle_us && ewma_us * 4 < wall_us,

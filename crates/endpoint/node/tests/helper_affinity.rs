@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use std::time::Duration;
-use trellis_target::config::{BackendKind, NamespaceConfig};
+use trellis_node::config::{BackendKind, NamespaceConfig};
 
 /// `Cpus_allowed_list` of this process's thread named `name`.
 fn allowed_cpus(name: &str) -> Option<String> {
@@ -36,7 +36,7 @@ fn helper_threads_stay_off_the_cpus_reactors_are_pinned_to() {
     cfg.target.reactors = 1;
     cfg.target.cpus = vec![0];
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     for name in ["acceptor", "metrics", "dh-worker-0"] {
         let cpus = allowed_cpus(name).unwrap_or_else(|| panic!("no {name} thread"));

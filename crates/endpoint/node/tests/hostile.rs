@@ -7,17 +7,18 @@
 mod common;
 use common::*;
 use std::time::Duration;
+use trellis_node::config::{
+    BackendKind, HostConfig as TargetHost, ListenerConfig, NamespaceConfig, SecureChannel,
+};
 use trellis_nvme::fabrics::{CNTLID_DYNAMIC, DISCOVERY_NQN};
 use trellis_nvme::log::{self, DiscoveryEntry};
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::status::specific;
 use trellis_nvme::tls_psk::{ConfiguredPsk, Derivation, PskHash};
-use trellis_target::config::{
-    BackendKind, HostConfig as TargetHost, ListenerConfig, NamespaceConfig, SecureChannel,
-};
 
 fn listener(secure: Option<SecureChannel>) -> ListenerConfig {
     ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
@@ -50,14 +51,19 @@ fn a_psk_only_host_is_not_reachable_in_plaintext() {
     };
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.listeners = vec![listener(None), listener(Some(SecureChannel::Required))];
+    cfg.listeners[0].name = Some("plain".into());
+    cfg.listeners[1].name = Some("tls".into());
     let s = &mut cfg.subsystems[0];
+    // Both listeners carry it (the default would keep it off the plain
+    // one, `ports.rs`): the host check itself must refuse the claim.
+    s.listeners = Some(vec!["plain".into(), "tls".into()]);
     s.allowed_hosts.clear();
     s.hosts = vec![TargetHost {
         nqn: HOST.into(),
         tls_key: Some(k.format().into()),
         ..Default::default()
     }];
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let (plain, secure) = (t.local_addrs[0], t.local_addrs[1]);
 
     let mut q = Queue::open(plain, Digests::default());
@@ -116,9 +122,9 @@ fn writes_parked_after_r2t_are_bounded_by_the_pool_and_timed_out() {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
     cfg.target.data_wait_timeout_ms = WAIT_MS;
     let pool = cfg.target.transfer_pool.0;
-    assert_eq!(pool, trellis_target::config::DEFAULT_TRANSFER_POOL);
-    let share = pool / trellis_target::config::TRANSFER_POOL_SHARE_DIV;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    assert_eq!(pool, trellis_node::config::DEFAULT_TRANSFER_POOL);
+    let share = pool / trellis_node::config::TRANSFER_POOL_SHARE_DIV;
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
 
     let mut parked = controller(addr, NQN, 1, Digests::default(), 0);
@@ -138,7 +144,7 @@ fn writes_parked_after_r2t_are_bounded_by_the_pool_and_timed_out() {
         assert_eq!(R2t::decode(&p.bytes).r2tl, MIB_BLOCKS * 512);
         r2ts += 1;
     }
-    let held = t.reg.transfer_pool.used();
+    let held = t.reg.transfer_pool().used();
     eprintln!(
         "100 parked 1 MiB writes: {r2ts} R2Ts, {} MiB of the pool held (share {} MiB, pool {} MiB)",
         held >> 20,
@@ -167,11 +173,11 @@ fn writes_parked_after_r2t_are_bounded_by_the_pool_and_timed_out() {
     };
     assert!(closed && t0.elapsed() < Duration::from_millis(3 * WAIT_MS + 2_000));
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while t.reg.transfer_pool.used() != 0 {
+    while t.reg.transfer_pool().used() != 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "pool bytes not returned: {}",
-            t.reg.transfer_pool.used()
+            t.reg.transfer_pool().used()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -195,13 +201,13 @@ fn idle_sockets_from_one_address_do_not_lock_out_another_host() {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.target.max_connections = MAX;
     cfg.target.icreq_timeout_ms = ICREQ_MS;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     let attacker: std::net::Ipv4Addr = "127.0.0.1".parse().unwrap();
     let idle: Vec<_> = (0..MAX).map(|_| connect_from(attacker, addr)).collect();
     let share = cfg.target.connections_per_addr();
     let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while t.reg.peer_budget.open_from(attacker.into()) < share {
+    while t.reg.peer_budget().open_from(attacker.into()) < share {
         assert!(
             std::time::Instant::now() < deadline,
             "the idle sockets were not accepted"
@@ -209,7 +215,7 @@ fn idle_sockets_from_one_address_do_not_lock_out_another_host() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(
-        t.reg.peer_budget.open_from(attacker.into()),
+        t.reg.peer_budget().open_from(attacker.into()),
         share,
         "one address took more than its share"
     );
@@ -263,7 +269,7 @@ fn idle_sockets_from_one_address_do_not_lock_out_another_host() {
 fn a_host_nqn_with_control_characters_is_refused_at_connect() {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.subsystems[0].allow_any_host = Some(true);
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     for bad in [
         "nqn.2014-08.org.nvmexpress:uuid:\u{1b}[2J\u{1b}[31mowned",
@@ -288,7 +294,7 @@ fn a_host_nqn_with_control_characters_is_refused_at_connect() {
     }
     let made: usize = t
         .reg
-        .subsystems
+        .subsystems()
         .iter()
         .map(|s| s.controllers.lock().unwrap().len())
         .sum();
@@ -312,14 +318,14 @@ fn turning_the_write_cache_off_makes_every_write_force_unit_access() {
     let d = tempfile::tempdir().unwrap();
     let mut ns = NamespaceConfig::sized(BackendKind::File, 1 << 20);
     ns.path = Some(d.path().join("disk.img").to_string_lossy().into_owned());
-    let t = trellis_target::Target::start(&test_config(ns)).unwrap();
+    let t = trellis_node::Target::start(&test_config(ns)).unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
     let through = || {
-        let set = t.reg.ns.load();
+        let set = t.reg.ns().load();
         set.by_uid[0]
             .as_ref()
             .unwrap()
-            .stats
+            .stats()
             .write_through
             .load(Relaxed)
     };
@@ -368,8 +374,8 @@ fn turning_the_write_cache_off_makes_every_write_force_unit_access() {
 /// I/O to a QoS namespace, and gives it back when its controller goes.
 #[test]
 fn throw_away_host_nqns_do_not_use_up_the_qos_tenants() {
-    use trellis_target::config::qos::QosMode;
-    use trellis_target::data::qos::VIEW_LID;
+    use trellis_node::config::qos::QosMode;
+    use trellis_node::data::qos::VIEW_LID;
     const PLAIN: &str = "nqn.2026-11.io.trellis:plain";
     let mut qos_ns = NamespaceConfig::sized(BackendKind::Ram, 1 << 20);
     qos_ns.qos = QosMode::Gimbal;
@@ -381,17 +387,17 @@ fn throw_away_host_nqns_do_not_use_up_the_qos_tenants() {
     plain.serial = "TEST2".into();
     plain.namespaces = vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 20)];
     cfg.subsystems.push(plain);
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
-    let catch_all = t.reg.tenants.catch_all();
+    let catch_all = t.reg.tenants().catch_all();
     let host = |i: usize| format!("nqn.2014-08.org.nvmexpress:uuid:throwaway-{i}");
     let released = |why: &str| {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !t.reg.tenants.in_use().is_empty() {
+        while !t.reg.tenants().in_use().is_empty() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "{why}: {:?}",
-                t.reg.tenants.in_use()
+                t.reg.tenants().in_use()
             );
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -400,7 +406,7 @@ fn throw_away_host_nqns_do_not_use_up_the_qos_tenants() {
         let mut c = controller_as(addr, PLAIN, &host(i), 1, Digests::default(), 0);
         assert!(read(&mut c.io[0], 0, 1).0.status.is_success());
         assert!(
-            t.reg.tenants.in_use().is_empty(),
+            t.reg.tenants().in_use().is_empty(),
             "a host of a subsystem without QoS took a tenant id"
         );
     }
@@ -433,7 +439,7 @@ fn another_nqn_claiming_the_holders_host_id_cannot_write_through_its_reservation
     const IMPOSTOR: &str = "nqn.2014-08.org.nvmexpress:uuid:impostor";
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.subsystems[0].allow_any_host = Some(true);
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     let mut holder = controller(addr, NQN, 1, Digests::default(), 0);
     let q = &mut holder.io[0];
@@ -529,17 +535,17 @@ fn resv_acquire(
 /// Reservation Conflict and the new data stays. Both with QoS off and on.
 #[test]
 fn a_write_held_after_r2t_by_a_preempted_host_never_lands() {
+    use trellis_node::config::qos::QosMode;
     use trellis_nvme::pdu::{PduType, R2t};
     use trellis_nvme::resv::AcquireAction;
     use trellis_nvme::sqe::{io, Sgl};
-    use trellis_target::config::qos::QosMode;
     const TAKER: &str = "nqn.2014-08.org.nvmexpress:uuid:taker";
     for qos in [QosMode::Off, QosMode::Gimbal] {
         let mut ns = NamespaceConfig::sized(BackendKind::Ram, 1 << 20);
         ns.qos = qos;
         let mut cfg = test_config(ns);
         cfg.subsystems[0].allow_any_host = Some(true);
-        let t = trellis_target::Target::start(&cfg).unwrap();
+        let t = trellis_node::Target::start(&cfg).unwrap();
         let addr = t.local_addrs[0];
         let mut a = controller(addr, NQN, 1, Digests::default(), 0);
         let qa = &mut a.io[0];
@@ -581,6 +587,63 @@ fn a_write_held_after_r2t_by_a_preempted_host_never_lands() {
     }
 }
 
+/// As above for Dataset Management, whose range list may come by R2T too:
+/// its check at execution was only the HA fence, so a deallocate its host
+/// sent before being preempted (Preempt and Abort), its ranges held back,
+/// zeroed the new holder's data when they arrived. Now it fails with
+/// Reservation Conflict and the data stays.
+#[test]
+fn a_deallocate_held_after_r2t_by_a_preempted_host_never_lands() {
+    use trellis_nvme::pdu::{PduType, R2t};
+    use trellis_nvme::resv::AcquireAction;
+    use trellis_nvme::sqe::{io, Sgl};
+    const TAKER: &str = "nqn.2014-08.org.nvmexpress:uuid:taker";
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.subsystems[0].allow_any_host = Some(true);
+    let t = trellis_node::Target::start(&cfg).unwrap();
+    let addr = t.local_addrs[0];
+    let mut a = controller(addr, NQN, 1, Digests::default(), 0);
+    let qa = &mut a.io[0];
+    assert!(resv_register(qa, 5).is_success());
+    assert!(resv_acquire(qa, AcquireAction::Acquire, 5, 0).is_success());
+    // A's Deallocate of blocks 0..8 is admitted; its range is held back.
+    let cid = qa.next_cid();
+    let mut d = trellis_nvme::Sqe::new(io::DATASET_MANAGEMENT, cid, 1);
+    d.set_cdw(10, 0); // one range
+    d.set_cdw(11, 1 << 2); // AD: deallocate
+    d.set_sgl(Sgl::transport(16));
+    qa.send_capsule(&d, &[]);
+    let r2t = qa.recv().expect("an R2T");
+    assert_eq!(r2t.ch.pdu_type, PduType::R2T as u8);
+    let ttag = R2t::decode(&r2t.bytes).ttag;
+
+    let mut b = controller_as(addr, NQN, TAKER, 1, Digests::default(), 0);
+    let qb = &mut b.io[0];
+    assert!(resv_register(qb, 9).is_success());
+    let st = resv_acquire(qb, AcquireAction::PreemptAndAbort, 9, 5);
+    assert!(st.is_success(), "preempt and abort: {st:?}");
+    let new = vec![0x4E; 4096];
+    assert!(write(qb, 0, &new).status.is_success());
+
+    // The range: context attributes, 8 blocks, SLBA 0.
+    let mut range = [0u8; 16];
+    range[4..8].copy_from_slice(&8u32.to_le_bytes());
+    qa.send_h2c(ttag, cid, &range, 0, 16);
+    let resp = qa.recv().expect("the held deallocate's response");
+    assert_eq!(resp.ch.pdu_type, PduType::CapsuleResp as u8);
+    let cqe = trellis_nvme::Cqe::decode(&resp.bytes[8..24]);
+    assert_eq!(
+        cqe.status,
+        trellis_nvme::status::generic::RESERVATION_CONFLICT.dnr(),
+        "the preempted host's held deallocate completed {:?}",
+        cqe.status
+    );
+    let (r, data) = read(qb, 0, 8);
+    assert!(r.status.is_success());
+    assert!(data == new, "block 0 lost the new data");
+    t.stop().unwrap();
+}
+
 /// Finding (medium): the backing file the target creates is sparse, and
 /// nothing said so: a host saw a fully provisioned namespace, and a full
 /// file system came as a surprise. Now Identify Namespace reports thin
@@ -592,7 +655,7 @@ fn a_thin_backing_file_says_so_in_identify() {
     let dir = tempfile::tempdir().unwrap();
     let mut ns = NamespaceConfig::sized(BackendKind::File, 64 << 20);
     ns.path = Some(dir.path().join("thin.img").to_str().unwrap().into());
-    let t = trellis_target::Target::start(&test_config(ns)).unwrap();
+    let t = trellis_node::Target::start(&test_config(ns)).unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
     let id_ns = |q: &mut Queue| {
         let mut s = trellis_nvme::Sqe::new(admin::IDENTIFY, 0, 1);

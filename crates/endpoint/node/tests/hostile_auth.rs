@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use trellis_node::config::{BackendKind, Config, HostConfig as TargetHost, NamespaceConfig};
 use trellis_nvme::auth::{failure, AuthCmd, Message};
 use trellis_nvme::dhchap::{DhGroup, HashId, Secret};
 use trellis_nvme::dhchap_host::HostAuth;
@@ -20,7 +21,6 @@ use trellis_nvme::fabrics::CNTLID_DYNAMIC;
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
-use trellis_target::config::{BackendKind, Config, HostConfig as TargetHost, NamespaceConfig};
 
 /// The keyed host whose NQN the attacker claims (it knows no secret).
 const KEYED: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b";
@@ -93,7 +93,7 @@ fn challenge_group(m: &Message) -> Result<u8, u8> {
 /// `NVME_AUTH_DHCHAP_FAILURE_DHGROUP_UNUSABLE`).
 #[test]
 fn a_dh_group_not_configured_for_the_host_is_refused() {
-    let t = trellis_target::Target::start(&auth_config(&["ffdhe3072", "ffdhe2048"])).unwrap();
+    let t = trellis_node::Target::start(&auth_config(&["ffdhe3072", "ffdhe2048"])).unwrap();
     let addr = t.local_addrs[0];
     let mut q = keyed_queue(addr, KEYED);
     // The host prefers ffdhe8192, then 2048, then 3072: 8192 is not
@@ -117,7 +117,7 @@ fn a_dh_group_not_configured_for_the_host_is_refused() {
     );
     // Without dhchap_dhgroups, 6144 and 8192 are not in the default set.
     t.stop().unwrap();
-    let t = trellis_target::Target::start(&auth_config(&[])).unwrap();
+    let t = trellis_node::Target::start(&auth_config(&[])).unwrap();
     let mut q = keyed_queue(t.local_addrs[0], KEYED);
     assert!(negotiate(&mut q, KEYED, &[DhGroup::Ffdhe8192, DhGroup::Ffdhe6144]).is_success());
     assert_eq!(
@@ -134,7 +134,7 @@ fn a_dh_group_not_configured_for_the_host_is_refused() {
 fn transactions_past_the_per_connection_bound_are_refused() {
     let mut cfg = auth_config(&["ffdhe2048"]);
     cfg.target.auth_per_conn_max = 3;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let mut q = keyed_queue(t.local_addrs[0], KEYED);
     for i in 0..3 {
         assert!(negotiate(&mut q, KEYED, &[DhGroup::Ffdhe2048]).is_success());
@@ -176,7 +176,7 @@ fn transactions_past_the_per_host_rate_are_refused_across_connections() {
     let mut cfg = auth_config(&["ffdhe2048"]);
     cfg.target.auth_per_host_burst = 4;
     cfg.target.auth_per_host_per_sec = 2;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     let start = Instant::now();
     let mut queues = Vec::new();
@@ -285,7 +285,7 @@ fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
     cfg.target.auth_per_conn_max = 1_000_000;
     cfg.target.auth_per_host_per_sec = 1_000_000;
     cfg.target.auth_per_host_burst = 1_000_000;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     let mut victim = controller(addr, NQN, 1, Digests::default(), 0);
     let io = &mut victim.io[0];
@@ -325,11 +325,11 @@ fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
 /// reactor, which the worker's count shows) and its commands then run.
 #[test]
 fn the_host_library_authenticates_through_the_workers_on_both_engines() {
-    use trellis_target::config::SocketEngine;
+    use trellis_node::config::SocketEngine;
     for engine in [SocketEngine::Epoll, SocketEngine::Uring] {
         let mut cfg = auth_config(&["ffdhe2048"]);
         cfg.target.socket_engine = engine;
-        let t = trellis_target::Target::start(&cfg).unwrap();
+        let t = trellis_node::Target::start(&cfg).unwrap();
         let host = trellis_host::HostConfig {
             hostnqn: KEYED.into(),
             kato_ms: 0,
@@ -358,7 +358,7 @@ fn a_flood_in_a_hosts_name_from_another_address_does_not_lock_it_out() {
     let mut cfg = auth_config(&["ffdhe2048"]);
     cfg.target.auth_per_host_burst = 4;
     cfg.target.auth_per_host_per_sec = 1;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     let from = |ip: [u8; 4]| {
         let s = connect_from(std::net::Ipv4Addr::from(ip), addr);

@@ -13,10 +13,10 @@ use common::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use trellis_node::config::{BackendKind, NamespaceConfig};
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::sqe::{admin, io};
 use trellis_nvme::{Cqe, Sgl, Sqe};
-use trellis_target::config::{BackendKind, NamespaceConfig};
 
 const VICTIM: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000002";
 const BLOCK: u64 = 4096;
@@ -123,7 +123,7 @@ fn run(dir: &std::path::Path) -> Duration {
         cfg.target.reactors, 1,
         "attacker and victim share the reactor"
     );
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     let mut att = controller(addr, NQN, 1, Digests::default(), 0);
     // Identify tells what Deallocate does here: both file systems punch

@@ -4,9 +4,9 @@
 mod common;
 use common::*;
 use std::net::SocketAddr;
+use trellis_node::config::{Config, ListenerConfig};
 use trellis_nvme::fabrics::CNTLID_DYNAMIC;
 use trellis_nvme::pdu::Digests;
-use trellis_target::config::{Config, ListenerConfig};
 
 const NO: Digests = Digests {
     header: false,
@@ -17,12 +17,13 @@ const NO: Digests = Digests {
 fn default_config() -> Config {
     let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
         secure_channel: None,
     }];
-    cfg.subsystems[0].namespaces[0].size = Some(trellis_target::config::ByteSize(64 << 20));
+    cfg.subsystems[0].namespaces[0].size = Some(trellis_node::config::ByteSize(64 << 20));
     // The default's identity handling, in a directory of the tests' own.
     cfg.target.state_dir = Some(common::test_state_dir());
     cfg
@@ -40,8 +41,8 @@ use trellis_nvme::status::specific;
 
 #[test]
 fn empty_host_nqn_connects_where_any_host_is_allowed() {
-    let t = trellis_target::Target::start(&default_config()).unwrap();
-    let nqn = trellis_target::config::DEFAULT_NQN;
+    let t = trellis_node::Target::start(&default_config()).unwrap();
+    let nqn = trellis_node::config::DEFAULT_NQN;
     // SPDK's spdk_nvme_perf sends an all-zero host NQN unless given one.
     let mut c = controller_as(t.local_addrs[0], nqn, "", 1);
     let data = pattern(0, 16, 3);
@@ -361,9 +362,9 @@ fn assert_all_differ(a: &Identity, b: &Identity) {
 
 #[test]
 fn two_targets_on_the_default_config_present_different_identities() {
-    let nqn = trellis_target::config::DEFAULT_NQN;
-    let a = trellis_target::Target::start(&default_config()).unwrap();
-    let b = trellis_target::Target::start(&default_config()).unwrap();
+    let nqn = trellis_node::config::DEFAULT_NQN;
+    let a = trellis_node::Target::start(&default_config()).unwrap();
+    let b = trellis_node::Target::start(&default_config()).unwrap();
     let ia = identity_of(a.local_addrs[0], nqn);
     let ib = identity_of(b.local_addrs[0], nqn);
     assert_all_differ(&ia, &ib);
@@ -379,29 +380,29 @@ fn config_in(dir: &std::path::Path) -> Config {
 
 #[test]
 fn identity_is_kept_across_restarts_and_differs_between_state_dirs() {
-    let nqn = trellis_target::config::DEFAULT_NQN;
+    let nqn = trellis_node::config::DEFAULT_NQN;
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let t = trellis_target::Target::start(&config_in(d1.path())).unwrap();
+    let t = trellis_node::Target::start(&config_in(d1.path())).unwrap();
     let first = identity_of(t.local_addrs[0], nqn);
     t.stop().unwrap();
-    let t = trellis_target::Target::start(&config_in(d1.path())).unwrap();
+    let t = trellis_node::Target::start(&config_in(d1.path())).unwrap();
     assert_eq!(
         identity_of(t.local_addrs[0], nqn),
         first,
         "same state dir, same identity"
     );
     t.stop().unwrap();
-    let t = trellis_target::Target::start(&config_in(d2.path())).unwrap();
+    let t = trellis_node::Target::start(&config_in(d2.path())).unwrap();
     assert_all_differ(&first, &identity_of(t.local_addrs[0], nqn));
     t.stop().unwrap();
 }
 
 #[test]
 fn concurrent_targets_in_one_state_dir_differ_and_each_gets_its_own_back() {
-    let nqn = trellis_target::config::DEFAULT_NQN;
+    let nqn = trellis_node::config::DEFAULT_NQN;
     let d = tempfile::tempdir().unwrap();
-    let a = trellis_target::Target::start(&config_in(d.path())).unwrap();
-    let b = trellis_target::Target::start(&config_in(d.path())).unwrap();
+    let a = trellis_node::Target::start(&config_in(d.path())).unwrap();
+    let b = trellis_node::Target::start(&config_in(d.path())).unwrap();
     let (ia, ib) = (
         identity_of(a.local_addrs[0], nqn),
         identity_of(b.local_addrs[0], nqn),
@@ -412,7 +413,7 @@ fn concurrent_targets_in_one_state_dir_differ_and_each_gets_its_own_back() {
         "the second took node-id.1"
     );
     b.stop().unwrap();
-    let b = trellis_target::Target::start(&config_in(d.path())).unwrap();
+    let b = trellis_node::Target::start(&config_in(d.path())).unwrap();
     assert_eq!(
         identity_of(b.local_addrs[0], nqn),
         ib,
@@ -424,7 +425,7 @@ fn concurrent_targets_in_one_state_dir_differ_and_each_gets_its_own_back() {
 
 #[test]
 fn explicit_identity_values_are_served_as_given() {
-    let nqn = trellis_target::config::DEFAULT_NQN;
+    let nqn = trellis_node::config::DEFAULT_NQN;
     let d = tempfile::tempdir().unwrap();
     let mut cfg = config_in(d.path());
     cfg.subsystems[0].serial = "SN-EXPLICIT-1".into();
@@ -432,7 +433,7 @@ fn explicit_identity_values_are_served_as_given() {
     ns.uuid = Some("5472656c-6c69-4073-8000-00000000abcd".into());
     ns.nguid = Some("00112233-4455-6677-8899-aabbccddeeff".into());
     ns.eui64 = Some("02:11:22:33:44:55:66:77".into());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let id = identity_of(t.local_addrs[0], nqn);
     assert_eq!(id.serial, "SN-EXPLICIT-1");
     assert_eq!(id.uuid[..2], [0x54, 0x72]);
@@ -491,8 +492,8 @@ fn write_zeroes_with_deallocate_zeroes_counts_and_is_advertised() {
     assert!(d[8 * 512..24 * 512].iter().all(|&b| b == 0), "range zeroed");
     assert_eq!(d[..8 * 512], pattern(0, 32, 4)[..8 * 512], "before intact");
     assert_eq!(d[24 * 512..], pattern(0, 32, 4)[24 * 512..], "after intact");
-    let set = t.reg.ns.load();
-    let n = &set.by_uid[0].as_ref().unwrap().stats.write_zeroes_deac;
+    let set = t.reg.ns().load();
+    let n = &set.by_uid[0].as_ref().unwrap().stats().write_zeroes_deac;
     assert_eq!(
         n.load(std::sync::atomic::Ordering::Relaxed),
         1,
@@ -539,8 +540,8 @@ fn write_read_chunked(q: &mut Queue, data: &[u8], chunk: usize) -> (Cqe, Vec<u8>
 
 #[test]
 fn one_mib_transfers_work_at_the_default_mdts_with_several_h2c_pdus() {
-    let t = trellis_target::Target::start(&default_config()).unwrap();
-    let nqn = trellis_target::config::DEFAULT_NQN;
+    let t = trellis_node::Target::start(&default_config()).unwrap();
+    let nqn = trellis_node::config::DEFAULT_NQN;
     let mut c = controller_as(t.local_addrs[0], nqn, HOST, 1);
     let (cqe, id) = identify(&mut c.admin, 1, 0);
     assert!(cqe.status.is_success());
@@ -560,10 +561,10 @@ fn one_mib_transfers_work_at_the_default_mdts_with_several_h2c_pdus() {
 #[test]
 fn transfers_at_the_configured_maximum_work_and_one_block_more_is_refused() {
     let mut cfg = default_config();
-    cfg.target.max_io_size = trellis_target::config::ByteSize(8 << 20);
-    cfg.target.max_h2c_data = trellis_target::config::ByteSize(64 << 10);
-    let t = trellis_target::Target::start(&cfg).unwrap();
-    let nqn = trellis_target::config::DEFAULT_NQN;
+    cfg.target.max_io_size = trellis_node::config::ByteSize(8 << 20);
+    cfg.target.max_h2c_data = trellis_node::config::ByteSize(64 << 10);
+    let t = trellis_node::Target::start(&cfg).unwrap();
+    let nqn = trellis_node::config::DEFAULT_NQN;
     let mut c = controller_as(t.local_addrs[0], nqn, HOST, 1);
     let data = pattern(0, 16384, 5);
     // 8 MiB in 128 H2CData PDUs of MAXH2CDATA each.

@@ -10,12 +10,12 @@ use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
+use trellis_node::config::{BackendKind, NamespaceConfig};
 use trellis_nvme::log::{lid, GetLogPage};
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::sqe::{admin, io};
 use trellis_nvme::status::generic;
 use trellis_nvme::{Cqe, Sgl, Sqe};
-use trellis_target::config::{BackendKind, NamespaceConfig};
 
 const NO: Digests = Digests {
     header: false,
@@ -26,10 +26,10 @@ const AEN_NS_ATTR: u32 = 1 << 8;
 /// Notice, information 00h, log page 04h.
 const NS_CHANGED_DW0: u32 = 0x0004_0002;
 
-fn start(dir: &std::path::Path) -> trellis_target::Target {
+fn start(dir: &std::path::Path) -> trellis_node::Target {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.ctl.socket = Some(dir.join("ctl.sock"));
-    trellis_target::Target::start(&cfg).unwrap()
+    trellis_node::Target::start(&cfg).unwrap()
 }
 
 fn rpc(dir: &std::path::Path, method: &str, params: Value) -> Value {
@@ -267,7 +267,7 @@ fn config_get_returns_the_live_config_as_toml_that_reads_back() {
     assert!(rpc(dir.path(), "namespace_add", add)["result"].is_object());
     let r = rpc(dir.path(), "config_get", json!({}));
     let text = r["result"]["toml"].as_str().unwrap();
-    let cfg = trellis_target::Config::from_toml(text).unwrap();
+    let cfg = trellis_node::Config::from_toml(text).unwrap();
     let nss = &cfg.subsystems[0].namespaces;
     assert_eq!(
         nss.iter().map(|n| n.nsid).collect::<Vec<_>>(),

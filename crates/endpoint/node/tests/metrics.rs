@@ -5,8 +5,8 @@ use common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
+use trellis_node::config::{BackendKind, NamespaceConfig};
 use trellis_nvme::pdu::Digests;
-use trellis_target::config::{BackendKind, NamespaceConfig};
 
 /// One HTTP/1.0 GET; (status code, body).
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -66,7 +66,7 @@ fn parse(body: &str) -> prometheus_parse::Scrape {
 fn a_scrape_parses_and_its_counters_match_the_io_done() {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let m = t.metrics_addr.expect("metrics address");
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
     let q = &mut c.io[0];
@@ -158,7 +158,7 @@ fn the_endpoint_serves_only_get_metrics_and_is_off_unless_configured() {
     t.stop().unwrap();
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let m = t.metrics_addr.unwrap();
     assert_eq!(get(m, "/").0, 404);
     assert_eq!(get(m, "/metrics?x=1").0, 200);
@@ -179,7 +179,7 @@ fn a_taken_metrics_port_fails_the_start_and_names_the_address() {
     let addr = busy.local_addr().unwrap();
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.metrics.listen = Some(addr);
-    let err = trellis_target::Target::start(&cfg)
+    let err = trellis_node::Target::start(&cfg)
         .err()
         .expect("start must fail");
     assert!(
@@ -194,16 +194,16 @@ const BOB: &str = "nqn.2026-11.io.trellis:test:bob";
 #[test]
 fn gimbal_state_and_each_tenants_completions_are_scraped() {
     let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
-    ns.qos = trellis_target::config::qos::QosMode::Gimbal;
+    ns.qos = trellis_node::config::qos::QosMode::Gimbal;
     let mut cfg = test_config(ns);
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
     cfg.subsystems[0].allowed_hosts.push(BOB.into());
-    cfg.tenants = vec![trellis_target::config::qos::TenantConfig {
+    cfg.tenants = vec![trellis_node::config::qos::TenantConfig {
         host: HOST.to_string(),
         name: "alice".into(),
         weight: 2,
     }];
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let m = t.metrics_addr.expect("metrics address");
     let bob = BOB;
     let mut a = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
@@ -318,10 +318,10 @@ fn every_metric_the_grafana_dashboard_queries_is_served() {
     let names = dashboard_metrics();
     assert!(names.len() >= 15, "{names:?}");
     let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
-    ns.qos = trellis_target::config::qos::QosMode::Gimbal;
+    ns.qos = trellis_node::config::qos::QosMode::Gimbal;
     let mut cfg = test_config(ns);
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let m = t.metrics_addr.expect("metrics address");
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
     assert!(write(&mut c.io[0], 0, &pattern(0, 8, 1))
@@ -354,7 +354,7 @@ fn every_metric_the_grafana_dashboard_queries_is_served() {
 fn closed_connections_are_counted_by_reason() {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let m = t.metrics_addr.expect("metrics address");
     // A PDU type no host may send: the target answers C2HTermReq and closes.
     let mut s = TcpStream::connect(t.local_addrs[0]).unwrap();
@@ -412,7 +412,7 @@ fn idle_metrics_connections_add_no_thread_and_scrapes_still_work() {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
     cfg.metrics.bearer_token_file = Some(token);
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.metrics_addr.unwrap();
     let before = threads();
     let idle: Vec<TcpStream> = (0..300)

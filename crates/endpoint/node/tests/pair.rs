@@ -9,6 +9,8 @@ mod harness;
 use harness::{split_pdus, Link, Pair, Tamper, CC_ENABLE, T0};
 use trellis_host::engine::rw_sqe;
 use trellis_host::Xfer;
+use trellis_node::config::ByteSize;
+use trellis_node::data::tcp::conn::CTRL_CHECK_NS;
 use trellis_nvme::fabrics::{prop, PropertyCmd, CNTLID_DYNAMIC};
 use trellis_nvme::pdu::{
     fes, field, flags, DataHdr, Digests, IcReq, IcResp, PduType, R2t, TermReq, CMD_HLEN, IC_LEN,
@@ -17,8 +19,6 @@ use trellis_nvme::pdu::{
 use trellis_nvme::sqe::{admin, io};
 use trellis_nvme::status::generic;
 use trellis_nvme::{crc, le16, le32, Cqe, Sqe};
-use trellis_target::config::ByteSize;
-use trellis_target::data::tcp::conn::CTRL_CHECK_NS;
 
 const NO: Digests = Digests {
     header: false,
@@ -81,7 +81,7 @@ fn connect_admin_and_io_queue() {
     assert_eq!((got[0][0], got[0].len()), (PduType::IcResp as u8, IC_LEN));
     let r = IcResp::decode(got[0]);
     assert_eq!((r.pfv, r.cpda, r.digests), (0, 0, NO));
-    assert_eq!(r.maxh2cdata as u64, p.reg.limits.max_h2c_data.0);
+    assert_eq!(r.maxh2cdata as u64, p.reg.limits().max_h2c_data.0);
     assert!(l.host.ic_done());
     assert_eq!(l.host.maxh2cdata(), r.maxh2cdata);
     assert_eq!(l.conn.qid(), None, "not connected before Connect");
@@ -90,14 +90,15 @@ fn connect_admin_and_io_queue() {
     assert!(c.status.is_success(), "admin Connect: {}", c.status);
     let ctrl = p.links[admin].conn.ctrl().expect("a controller").clone();
     assert_eq!(
-        c.dw0 as u16, ctrl.cntlid,
+        c.dw0 as u16,
+        ctrl.cntlid(),
         "Connect returns the controller ID"
     );
     assert_eq!(p.links[admin].conn.qid(), Some(0));
 
     // An I/O queue may not connect to a controller not yet enabled.
     let early = p.open(1, NO);
-    let c = p.connect(early, ctrl.cntlid, 0, 0);
+    let c = p.connect(early, ctrl.cntlid(), 0, 0);
     assert_eq!(c.status, generic::COMMAND_SEQUENCE_ERROR.dnr());
     assert_eq!(p.links[early].conn.qid(), None);
 
@@ -112,7 +113,7 @@ fn connect_admin_and_io_queue() {
     assert_eq!(c.dw0 & 1, 1, "CSTS.RDY after CC.EN ({CC_ENABLE:#x})");
 
     let io = p.open(1, NO);
-    let c = p.connect(io, ctrl.cntlid, 0, 0);
+    let c = p.connect(io, ctrl.cntlid(), 0, 0);
     assert!(c.status.is_success(), "I/O Connect: {}", c.status);
     assert_eq!(p.links[io].conn.qid(), Some(1));
     let io_ctrl = p.links[io].conn.ctrl().expect("I/O queue's controller");
@@ -130,7 +131,7 @@ fn write_beyond_in_capsule_data_takes_r2t_and_h2cdata() {
         let mut p = Pair::with_config(|c| c.target.max_h2c_data = ByteSize(16 << 10));
         p.chunk = chunk;
         let (_admin, io) = p.controller(NO, 0);
-        let icd = p.reg.limits.in_capsule_data.0 as usize;
+        let icd = p.reg.limits().in_capsule_data.0 as usize;
         p.links[io].host.set_icd_bytes(icd as u32);
 
         let small = pattern(icd, 1);
@@ -241,7 +242,7 @@ fn header_and_data_digests_are_negotiated_and_verified() {
     }
     p.links[io]
         .host
-        .set_icd_bytes(p.reg.limits.in_capsule_data.0 as u32);
+        .set_icd_bytes(p.reg.limits().in_capsule_data.0 as u32);
     let small = pattern(4096, 3);
     let large = pattern(32 << 10, 4);
     assert!(write(&mut p, io, 0, &small).unwrap().is_success());
@@ -282,12 +283,12 @@ fn corrupted_data_digest_fails_the_write_retryably() {
     let (_admin, io) = p.controller(BOTH, 0);
     p.links[io]
         .host
-        .set_icd_bytes(p.reg.limits.in_capsule_data.0 as u32);
+        .set_icd_bytes(p.reg.limits().in_capsule_data.0 as u32);
     // In the capsule (4 KiB) and through R2T (32 KiB).
     for (slba, len) in [(0u64, 4096usize), (64, 32 << 10)] {
         let old = pattern(len, 5);
         assert!(write(&mut p, io, slba, &old).unwrap().is_success());
-        let kind = match len <= p.reg.limits.in_capsule_data.0 as usize {
+        let kind = match len <= p.reg.limits().in_capsule_data.0 as usize {
             true => PduType::CapsuleCmd,
             false => PduType::H2CData,
         };
@@ -479,11 +480,11 @@ fn no_connect_within_the_connect_timeout_closes_the_queue() {
         // connect deadline.
         let (limit_ms, why) = match send_icreq {
             false => (
-                p.reg.limits.icreq_timeout_ms,
+                p.reg.limits().icreq_timeout_ms,
                 "no ICReq within target.icreq_timeout_ms",
             ),
             true => (
-                p.reg.limits.connect_timeout_ms,
+                p.reg.limits().connect_timeout_ms,
                 "no Connect within the connect timeout",
             ),
         };
@@ -539,7 +540,7 @@ fn keep_alive_expiry_closes_the_admin_and_io_queues() {
     assert!(closed > expiry, "closed at {closed}, before {expiry}");
     assert_eq!(p.links[admin].conn.close_reason(), "keep-alive timeout");
     let ctrl = p.links[io].conn.ctrl().unwrap().clone();
-    assert!(ctrl.dead.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(ctrl.is_dead());
 
     run_until(&mut p, closed + CTRL_CHECK_NS, |p| {
         p.links[io].closed_at.is_some()
@@ -564,7 +565,7 @@ fn lost_write_data_closes_the_connection_at_the_data_wait_timeout() {
     assert_eq!(write(&mut p, io, 0, &pattern(4096, 10)), None);
     let c2h = split_pdus(&p.links[io].c2h);
     assert_eq!(c2h.last().unwrap()[0], PduType::R2T as u8, "R2T sent");
-    let wait_ns = p.reg.limits.data_wait_timeout_ms * 1_000_000;
+    let wait_ns = p.reg.limits().data_wait_timeout_ms * 1_000_000;
     let host_limit = p.links[io].host.config().command_timeout.as_nanos() as u64;
     assert!(wait_ns < host_limit, "the target's wait ends first");
     let deadline = submitted + wait_ns;

@@ -77,15 +77,15 @@ fn identify_reports_what_linux_checks() {
 
 #[test]
 fn write_read_verify_in_capsule_and_r2t_with_and_without_digests() {
-    write_read_verify_on(trellis_target::config::SocketEngine::Epoll);
+    write_read_verify_on(trellis_node::config::SocketEngine::Epoll);
 }
 
 #[test]
 fn write_read_verify_with_the_io_uring_socket_engine() {
-    write_read_verify_on(trellis_target::config::SocketEngine::Uring);
+    write_read_verify_on(trellis_node::config::SocketEngine::Uring);
 }
 
-fn write_read_verify_on(engine: trellis_target::config::SocketEngine) {
+fn write_read_verify_on(engine: trellis_node::config::SocketEngine) {
     let t = start_target_with(engine);
     for dg in [NO, BOTH] {
         let mut c = controller(t.local_addrs[0], NQN, 2, dg, 5000);
@@ -303,10 +303,11 @@ fn shutdown_notification_reports_complete() {
 }
 
 /// A target over a file backend, for durability and read-only checks.
-fn file_target(path: &std::path::Path, read_only: bool) -> trellis_target::Target {
-    use trellis_target::config::*;
+fn file_target(path: &std::path::Path, read_only: bool) -> trellis_node::Target {
+    use trellis_node::config::*;
     let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
@@ -323,8 +324,9 @@ fn file_target(path: &std::path::Path, read_only: bool) -> trellis_target::Targe
         allowed_hosts: vec![],
         hosts: vec![],
         namespaces: vec![ns],
+        listeners: None,
     }];
-    trellis_target::Target::start(&cfg).unwrap()
+    trellis_node::Target::start(&cfg).unwrap()
 }
 
 #[test]
@@ -490,15 +492,16 @@ fn features_round_trip_and_unknown_ones_are_refused() {
 
 #[test]
 fn discovery_only_listener_refuses_io_subsystems() {
-    use trellis_target::config::*;
+    use trellis_node::config::*;
     let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: Some(ListenerKind::Discovery),
         ana_state: None,
         secure_channel: None,
     }];
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let mut q = Queue::open(t.local_addrs[0], NO);
     let c = q.fabrics_connect(0, 31, DEFAULT_NQN, HOST, CNTLID_DYNAMIC, 0);
     assert_eq!(c.status, specific::CONNECT_INVALID_PARAMS.dnr());
@@ -512,9 +515,10 @@ fn discovery_only_listener_refuses_io_subsystems() {
 
 #[test]
 fn null_namespace_discards_writes_and_reads_zeroes_with_digests() {
-    use trellis_target::config::*;
+    use trellis_node::config::*;
     let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
@@ -522,7 +526,7 @@ fn null_namespace_discards_writes_and_reads_zeroes_with_digests() {
     }];
     cfg.subsystems[0].nqn = NQN.into();
     cfg.subsystems[0].namespaces = vec![NamespaceConfig::sized(BackendKind::Null, 64 << 20)];
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     for dg in [NO, BOTH] {
         let mut c = controller(t.local_addrs[0], NQN, 1, dg, 5000);
         // Dirty the slot buffers with a write first: reads must still be zeroes.

@@ -5,12 +5,12 @@
 mod common;
 
 use common::*;
+use trellis_node::config::qos::{QosMode, TenantConfig};
+use trellis_node::config::{BackendKind, Config, NamespaceConfig};
+use trellis_node::data::qos::{VIEW_ENTRY_BYTES, VIEW_HEADER_BYTES, VIEW_LID};
 use trellis_nvme::pdu::{Digests, PduType};
 use trellis_nvme::sqe::{io, Sgl};
 use trellis_nvme::{le16, le32, le64, Cqe, Sqe};
-use trellis_target::config::qos::{QosMode, TenantConfig};
-use trellis_target::config::{BackendKind, Config, NamespaceConfig};
-use trellis_target::data::qos::{VIEW_ENTRY_BYTES, VIEW_HEADER_BYTES, VIEW_LID};
 
 const NO: Digests = Digests {
     header: false,
@@ -88,7 +88,7 @@ fn pipelined_reads(q: &mut Queue, n: usize, nlb: u32) -> Vec<(trellis_nvme::Stat
 #[test]
 fn qos_off_and_gimbal_both_serve_verified_io() {
     for mode in [QosMode::Off, QosMode::Gimbal] {
-        let t = trellis_target::Target::start(&config(mode)).unwrap();
+        let t = trellis_node::Target::start(&config(mode)).unwrap();
         let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
         let q = &mut c.io[0];
         for (i, blocks) in [(0u64, 8usize), (64, 256), (1024, 1)] {
@@ -120,7 +120,7 @@ fn gimbal_credits_in_dw1_change_under_load_and_match_the_log_page() {
         name: "test-host".into(),
         weight: 3,
     }];
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
     // Before any I/O: a fresh tenant's 8 slots × 32 (docs/gimbal.md §1.e).
     let r = read(&mut c.io[0], 0, 8).0;
@@ -158,7 +158,7 @@ fn gimbal_credits_in_dw1_change_under_load_and_match_the_log_page() {
 
 #[test]
 fn qos_off_namespace_has_an_empty_view_page() {
-    let t = trellis_target::Target::start(&config(QosMode::Off)).unwrap();
+    let t = trellis_node::Target::start(&config(QosMode::Off)).unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 0, NO, 5000);
     let (cqe, page) = get_log(&mut c.admin, VIEW_LID, 0, 512);
     assert!(cqe.status.is_success());
@@ -170,7 +170,7 @@ fn qos_off_namespace_has_an_empty_view_page() {
 fn gimbal_busy_answers_namespace_not_ready_without_dnr() {
     let mut cfg = config(QosMode::Gimbal);
     cfg.qos.limits.max_queued_per_tenant = 1;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
     // 128 KiB reads drain the 256 KiB token bucket after two: the rest
     // queue (one allowed) or are refused.
@@ -201,7 +201,7 @@ fn a_tenant_weight_set_live_reaches_the_running_scheduler() {
         weight: 3,
     }];
     cfg.ctl.socket = Some(dir.path().join("ctl.sock"));
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 1, NO, 5000);
     assert!(read(&mut c.io[0], 0, 8).0.status.is_success());
     let weight = |c: &mut Ctrl| {

@@ -2,7 +2,7 @@
 //! machine (the same harness `cargo fuzz` drives; this runs on every test).
 
 use proptest::prelude::*;
-use trellis_target::fuzzing::{feed, prefix};
+use trellis_node::fuzzing::{feed, prefix};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]

@@ -12,19 +12,19 @@ use common::*;
 use std::time::{Duration, Instant};
 use trellis_host::resv::{acquire, register, release, report, report_raw};
 use trellis_host::{Controller, Error, HostConfig, Queue, Xfer};
+use trellis_node::config::{BackendKind, NamespaceConfig};
 use trellis_nvme::resv::{
     notice, AcquireAction, Cptpl, RType, RegisterAction, ReleaseAction, AEN_DW0,
 };
 use trellis_nvme::sqe::io;
 use trellis_nvme::status::generic;
 use trellis_nvme::{Sqe, Status};
-use trellis_target::config::{BackendKind, NamespaceConfig};
 
 /// Hosts that register: more than 16.
 const REGISTERED: usize = 20;
 const CONFLICT: Status = generic::RESERVATION_CONFLICT.dnr();
 
-fn config(state: &std::path::Path) -> trellis_target::config::Config {
+fn config(state: &std::path::Path) -> trellis_node::config::Config {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
     cfg.subsystems[0].allow_any_host = Some(true);
     cfg.subsystems[0].allowed_hosts.clear();
@@ -111,7 +111,7 @@ fn wait_event(h: &mut Host) -> u32 {
 fn twenty_hosts_register_acquire_conflict_preempt_and_persist() {
     let state = tempfile::tempdir().unwrap();
     let cfg = config(state.path());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0].to_string();
     let mut hosts: Vec<Host> = (0..=REGISTERED).map(|i| connect(&addr, i)).collect();
     let mut outsider = hosts.pop().unwrap();
@@ -252,7 +252,7 @@ fn twenty_hosts_register_acquire_conflict_preempt_and_persist() {
     drop(hosts);
     drop(outsider);
     t.stop().unwrap();
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0].to_string();
     let mut h1 = connect(&addr, 1);
     let mut h2 = connect(&addr, 2);
@@ -288,7 +288,7 @@ fn twenty_hosts_register_acquire_conflict_preempt_and_persist() {
 fn without_ptpl_a_restart_forgets_the_reservation() {
     let state = tempfile::tempdir().unwrap();
     let cfg = config(state.path());
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let mut h = connect(&t.local_addrs[0].to_string(), 0);
     register(
         &mut h.q,
@@ -312,7 +312,7 @@ fn without_ptpl_a_restart_forgets_the_reservation() {
     assert!(!h.ctrl.ptpl(1).unwrap());
     drop(h);
     t.stop().unwrap();
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let mut h = connect(&t.local_addrs[0].to_string(), 3);
     let (hdr, _) = report(&mut h.q, 1, 4).unwrap();
     assert_eq!((hdr.regctl, hdr.rtype), (0, 0));
@@ -401,7 +401,7 @@ fn malformed_reservation_commands_fail_with_their_status() {
 #[test]
 fn a_host_is_all_its_controllers_and_masks_are_per_controller() {
     let state = tempfile::tempdir().unwrap();
-    let t = trellis_target::Target::start(&config(state.path())).unwrap();
+    let t = trellis_node::Target::start(&config(state.path())).unwrap();
     let addr = t.local_addrs[0].to_string();
     let (mut a1, mut a2, mut a3) = (connect(&addr, 0), connect(&addr, 0), connect(&addr, 0));
     let mut b = connect(&addr, 1);
@@ -475,5 +475,49 @@ fn a_host_is_all_its_controllers_and_masks_are_per_controller() {
     assert_eq!(a3.ctrl.resv_notice().unwrap().kind, notice::EMPTY);
     assert_eq!(status(write(&mut a3)), CONFLICT, "a3's host was preempted");
     drop((a1, a2, a3, b));
+    t.stop().unwrap();
+}
+
+/// Processor-node takeover (`trellis_host::resv::take_over`, docs/host.md)
+/// ends with the caller holding the reservation, whatever the victim held:
+/// Preempt and Abort of a victim that had only registered unregisters it
+/// and leaves nobody holding one, so `take_over` acquires it then; and
+/// from then on the victim's writes conflict. A third host holding it
+/// makes `take_over` fail instead of returning as if it owned the volume.
+#[test]
+fn take_over_leaves_the_caller_holding_the_reservation() {
+    use trellis_host::resv::{claim, take_over};
+    let state = tempfile::tempdir().unwrap();
+    let t = trellis_node::Target::start(&config(state.path())).unwrap();
+    let addr = t.local_addrs[0].to_string();
+    let (mut a, mut b, mut c) = (connect(&addr, 0), connect(&addr, 1), connect(&addr, 2));
+    let we = RType::WriteExclusive;
+    // A only registered; B takes over.
+    register(
+        &mut a.q,
+        1,
+        RegisterAction::Register,
+        false,
+        Cptpl::NoChange,
+        0,
+        key(0),
+    )
+    .unwrap();
+    take_over(&mut b.q, 1, key(1), key(0), we).unwrap();
+    let (hdr, regs) = report(&mut b.q, 1, 8).unwrap();
+    assert_eq!(hdr.rtype, we as u8, "B holds a Write Exclusive reservation");
+    assert!(regs.iter().any(|r| r.holds && r.rkey == key(1)), "{regs:?}");
+    assert!(
+        regs.iter().all(|r| r.rkey != key(0)),
+        "A is unregistered: {regs:?}"
+    );
+    assert_eq!(status(write(&mut a)), CONFLICT, "A may no longer write");
+    write(&mut b).unwrap();
+    // B holds it: C's claim conflicts, and C's take-over naming a key that
+    // holds nothing leaves B the holder, so it fails.
+    assert_eq!(status(claim(&mut c.q, 1, key(2), we)), CONFLICT);
+    let e = take_over(&mut c.q, 1, key(2), key(0), we);
+    assert!(e.is_err(), "C does not hold the reservation: {e:?}");
+    drop((a, b, c));
     t.stop().unwrap();
 }

@@ -10,10 +10,10 @@ use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use trellis_node::config::{BackendKind, NamespaceConfig};
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::sqe::io;
 use trellis_nvme::{Sgl, Sqe};
-use trellis_target::config::{BackendKind, NamespaceConfig};
 
 const NO: Digests = Digests {
     header: false,
@@ -27,18 +27,18 @@ const READ_BLOCKS: u32 = 2048;
 
 #[test]
 fn a_peer_that_stops_reading_is_closed_after_the_stall_timeout_while_a_healthy_host_runs_on() {
-    use trellis_target::config::SocketEngine;
+    use trellis_node::config::SocketEngine;
     for engine in [SocketEngine::Epoll, SocketEngine::Uring] {
         eprintln!("socket engine {engine:?}");
         slow_peer_beside_a_healthy_host(engine);
     }
 }
 
-fn slow_peer_beside_a_healthy_host(engine: trellis_target::config::SocketEngine) {
+fn slow_peer_beside_a_healthy_host(engine: trellis_node::config::SocketEngine) {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
     cfg.target.send_stall_timeout_ms = STALL_MS;
     cfg.target.socket_engine = engine;
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     let addr = t.local_addrs[0];
     // The healthy host: verified 4 KiB writes and reads until told to stop.
     let stop = Arc::new(AtomicBool::new(false));

@@ -8,14 +8,14 @@ use common::*;
 use std::time::{Duration, Instant};
 use trellis_host::engine::Xfer;
 use trellis_host::{HostConfig, HostTls};
+use trellis_node::config::{
+    BackendKind, HostConfig as TargetHost, ListenerConfig, NamespaceConfig, SecureChannel,
+    SocketEngine,
+};
 use trellis_nvme::log;
 use trellis_nvme::sqe::io;
 use trellis_nvme::tls_psk::{ConfiguredPsk, Derivation, PskHash};
 use trellis_nvme::Sqe;
-use trellis_target::config::{
-    BackendKind, HostConfig as TargetHost, ListenerConfig, NamespaceConfig, SecureChannel,
-    SocketEngine,
-};
 
 fn key(fill: u8, hash: PskHash) -> ConfiguredPsk {
     ConfiguredPsk {
@@ -34,10 +34,11 @@ fn start(
     k: &ConfiguredPsk,
     d: Derivation,
     engine: SocketEngine,
-) -> trellis_target::Target {
+) -> trellis_node::Target {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
     cfg.target.socket_engine = engine;
     cfg.listeners = vec![ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
@@ -51,7 +52,11 @@ fn start(
         tls_key_derivation: Some(d.name().into()),
         ..Default::default()
     }];
-    trellis_target::Target::start(&cfg).unwrap()
+    // HOST has only a TLS PSK, so by default only TLS listeners carry the
+    // subsystem: PLAIN_HOST's plain listener is named explicitly.
+    cfg.listeners[0].name = Some("l".into());
+    s.listeners = Some(vec!["l".into()]);
+    trellis_node::Target::start(&cfg).unwrap()
 }
 
 fn host(tls: Option<HostTls>) -> HostConfig {
@@ -310,7 +315,7 @@ fn a_silent_client_is_closed_at_the_handshake_timeout() {
         tls_key: Some(k.format().into()),
         ..Default::default()
     }];
-    let t = trellis_target::Target::start(&cfg).unwrap();
+    let t = trellis_node::Target::start(&cfg).unwrap();
     // Half a TLS record header, then nothing.
     let mut s = std::net::TcpStream::connect(t.local_addrs[0]).unwrap();
     std::io::Write::write_all(&mut s, &[0x16, 0x03]).unwrap();

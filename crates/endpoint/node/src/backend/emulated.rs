@@ -19,7 +19,7 @@
 //!   them at once too); reads are copied out at completion, so a read
 //!   returns what the medium holds when the drive would have returned it.
 
-use super::{Backend, BackendQueue, IoReq, Op};
+use super::{Backend, BackendQueue, Completion, IoReq, Op, Tag};
 pub use crate::config::emulated::{
     EmulatedParams, DEFAULT_PROFILE, FRAGMENTED_OVERWRITE_PERMILLE, MAX_TIME_SCALE,
 };
@@ -217,7 +217,7 @@ struct Pending {
     due_ns: u64,
     /// Submission order: equal due times complete first in, first out.
     seq: u64,
-    tag: u64,
+    tag: Tag,
     /// A read's request, copied out at completion; None for a write.
     read: Option<IoReq>,
 }
@@ -253,7 +253,7 @@ struct EmulatedQueue {
 }
 
 impl EmulatedQueue {
-    fn push(&mut self, due_ns: u64, tag: u64, read: Option<IoReq>) {
+    fn push(&mut self, due_ns: u64, tag: Tag, read: Option<IoReq>) {
         if self.pending.len() == self.pending.capacity() && !self.grew_logged {
             self.grew_logged = true;
             tracing::warn!(
@@ -277,7 +277,7 @@ impl BackendQueue for EmulatedQueue {
     fn zero_chunk_bytes(&self) -> u64 {
         self.ram.zero_chunk_bytes()
     }
-    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+    unsafe fn submit(&mut self, req: &IoReq, tag: Tag) -> Option<Status> {
         let dir = match req.op {
             Op::Read => IoDir::Read,
             Op::Write => IoDir::Write,
@@ -313,11 +313,11 @@ impl BackendQueue for EmulatedQueue {
         None
     }
 
-    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         self.reap_due(out, None)
     }
 
-    fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+    fn reap_timed(&mut self, out: &mut Vec<Completion>, due_ns: &mut Vec<u64>) -> usize {
         self.reap_due(out, Some(due_ns))
     }
 
@@ -336,7 +336,7 @@ impl BackendQueue for EmulatedQueue {
 impl EmulatedQueue {
     /// Completes what fell due by now; with `due`, also reports when each
     /// fell due in model time (the drive's own completion time, scaled).
-    fn reap_due(&mut self, out: &mut Vec<(u64, Status)>, mut due: Option<&mut Vec<u64>>) -> usize {
+    fn reap_due(&mut self, out: &mut Vec<Completion>, mut due: Option<&mut Vec<u64>>) -> usize {
         let now = crate::sys::now_ns();
         let mut n = 0;
         while let Some(Reverse(p)) = self.pending.peek() {
@@ -354,7 +354,7 @@ impl EmulatedQueue {
             };
             self.lateness
                 .saturating_record(now.saturating_sub(p.due_ns));
-            out.push((p.tag, st));
+            out.push(Completion::new(p.tag, st));
             if let Some(d) = due.as_deref_mut() {
                 // Drained early at shutdown: it completes now, not later.
                 d.push(p.due_ns.min(now));

@@ -10,7 +10,10 @@ pub mod emulated;
 pub mod file;
 pub mod null;
 pub mod ram;
+pub mod tag;
 pub mod zero;
+
+pub use tag::{Completion, IoTag, Tag};
 
 use trellis_nvme::Status;
 
@@ -107,13 +110,13 @@ pub trait Backend: Send + Sync {
 }
 
 pub trait BackendQueue {
-    /// Submits a request tagged `tag`. Returns `Some(status)` when it completed
+    /// Submits a request tagged `tag` (opaque here: [`tag`]). Returns `Some(status)` when it completed
     /// synchronously, `None` when its completion will come from `reap`.
     ///
     /// # Safety
     /// For Read/Write, `req.buf` must be valid for `req.len_bytes` bytes until
     /// the request completes, and not be accessed by anyone else meanwhile.
-    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status>;
+    unsafe fn submit(&mut self, req: &IoReq, tag: Tag) -> Option<Status>;
     /// Every request completes inside `submit` at zero device time (RAM,
     /// null): a scheduler may then decide and complete it in one pass
     /// (`trellis_qos::sched::Scheduler::run_now`).
@@ -129,7 +132,7 @@ pub trait BackendQueue {
         op: Op,
         ranges: &[(u64, u64)],
         fua: bool,
-        tag: u64,
+        tag: Tag,
     ) -> Option<Status> {
         let _ = (op, ranges, fua, tag);
         Some(trellis_nvme::status::generic::INTERNAL_ERROR)
@@ -144,7 +147,7 @@ pub trait BackendQueue {
     /// Pushes submitted-but-not-started work to the device (batching point).
     fn kick(&mut self) {}
     /// Appends finished asynchronous requests to `out`; returns how many.
-    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let _ = out;
         0
     }
@@ -153,7 +156,7 @@ pub trait BackendQueue {
     /// device that only reports completions when asked says "now"; the
     /// emulated SSD knows the model's time, so the scheduler's latency
     /// signal does not include how late the reactor polled.
-    fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+    fn reap_timed(&mut self, out: &mut Vec<Completion>, due_ns: &mut Vec<u64>) -> usize {
         let n = self.reap(out);
         if n > 0 {
             let now = crate::sys::now_ns();

@@ -1,7 +1,7 @@
 //! Null backend: writes are discarded and reads return zeroes. It measures
 //! the target's own cost per I/O, like SPDK's null bdev.
 
-use super::{Backend, BackendQueue, IoReq, Op};
+use super::{Backend, BackendQueue, IoReq, Op, Tag};
 use trellis_nvme::Status;
 
 pub struct NullBackend {
@@ -53,11 +53,11 @@ impl BackendQueue for NullQueue {
         _op: Op,
         _ranges: &[(u64, u64)],
         _fua: bool,
-        _tag: u64,
+        _tag: Tag,
     ) -> Option<Status> {
         Some(Status::SUCCESS)
     }
-    unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
+    unsafe fn submit(&mut self, req: &IoReq, _tag: Tag) -> Option<Status> {
         crate::sys::fault::io_panic_point();
         if req.op == Op::Read {
             // SAFETY: by this function's contract req.buf is valid for

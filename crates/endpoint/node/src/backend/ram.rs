@@ -1,7 +1,7 @@
 //! RAM backend: an anonymous private mapping, so untouched space costs no
 //! memory and reads back as zeroes; deallocation returns pages to the kernel.
 
-use super::{Backend, BackendQueue, IoReq, Op};
+use super::{Backend, BackendQueue, IoReq, Op, Tag};
 use std::sync::Arc;
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
@@ -133,7 +133,7 @@ impl BackendQueue for RamQueue {
     fn zero_chunk_bytes(&self) -> u64 {
         RAM_ZERO_CHUNK_BYTES
     }
-    unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
+    unsafe fn submit(&mut self, req: &IoReq, _tag: Tag) -> Option<Status> {
         crate::sys::fault::io_panic_point();
         let (Ok(off), Ok(len)) = (
             usize::try_from(req.offset_bytes),
@@ -168,6 +168,7 @@ impl BackendQueue for RamQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::tag::test_tag;
 
     /// Measures one step of RAM zeroing at its bound, on written pages (the
     /// expensive case: every page is freed). Bounded loosely (a shared CI
@@ -188,16 +189,16 @@ mod tests {
         let mut best = std::time::Duration::MAX;
         for _ in 0..3 {
             // SAFETY: data is live, len bytes, ours for the call.
-            let w = unsafe { q.submit(&io(Op::Write, data.as_mut_ptr()), 0) };
+            let w = unsafe { q.submit(&io(Op::Write, data.as_mut_ptr()), test_tag(0)) };
             assert_eq!(w, Some(Status::SUCCESS));
             let t = std::time::Instant::now();
             // SAFETY: no buffer.
-            let z = unsafe { q.submit(&io(Op::WriteZeroes, std::ptr::null_mut()), 0) };
+            let z = unsafe { q.submit(&io(Op::WriteZeroes, std::ptr::null_mut()), test_tag(0)) };
             best = best.min(t.elapsed());
             assert_eq!(z, Some(Status::SUCCESS));
         }
         // SAFETY: as above.
-        unsafe { q.submit(&io(Op::Read, data.as_mut_ptr()), 0) };
+        unsafe { q.submit(&io(Op::Read, data.as_mut_ptr()), test_tag(0)) };
         assert!(data.iter().all(|&x| x == 0), "zeroed");
         eprintln!("zeroing {len} bytes of written RAM: {best:?}");
         assert!(best < std::time::Duration::from_millis(20), "{best:?}");

@@ -21,7 +21,7 @@
 //! As nvmet queues the work of such commands on a workqueue rather than
 //! running it in its receive path.
 
-use super::{BackendQueue, IoReq, Op};
+use super::{BackendQueue, Completion, IoReq, Op, Tag};
 use std::collections::VecDeque;
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
@@ -54,16 +54,10 @@ impl Default for ZeroLimits {
     }
 }
 
-/// Tags of pieces this queue sends the backend carry this bit; the tags it
-/// is given never do (a connection's tag uses bits 0..47, a scheduled
-/// request's bit 63 and a slot number).
-const PIECE: u64 = 1 << 62;
-const JOB_MASK: u64 = u32::MAX as u64;
-
 /// One command's zeroing or deallocation.
 struct Job {
     /// The tag to complete with.
-    tag: u64,
+    tag: Tag,
     op: Op,
     fua: bool,
     /// (offset, length) in bytes, sorted and disjoint.
@@ -120,7 +114,8 @@ pub fn merge_ranges(ranges: &mut Vec<(u64, u64)>) {
 pub struct Chunked {
     inner: Box<dyn BackendQueue>,
     limits: ZeroLimits,
-    /// Jobs by id (the low bits of their pieces' tags); None: a free id.
+    /// Jobs by id (their pieces' tags are [`Tag::piece`] of it, which no
+    /// tag this queue is given is); None: a free id.
     jobs: Vec<Option<Job>>,
     free: Vec<u32>,
     /// Jobs with pieces still to send, oldest first.
@@ -128,9 +123,9 @@ pub struct Chunked {
     /// Pieces at the backend now.
     pieces_in_flight: usize,
     /// Finished commands and passed-through completions not yet reaped.
-    done: Vec<(u64, Status)>,
+    done: Vec<Completion>,
     /// Reused between reaps.
-    scratch: Vec<(u64, Status)>,
+    scratch: Vec<Completion>,
     scratch_due: Vec<u64>,
 }
 
@@ -151,7 +146,7 @@ impl Chunked {
 
     fn add_job(
         &mut self,
-        tag: u64,
+        tag: Tag,
         op: Op,
         fua: bool,
         mut ranges: Vec<(u64, u64)>,
@@ -215,7 +210,7 @@ impl Chunked {
             self.pieces_in_flight += 1;
             budget -= 1;
             // SAFETY: Write Zeroes and Discard carry no buffer.
-            if let Some(st) = unsafe { self.inner.submit(&req, PIECE | id as u64) } {
+            if let Some(st) = unsafe { self.inner.submit(&req, Tag::piece(id)) } {
                 self.piece_done(id, st);
             }
         }
@@ -230,7 +225,7 @@ impl Chunked {
         job.in_flight = job.in_flight.saturating_sub(1);
         job.piece_done(st);
         if job.issued_all() && job.in_flight == 0 {
-            self.done.push((job.tag, job.status));
+            self.done.push(Completion::new(job.tag, job.status));
             self.jobs[id as usize] = None;
             self.free.push(id);
             self.waiting.retain(|&w| w != id);
@@ -239,7 +234,7 @@ impl Chunked {
 }
 
 impl BackendQueue for Chunked {
-    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+    unsafe fn submit(&mut self, req: &IoReq, tag: Tag) -> Option<Status> {
         match req.op {
             Op::WriteZeroes | Op::Discard => self.add_job(
                 tag,
@@ -257,7 +252,7 @@ impl BackendQueue for Chunked {
         op: Op,
         ranges: &[(u64, u64)],
         fua: bool,
-        tag: u64,
+        tag: Tag,
     ) -> Option<Status> {
         if !matches!(op, Op::WriteZeroes | Op::Discard) {
             return Some(generic::INTERNAL_ERROR);
@@ -278,15 +273,14 @@ impl BackendQueue for Chunked {
         self.inner.kick();
     }
 
-    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
         let mut mine = std::mem::take(&mut self.scratch);
         self.inner.reap(&mut mine);
-        for &(tag, st) in &mine {
-            if tag & PIECE != 0 {
-                self.piece_done((tag & JOB_MASK) as u32, st);
-            } else {
-                out.push((tag, st));
+        for &c in &mine {
+            match c.tag.as_piece() {
+                Some(id) => self.piece_done(id, c.status),
+                None => out.push(c),
             }
         }
         mine.clear();
@@ -298,16 +292,16 @@ impl BackendQueue for Chunked {
     /// Passes the backend's own completion times through (an emulated SSD
     /// knows them, and Gimbal's latency signal needs them); a finished
     /// zeroing command is due now.
-    fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+    fn reap_timed(&mut self, out: &mut Vec<Completion>, due_ns: &mut Vec<u64>) -> usize {
         let before = out.len();
         let mut mine = std::mem::take(&mut self.scratch);
         let mut mine_due = std::mem::take(&mut self.scratch_due);
         self.inner.reap_timed(&mut mine, &mut mine_due);
-        for (k, &(tag, st)) in mine.iter().enumerate() {
-            if tag & PIECE != 0 {
-                self.piece_done((tag & JOB_MASK) as u32, st);
+        for (k, &c) in mine.iter().enumerate() {
+            if let Some(id) = c.tag.as_piece() {
+                self.piece_done(id, c.status);
             } else {
-                out.push((tag, st));
+                out.push(c);
                 due_ns.push(mine_due.get(k).copied().unwrap_or_else(crate::sys::now_ns));
             }
         }
@@ -340,7 +334,7 @@ impl BackendQueue for Chunked {
             .collect();
         for id in ids {
             if let Some(job) = self.jobs[id as usize].take() {
-                self.done.push((job.tag, job.status));
+                self.done.push(Completion::new(job.tag, job.status));
                 self.free.push(id);
             }
         }
@@ -351,6 +345,7 @@ impl BackendQueue for Chunked {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::tag::test_tag;
 
     #[test]
     fn overlapping_and_touching_ranges_merge_and_empty_ones_go() {
@@ -370,7 +365,7 @@ mod tests {
     }
 
     impl BackendQueue for Recorder {
-        unsafe fn submit(&mut self, req: &IoReq, _tag: u64) -> Option<Status> {
+        unsafe fn submit(&mut self, req: &IoReq, _tag: Tag) -> Option<Status> {
             self.pieces
                 .borrow_mut()
                 .push((req.op, req.offset_bytes, req.len_bytes));
@@ -384,7 +379,7 @@ mod tests {
         }
     }
 
-    fn steps_until_done(q: &mut dyn BackendQueue, max_steps: usize) -> (usize, Vec<(u64, Status)>) {
+    fn steps_until_done(q: &mut dyn BackendQueue, max_steps: usize) -> (usize, Vec<Completion>) {
         let mut out = Vec::new();
         for step in 1..=max_steps {
             q.kick();
@@ -414,7 +409,7 @@ mod tests {
             fua: false,
         };
         // SAFETY: no buffer.
-        let st = unsafe { q.submit(&req, 7) };
+        let st = unsafe { q.submit(&req, test_tag(7)) };
         assert_eq!(st, None, "never done inside submit");
         assert!(
             pieces.borrow().is_empty(),
@@ -423,7 +418,7 @@ mod tests {
         q.kick();
         assert_eq!(pieces.borrow().len(), 4, "one loop's share");
         let (steps, out) = steps_until_done(&mut *q, 100);
-        assert_eq!(out, vec![(7, Status::SUCCESS)]);
+        assert_eq!(out, vec![Completion::new(test_tag(7), Status::SUCCESS)]);
         assert_eq!(steps, 64 / 4 - 1);
         let p = pieces.borrow();
         assert_eq!(p.len(), 64);
@@ -446,11 +441,22 @@ mod tests {
             ZeroLimits::default(),
         );
         assert_eq!(
-            q.submit_ranges(Op::Discard, &[(0, 32 << 20), (1 << 30, 1 << 20)], false, 9),
+            q.submit_ranges(
+                Op::Discard,
+                &[(0, 32 << 20), (1 << 30, 1 << 20)],
+                false,
+                test_tag(9)
+            ),
             None
         );
         let (_, out) = steps_until_done(&mut *q, 100);
-        assert_eq!(out, vec![(9, trellis_nvme::status::media::WRITE_FAULT)]);
+        assert_eq!(
+            out,
+            vec![Completion::new(
+                test_tag(9),
+                trellis_nvme::status::media::WRITE_FAULT
+            )]
+        );
         assert!(pieces.borrow().len() <= 5 + 4, "stopped early");
         assert_eq!(q.in_flight(), 0);
     }
@@ -469,7 +475,7 @@ mod tests {
             ZeroLimits::default(),
         );
         assert_eq!(
-            q.submit_ranges(Op::Discard, &[(0, 1 << 40)], false, 1),
+            q.submit_ranges(Op::Discard, &[(0, 1 << 40)], false, test_tag(1)),
             None
         );
         let small = IoReq {
@@ -480,9 +486,13 @@ mod tests {
             fua: false,
         };
         // SAFETY: no buffer.
-        assert_eq!(unsafe { q.submit(&small, 2) }, None);
+        assert_eq!(unsafe { q.submit(&small, test_tag(2)) }, None);
         let (steps, out) = steps_until_done(&mut *q, 10);
-        assert_eq!(out, vec![(2, Status::SUCCESS)], "the small one, first");
+        assert_eq!(
+            out,
+            vec![Completion::new(test_tag(2), Status::SUCCESS)],
+            "the small one, first"
+        );
         assert_eq!(steps, 1, "within the first loop");
         assert!(q.in_flight() > 0, "the huge one goes on");
     }
@@ -493,16 +503,16 @@ mod tests {
     fn the_backend_s_completion_times_pass_through() {
         struct Timed(bool);
         impl BackendQueue for Timed {
-            unsafe fn submit(&mut self, _req: &IoReq, _tag: u64) -> Option<Status> {
+            unsafe fn submit(&mut self, _req: &IoReq, _tag: Tag) -> Option<Status> {
                 self.0 = true;
                 None
             }
-            fn reap(&mut self, _out: &mut Vec<(u64, Status)>) -> usize {
+            fn reap(&mut self, _out: &mut Vec<Completion>) -> usize {
                 unreachable!("reap_timed is the one called")
             }
-            fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+            fn reap_timed(&mut self, out: &mut Vec<Completion>, due_ns: &mut Vec<u64>) -> usize {
                 if std::mem::take(&mut self.0) {
-                    out.push((5, Status::SUCCESS));
+                    out.push(Completion::new(test_tag(5), Status::SUCCESS));
                     due_ns.push(1234);
                     return 1;
                 }
@@ -515,9 +525,15 @@ mod tests {
             ..crate::backend::IoReq::NONE
         };
         // SAFETY: the mock touches no buffer.
-        assert_eq!(unsafe { q.submit(&read, 5) }, None);
+        assert_eq!(unsafe { q.submit(&read, test_tag(5)) }, None);
         let (mut out, mut due) = (Vec::new(), Vec::new());
         assert_eq!(q.reap_timed(&mut out, &mut due), 1);
-        assert_eq!((out, due), (vec![(5, Status::SUCCESS)], vec![1234]));
+        assert_eq!(
+            (out, due),
+            (
+                vec![Completion::new(test_tag(5), Status::SUCCESS)],
+                vec![1234]
+            )
+        );
     }
 }

@@ -27,6 +27,12 @@ pub enum ListenerKind {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerConfig {
+    /// What a subsystem's `listeners` may call it besides its address
+    /// (stable across restarts and live removal and re-adding, unlike the
+    /// PORTID, which is its place in the table): 1 to
+    /// [`MAX_LISTENER_NAME_LEN`] of `A-Z a-z 0-9 . _ -`, unique.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// HOST:PORT: an IP address, or a host name resolved when the
     /// configuration is read (as `--listen` and `bench --addr`).
     #[serde(deserialize_with = "host_port")]
@@ -113,4 +119,127 @@ impl ListenerConfig {
             ListenerKind::Both
         })
     }
+}
+
+/// The longest listener `name`.
+pub const MAX_LISTENER_NAME_LEN: usize = 64;
+
+/// Whether `entry` of a subsystem's `listeners` names the listener called
+/// `name` at `addr`: its name, or its address written as IP:PORT.
+pub fn answers_to(name: Option<&str>, addr: SocketAddr, entry: &str) -> bool {
+    name == Some(entry) || entry.parse::<SocketAddr>().is_ok_and(|a| a == addr)
+}
+
+/// Listener names: well formed, never an address (so an entry of
+/// `listeners` means one thing), and unique.
+pub(crate) fn check_listener_names(ls: &[ListenerConfig]) -> anyhow::Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for n in ls.iter().filter_map(|l| l.name.as_deref()) {
+        anyhow::ensure!(
+            (1..=MAX_LISTENER_NAME_LEN).contains(&n.len())
+                && n.bytes().all(|b| b.is_ascii_alphanumeric() || b".-_".contains(&b))
+                && n.parse::<SocketAddr>().is_err(),
+            "listener name {n:?}: use 1 to {MAX_LISTENER_NAME_LEN} of A-Z a-z 0-9 . _ - (not an address)"
+        );
+        anyhow::ensure!(
+            seen.insert(n),
+            "listener name {n:?} is given twice: give each [[listener]] its own"
+        );
+    }
+    Ok(())
+}
+
+/// The I/O listeners of `ls` that carry subsystem `s`, by index, and
+/// whether that set came from the default rule (docs/target.md
+/// "Listeners of a subsystem"). Refuses an entry of `s.listeners` that
+/// names no listener, or names a discovery-only one.
+pub fn carrying_listeners(
+    s: &SubsystemConfig,
+    ls: &[ListenerConfig],
+) -> anyhow::Result<Vec<usize>> {
+    let io = |i: &usize| ls[*i].kind() == ListenerKind::Both;
+    let Some(names) = &s.listeners else {
+        let tls_only = psk_only_host(s).is_some();
+        return Ok((0..ls.len())
+            .filter(io)
+            .filter(|&i| !tls_only || ls[i].secure_channel.is_some())
+            .collect());
+    };
+    anyhow::ensure!(
+        !names.is_empty(),
+        "subsystem {}: listeners = [] carries it nowhere: name a [[listener]], or leave listeners out for the default",
+        s.nqn
+    );
+    let mut out = Vec::new();
+    for e in names {
+        let hit: Vec<usize> = (0..ls.len())
+            .filter(|&i| answers_to(ls[i].name.as_deref(), ls[i].addr, e))
+            .collect();
+        if hit.is_empty() {
+            let known: Vec<String> = ls
+                .iter()
+                .map(|l| l.name.clone().unwrap_or_else(|| l.addr.to_string()))
+                .collect();
+            anyhow::bail!(
+                "subsystem {}: listeners entry {e:?} names no [[listener]] (by name or IP:PORT): use one of {}, or add that listener",
+                s.nqn,
+                known.join(", ")
+            );
+        }
+        anyhow::ensure!(
+            hit.iter().all(io),
+            "subsystem {}: listeners entry {e:?} is a discovery-only listener (kind = \"discovery\"), which carries no I/O subsystem: name an I/O listener",
+            s.nqn
+        );
+        out.extend(hit);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// A host of `s` whose only credential is a TLS PSK (`tls_key` without
+/// `dhchap_secret`): such a host can prove itself only over TLS.
+pub fn psk_only_host(s: &SubsystemConfig) -> Option<&str> {
+    s.hosts
+        .iter()
+        .find(|h| h.tls_key.is_some() && h.dhchap_secret.is_none())
+        .map(|h| h.nqn.as_str())
+}
+
+/// Whether every host `s` admits is PSK-only: then only a TLS listener
+/// can serve it at all.
+fn only_psk_hosts(s: &SubsystemConfig) -> bool {
+    let psk_only = |n: &str| {
+        s.hosts
+            .iter()
+            .any(|h| h.nqn == n && h.tls_key.is_some() && h.dhchap_secret.is_none())
+    };
+    !s.allow_any()
+        && s.hosts.iter().all(|h| psk_only(&h.nqn))
+        && s.allowed_hosts.iter().all(|n| psk_only(n))
+        && !s.hosts.is_empty()
+}
+
+/// Subsystem `s`'s listeners among `ls`: every entry names an I/O
+/// listener, and a subsystem with a PSK-only host is carried by at least
+/// one TLS listener where the default rule or its hosts require it.
+pub fn check_binding(s: &SubsystemConfig, ls: &[ListenerConfig]) -> anyhow::Result<()> {
+    let carried = carrying_listeners(s, ls)?;
+    let secure = carried.iter().any(|&i| ls[i].secure_channel.is_some());
+    if s.listeners.is_none() {
+        if let Some(h) = psk_only_host(s).filter(|_| carried.is_empty()) {
+            anyhow::bail!(
+                "subsystem {}: host {h} has only a TLS PSK, so by default only TLS listeners carry the subsystem, and no I/O [[listener]] has secure_channel: add secure_channel = \"required\" to one, or name the listeners in listeners = [...]",
+                s.nqn
+            );
+        }
+    } else if only_psk_hosts(s) && !secure {
+        anyhow::bail!(
+            "subsystem {}: every host of it has only a TLS PSK, and listeners = {:?} names no listener with secure_channel: name a TLS listener (or give the hosts a dhchap_secret)",
+            s.nqn,
+            s.listeners.as_deref().unwrap_or_default()
+        );
+    }
+    Ok(())
 }

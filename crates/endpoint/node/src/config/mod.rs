@@ -105,6 +105,11 @@ pub struct SubsystemConfig {
     pub hosts: Vec<HostConfig>,
     #[serde(default, rename = "namespace")]
     pub namespaces: Vec<NamespaceConfig>,
+    /// The listeners that carry it, by `name` or IP:PORT (nvmet's
+    /// `ports/*/subsystems`). Unset: every I/O listener, or only the TLS
+    /// ones if a host of it has only a TLS PSK (docs/target.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listeners: Option<Vec<String>>,
 }
 
 impl SubsystemConfig {
@@ -337,12 +342,14 @@ impl Config {
             target: TargetConfig::default(),
             listeners: vec![
                 ListenerConfig {
+                    name: None,
                     addr: std::net::SocketAddr::from(([127, 0, 0, 1], 4420)),
                     kind: None,
                     ana_state: None,
                     secure_channel: None,
                 },
                 ListenerConfig {
+                    name: None,
                     addr: std::net::SocketAddr::from(([127, 0, 0, 1], 8009)),
                     kind: None,
                     ana_state: None,
@@ -357,6 +364,7 @@ impl Config {
                 allowed_hosts: vec![],
                 hosts: vec![],
                 namespaces: vec![NamespaceConfig::sized(BackendKind::Ram, 1 << 30)],
+                listeners: None,
             }],
             qos: Default::default(),
             tenants: Vec::new(),
@@ -436,6 +444,7 @@ impl Config {
             !self.listeners.is_empty(),
             "at least one [[listener]] is needed"
         );
+        check_listener_names(&self.listeners)?;
         let mut nqns = std::collections::HashSet::new();
         for s in &self.subsystems {
             check_nqn(&s.nqn)?;
@@ -476,6 +485,7 @@ impl Config {
                 bail!("subsystem {} allows no host at all", s.nqn);
             }
             validate_namespaces(s)?;
+            check_binding(s, &self.listeners)?;
         }
         self.validate_identities()
     }

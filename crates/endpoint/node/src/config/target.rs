@@ -102,6 +102,12 @@ pub struct TargetConfig {
     /// Reservation registrants per namespace (hosts registered with
     /// Reservation Register); one more is refused with Capacity Exceeded.
     pub max_registrants: usize,
+    /// How long a Reservation Acquire (Preempt and Abort) waits for the
+    /// commands already past their reservation check (at the backend, in
+    /// a scheduler) to finish before it completes; past it the Acquire
+    /// fails with Internal Error although the reservation has moved
+    /// (`state::drain`, docs/target.md "Reservations").
+    pub preempt_abort_timeout_ms: u64,
     /// DH-HMAC-CHAP transactions (AUTH_Negotiates) one connection may start;
     /// past it the transaction fails (AUTH_Failure1) before any exponentiation.
     pub auth_per_conn_max: u32,
@@ -150,6 +156,10 @@ impl std::str::FromStr for SocketEngine {
 /// (issue 13's load case; `crates/app/cli/tests/scale.rs`). Memory follows
 /// the connections actually open, not this bound (docs/target.md "Limits").
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+/// The most `target.max_connections` may be: 2³² − 1. A connection's index on its reactor is
+/// a `u32` in every backend tag it sends (`backend::tag::IoTag`), so every
+/// connection admitted has an index that fits.
+pub const MAX_CONNECTIONS_CEILING: usize = u32::MAX as usize;
 /// Default of `target.max_controllers` (per subsystem): enough for every
 /// host the default connection bound can serve; a controller costs its
 /// connections, which `max_connections` bounds. Was 64, which refused the
@@ -193,6 +203,20 @@ pub const DEFAULT_DATA_WAIT_TIMEOUT_MS: u64 = 5_000;
 /// Bounds of `target.data_wait_timeout_ms`.
 pub const DATA_WAIT_TIMEOUT_MS_MIN: u64 = 100;
 pub const DATA_WAIT_TIMEOUT_MS_MAX: u64 = 600_000;
+
+/// Default of `target.preempt_abort_timeout_ms`: under the 10 s command
+/// timeout of `trellis-host` (and far under the 30 s a Linux host waits,
+/// `nvme_core.io_timeout`, before it resets the controller), so the host
+/// hears the outcome rather than timing out first, and far above a healthy
+/// device's latency, so only a stuck backend reaches it.
+pub const DEFAULT_PREEMPT_ABORT_TIMEOUT_MS: u64 = 5_000;
+/// Largest `target.idle_sleep_ms`: a sleeping reactor sees a drain request
+/// (Preempt and Abort) only when it wakes, so its sleep is bounded, and at
+/// most half of `preempt_abort_timeout_ms`.
+pub const IDLE_SLEEP_MS_MAX: u64 = 5_000;
+/// Bounds of `target.preempt_abort_timeout_ms`.
+pub const PREEMPT_ABORT_TIMEOUT_MS_MIN: u64 = 10;
+pub const PREEMPT_ABORT_TIMEOUT_MS_MAX: u64 = 600_000;
 
 /// Default of `target.auth_per_conn_max`: a queue authenticates once at
 /// Connect, and again only when the host re-authenticates (a new key).
@@ -294,6 +318,7 @@ impl Default for TargetConfig {
             cntlid_min: 1,
             cntlid_max: MAX_CNTLID,
             max_registrants: crate::config::DEFAULT_MAX_REGISTRANTS,
+            preempt_abort_timeout_ms: DEFAULT_PREEMPT_ABORT_TIMEOUT_MS,
             auth_per_conn_max: DEFAULT_AUTH_PER_CONN_MAX,
             auth_per_host_per_sec: DEFAULT_AUTH_PER_HOST_PER_SEC,
             auth_per_host_burst: DEFAULT_AUTH_PER_HOST_BURST,
@@ -355,7 +380,11 @@ impl TargetConfig {
             t.max_io_queues >= 1 && t.max_io_queues <= 1024,
             "target.max_io_queues must be 1..=1024"
         );
-        ensure!(t.max_connections >= 1, "target.max_connections must be ≥ 1");
+        ensure!(
+            (1..=MAX_CONNECTIONS_CEILING).contains(&t.max_connections),
+            "target.max_connections {} is out of range: use 1..={MAX_CONNECTIONS_CEILING}",
+            t.max_connections
+        );
         let b = t.send_budget.0;
         ensure!(
             b == 0 || (SEND_BUDGET_MIN..=SEND_BUDGET_MAX).contains(&b),
@@ -402,6 +431,19 @@ impl TargetConfig {
             "target.data_wait_timeout_ms {} is out of range: use {DATA_WAIT_TIMEOUT_MS_MIN}..={DATA_WAIT_TIMEOUT_MS_MAX}",
             t.data_wait_timeout_ms
         );
+        ensure!(
+            (PREEMPT_ABORT_TIMEOUT_MS_MIN..=PREEMPT_ABORT_TIMEOUT_MS_MAX)
+                .contains(&t.preempt_abort_timeout_ms),
+            "target.preempt_abort_timeout_ms {} is out of range: use {PREEMPT_ABORT_TIMEOUT_MS_MIN}..={PREEMPT_ABORT_TIMEOUT_MS_MAX}",
+            t.preempt_abort_timeout_ms
+        );
+        ensure!(
+            t.idle_sleep_ms <= IDLE_SLEEP_MS_MAX
+                && t.idle_sleep_ms.saturating_mul(2) <= t.preempt_abort_timeout_ms,
+            "target.idle_sleep_ms {} is too long: use at most {IDLE_SLEEP_MS_MAX} and at most half of target.preempt_abort_timeout_ms ({}), or a sleeping reactor holds up every Preempt and Abort",
+            t.idle_sleep_ms,
+            t.preempt_abort_timeout_ms
+        );
         t.validate_auth()?;
         // Every connection's share must fit the largest transfer, or a
         // command of that size would wait forever.
@@ -414,5 +456,42 @@ impl TargetConfig {
             need.div_ceil(1 << 20)
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every connection index must fit the `u32` of a backend tag
+    /// (`backend::tag::IoTag`): a bound above that is refused at load.
+    #[test]
+    fn max_connections_above_the_tag_s_ceiling_is_refused() {
+        let mut t = TargetConfig {
+            max_connections: MAX_CONNECTIONS_CEILING,
+            ..TargetConfig::default()
+        };
+        t.validate().expect("the ceiling itself is allowed");
+        t.max_connections = MAX_CONNECTIONS_CEILING + 1;
+        let e = t.validate().expect_err("one above the ceiling");
+        assert!(e.to_string().contains("max_connections"), "{e}");
+        t.max_connections = 0;
+        assert!(t.validate().is_err(), "zero connections");
+    }
+
+    #[test]
+    fn an_idle_sleep_that_would_hold_up_preempt_and_abort_is_refused() {
+        let mut t = TargetConfig::default();
+        t.idle_sleep_ms = t.preempt_abort_timeout_ms / 2;
+        t.validate().expect("half the preempt timeout is allowed");
+        t.idle_sleep_ms += 1;
+        let e = t.validate().expect_err("more than half");
+        assert!(e.to_string().contains("target.idle_sleep_ms"), "{e}");
+        t.preempt_abort_timeout_ms = PREEMPT_ABORT_TIMEOUT_MS_MAX;
+        t.idle_sleep_ms = IDLE_SLEEP_MS_MAX + 1;
+        assert!(t.validate().is_err(), "above the ceiling");
+        // 2^31 ms and more used to wrap the epoll timeout to "forever".
+        t.idle_sleep_ms = 1 << 31;
+        assert!(t.validate().is_err());
     }
 }

@@ -39,8 +39,11 @@ impl Registry {
             !in_ha_pair || c.kind() == ListenerKind::Discovery,
             "this node is in an HA pair ([ha]): the lease sets its paths' ANA states, so an I/O listener cannot be added live; put it in the config and restart (a discovery listener, kind = \"discovery\", may be added)"
         );
-        let t = &self.listeners;
+        let t = &self.listeners();
         let _g = crate::sys::lock(&t.change);
+        let mut all = t.configs();
+        all.push(c.clone());
+        crate::config::check_listener_names(&all)?;
         if let Some(l) = t.iter().find(|l| l.addr == c.addr && c.addr.port() != 0) {
             bail!(
                 "already listening on {} (portid {}): pick another address",
@@ -71,10 +74,11 @@ impl Registry {
             .ana_state
             .unwrap_or(trellis_nvme::ana::AnaState::Optimized);
         ensure!(
-            self.ana.copy_listener(from, portid, st),
+            self.ana().copy_listener(from, portid, st),
             "no ANA state slots for portid {portid}: restart to add more listeners"
         );
         let info = ListenerInfo {
+            name: c.name.clone(),
             addr: c.addr,
             kind: c.kind(),
             portid,
@@ -91,7 +95,7 @@ impl Registry {
     /// Stops listening on `addr`; its connections stay. The last listener
     /// cannot be removed (a target needs one, as the config says).
     pub fn remove_listener(&self, addr: SocketAddr) -> anyhow::Result<usize> {
-        let t = &self.listeners;
+        let t = &self.listeners();
         let _g = crate::sys::lock(&t.change);
         let live: Vec<(usize, SocketAddr)> = (0..t.len.load(Ordering::Acquire))
             .filter_map(|i| Some((i, t.live(i)?.addr)))

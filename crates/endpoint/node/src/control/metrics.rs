@@ -106,14 +106,14 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
     );
     let size = Family::<NsLabels, Gauge>::default();
     prom.register("namespace_size_bytes", "Namespace capacity", size.clone());
-    let nss = reg.ns.load();
-    for sub in &reg.subsystems {
+    let nss = reg.ns().load();
+    for sub in reg.subsystems() {
         for ns in &nss.sub(sub.idx).namespaces {
             let l = NsLabels {
                 subsystem: sub.nqn.clone(),
-                nsid: ns.nsid,
+                nsid: ns.nsid(),
             };
-            let s = &ns.stats;
+            let s = &ns.stats();
             reads.get_or_create(&l).inc_by(s.read_cmds.load(Relaxed));
             writes.get_or_create(&l).inc_by(s.write_cmds.load(Relaxed));
             rbytes.get_or_create(&l).inc_by(s.read_bytes.load(Relaxed));
@@ -127,12 +127,12 @@ fn register_namespaces(prom: &mut Prom, reg: &Registry) {
             for (k, op) in ["read", "write"].into_iter().enumerate() {
                 let ol = OpLabels {
                     subsystem: sub.nqn.clone(),
-                    nsid: ns.nsid,
+                    nsid: ns.nsid(),
                     op,
                 };
                 *crate::sys::lock(&lat.get_or_create(&ol).0) = histogram(&s.latency[k]);
             }
-            let bytes = ns.size_blocks().saturating_mul(ns.block_size as u64);
+            let bytes = ns.size_blocks().saturating_mul(ns.block_size() as u64);
             size.get_or_create(&l)
                 .set(bytes.min(i64::MAX as u64) as i64);
         }
@@ -250,19 +250,19 @@ fn register_qos(prom: &mut Prom, reg: &Registry) {
         "qos_tenant_completed_bytes",
         "Bytes completed for the tenant",
     );
-    let in_use = reg.tenants.in_use();
+    let in_use = reg.tenants().in_use();
     let names: Vec<(usize, String)> = in_use
         .iter()
-        .map(|&id| (id as usize, reg.tenants.name_of(id)))
+        .map(|&id| (id as usize, reg.tenants().name_of(id)))
         .collect();
-    let nss = reg.ns.load();
-    for sub in &reg.subsystems {
+    let nss = reg.ns().load();
+    for sub in reg.subsystems() {
         for ns in &nss.sub(sub.idx).namespaces {
-            let board = crate::sys::lock(&ns.qos_board).clone();
+            let board = crate::sys::lock(ns.qos_board()).clone();
             for (r, p) in board.iter().enumerate() {
                 let l = QosLabels {
                     subsystem: sub.nqn.clone(),
-                    nsid: ns.nsid,
+                    nsid: ns.nsid(),
                     reactor: r as u32,
                 };
                 rate.get_or_create(&l)
@@ -274,7 +274,7 @@ fn register_qos(prom: &mut Prom, reg: &Registry) {
                 for (k, op) in ["read", "write"].into_iter().enumerate() {
                     let dl = QosDirLabels {
                         subsystem: sub.nqn.clone(),
-                        nsid: ns.nsid,
+                        nsid: ns.nsid(),
                         reactor: r as u32,
                         op,
                     };
@@ -293,7 +293,7 @@ fn register_qos(prom: &mut Prom, reg: &Registry) {
                     };
                     let tl = TenantLabels {
                         subsystem: sub.nqn.clone(),
-                        nsid: ns.nsid,
+                        nsid: ns.nsid(),
                         reactor: r as u32,
                         tenant: name.clone(),
                     };
@@ -355,7 +355,7 @@ fn register_process(prom: &mut Prom, src: &Sources) {
         closed.clone(),
     );
     for k in crate::state::stats::CloseKind::ALL {
-        let n = src.reg.conn_closed[k as usize].load(Relaxed);
+        let n = src.reg.conn_closed()[k as usize].load(Relaxed);
         closed
             .get_or_create(&CloseLabels { reason: k.label() })
             .inc_by(n);
@@ -366,7 +366,7 @@ fn register_process(prom: &mut Prom, src: &Sources) {
         "Wall time each reactor spent in loops that did work (the rest it polled or slept)",
         busy.clone(),
     );
-    for (i, c) in src.reg.reactor_busy_ns.iter().enumerate() {
+    for (i, c) in src.reg.reactor_busy_ns().iter().enumerate() {
         let l = ReactorLabels { reactor: i as u32 };
         busy.get_or_create(&l)
             .inc_by(c.0.load(Relaxed) as f64 / 1e9);
@@ -377,21 +377,21 @@ fn register_process(prom: &mut Prom, src: &Sources) {
         "Duration of each reactor loop that did work (log2 µs buckets): a long loop delays what falls due during it",
         loops.clone(),
     );
-    for (i, h) in src.reg.reactor_loop_hist.iter().enumerate() {
+    for (i, h) in src.reg.reactor_loop_hist().iter().enumerate() {
         let l = ReactorLabels { reactor: i as u32 };
         *crate::sys::lock(&loops.get_or_create(&l).0) = histogram(h);
     }
     let up = Gauge::<f64, AtomicU64>::default();
-    up.set(src.reg.started.elapsed().as_secs_f64());
+    up.set(src.reg.uptime().as_secs_f64());
     prom.register("uptime_seconds", "Seconds since the target started", up);
     let kept = Gauge::<i64>::default();
-    kept.set(src.reg.buffer_budget.used().min(i64::MAX as u64) as i64);
+    kept.set(src.reg.buffer_budget().used().min(i64::MAX as u64) as i64);
     prom.register(
         "large_buffer_bytes",
         "Bytes of large command buffers kept for reuse (bounded by large_buffer_budget)",
         kept,
     );
-    let pool = &src.reg.transfer_pool;
+    let pool = &src.reg.transfer_pool();
     let used = Gauge::<i64>::default();
     used.set(pool.used().min(i64::MAX as u64) as i64);
     prom.register(

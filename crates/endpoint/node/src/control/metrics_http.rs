@@ -69,7 +69,7 @@ pub fn spawn(
 }
 
 fn serve(l: &TcpListener, token: Option<&str>, src: &Sources, shutdown: &AtomicBool) {
-    crate::sys::avoid_reactor_cpus(&src.reg.limits.cpus);
+    crate::sys::avoid_reactor_cpus(&src.reg.limits().cpus);
     let mut conns: Vec<Conn> = Vec::with_capacity(MAX_CONNECTIONS);
     let mut fds = Vec::with_capacity(MAX_CONNECTIONS + 1);
     while !shutdown.load(Relaxed) {

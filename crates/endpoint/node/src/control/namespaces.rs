@@ -9,7 +9,6 @@ use crate::config::{Config, NamespaceConfig};
 use crate::state::nsset::{NsSet, SubNs, MAX_NAMESPACE_UIDS};
 use crate::state::subsystem::{open_namespace, Namespace, Registry, Subsystem};
 use anyhow::{bail, ensure};
-use std::sync::atomic::Ordering::Relaxed;
 
 /// What a namespace change did.
 /// Hosts one subsystem may list (`host add`).
@@ -30,14 +29,14 @@ impl Registry {
         sub: &Subsystem,
         mut n: NamespaceConfig,
     ) -> anyhow::Result<Changed> {
-        let cur = self.ns.load();
+        let cur = self.ns().load();
         let nsid = match n.nsid {
             Some(id) => id,
-            None => free_nsid(cur.sub(sub.idx), self.nn)?,
+            None => free_nsid(cur.sub(sub.idx), self.nn())?,
         };
         n.nsid = Some(nsid);
         self.check_new(&cur, sub, nsid, &n)?;
-        let uid = self.next_uid.fetch_add(1, Relaxed);
+        let uid = self.alloc_uid();
         ensure!(
             uid < MAX_NAMESPACE_UIDS,
             "{MAX_NAMESPACE_UIDS} namespaces were added over this target's life (the limit): restart it to add more"
@@ -46,15 +45,15 @@ impl Registry {
         // takes a while, and readers of the set need not wait.
         let i = nsid as usize - 1;
         let ns = open_namespace(
-            &self.node,
+            self.node(),
             &sub.nqn,
             i,
             &n,
             uid,
-            &self.ana,
-            self.limits.max_registrants,
+            self.ana(),
+            self.limits().max_registrants,
         )?;
-        self.ns.update(|cur| {
+        self.ns().update(|cur| {
             // Checked again: another change may have come in meanwhile.
             self.check_new(cur, sub, nsid, &n)?;
             check_unique(cur, &ns)?;
@@ -68,7 +67,7 @@ impl Registry {
             set_sub(&mut next, sub.idx, SubNs::new(nss));
             anyhow::Ok((next, ()))
         })?;
-        tracing::info!(subsystem = %sub.nqn, nsid, "namespace added: {}", ns.backend.describe());
+        tracing::info!(subsystem = %sub.nqn, nsid, "namespace added: {}", ns.backend().describe());
         Ok(Changed {
             nsid,
             notified_controllers: notify(sub, nsid),
@@ -79,7 +78,7 @@ impl Registry {
     /// finish on it; later ones fail with Invalid Namespace. Its data is
     /// flushed once it is out of the set.
     pub fn remove_namespace(&self, sub: &Subsystem, nsid: u32) -> anyhow::Result<Changed> {
-        let ns = self.ns.update(|cur| {
+        let ns = self.ns().update(|cur| {
             let sns = cur.sub(sub.idx);
             let Some(ns) = sns.namespace(nsid).cloned() else {
                 bail!(
@@ -89,14 +88,14 @@ impl Registry {
                 );
             };
             let mut next = cur.clone();
-            if let Some(slot) = next.by_uid.get_mut(ns.uid) {
+            if let Some(slot) = next.by_uid.get_mut(ns.uid()) {
                 *slot = None;
             }
-            let nss = sns.namespaces.iter().filter(|n| n.nsid != nsid);
+            let nss = sns.namespaces.iter().filter(|n| n.nsid() != nsid);
             set_sub(&mut next, sub.idx, SubNs::new(nss.cloned().collect()));
             Ok((next, ns))
         })?;
-        if let Err(e) = ns.backend.sync_all() {
+        if let Err(e) = ns.backend().sync_all() {
             tracing::error!(subsystem = %sub.nqn, nsid, "flush of the removed namespace failed: {e}");
         }
         tracing::info!(subsystem = %sub.nqn, nsid, "namespace removed");
@@ -114,7 +113,7 @@ impl Registry {
         nsid: u32,
         bytes: u64,
     ) -> anyhow::Result<Changed> {
-        let set = self.ns.load();
+        let set = self.ns().load();
         let sns = set.sub(sub.idx);
         let Some(ns) = sns.namespace(nsid) else {
             bail!(
@@ -123,7 +122,7 @@ impl Registry {
                 nsid_list(sns)
             );
         };
-        let bs = ns.block_size as u64;
+        let bs = ns.block_size() as u64;
         let now = ns.size_blocks().saturating_mul(bs);
         ensure!(
             bytes.is_multiple_of(bs),
@@ -135,8 +134,8 @@ impl Registry {
             bytes > now,
             "size {bytes} is not larger than the namespace's {now} bytes: only growing is supported (shrinking would cut off data hosts wrote)"
         );
-        ns.backend.grow(bytes)?;
-        ns.size_blocks.store(bytes / bs, Relaxed);
+        ns.backend().grow(bytes)?;
+        ns.grow_to(bytes / bs);
         tracing::info!(subsystem = %sub.nqn, nsid, "namespace grown from {now} to {bytes} bytes");
         Ok(Changed {
             nsid,
@@ -188,20 +187,20 @@ impl Registry {
     /// subsystems, namespaces, hosts, referrals and tenant weights changed since
     /// (`trellis ctl save`).
     pub fn live_config(&self) -> Config {
-        let mut c = self.config.clone();
-        let set = self.ns.load();
+        let mut c = self.config().clone();
+        let set = self.ns().load();
         c.subsystems = self
-            .subsystems
+            .subsystems()
             .iter()
-            .filter_map(|s| Some((s.idx, self.subsystems.config_of(s.idx)?.clone())))
+            .filter_map(|s| Some((s.idx, self.subsystems().config_of(s.idx)?.clone())))
             .map(|(i, mut s)| {
                 self.live_subsystem(&set, i, &mut s);
                 s
             })
             .collect();
-        c.referrals = crate::sys::lock(&self.disc.referrals).clone();
-        c.listeners = self.listeners.configs();
-        c.tenants = self.tenants.configs();
+        c.referrals = crate::sys::lock(&self.disc().referrals).clone();
+        c.listeners = self.listeners().configs();
+        c.tenants = self.tenants().configs();
         c
     }
 
@@ -213,13 +212,13 @@ impl Registry {
             .iter()
             .map(|n| {
                 // The size now (a resize may have grown it).
-                let mut c = n.config.clone();
-                let bytes = n.size_blocks().saturating_mul(n.block_size as u64);
+                let mut c = n.config().clone();
+                let bytes = n.size_blocks().saturating_mul(n.block_size() as u64);
                 c.size = Some(crate::config::ByteSize(bytes));
                 c
             })
             .collect();
-        if let Some(sub) = self.subsystems.get(i) {
+        if let Some(sub) = self.subsystems().get(i) {
             let mut hosts: Vec<String> = crate::sys::lock(&sub.allowed_hosts)
                 .iter()
                 .cloned()
@@ -239,12 +238,12 @@ impl Registry {
         n: &NamespaceConfig,
     ) -> anyhow::Result<()> {
         ensure!(
-            (1..=self.nn).contains(&nsid),
+            (1..=self.nn()).contains(&nsid),
             "nsid {nsid} is outside 1..={} (NN, which hosts read once at connect): pick one in that range",
-            self.nn
+            self.nn()
         );
         ensure!(
-            !self.subsystems.is_removed(sub.idx),
+            !self.subsystems().is_removed(sub.idx),
             "subsystem {} was removed",
             sub.nqn
         );
@@ -279,12 +278,12 @@ pub(crate) fn check_unique_among<'a>(
     let hex = crate::sys::hex;
     for o in others {
         for (what, a, b) in [
-            ("uuid", hex(&o.info.uuid), hex(&ns.info.uuid)),
-            ("nguid", hex(&o.info.nguid), hex(&ns.info.nguid)),
-            ("eui64", hex(&o.info.eui64), hex(&ns.info.eui64)),
+            ("uuid", hex(&o.info().uuid), hex(&ns.info().uuid)),
+            ("nguid", hex(&o.info().nguid), hex(&ns.info().nguid)),
+            ("eui64", hex(&o.info().eui64), hex(&ns.info().eui64)),
         ] {
             if a == b {
-                bail!("{what} {a} is namespace {}'s already: give another or leave it out to derive one", o.nsid);
+                bail!("{what} {a} is namespace {}'s already: give another or leave it out to derive one", o.nsid());
             }
         }
     }
@@ -306,7 +305,7 @@ fn free_nsid(s: &SubNs, nn: u32) -> anyhow::Result<u32> {
 }
 
 fn nsid_list(s: &SubNs) -> String {
-    let v: Vec<String> = s.namespaces.iter().map(|n| n.nsid.to_string()).collect();
+    let v: Vec<String> = s.namespaces.iter().map(|n| n.nsid().to_string()).collect();
     if v.is_empty() {
         "none".into()
     } else {
@@ -319,7 +318,7 @@ fn nsid_list(s: &SubNs) -> String {
 fn notify(sub: &Subsystem, nsid: u32) -> usize {
     let mut n = 0;
     for c in crate::sys::lock(&sub.controllers).values() {
-        crate::sys::lock(&c.changed_ns).add(nsid);
+        c.changed_ns().add(nsid);
         if c.raise_event(crate::state::aen::AEN_NS_ATTR) {
             n += 1;
         }

@@ -9,7 +9,7 @@ use trellis_nvme::log::DiscoveryEntry;
 impl Registry {
     /// Adds (`add`) or removes a referral; Err names what is wrong.
     pub fn set_referral(&self, r: ReferralConfig, add: bool) -> anyhow::Result<usize> {
-        let mut rs = crate::sys::lock(&self.disc.referrals);
+        let mut rs = crate::sys::lock(&self.disc().referrals);
         if add {
             let mut next = rs.clone();
             next.push(r.clone());
@@ -33,7 +33,7 @@ impl Registry {
     /// Replaces the remote entries merged from `source` (`trellis cdc`);
     /// an empty list drops the source. Notifies only when they differ.
     pub fn set_remote_entries(&self, source: &str, entries: Vec<DiscoveryEntry>) -> bool {
-        let mut remote = crate::sys::lock(&self.disc.remote);
+        let mut remote = crate::sys::lock(&self.disc().remote);
         let i = remote.iter().position(|(s, _)| s == source);
         let changed = match (i, entries.is_empty()) {
             (Some(i), true) => {

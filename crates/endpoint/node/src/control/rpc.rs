@@ -286,28 +286,28 @@ fn error(id: Value, c: i64, msg: &str) -> Value {
 fn ana_get(reg: &Registry) -> Value {
     let mut rows = Vec::new();
     for l in reg
-        .listeners
+        .listeners()
         .iter()
         .filter(|l| l.kind == ListenerKind::Both)
     {
-        let set = reg.ns.load();
-        for (g, &grpid) in reg.ana.groups().iter().enumerate() {
+        let set = reg.ns().load();
+        for (g, &grpid) in reg.ana().groups().iter().enumerate() {
             let nss: Vec<Value> = reg
-                .subsystems
+                .subsystems()
                 .iter()
                 .flat_map(|s| set.sub(s.idx).namespaces.iter().map(move |n| (s, n)))
-                .filter(|(_, n)| n.anagrpid == grpid)
-                .map(|(s, n)| json!({"subsystem": s.nqn, "nsid": n.nsid}))
+                .filter(|(_, n)| n.anagrpid() == grpid)
+                .map(|(s, n)| json!({"subsystem": s.nqn, "nsid": n.nsid()}))
                 .collect();
             rows.push(json!({
                 "listener": l.addr.to_string(),
                 "group": grpid,
-                "state": reg.ana.state(l.portid, g).name(),
+                "state": reg.ana().state(l.portid, g).name(),
                 "namespaces": nss,
             }));
         }
     }
-    json!({"change_count": reg.ana.change_count(), "groups": rows})
+    json!({"change_count": reg.ana().change_count(), "groups": rows})
 }
 
 /// A refusal: a JSON-RPC error code and a message naming the value and the fix.
@@ -324,9 +324,9 @@ fn ana_set(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
     let state = state_param(p.get("state"))?;
     let mut changed = Vec::new();
     for g in groups {
-        let grpid = reg.ana.groups()[g];
-        let old = reg.ana.state(portid, g);
-        if reg.ana.set(portid, g, state) {
+        let grpid = reg.ana().groups()[g];
+        let old = reg.ana().state(portid, g);
+        if reg.ana().set(portid, g, state) {
             tracing::info!(
                 "ANA group {grpid} on listener {addr}: {} -> {}",
                 old.name(),
@@ -341,7 +341,7 @@ fn ana_set(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
 
 fn listener_param(reg: &Registry, v: Option<&Value>) -> Result<(u16, String), RpcError> {
     let io: Vec<_> = reg
-        .listeners
+        .listeners()
         .iter()
         .filter(|l| l.kind == ListenerKind::Both)
         .collect();
@@ -369,7 +369,7 @@ fn listener_param(reg: &Registry, v: Option<&Value>) -> Result<(u16, String), Rp
 
 /// Group indexes named by `v`: an ANAGRPID, or "all".
 fn group_param(reg: &Registry, v: Option<&Value>) -> Result<Vec<usize>, RpcError> {
-    let all = reg.ana.groups();
+    let all = reg.ana().groups();
     let known = || {
         all.iter()
             .map(u32::to_string)
@@ -380,7 +380,7 @@ fn group_param(reg: &Registry, v: Option<&Value>) -> Result<Vec<usize>, RpcError
         Some(Value::String(s)) if s == "all" => Ok((0..all.len()).collect()),
         Some(Value::Number(n)) => {
             let g = n.as_u64().and_then(|g| u32::try_from(g).ok());
-            match g.and_then(|g| reg.ana.index_of(g)) {
+            match g.and_then(|g| reg.ana().index_of(g)) {
                 Some(i) => Ok(vec![i]),
                 None => Err(invalid(format!(
                     "unknown ANA group {n}: use one of {} or \"all\"",
@@ -415,14 +415,14 @@ pub(crate) fn notify(reg: &Registry, portid: u16, groups: &[u32]) -> usize {
         return 0;
     }
     let mut n = 0;
-    let set = reg.ns.load();
-    for sub in &reg.subsystems {
+    let set = reg.ns().load();
+    for sub in reg.subsystems() {
         let ana_groups = &set.sub(sub.idx).ana_groups;
         if !ana_groups.iter().any(|(g, _)| groups.contains(g)) {
             continue;
         }
         for c in crate::sys::lock(&sub.controllers).values() {
-            if c.portid == portid && c.raise_event(AEN_ANA_CHANGE) {
+            if c.portid() == portid && c.raise_event(AEN_ANA_CHANGE) {
                 n += 1;
             }
         }
@@ -436,7 +436,7 @@ fn subsystem_param<'a>(
     v: Option<&Value>,
 ) -> Result<&'a Arc<crate::state::subsystem::Subsystem>, RpcError> {
     let known = || {
-        let v: Vec<&str> = reg.subsystems.iter().map(|s| s.nqn.as_str()).collect();
+        let v: Vec<&str> = reg.subsystems().iter().map(|s| s.nqn.as_str()).collect();
         v.join(", ")
     };
     let nqn = v.and_then(Value::as_str);
@@ -568,16 +568,16 @@ fn tenant_set_weight(reg: &Registry, p: &Value) -> Result<Value, RpcError> {
         )));
     };
     let who = p.get("tenant").and_then(Value::as_str);
-    let Some(t) = who.and_then(|w| reg.tenants.resolve(w)) else {
+    let Some(t) = who.and_then(|w| reg.tenants().resolve(w)) else {
         return Err(invalid(format!(
             "unknown tenant {}: give \"tenant\" as a [[tenant]] name or a host NQN (nqn....)",
             p.get("tenant")
                 .map_or("(missing)".to_string(), Value::to_string)
         )));
     };
-    reg.tenants.set_weight(t, w).map_err(invalid)?;
+    reg.tenants().set_weight(t, w).map_err(invalid)?;
     tracing::info!(tenant = t, weight = w, "tenant weight set");
-    Ok(json!({"tenant": reg.tenants.name_of(t), "id": t, "weight": w}))
+    Ok(json!({"tenant": reg.tenants().name_of(t), "id": t, "weight": w}))
 }
 
 #[cfg(test)]
@@ -612,7 +612,7 @@ mod tests {
         assert_eq!(r["result"]["groups"].as_array().unwrap().len(), 1);
         let set = r#"{"jsonrpc":"2.0","method":"ana_set","params":{"listener":"127.0.0.1:4420","group":1,"state":"inaccessible"}}"#;
         assert!(handle(&ctl, set.as_bytes()).is_none(), "a notification");
-        assert_eq!(reg.ana.state(1, 0), AnaState::Inaccessible, "but it ran");
+        assert_eq!(reg.ana().state(1, 0), AnaState::Inaccessible, "but it ran");
         let disc = r#"{"jsonrpc":"2.0","method":"ana_set","id":1,"params":{"listener":"127.0.0.1:8009","group":"all","state":"optimized"}}"#;
         let r = call(&ctl, disc);
         assert!(

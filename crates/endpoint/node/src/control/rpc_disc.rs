@@ -133,7 +133,16 @@ fn listener_add(reg: &Registry, p: &Value, in_ha_pair: bool) -> Result<Value, St
             }
         },
     };
+    let name = match p.get("name").filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => Some(
+            v.as_str()
+                .ok_or_else(|| format!("name {v}: give a string, e.g. \"tls-a\""))?
+                .to_string(),
+        ),
+    };
     let c = crate::config::ListenerConfig {
+        name,
         addr,
         kind,
         ana_state,

@@ -9,15 +9,15 @@ use std::sync::atomic::Ordering::Relaxed;
 /// Every live controller: I/O controllers by subsystem, then discovery ones.
 pub fn controllers_get(reg: &Registry) -> Value {
     let mut rows = Vec::new();
-    for sub in &reg.subsystems {
+    for sub in reg.subsystems() {
         let ctrls = crate::sys::lock(&sub.controllers);
         let mut v: Vec<_> = ctrls.values().collect();
-        v.sort_by_key(|c| c.cntlid);
+        v.sort_by_key(|c| c.cntlid());
         rows.extend(v.into_iter().map(|c| controller(reg, c, &sub.nqn)));
     }
-    let disc = crate::sys::lock(&reg.discovery_controllers);
+    let disc = crate::sys::lock(reg.discovery_controllers());
     let mut v: Vec<_> = disc.values().collect();
-    v.sort_by_key(|c| c.cntlid);
+    v.sort_by_key(|c| c.cntlid());
     let nqn = trellis_nvme::fabrics::DISCOVERY_NQN;
     rows.extend(v.into_iter().map(|c| controller(reg, c, nqn)));
     json!({ "controllers": rows })
@@ -25,15 +25,12 @@ pub fn controllers_get(reg: &Registry) -> Value {
 
 fn controller(reg: &Registry, c: &Controller, subnqn: &str) -> Value {
     let listener = reg
-        .listeners
+        .listeners()
         .iter()
-        .find(|l| l.portid == c.portid)
+        .find(|l| l.portid == c.portid())
         .map_or_else(|| "?".to_string(), |l| l.addr.to_string());
     // The admin queue is qid 0; the others are I/O queues.
-    let mut qs: Vec<_> = crate::sys::lock(&c.connected_qids)
-        .iter()
-        .map(|(&qid, q)| (qid, *q))
-        .collect();
+    let mut qs: Vec<_> = c.queues().iter().map(|(&qid, q)| (qid, *q)).collect();
     qs.sort_unstable_by_key(|q| q.0);
     let queue_rows: Vec<Value> = qs
         .iter()
@@ -41,37 +38,37 @@ fn controller(reg: &Registry, c: &Controller, subnqn: &str) -> Value {
         .collect();
     let queues = qs.len();
     json!({
-        "cntlid": c.cntlid,
-        "host": c.hostnqn,
+        "cntlid": c.cntlid(),
+        "host": c.hostnqn(),
         "subsystem": subnqn,
         "listener": listener,
         "discovery": c.is_discovery(),
         "ready": c.ready(),
         "io_queues": queues.saturating_sub(1),
-        "io_queues_granted": c.io_queues.load(Relaxed),
-        "kato_ms": c.kato_ms.load(Relaxed),
+        "io_queues_granted": c.io_queues(),
+        "kato_ms": c.kato_ms(),
         "queues": queue_rows,
-        "tenant": c.tenant.assigned().map(|t| reg.tenants.name_of(t)),
+        "tenant": c.tenant_assigned().map(|t| reg.tenants().name_of(t)),
     })
 }
 
 /// Every namespace by subsystem, with its I/O counters (the SMART log's;
 /// connections add to them in batches, so they lag by up to a second).
 pub fn namespaces_get(reg: &Registry) -> Value {
-    let set = reg.ns.load();
+    let set = reg.ns().load();
     let mut rows = Vec::new();
-    for sub in &reg.subsystems {
+    for sub in reg.subsystems() {
         for ns in &set.sub(sub.idx).namespaces {
-            let s = &ns.stats;
+            let s = &ns.stats();
             rows.push(json!({
                 "subsystem": sub.nqn,
-                "nsid": ns.nsid,
-                "backend": ns.backend.describe(),
-                "size_bytes": ns.size_blocks().saturating_mul(ns.block_size as u64),
-                "block_size": ns.block_size,
-                "read_only": ns.read_only,
-                "ana_group": ns.anagrpid,
-                "qos": match ns.qos {
+                "nsid": ns.nsid(),
+                "backend": ns.backend().describe(),
+                "size_bytes": ns.size_blocks().saturating_mul(ns.block_size() as u64),
+                "block_size": ns.block_size(),
+                "read_only": ns.read_only(),
+                "ana_group": ns.anagrpid(),
+                "qos": match ns.qos() {
                     crate::config::qos::QosMode::Off => "off",
                     crate::config::qos::QosMode::Gimbal => "gimbal",
                 },

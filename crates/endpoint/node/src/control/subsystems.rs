@@ -37,16 +37,18 @@ impl Registry {
     /// discovery controllers.
     pub fn add_subsystem(&self, c: SubsystemConfig) -> anyhow::Result<usize> {
         let mut one = Config::embedded_default();
+        // Its `listeners` must name listeners this target has now.
+        one.listeners = self.listeners().configs();
         one.subsystems = vec![c.clone()];
         one.validate()?;
-        let t = &self.subsystems;
+        let t = &self.subsystems();
         let _g = crate::sys::lock(&t.change);
         ensure!(
             self.subsystem(&c.nqn).is_none(),
             "subsystem {} exists: pick another NQN, or remove it first",
             c.nqn
         );
-        let serial = self.node.serial(&c);
+        let serial = self.node().serial(&c);
         if let Some(o) = t.iter().find(|s| s.serial == serial) {
             bail!("serial {serial} is {}'s already: give another", o.nqn);
         }
@@ -56,15 +58,15 @@ impl Registry {
             "{MAX_SUBSYSTEMS_ADDED} subsystems were added over this target's life (the limit, MAX_SUBSYSTEMS_ADDED): restart it to add more"
         );
         let nss = self.open_all(&c)?;
-        self.ns.update(|cur| {
+        self.ns().update(|cur| {
             let mut next = cur.clone();
             for (k, ns) in nss.iter().enumerate() {
                 crate::control::namespaces::check_unique(cur, ns)?;
                 crate::control::namespaces::check_unique_among(&nss[..k], ns)?;
-                if next.by_uid.len() <= ns.uid {
-                    next.by_uid.resize(ns.uid + 1, None);
+                if next.by_uid.len() <= ns.uid() {
+                    next.by_uid.resize(ns.uid() + 1, None);
                 }
-                next.by_uid[ns.uid] = Some(ns.clone());
+                next.by_uid[ns.uid()] = Some(ns.clone());
             }
             crate::control::namespaces::set_sub(&mut next, idx, SubNs::new(nss.clone()));
             anyhow::Ok((next, ()))
@@ -79,6 +81,8 @@ impl Registry {
             controllers: Mutex::new(HashMap::new()),
             dhchap: crate::config::keys::subsystem_keys(&c)?,
             tls: crate::config::keys::subsystem_psks(&c)?,
+            listeners: c.listeners.clone(),
+            psk_only_host: crate::config::psk_only_host(&c).is_some(),
         });
         let _ = t.slots[idx].sub.set(sub.clone());
         let _ = t.slots[idx].config.set(c);
@@ -96,23 +100,23 @@ impl Registry {
         for (i, n) in c.namespaces.iter().enumerate() {
             let nsid = n.nsid.unwrap_or(i as u32 + 1);
             ensure!(
-                (1..=self.nn).contains(&nsid),
+                (1..=self.nn()).contains(&nsid),
                 "nsid {nsid} is outside 1..={} (NN, which hosts read once at connect): pick one in that range",
-                self.nn
+                self.nn()
             );
-            let uid = self.next_uid.fetch_add(1, Ordering::Relaxed);
+            let uid = self.alloc_uid();
             ensure!(
                 uid < MAX_NAMESPACE_UIDS,
                 "{MAX_NAMESPACE_UIDS} namespaces were added over this target's life (the limit): restart it to add more"
             );
             nss.push(open_namespace(
-                &self.node,
+                self.node(),
                 &c.nqn,
                 i,
                 n,
                 uid,
-                &self.ana,
-                self.limits.max_registrants,
+                self.ana(),
+                self.limits().max_registrants,
             )?);
         }
         Ok(nss)
@@ -122,7 +126,7 @@ impl Registry {
     /// with `force` they are torn down. Its namespaces leave the set (their
     /// data flushed); hosts allowed to see it get the discovery notice.
     pub fn remove_subsystem(&self, nqn: &str, force: bool) -> anyhow::Result<Removed> {
-        let t = &self.subsystems;
+        let t = &self.subsystems();
         let _g = crate::sys::lock(&t.change);
         let Some(sub) = self.subsystem(nqn).cloned() else {
             let v: Vec<&str> = t.iter().map(|s| s.nqn.as_str()).collect();
@@ -146,11 +150,11 @@ impl Registry {
             }
             ctrls.len()
         };
-        let gone = self.ns.update(|cur| {
+        let gone = self.ns().update(|cur| {
             let mut next = cur.clone();
             let nss = cur.sub(sub.idx).namespaces.clone();
             for ns in &nss {
-                if let Some(slot) = next.by_uid.get_mut(ns.uid) {
+                if let Some(slot) = next.by_uid.get_mut(ns.uid()) {
                     *slot = None;
                 }
             }
@@ -158,8 +162,8 @@ impl Registry {
             anyhow::Ok((next, nss))
         })?;
         for ns in gone {
-            if let Err(e) = ns.backend.sync_all() {
-                tracing::error!(subsystem = %nqn, nsid = ns.nsid, "flush of a removed namespace failed: {e}");
+            if let Err(e) = ns.backend().sync_all() {
+                tracing::error!(subsystem = %nqn, nsid = ns.nsid(), "flush of a removed namespace failed: {e}");
             }
         }
         tracing::info!(subsystem = %nqn, torn_down, "subsystem removed");

@@ -8,13 +8,14 @@
 //! requests into the driver and sends to the backend what it then releases,
 //! so the release step runs every loop. What stays here is the daemon's own:
 //! the backend, the wall-to-device clock, the HA fence at release, credits
-//! packed into completion tags, and the /metrics board. A namespace with
-//! `qos = "off"` never sees this module: its queue is the bare backend queue.
+//! on the completions it returns ([`Completion::credits`]), and the
+//! /metrics board. A namespace with `qos = "off"` never sees this module:
+//! its queue is the bare backend queue.
 //!
 //! Tenants are host NQNs mapped to a dense [`TenantId`] at Connect
 //! ([`Tenants`]); the I/O path carries the id, never the string.
 
-use crate::backend::{BackendQueue, IoReq, Op};
+use crate::backend::{BackendQueue, Completion, IoReq, Op, Tag};
 use crate::config::qos::{QosConfig, QosMode};
 use crate::state::tenants::{QosBoard, QosPublished, Tenants, PUBLISH_INTERVAL_NS};
 use std::sync::atomic::Ordering::Relaxed;
@@ -32,33 +33,15 @@ use trellis_units::IoDir;
 /// nothing failed, and an operator should not read a full queue as a fault.
 pub const QOS_BUSY: Status = trellis_nvme::status::generic::NS_NOT_READY;
 
-/// Backend tags of scheduled requests carry this bit; bypassed ones (DSM
-/// Discard) keep the connection's tag, which never sets it (bits 0..47).
-const SCHEDULED: u64 = 1 << 63;
-/// On reaped completions: bit 47 says bits 48..63 hold the tenant's I/O
-/// credits. Connection indexes stay below 2^31 (`max_connections` is far
-/// smaller), so bit 47 is free in a connection's tag.
-pub const CREDIT_FLAG: u64 = 1 << 47;
-pub const CREDIT_SHIFT: u32 = 48;
-/// The bits of a tag that name the connection and slot.
-pub const TAG_MASK: u64 = CREDIT_FLAG - 1;
-
-/// Splits a reaped tag into the connection's tag and the I/O credits it carries.
-pub fn split_tag(tag: u64) -> (u64, Option<u16>) {
-    let credit = (tag & CREDIT_FLAG != 0).then_some((tag >> CREDIT_SHIFT) as u16);
-    (tag & TAG_MASK, credit)
-}
-
-fn with_credit(tag: u64, credits: u32) -> u64 {
-    tag | CREDIT_FLAG | (credits.min(u16::MAX as u32) as u64) << CREDIT_SHIFT
-}
-
 /// What the driver keeps of a scheduled request: what to submit to the
-/// backend, and whom to answer (the connection's tag).
+/// backend, and whom to answer (the connection's tag). The backend is sent
+/// [`Tag::scheduled`] of the request's driver slot instead, so `reap` knows
+/// its completions from those of requests that bypassed the scheduler (DSM
+/// Discard), which keep the connection's tag.
 #[derive(Clone, Copy, Debug)]
 struct ConnIo {
     io: IoReq,
-    tag: u64,
+    tag: Tag,
     /// Who sent it, for the reservation check at release.
     resv: Option<ResvAccess>,
 }
@@ -75,10 +58,10 @@ pub struct ResvAccess {
 pub struct QosQueue {
     inner: Box<dyn BackendQueue>,
     /// The scheduler and the rows of the requests it holds or the backend
-    /// runs (slot = the backend tag's low bits).
+    /// runs (slot: of the request's [`Tag::scheduled`]).
     drv: Driver<ConnIo>,
     /// Completions reaped from `inner` (reused: no allocation per I/O).
-    reaped: Vec<(u64, Status)>,
+    reaped: Vec<Completion>,
     /// When each of those fell due on the device (`reap_timed`), wall ns.
     due_ns: Vec<u64>,
     /// The device's clock: wall ÷ `Backend::time_scale` (1 except on a
@@ -188,6 +171,13 @@ pub fn wrap(
     }))
 }
 
+/// The backend tag of the request in driver slot `slot`. Slots are below
+/// the driver's `max_requests`, a `u32`, so the conversion never truncates.
+#[inline]
+fn scheduled_tag(slot: usize) -> Tag {
+    Tag::scheduled(slot as u32)
+}
+
 fn dir_of(op: Op) -> IoDir {
     match op {
         Op::Write => IoDir::Write,
@@ -208,7 +198,7 @@ impl QosQueue {
         &mut self,
         tenant: TenantId,
         io: &IoReq,
-        tag: u64,
+        tag: Tag,
         resv: Option<ResvAccess>,
         now_ns: u64,
     ) -> Option<(Status, u32)> {
@@ -271,14 +261,14 @@ impl QosQueue {
     fn dispatch_now(&mut self, slot: usize, io: &IoReq, dev_ns: u64) -> Option<(Status, u32)> {
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
-        let st = unsafe { self.inner.submit(io, SCHEDULED | slot as u64) }?;
+        let st = unsafe { self.inner.submit(io, scheduled_tag(slot)) }?;
         Some((st, self.finish(slot, dev_ns, dev_ns).map_or(0, |(_, c)| c)))
     }
 
     /// Sends the request the driver released to the backend at `dev_ns`;
     /// returns (status, its connection tag, credits) when it is over now:
     /// the backend finished it synchronously, or the fence failed it.
-    fn dispatch(&mut self, r: Released<ConnIo>, dev_ns: u64) -> Option<(Status, u64, u32)> {
+    fn dispatch(&mut self, r: Released<ConnIo>, dev_ns: u64) -> Option<(Status, Tag, u32)> {
         let ConnIo { io, tag, resv } = r.req.payload;
         if !self.fence.allows_now() {
             // Held past the fence (docs/target.md, "HA pair"): never sent,
@@ -293,7 +283,7 @@ impl QosQueue {
         }
         // SAFETY: the buffer is the request's own (or none), valid until it
         // completes: the caller of `submit_for` promised so.
-        let st = unsafe { self.inner.submit(&io, SCHEDULED | r.slot as u64) }?;
+        let st = unsafe { self.inner.submit(&io, scheduled_tag(r.slot)) }?;
         let credits = self.finish(r.slot, dev_ns, dev_ns).map_or(0, |(_, c)| c);
         Some((st, tag, credits))
     }
@@ -314,7 +304,7 @@ impl QosQueue {
     /// reactor's CPU time, and reading the clock would also count any
     /// preemption of the reactor mid-batch as a device stall, which Gimbal
     /// would take for congestion). Its connection tag and credits.
-    fn finish(&mut self, slot: usize, done_ns: u64, now_ns: u64) -> Option<(u64, u32)> {
+    fn finish(&mut self, slot: usize, done_ns: u64, now_ns: u64) -> Option<(Tag, u32)> {
         match self.drv.complete(slot, done_ns, now_ns) {
             Ok(d) => {
                 let credits = self.count(d.req.tenant, d.req.payload.io.len_bytes, d.io_credits);
@@ -388,7 +378,7 @@ impl QosQueue {
 
 impl BackendQueue for QosQueue {
     /// Requests without a tenant bypass the scheduler.
-    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+    unsafe fn submit(&mut self, req: &IoReq, tag: Tag) -> Option<Status> {
         // SAFETY: forwarded under the caller's guarantee.
         unsafe { self.inner.submit(req, tag) }
     }
@@ -399,7 +389,7 @@ impl BackendQueue for QosQueue {
         op: Op,
         ranges: &[(u64, u64)],
         fua: bool,
-        tag: u64,
+        tag: Tag,
     ) -> Option<Status> {
         self.inner.submit_ranges(op, ranges, fua, tag)
     }
@@ -412,7 +402,7 @@ impl BackendQueue for QosQueue {
         self.inner.kick();
     }
 
-    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
         out.append(&mut self.reaped);
         let mut mine = std::mem::take(&mut self.reaped);
@@ -445,17 +435,17 @@ impl BackendQueue for QosQueue {
             self.publish();
         }
         let dev_now = self.clock.ns(now);
-        for (k, &(tag, st)) in mine.iter().enumerate() {
-            if tag & SCHEDULED == 0 {
-                out.push((tag, st));
+        for (k, &c) in mine.iter().enumerate() {
+            let Some(slot) = c.tag.as_scheduled() else {
+                out.push(c); // bypassed the scheduler: the connection's own
                 continue;
-            }
+            };
             // The device's completion time where the backend knows it
             // (emulated SSD), else now.
             let done_ns = due.get(k).copied().unwrap_or(now).min(now);
-            let slot = (tag & !SCHEDULED) as usize;
-            if let Some((conn_tag, credits)) = self.finish(slot, self.clock.ns(done_ns), dev_now) {
-                out.push((with_credit(conn_tag, credits), st));
+            let done_ns = self.clock.ns(done_ns);
+            if let Some((conn_tag, credits)) = self.finish(slot as usize, done_ns, dev_now) {
+                out.push(Completion::with_credits(conn_tag, c.status, credits));
             }
         }
         mine.clear();
@@ -464,7 +454,7 @@ impl BackendQueue for QosQueue {
         // The release step: completions and token refills let held requests go.
         while let Some(r) = self.drv.release(dev_now) {
             if let Some((st, tg, credits)) = self.dispatch(r, dev_now) {
-                out.push((with_credit(tg, credits), st));
+                out.push(Completion::with_credits(tg, st, credits));
             }
         }
         self.inner.kick();
@@ -539,11 +529,11 @@ pub fn view_log(
     if !all && sub.namespace(nsid).is_none() {
         return Err(trellis_nvme::status::generic::INVALID_NAMESPACE.dnr());
     }
-    let tenants = ctx.reg.tenants.in_use();
+    let tenants = ctx.reg.tenants().in_use();
     page.resize(VIEW_HEADER_BYTES, 0);
     let mut n: u16 = 0;
     for ns in sub.namespaces.iter() {
-        if ns.qos != QosMode::Gimbal || !(all || ns.nsid == nsid) {
+        if ns.qos() != QosMode::Gimbal || !(all || ns.nsid() == nsid) {
             continue;
         }
         let Some(qq) = ctx.queue(ns).and_then(|q| q.qos()) else {
@@ -552,7 +542,7 @@ pub fn view_log(
         for v in tenants.iter().filter_map(|&t| qq.scheduler().view(t)) {
             let at = page.len();
             page.resize(at + VIEW_ENTRY_BYTES, 0);
-            encode_view(ns.nsid, &v, &mut page[at..]);
+            encode_view(ns.nsid(), &v, &mut page[at..]);
             n = n.saturating_add(1);
         }
     }
@@ -566,27 +556,32 @@ pub fn view_log(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::tag::test_tag;
     use crate::backend::IoReq;
 
     /// An asynchronous device that finishes every request `device_ns` after
     /// its submit, however late it is reaped.
     struct SlowPoller {
         device_ns: u64,
-        pending: Vec<(u64, u64)>,
+        pending: Vec<(Tag, u64)>,
     }
 
     impl BackendQueue for SlowPoller {
-        unsafe fn submit(&mut self, _req: &IoReq, tag: u64) -> Option<Status> {
+        unsafe fn submit(&mut self, _req: &IoReq, tag: Tag) -> Option<Status> {
             let due = crate::sys::now_ns() + self.device_ns;
             self.pending.push((tag, due));
             None
         }
-        fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+        fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
             let n = self.pending.len();
-            out.extend(self.pending.drain(..).map(|(t, _)| (t, Status::SUCCESS)));
+            out.extend(
+                self.pending
+                    .drain(..)
+                    .map(|(t, _)| Completion::new(t, Status::SUCCESS)),
+            );
             n
         }
-        fn reap_timed(&mut self, out: &mut Vec<(u64, Status)>, due_ns: &mut Vec<u64>) -> usize {
+        fn reap_timed(&mut self, out: &mut Vec<Completion>, due_ns: &mut Vec<u64>) -> usize {
             due_ns.extend(self.pending.iter().map(|&(_, d)| d));
             self.reap(out)
         }
@@ -621,12 +616,20 @@ mod tests {
         };
         let qq = &mut *q;
         // SAFETY: no buffer: the fake device never touches it.
-        let r = unsafe { qq.submit_for(0, &io, 42, None, crate::sys::now_ns()) };
+        let r = unsafe { qq.submit_for(0, &io, test_tag(42), None, crate::sys::now_ns()) };
         assert!(r.is_none(), "an asynchronous device completes later");
         std::thread::sleep(std::time::Duration::from_millis(20));
         let mut out = Vec::new();
         assert_eq!(q.reap(&mut out), 1);
-        assert_eq!(split_tag(out[0].0).0, 42);
+        assert_eq!(
+            out[0].tag,
+            test_tag(42),
+            "answered under the connection's tag"
+        );
+        assert!(
+            out[0].credits.is_some(),
+            "a scheduled completion carries credits"
+        );
         let v = q.scheduler().view(0).unwrap();
         let ewma = v.read.latency_ewma_us;
         assert!((40..1_000).contains(&ewma), "read EWMA {ewma} µs");
@@ -636,24 +639,29 @@ mod tests {
 #[cfg(test)]
 mod fence_tests {
     use super::*;
+    use crate::backend::tag::test_tag;
     use std::sync::atomic::AtomicUsize;
 
     /// A device that counts what reaches it and finishes all of it at the
     /// next reap.
     struct Counting {
         submitted: Arc<AtomicUsize>,
-        pending: Vec<u64>,
+        pending: Vec<Tag>,
     }
 
     impl BackendQueue for Counting {
-        unsafe fn submit(&mut self, _req: &IoReq, tag: u64) -> Option<Status> {
+        unsafe fn submit(&mut self, _req: &IoReq, tag: Tag) -> Option<Status> {
             self.submitted.fetch_add(1, Relaxed);
             self.pending.push(tag);
             None
         }
-        fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+        fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
             let n = self.pending.len();
-            out.extend(self.pending.drain(..).map(|t| (t, Status::SUCCESS)));
+            out.extend(
+                self.pending
+                    .drain(..)
+                    .map(|t| Completion::new(t, Status::SUCCESS)),
+            );
             n
         }
         fn in_flight(&self) -> usize {
@@ -665,6 +673,29 @@ mod fence_tests {
     /// moves must not reach the device when the scheduler lets it go: it
     /// fails with ANA Inaccessible, while the ones already at the device
     /// finish as they were.
+    /// Reaps until `n` requests completed (or about 300 ms passed): how
+    /// many succeeded and how many failed with `refused`; any other status
+    /// fails the test.
+    fn reap_all(q: &mut QosQueue, n: usize, refused: Status) -> (usize, usize) {
+        let (mut ok, mut no, mut out) = (0, 0, Vec::new());
+        for _ in 0..1_000 {
+            out.clear();
+            q.reap(&mut out);
+            for c in &out {
+                match c.status {
+                    Status::SUCCESS => ok += 1,
+                    s if s == refused => no += 1,
+                    s => panic!("unexpected status {s:?}"),
+                }
+            }
+            if ok + no == n {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(300));
+        }
+        (ok, no)
+    }
+
     #[test]
     fn requests_held_in_the_scheduler_past_the_fence_never_reach_the_device() {
         let cfg = QosConfig::default();
@@ -693,7 +724,8 @@ mod fence_tests {
                 fua: false,
             };
             // SAFETY: no buffer: the fake device never touches it.
-            let r = unsafe { q.submit_for(0, &io, tag, None, crate::sys::now_ns()) };
+            let r =
+                unsafe { q.submit_for(0, &io, test_tag(tag as u16), None, crate::sys::now_ns()) };
             assert!(r.is_none(), "nothing finishes at submit");
         }
         let at_device = submitted.load(Relaxed);
@@ -702,22 +734,11 @@ mod fence_tests {
             "{at_device} of {N} sent: some must be held"
         );
         fence.stop(); // ownership moved while the rest wait in the scheduler
-        let (mut ok, mut fenced, mut out) = (0, 0, Vec::new());
-        for _ in 0..1_000 {
-            out.clear();
-            q.reap(&mut out);
-            for &(_, st) in &out {
-                match st {
-                    Status::SUCCESS => ok += 1,
-                    s if s == trellis_nvme::status::path::ANA_INACCESSIBLE => fenced += 1,
-                    s => panic!("unexpected status {s:?}"),
-                }
-            }
-            if ok + fenced == N as usize {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(300));
-        }
+        let (ok, fenced) = reap_all(
+            &mut q,
+            N as usize,
+            trellis_nvme::status::path::ANA_INACCESSIBLE,
+        );
         assert_eq!(
             submitted.load(Relaxed),
             at_device,
@@ -778,7 +799,8 @@ mod fence_tests {
                 fua: false,
             };
             // SAFETY: no buffer: the fake device never touches it.
-            let r = unsafe { q.submit_for(0, &io, tag, who, crate::sys::now_ns()) };
+            let r =
+                unsafe { q.submit_for(0, &io, test_tag(tag as u16), who, crate::sys::now_ns()) };
             assert!(r.is_none(), "nothing finishes at submit");
         }
         let at_device = submitted.load(Relaxed);
@@ -790,22 +812,7 @@ mod fence_tests {
             .unwrap();
         resv.apply(|s, _| s.acquire(&b, &acq(AcquireAction::PreemptAndAbort), 9, 5))
             .unwrap();
-        let (mut ok, mut refused, mut out) = (0, 0, Vec::new());
-        for _ in 0..1_000 {
-            out.clear();
-            q.reap(&mut out);
-            for &(_, st) in &out {
-                match st {
-                    Status::SUCCESS => ok += 1,
-                    s if s == crate::state::resv::CONFLICT => refused += 1,
-                    s => panic!("unexpected status {s:?}"),
-                }
-            }
-            if ok + refused == N as usize {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(300));
-        }
+        let (ok, refused) = reap_all(&mut q, N as usize, crate::state::resv::CONFLICT);
         assert_eq!(
             submitted.load(Relaxed),
             at_device,

@@ -70,8 +70,8 @@ impl Registry {
         self.discovery_genctr.fetch_add(1, Relaxed);
         let mut n = 0;
         for c in crate::sys::lock(&self.discovery_controllers).values() {
-            let tls_host = c.tls_proven.then_some(c.hostnqn.as_str());
-            if sub.is_some_and(|s| !s.admits(&c.hostnqn, tls_host)) {
+            let tls_host = c.tls_proven().then_some(c.hostnqn());
+            if sub.is_some_and(|s| !s.admits(c.hostnqn(), tls_host)) {
                 continue;
             }
             if c.raise_event(crate::state::aen::AEN_DISC_CHANGE) {

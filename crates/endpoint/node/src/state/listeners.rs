@@ -68,6 +68,11 @@ impl ListenerTable {
         self.slots.get(i)?.info.get()
     }
 
+    /// The listener of PORTID `portid` (index + 1), removed or not.
+    pub fn by_portid(&self, portid: u16) -> Option<&ListenerInfo> {
+        self.get(usize::from(portid).checked_sub(1)?)
+    }
+
     /// The live listeners' configurations (`ctl save`).
     pub fn configs(&self) -> Vec<ListenerConfig> {
         let n = self.len.load(Ordering::Acquire);

@@ -35,10 +35,10 @@ pub struct SubNs {
 
 impl SubNs {
     pub fn new(mut namespaces: Vec<Arc<Namespace>>) -> SubNs {
-        namespaces.sort_by_key(|n| n.nsid);
+        namespaces.sort_by_key(|n| n.nsid());
         let mut m: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
         for n in &namespaces {
-            m.entry(n.anagrpid).or_default().push(n.nsid);
+            m.entry(n.anagrpid()).or_default().push(n.nsid());
         }
         SubNs {
             namespaces,
@@ -48,7 +48,7 @@ impl SubNs {
 
     pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
         self.namespaces
-            .binary_search_by_key(&nsid, |n| n.nsid)
+            .binary_search_by_key(&nsid, |n| n.nsid())
             .ok()
             .map(|i| &self.namespaces[i])
     }

@@ -247,8 +247,10 @@ impl State {
     /// Reservation Acquire. IEKEY set is Invalid Field: since revision 1.3
     /// (RESCAP bit 7) it no longer skips the key check of Acquire and
     /// Release, and nvmet refuses it the same way. Preempt and Abort is a
-    /// Preempt: the state change only; the preempted hosts' commands that
-    /// have not reached the backend fail their check there (`data::nvme::io`).
+    /// Preempt here, the state change only: the preempted hosts' commands
+    /// that have not reached the backend fail their check there
+    /// (`data::nvme::io`), and its completion waits for those already past
+    /// it (`state::drain`).
     pub fn acquire(
         &mut self,
         h: &HostId,

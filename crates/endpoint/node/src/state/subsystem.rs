@@ -4,16 +4,16 @@
 
 use crate::backend::{self, Backend};
 use crate::config::{Config, ListenerConfig, ListenerKind, NamespaceConfig, TargetConfig};
+pub use crate::state::controller::{
+    Controller, ErrorLog, Features, NewController, QueueInfo, ERROR_LOG_ENTRIES,
+};
 use crate::state::identity::NodeId;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{
-    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed,
-};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use trellis_nvme::ana::AnaState;
 use trellis_nvme::identify::NamespaceInfo;
-use trellis_nvme::log::ErrorEntry;
 
 /// Per-namespace counters behind the SMART log. Reactors add to them in
 /// batches (see `conn::LocalStats`), not once per I/O.
@@ -37,44 +37,117 @@ pub struct NsStats {
     pub latency: [[AtomicU64; crate::state::stats::LAT_BUCKETS]; 2],
 }
 
+/// A namespace: read by both planes, changed only through its methods
+/// (the size grows live; everything else is fixed when it is opened).
 pub struct Namespace {
-    pub nsid: u32,
+    pub(in crate::state) nsid: u32,
     /// What it was made from (`trellis ctl save`), NSID filled in.
-    pub config: NamespaceConfig,
+    pub(in crate::state) config: NamespaceConfig,
     /// Index into `Registry::namespaces`; reactors key their backend queues by it.
-    pub uid: usize,
-    pub backend: Arc<dyn Backend>,
-    pub block_size: u32,
-    pub lbads: u8,
+    pub(in crate::state) uid: usize,
+    pub(in crate::state) backend: Arc<dyn Backend>,
+    pub(in crate::state) block_size: u32,
+    pub(in crate::state) lbads: u8,
     /// Grows live (`trellis ctl namespace resize`): one relaxed load per
     /// command's range check. Read it with [`Namespace::size_blocks`].
-    pub size_blocks: AtomicU64,
-    pub read_only: bool,
-    pub info: NamespaceInfo,
-    pub stats: NsStats,
+    pub(in crate::state) size_blocks: AtomicU64,
+    pub(in crate::state) read_only: bool,
+    pub(in crate::state) info: NamespaceInfo,
+    pub(in crate::state) stats: NsStats,
     /// Traffic control; `Off` keeps the scheduler out of the I/O path.
-    pub qos: crate::config::qos::QosMode,
+    pub(in crate::state) qos: crate::config::qos::QosMode,
     /// The drive's capacities when the backend knows them and QoS is on
     /// (`Backend::device_model`, measured at startup).
-    pub device_model: Option<trellis_qos::DeviceModel>,
+    pub(in crate::state) device_model: Option<trellis_qos::DeviceModel>,
     /// Each reactor's published Gimbal state, for `/metrics`.
-    pub qos_board: crate::state::tenants::QosBoard,
+    pub(in crate::state) qos_board: crate::state::tenants::QosBoard,
     /// The backend's `reads_zero()`, kept here so the I/O path makes no
     /// virtual call for it.
-    pub reads_zero: bool,
+    pub(in crate::state) reads_zero: bool,
     /// Writes may hand the backend the receive buffer itself: the backend
     /// completes inside `submit` and no scheduler holds the request.
-    pub write_in_place: bool,
+    pub(in crate::state) write_in_place: bool,
     /// ANA group (ANAGRPID) and its index in `Registry::ana`.
-    pub anagrpid: u32,
-    pub ana_idx: usize,
+    pub(in crate::state) anagrpid: u32,
+    pub(in crate::state) ana_idx: usize,
     /// Reservations (`resv`): checked on every I/O, one load while none is held.
     /// Shared with the namespace's schedulers, which check it again when
     /// they release a request they held (`data::qos`).
-    pub resv: Arc<crate::state::resv::Resv>,
+    pub(in crate::state) resv: Arc<crate::state::resv::Resv>,
 }
 
 impl Namespace {
+    pub fn nsid(&self) -> u32 {
+        self.nsid
+    }
+    /// What it was made from (`trellis ctl save`), NSID filled in.
+    pub fn config(&self) -> &NamespaceConfig {
+        &self.config
+    }
+    /// Index into `Registry::namespaces`; reactors key their backend queues by it.
+    pub fn uid(&self) -> usize {
+        self.uid
+    }
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    /// log2 of the block size (Identify's LBADS).
+    pub fn lbads(&self) -> u8 {
+        self.lbads
+    }
+    /// Grows the namespace to `blocks` (`trellis ctl namespace resize`,
+    /// after the backend grew): never shrinks, so a range checked against
+    /// the old size stays inside.
+    pub fn grow_to(&self, blocks: u64) {
+        // fetch_max: two resizes racing never shrink it (the larger wins).
+        self.size_blocks.fetch_max(blocks, Relaxed);
+    }
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+    pub fn info(&self) -> &NamespaceInfo {
+        &self.info
+    }
+    pub fn stats(&self) -> &NsStats {
+        &self.stats
+    }
+    /// Traffic control; `Off` keeps the scheduler out of the I/O path.
+    pub fn qos(&self) -> crate::config::qos::QosMode {
+        self.qos
+    }
+    /// The drive's capacities when the backend knows them and QoS is on.
+    pub fn device_model(&self) -> Option<trellis_qos::DeviceModel> {
+        self.device_model
+    }
+    /// Each reactor's published Gimbal state, for `/metrics`.
+    pub fn qos_board(&self) -> &crate::state::tenants::QosBoard {
+        &self.qos_board
+    }
+    /// The backend's `reads_zero()`, without a virtual call.
+    #[inline]
+    pub fn reads_zero(&self) -> bool {
+        self.reads_zero
+    }
+    /// Writes may hand the backend the receive buffer itself.
+    #[inline]
+    pub fn write_in_place(&self) -> bool {
+        self.write_in_place
+    }
+    /// ANA group (ANAGRPID) and its index in `Registry::ana`.
+    pub fn anagrpid(&self) -> u32 {
+        self.anagrpid
+    }
+    pub fn ana_idx(&self) -> usize {
+        self.ana_idx
+    }
+    /// Reservations: checked on every I/O, one load while none is held.
+    #[inline]
+    pub fn resv(&self) -> &Arc<crate::state::resv::Resv> {
+        &self.resv
+    }
     #[inline]
     pub fn size_blocks(&self) -> u64 {
         self.size_blocks.load(Relaxed)
@@ -111,6 +184,11 @@ pub struct Subsystem {
     /// Configured TLS PSKs by host NQN (`[[subsystem.host]] tls_key`): a
     /// host here is allowed; TLS listeners accept its identity.
     pub tls: HashMap<String, crate::config::keys::HostPsk>,
+    /// The listeners that carry it (`[[subsystem]] listeners`, by name or
+    /// IP:PORT); None: the default rule of [`carried_by`](Self::carried_by).
+    pub listeners: Option<Vec<String>>,
+    /// A host of it has only a TLS PSK (`config::psk_only_host`).
+    pub psk_only_host: bool,
 }
 
 /// The NSIDs a subsystem may hold, and Identify Controller's NN and MNAN
@@ -150,6 +228,25 @@ impl Subsystem {
     }
 }
 
+impl Subsystem {
+    /// Whether listener `l` carries this subsystem: a Connect to it through
+    /// another listener is refused and the discovery log lists it on no
+    /// other (nvmet's `ports/*/subsystems`). Named listeners if configured,
+    /// else every I/O listener, or only the TLS ones when a host has only
+    /// a TLS PSK, so such a subsystem is never on a plain port by default.
+    pub fn carried_by(&self, l: &ListenerInfo) -> bool {
+        if l.kind != ListenerKind::Both {
+            return false;
+        }
+        match &self.listeners {
+            Some(names) => names
+                .iter()
+                .any(|n| crate::config::answers_to(l.name.as_deref(), l.addr, n)),
+            None => !self.psk_only_host || l.secure.is_some(),
+        }
+    }
+}
+
 impl Registry {
     /// What Identify Controller advertises for ANA: fixed, whatever the
     /// namespaces, since Linux sizes its ANA log buffer from it at connect.
@@ -164,153 +261,9 @@ impl Registry {
     }
 }
 
-/// Per-controller error log: a ring of the last 64 failed commands.
-#[derive(Default)]
-pub struct ErrorLog {
-    pub count: u64,
-    pub entries: std::collections::VecDeque<ErrorEntry>,
-}
-
-pub const ERROR_LOG_ENTRIES: usize = 64;
-
-/// Feature values a host may set and read back.
-#[derive(Clone, Debug)]
-pub struct Features {
-    pub arbitration: u32,
-    pub power_mgmt: u32,
-    pub temp_threshold: u32,
-    pub error_recovery: u32,
-    pub write_cache: u32,
-    pub irq_coalescing: u32,
-    pub irq_config: u32,
-    pub write_atomicity: u32,
-}
-
-impl Default for Features {
-    fn default() -> Self {
-        Features {
-            arbitration: 0,
-            power_mgmt: 0,
-            temp_threshold: 0x157, // 343 K, the common default over-temperature threshold
-            error_recovery: 0,
-            write_cache: 1,
-            irq_coalescing: 0,
-            irq_config: 0,
-            write_atomicity: 0,
-        }
-    }
-}
-
-/// What the control path may report of a connected queue.
-#[derive(Clone, Copy, Debug)]
-pub struct QueueInfo {
-    /// SQSIZE from Connect (0's based).
-    pub sqsize: u16,
-    pub peer: SocketAddr,
-}
-
-/// One controller (dynamic model: created by an admin Connect).
-pub struct Controller {
-    pub cntlid: u16,
-    /// None for a discovery controller.
-    pub subsys: Option<Arc<Subsystem>>,
-    pub hostnqn: String,
-    pub hostid: [u8; 16],
-    /// The reservation host: `hostid` bound to `hostnqn` (`resv::HostId`).
-    pub resv_host: crate::state::resv::HostId,
-    pub kato_ms: AtomicU32,
-    pub last_keepalive_ns: AtomicU64,
-    pub cc: AtomicU32,
-    pub csts: AtomicU32,
-    /// I/O queues granted by Set Features Number of Queues.
-    pub io_queues: AtomicU16,
-    /// Connected queues by QID (0: the admin queue), for `controllers_get`.
-    pub connected_qids: Mutex<HashMap<u16, QueueInfo>>,
-    /// Set once: every queue of the controller must close.
-    pub dead: AtomicBool,
-    pub async_event_config: AtomicU32,
-    /// Listener (portid) the admin queue connected through: ANA states
-    /// and ANA change events are per listener.
-    pub portid: u16,
-    /// Asynchronous events (by Asynchronous Event Configuration bit) to
-    /// complete on the next AER; set by the control path.
-    pub aen_pending: AtomicU32,
-    /// Events sent and not yet acknowledged by reading their log page with
-    /// RAE clear: masked, as the spec requires (and nvmet's `aen_masked`).
-    pub aen_masked: AtomicU32,
-    pub features: Mutex<Features>,
-    pub errors: Mutex<ErrorLog>,
-    /// The host's QoS tenant (`Registry::tenants`), taken on the first I/O
-    /// to a QoS namespace and released with the controller: read it with
-    /// [`Controller::tenant`].
-    pub tenant: crate::state::tenants::TenantSlot,
-    /// The admin queue came over TLS with a PSK identity naming this
-    /// controller's host: what the discovery log and its change notices
-    /// may reveal to it of PSK-only hosts' subsystems.
-    pub tls_proven: bool,
-    /// The host turned the volatile write cache off (Set Features 06h,
-    /// WCE = 0): every write goes through with FUA. An atomic the I/O path
-    /// reads, beside the feature value in `features`.
-    pub write_cache_off: AtomicBool,
-    /// The Changed Namespace List (log page 04h) not yet read.
-    pub changed_ns: Mutex<crate::state::aen::ChangedNs>,
-    /// Reservation notices (log page 80h) and their mask (feature 82h).
-    pub resv_log: Mutex<crate::state::resv::NoticeLog>,
-}
-
-impl Controller {
-    pub fn is_discovery(&self) -> bool {
-        self.subsys.is_none()
-    }
-    /// The host's QoS tenant, leased now if this is its first QoS I/O.
-    #[inline]
-    pub fn tenant(&self) -> trellis_qos::sched::TenantId {
-        self.tenant.get(&self.hostnqn)
-    }
-    pub fn ready(&self) -> bool {
-        self.csts.load(Relaxed) & trellis_nvme::fabrics::csts::RDY != 0
-    }
-    pub fn kill(&self, why: &str) {
-        if !self.dead.swap(true, Relaxed) {
-            tracing::info!(cntlid = self.cntlid, host = %self.hostnqn, "controller torn down: {why}");
-            self.csts
-                .fetch_or(trellis_nvme::fabrics::csts::CFS, Relaxed);
-        }
-    }
-    /// Raises an event that no Asynchronous Event Configuration bit gates
-    /// (`aen::RESV_LOG`), unless sent and not yet acknowledged.
-    pub fn raise_ungated(&self, bit: u32) -> bool {
-        if self.aen_masked.fetch_or(bit, Relaxed) & bit != 0 {
-            return false;
-        }
-        self.aen_pending.fetch_or(bit, Relaxed);
-        true
-    }
-    /// Raises asynchronous event `bit` (an Asynchronous Event Configuration
-    /// bit) if the host enabled it and has not yet been told: the admin
-    /// queue completes an AER with it within its next check.
-    pub fn raise_event(&self, bit: u32) -> bool {
-        if self.async_event_config.load(Relaxed) & bit == 0
-            || self.aen_masked.fetch_or(bit, Relaxed) & bit != 0
-        {
-            return false;
-        }
-        self.aen_pending.fetch_or(bit, Relaxed);
-        true
-    }
-    pub fn record_error(&self, e: ErrorEntry) {
-        let mut log = crate::sys::lock(&self.errors);
-        log.count += 1;
-        let mut e = e;
-        e.error_count = log.count;
-        if log.entries.len() == ERROR_LOG_ENTRIES {
-            log.entries.pop_back();
-        }
-        log.entries.push_front(e);
-    }
-}
-
 pub struct ListenerInfo {
+    /// `name` from its config: what subsystems' `listeners` may call it.
+    pub name: Option<String>,
     pub addr: SocketAddr,
     pub kind: ListenerKind,
     pub portid: u16,
@@ -318,54 +271,151 @@ pub struct ListenerInfo {
     pub secure: Option<crate::config::SecureChannel>,
 }
 
+/// Everything both planes share. Its fields are private to the state wing:
+/// the others read them through the methods below and change them only
+/// through named operations (`alloc_uid`, `alloc_cntlid`, the tables' own
+/// methods).
 pub struct Registry {
     /// The configuration the target started with (`live_config` adds the
     /// changes made since).
-    pub config: Config,
-    pub limits: TargetConfig,
+    pub(in crate::state) config: Config,
+    pub(in crate::state) limits: TargetConfig,
     /// Held (locked) for the registry's life: see [`crate::state::identity`].
-    pub node: NodeId,
+    pub(in crate::state) node: NodeId,
     /// Large command buffers kept across commands (`large_buffer_budget`).
-    pub buffer_budget: Arc<crate::state::buf::BufferBudget>,
+    pub(in crate::state) buffer_budget: Arc<crate::state::buf::BufferBudget>,
     /// Whether commands may reach the backend now (the HA lease's serve
     /// deadline; always without `[ha]`). Checked at execution.
-    pub fence: Arc<crate::state::fence::Fence>,
+    pub(in crate::state) fence: Arc<crate::state::fence::Fence>,
     /// Connections per peer address (`target.max_connections_per_addr`).
-    pub peer_budget: Arc<crate::state::conns::PeerBudget>,
+    pub(in crate::state) peer_budget: Arc<crate::state::conns::PeerBudget>,
     /// Bytes that large transfers hold in flight (`target.transfer_pool`).
-    pub transfer_pool: Arc<crate::state::buf::TransferPool>,
+    pub(in crate::state) transfer_pool: Arc<crate::state::buf::TransferPool>,
     /// Schedulers' configuration and the host NQN → tenant map (`qos`).
-    pub qos: crate::config::qos::QosConfig,
-    pub tenants: Arc<crate::state::tenants::Tenants>,
+    pub(in crate::state) qos: crate::config::qos::QosConfig,
+    pub(in crate::state) tenants: Arc<crate::state::tenants::Tenants>,
     /// Live: added and removed while running (`livesub`).
-    pub subsystems: crate::state::subsystems::SubsystemTable,
+    pub(in crate::state) subsystems: crate::state::subsystems::SubsystemTable,
     /// Every namespace, by uid and by subsystem; changes while running.
-    pub ns: crate::state::nsset::NsCell,
+    pub(in crate::state) ns: crate::state::nsset::NsCell,
     /// NN and MNAN: `MAX_NSID`, or the config's largest NSID.
-    pub nn: u32,
+    pub(in crate::state) nn: u32,
     /// The next namespace uid (never reused).
-    pub(crate) next_uid: AtomicUsize,
+    pub(in crate::state) next_uid: AtomicUsize,
     /// Live: added and removed while running (`livelisten`).
-    pub listeners: crate::state::listeners::ListenerTable,
+    pub(in crate::state) listeners: crate::state::listeners::ListenerTable,
     /// Discovery controllers live here (they belong to no subsystem).
-    pub discovery_controllers: Mutex<HashMap<u16, Arc<Controller>>>,
-    pub(crate) next_cntlid: Mutex<u16>,
-    pub discovery_genctr: AtomicU64,
+    pub(in crate::state) discovery_controllers: Mutex<HashMap<u16, Arc<Controller>>>,
+    pub(in crate::state) next_cntlid: Mutex<u16>,
+    pub(in crate::state) discovery_genctr: AtomicU64,
     /// Referrals and entries merged from other nodes (`discovery`).
-    pub disc: crate::state::discovery::DiscoveryState,
-    pub started: std::time::Instant,
-    pub unsafe_shutdowns: AtomicU64,
+    pub(in crate::state) disc: crate::state::discovery::DiscoveryState,
+    pub(in crate::state) started: std::time::Instant,
+    pub(in crate::state) unsafe_shutdowns: AtomicU64,
     /// Per reactor: wall time spent in loops that did work, ns (published
     /// about once a millisecond, for `/metrics`). Padded so that reactors on
     /// different cores never write one cache line.
-    pub reactor_busy_ns: Vec<crate::state::stats::PaddedCounter>,
+    pub(in crate::state) reactor_busy_ns: Vec<crate::state::stats::PaddedCounter>,
+    /// Preempt and Abort's wait for the commands past their reservation
+    /// check on every reactor (`drain`).
+    pub(in crate::state) drain: crate::state::drain::Drain,
     /// Per reactor: durations of its loops that did work, in the buckets of
     /// `exec::lat_bucket` (published with the busy time).
-    pub reactor_loop_hist: Vec<[AtomicU64; crate::state::stats::LAT_BUCKETS]>,
+    pub(in crate::state) reactor_loop_hist: Vec<[AtomicU64; crate::state::stats::LAT_BUCKETS]>,
     /// Connections closed, by `CloseKind` (indexed by its discriminant).
-    pub conn_closed: [AtomicU64; crate::state::stats::CloseKind::ALL.len()],
+    pub(in crate::state) conn_closed: [AtomicU64; crate::state::stats::CloseKind::ALL.len()],
     /// ANA state per (listener, group).
-    pub ana: crate::state::ana::AnaTable,
+    pub(in crate::state) ana: crate::state::ana::AnaTable,
+}
+
+impl Registry {
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn limits(&self) -> &TargetConfig {
+        &self.limits
+    }
+    pub fn node(&self) -> &NodeId {
+        &self.node
+    }
+    pub fn buffer_budget(&self) -> &Arc<crate::state::buf::BufferBudget> {
+        &self.buffer_budget
+    }
+    pub fn fence(&self) -> &Arc<crate::state::fence::Fence> {
+        &self.fence
+    }
+    /// Preempt and Abort's wait for the commands past their reservation check.
+    pub fn drain(&self) -> &crate::state::drain::Drain {
+        &self.drain
+    }
+    pub fn peer_budget(&self) -> &Arc<crate::state::conns::PeerBudget> {
+        &self.peer_budget
+    }
+    pub fn transfer_pool(&self) -> &Arc<crate::state::buf::TransferPool> {
+        &self.transfer_pool
+    }
+    pub fn qos(&self) -> &crate::config::qos::QosConfig {
+        &self.qos
+    }
+    pub fn tenants(&self) -> &Arc<crate::state::tenants::Tenants> {
+        &self.tenants
+    }
+    pub fn subsystems(&self) -> &crate::state::subsystems::SubsystemTable {
+        &self.subsystems
+    }
+    pub fn ns(&self) -> &crate::state::nsset::NsCell {
+        &self.ns
+    }
+    pub fn listeners(&self) -> &crate::state::listeners::ListenerTable {
+        &self.listeners
+    }
+    pub fn discovery_controllers(&self) -> &Mutex<HashMap<u16, Arc<Controller>>> {
+        &self.discovery_controllers
+    }
+    pub fn disc(&self) -> &crate::state::discovery::DiscoveryState {
+        &self.disc
+    }
+    pub fn reactor_busy_ns(&self) -> &Vec<crate::state::stats::PaddedCounter> {
+        &self.reactor_busy_ns
+    }
+    pub fn reactor_loop_hist(&self) -> &Vec<[AtomicU64; crate::state::stats::LAT_BUCKETS]> {
+        &self.reactor_loop_hist
+    }
+    pub fn conn_closed(&self) -> &[AtomicU64; crate::state::stats::CloseKind::ALL.len()] {
+        &self.conn_closed
+    }
+    pub fn ana(&self) -> &crate::state::ana::AnaTable {
+        &self.ana
+    }
+    /// NN and MNAN: `MAX_NSID`, or the config's largest NSID.
+    pub fn nn(&self) -> u32 {
+        self.nn
+    }
+    /// A fresh namespace uid (never reused).
+    pub fn alloc_uid(&self) -> usize {
+        self.next_uid.fetch_add(1, Relaxed)
+    }
+    /// The discovery log's generation counter (GENCTR).
+    pub fn discovery_genctr(&self) -> u64 {
+        self.discovery_genctr.load(Relaxed)
+    }
+    /// Shutdowns the node did not complete cleanly (SMART log).
+    pub fn unsafe_shutdowns(&self) -> u64 {
+        self.unsafe_shutdowns.load(Relaxed)
+    }
+    /// Time since the registry was built.
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+    /// The controller ID the next Connect tries first.
+    pub fn next_cntlid(&self) -> u16 {
+        *crate::sys::lock(&self.next_cntlid)
+    }
+    /// Starts controller IDs again from `target.cntlid_min` (the fuzzer's
+    /// reset between inputs, so every run sees the same IDs).
+    pub fn reset_cntlids(&self) {
+        *crate::sys::lock(&self.next_cntlid) = self.limits.cntlid_min;
+    }
 }
 
 impl Registry {
@@ -430,6 +480,8 @@ impl Registry {
                 controllers: Mutex::new(HashMap::new()),
                 dhchap: crate::config::keys::subsystem_keys(s)?,
                 tls: crate::config::keys::subsystem_psks(s)?,
+                listeners: s.listeners.clone(),
+                psk_only_host: crate::config::psk_only_host(s).is_some(),
             }));
         }
         let nn = cfg
@@ -443,6 +495,7 @@ impl Registry {
             .iter()
             .enumerate()
             .map(|(i, l): (usize, &ListenerConfig)| ListenerInfo {
+                name: l.name.clone(),
                 addr: l.addr,
                 kind: l.kind(),
                 portid: i as u16 + 1,
@@ -486,6 +539,7 @@ impl Registry {
             disc: crate::state::discovery::DiscoveryState::new(&cfg.referrals),
             started: std::time::Instant::now(),
             unsafe_shutdowns: AtomicU64::new(0),
+            drain: crate::state::drain::Drain::new(cfg.target.reactors),
             reactor_busy_ns: (0..cfg.target.reactors)
                 .map(|_| Default::default())
                 .collect(),

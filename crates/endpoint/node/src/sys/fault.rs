@@ -20,6 +20,9 @@ mod imp {
     static DELAYED_READS: AtomicU32 = AtomicU32::new(0);
     static READ_DELAY_MS: AtomicU64 = AtomicU64::new(0);
     static IGNORE_CANCELS: AtomicBool = AtomicBool::new(false);
+    static DELAYED_WRITES: AtomicU32 = AtomicU32::new(0);
+    static WRITE_DELAY_MS: AtomicU64 = AtomicU64::new(0);
+    static RESV_CHECK_STALL_MS: AtomicU64 = AtomicU64::new(0);
 
     /// The next `n` io_uring submissions that carry entries (socket engine
     /// and file backend alike) fail with `errno` instead of entering the
@@ -43,6 +46,32 @@ mod imp {
         DELAYED_READS.store(n, SeqCst);
     }
 
+    /// The next `n` file-backend writes start only after `ms` milliseconds,
+    /// as `delay_reads` does for reads: writes that are in the kernel, not
+    /// yet on the file, for as long as a test needs.
+    pub fn delay_writes(n: u32, ms: u64) {
+        WRITE_DELAY_MS.store(ms, SeqCst);
+        DELAYED_WRITES.store(n, SeqCst);
+    }
+
+    /// Delayed writes not handed to the kernel yet.
+    pub fn pending_delayed_writes() -> u32 {
+        DELAYED_WRITES.load(SeqCst)
+    }
+
+    /// The next command that passes its reservation check at execution
+    /// (QoS off) sleeps `ms` on its reactor thread before it reaches the
+    /// backend: the window between the check and the submit, held open so
+    /// another reactor can change the reservation inside it.
+    pub fn stall_after_resv_check(ms: u64) {
+        RESV_CHECK_STALL_MS.store(ms, SeqCst);
+    }
+
+    /// Whether the stall of `stall_after_resv_check` is still to be taken.
+    pub fn resv_check_stall_armed() -> bool {
+        RESV_CHECK_STALL_MS.load(SeqCst) > 0
+    }
+
     /// Shutdown skips IORING_OP_ASYNC_CANCEL, as if the kernel could not
     /// cancel the I/O (e.g. O_DIRECT I/O stuck on a device).
     pub fn ignore_cancels(on: bool) {
@@ -55,6 +84,8 @@ mod imp {
         PANIC_NEXT_IO.store(false, SeqCst);
         DELAYED_READS.store(0, SeqCst);
         IGNORE_CANCELS.store(false, SeqCst);
+        DELAYED_WRITES.store(0, SeqCst);
+        RESV_CHECK_STALL_MS.store(0, SeqCst);
     }
 
     /// Injected submit failures not consumed yet.
@@ -83,6 +114,17 @@ mod imp {
     pub(crate) fn cancels_ignored() -> bool {
         IGNORE_CANCELS.load(SeqCst)
     }
+
+    pub(crate) fn write_delay_ms() -> Option<u64> {
+        DELAYED_WRITES
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| WRITE_DELAY_MS.load(SeqCst))
+    }
+
+    pub(crate) fn take_resv_check_stall_ms() -> u64 {
+        RESV_CHECK_STALL_MS.swap(0, SeqCst)
+    }
 }
 
 #[cfg(not(feature = "fault-injection"))]
@@ -103,6 +145,14 @@ mod imp {
     pub(crate) fn cancels_ignored() -> bool {
         false
     }
+    #[inline(always)]
+    pub(crate) fn write_delay_ms() -> Option<u64> {
+        None
+    }
+    #[inline(always)]
+    pub(crate) fn take_resv_check_stall_ms() -> u64 {
+        0
+    }
 }
 
 #[cfg(feature = "fault-injection")]
@@ -115,5 +165,15 @@ pub(crate) use imp::*;
 pub(crate) fn io_panic_point() {
     if take_io_panic() {
         panic!("injected fault: command handler panicked (fault::panic_next_io)");
+    }
+}
+
+/// Called between a command's reservation check and its backend submit:
+/// the stall hook of `stall_after_resv_check`.
+#[inline(always)]
+pub(crate) fn after_resv_check_point() {
+    let ms = take_resv_check_stall_ms();
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }

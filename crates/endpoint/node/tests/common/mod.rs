@@ -7,12 +7,10 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use trellis_node::config::{BackendKind, Config, ListenerConfig, NamespaceConfig, SubsystemConfig};
 use trellis_nvme::fabrics::CNTLID_DYNAMIC;
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::{Cqe, Sqe};
-use trellis_target::config::{
-    BackendKind, Config, ListenerConfig, NamespaceConfig, SubsystemConfig,
-};
 #[allow(unused_imports)] // Pdu: for tests that read raw PDUs by type name
 pub use trellis_testkit::initiator::{Pdu, Queue};
 
@@ -21,14 +19,14 @@ pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-
 
 /// A target on ephemeral loopback ports with one RAM namespace (16 MiB,
 /// 512-byte blocks) that only `HOST` may use.
-pub fn start_target() -> trellis_target::Target {
-    start_target_with(trellis_target::config::SocketEngine::Epoll)
+pub fn start_target() -> trellis_node::Target {
+    start_target_with(trellis_node::config::SocketEngine::Epoll)
 }
 
-pub fn start_target_with(engine: trellis_target::config::SocketEngine) -> trellis_target::Target {
+pub fn start_target_with(engine: trellis_node::config::SocketEngine) -> trellis_node::Target {
     let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 16 << 20));
     cfg.target.socket_engine = engine;
-    trellis_target::Target::start(&cfg).unwrap()
+    trellis_node::Target::start(&cfg).unwrap()
 }
 
 /// The test target's configuration around one namespace: an ephemeral
@@ -37,6 +35,7 @@ pub fn start_target_with(engine: trellis_target::config::SocketEngine) -> trelli
 pub fn test_config(ns: NamespaceConfig) -> Config {
     let mut cfg = Config::embedded_default();
     cfg.listeners = vec![ListenerConfig {
+        name: None,
         addr: "127.0.0.1:0".parse().unwrap(),
         kind: None,
         ana_state: None,
@@ -50,6 +49,7 @@ pub fn test_config(ns: NamespaceConfig) -> Config {
         allowed_hosts: vec![HOST.into()],
         hosts: vec![],
         namespaces: vec![ns],
+        listeners: None,
     }];
     cfg.target.state_dir = Some(test_state_dir());
     cfg

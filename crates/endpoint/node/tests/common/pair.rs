@@ -22,14 +22,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use trellis_host::{Completion, Engine, EngineConfig, Xfer};
+use trellis_node::config::{BackendKind, Config, ListenerConfig, ListenerKind, NamespaceConfig};
+use trellis_node::data::nvme::exec::{Ctx, NsQueue};
+use trellis_node::data::tcp::conn::Conn;
+use trellis_node::state::identity::NodeId;
+use trellis_node::state::subsystem::Registry;
 use trellis_nvme::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::{le32, Sqe};
-use trellis_target::config::{BackendKind, Config, ListenerConfig, ListenerKind, NamespaceConfig};
-use trellis_target::data::nvme::exec::{Ctx, NsQueue};
-use trellis_target::data::tcp::conn::Conn;
-use trellis_target::state::identity::NodeId;
-use trellis_target::state::subsystem::Registry;
 
 pub const NQN: &str = "nqn.2026-11.io.trellis:pair";
 pub const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000fa11";
@@ -86,6 +86,7 @@ impl Pair {
     pub fn with_config(tune: impl FnOnce(&mut Config)) -> Pair {
         let mut cfg = Config::embedded_default();
         cfg.listeners = vec![ListenerConfig {
+            name: None,
             addr: "127.0.0.1:4420".parse().unwrap(),
             kind: None,
             ana_state: None,

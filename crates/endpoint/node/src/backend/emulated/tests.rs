@@ -1,4 +1,5 @@
 use super::*;
+use crate::backend::tag::test_tag;
 use crate::config::{BackendKind, NamespaceConfig};
 use trellis_ssd::{Precondition, SsdProfile};
 
@@ -40,15 +41,15 @@ fn run_one(q: &mut dyn BackendQueue, req: &IoReq) -> (Status, u64) {
     let t0 = crate::sys::now_ns();
     // SAFETY: req.buf points at a live buffer of len_bytes the caller owns
     // for the whole call, and the request completes before we return.
-    if let Some(st) = unsafe { q.submit(req, 7) } {
+    if let Some(st) = unsafe { q.submit(req, test_tag(7)) } {
         return (st, crate::sys::now_ns() - t0);
     }
     let mut out = Vec::new();
     while q.reap(&mut out) == 0 {
         std::hint::spin_loop();
     }
-    assert_eq!(out[0].0, 7);
-    (out[0].1, crate::sys::now_ns() - t0)
+    assert_eq!(out[0].tag, test_tag(7));
+    (out[0].status, crate::sys::now_ns() - t0)
 }
 
 fn req(op: Op, off: u64, buf: &mut [u8]) -> IoReq {
@@ -108,7 +109,7 @@ fn cancel_completes_pending_commands_ahead_of_model_time() {
         let r = req(Op::Read, i as u64 * 4096, buf);
         // SAFETY: the buffers outlive the queue's use of them: every
         // request is reaped below before they are dropped.
-        assert!(unsafe { q.submit(&r, i as u64) }.is_none());
+        assert!(unsafe { q.submit(&r, test_tag(i as u16)) }.is_none());
     }
     let mut out = Vec::new();
     assert_eq!(q.reap(&mut out), 0, "60 ms reads are not done yet");
@@ -128,12 +129,12 @@ fn a_late_reap_reports_when_the_model_completed_the_read() {
     let mut buf = vec![0u8; 4096];
     let t0 = crate::sys::now_ns();
     // SAFETY: buf outlives the request, which is reaped below.
-    assert!(unsafe { q.submit(&req(Op::Read, 0, &mut buf), 3) }.is_none());
+    assert!(unsafe { q.submit(&req(Op::Read, 0, &mut buf), test_tag(3)) }.is_none());
     std::thread::sleep(std::time::Duration::from_millis(30));
     let (mut out, mut due) = (Vec::new(), Vec::new());
     assert_eq!(q.reap_timed(&mut out, &mut due), 1);
     let reaped = crate::sys::now_ns();
-    assert_eq!((out[0].0, due.len()), (3, 1));
+    assert_eq!((out[0].tag, due.len()), (test_tag(3), 1));
     let lat = due[0] - t0;
     assert!(lat >= 2 * read_ns, "{lat} ns < the scaled model time");
     assert!(lat < 10_000_000, "{lat} ns: the reap time leaked in");

@@ -6,7 +6,7 @@
 //! When io_uring is unavailable (seccomp, `kernel.io_uring_disabled`) the
 //! queue falls back to synchronous pread/pwrite with the same semantics.
 
-use super::{Backend, BackendQueue, IoReq, Op};
+use super::{Backend, BackendQueue, Completion, IoReq, Op, Tag};
 use crate::sys::ring::Ring;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -395,6 +395,7 @@ mod link_tests {
 #[cfg(test)]
 mod enospc_tests {
     use super::*;
+    use crate::backend::tag::test_tag;
 
     /// Issue 32: a full backing file system turned writes into media Write
     /// Faults (DNR clear): hosts retried, then reported a failing disk.
@@ -416,7 +417,7 @@ mod enospc_tests {
             fua: false,
         };
         // SAFETY: buf is live and ours for the synchronous call.
-        let st = unsafe { q.submit(&req, 0) };
+        let st = unsafe { q.submit(&req, test_tag(0)) };
         assert_eq!(st, Some(generic::CAPACITY_EXCEEDED.dnr()));
         // A read of /dev/full succeeds (zeroes): only writes are refused.
         let rd = IoReq {
@@ -424,7 +425,7 @@ mod enospc_tests {
             ..req
         };
         // SAFETY: as above.
-        assert_eq!(unsafe { q.submit(&rd, 0) }, Some(Status::SUCCESS));
+        assert_eq!(unsafe { q.submit(&rd, test_tag(0)) }, Some(Status::SUCCESS));
         // A real media error keeps its status and DNR clear.
         assert_eq!(
             io_error_status(Op::Write, Some(libc::EIO)),
@@ -437,6 +438,7 @@ mod enospc_tests {
 #[cfg(test)]
 mod zero_tests {
     use super::*;
+    use crate::backend::tag::test_tag;
     use std::os::unix::fs::MetadataExt;
 
     const LEN: u64 = 128 << 20;
@@ -468,7 +470,8 @@ mod zero_tests {
             fua: false,
         };
         // SAFETY: no buffer.
-        assert_eq!(unsafe { q.submit(&req, 1) }, None, "not done in submit");
+        let st = unsafe { q.submit(&req, test_tag(1)) };
+        assert_eq!(st, None, "not done in submit");
         let (started, mut worst) = (std::time::Instant::now(), std::time::Duration::ZERO);
         let mut out = Vec::new();
         while out.is_empty() {
@@ -482,7 +485,7 @@ mod zero_tests {
             worst = worst.max(t.elapsed());
         }
         assert_eq!(q.in_flight(), 0);
-        (out[0].1, worst)
+        (out[0].status, worst)
     }
 
     fn check_zeroed(f: &File) {
@@ -560,7 +563,8 @@ mod zero_tests {
             fua: false,
         };
         // SAFETY: no buffer.
-        assert_eq!(unsafe { q.submit(&req, 1) }, Some(Status::SUCCESS));
+        let st = unsafe { q.submit(&req, test_tag(1)) };
+        assert_eq!(st, Some(Status::SUCCESS));
         use std::os::unix::fs::FileExt;
         let mut b = vec![0u8; 4096];
         f.read_exact_at(&mut b, 4096).unwrap();

@@ -18,13 +18,13 @@ pub(super) struct SyncQueue {
 /// above may send at once; it exits when the queue drops its sender.
 pub(super) struct ZeroWorker {
     pub(super) tx: std::sync::mpsc::SyncSender<Piece>,
-    pub(super) rx: std::sync::mpsc::Receiver<(u64, Status)>,
+    pub(super) rx: std::sync::mpsc::Receiver<Completion>,
     pub(super) in_flight: usize,
 }
 
 /// IoReq holds a raw pointer; the pieces sent to the worker carry none
 /// (Write Zeroes and Discard have no buffer).
-pub(super) struct Piece(u64, IoReq);
+pub(super) struct Piece(Tag, IoReq);
 // SAFETY: a zeroing piece's buf is null; nothing is shared through it.
 unsafe impl Send for Piece {}
 
@@ -37,7 +37,10 @@ impl ZeroWorker {
             .name("trellis-zero".into())
             .spawn(move || {
                 while let Ok(Piece(tag, req)) = work.recv() {
-                    if done_tx.send((tag, zero_piece(&file, &zero, &req))).is_err() {
+                    if done_tx
+                        .send(Completion::new(tag, zero_piece(&file, &zero, &req)))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -60,7 +63,7 @@ impl SyncQueue {
     }
 
     /// Hands a zeroing piece to the worker; Some(status) if it cannot.
-    pub(super) fn zero_to_worker(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+    pub(super) fn zero_to_worker(&mut self, req: &IoReq, tag: Tag) -> Option<Status> {
         if self.worker.is_none() {
             match ZeroWorker::start(self.file.clone(), self.zero.clone()) {
                 Ok(w) => self.worker = Some(w),
@@ -84,7 +87,7 @@ impl SyncQueue {
 }
 
 impl BackendQueue for SyncQueue {
-    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let Some(w) = self.worker.as_mut() else {
             return 0;
         };
@@ -100,7 +103,7 @@ impl BackendQueue for SyncQueue {
         self.worker.as_ref().map_or(0, |w| w.in_flight)
     }
 
-    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+    unsafe fn submit(&mut self, req: &IoReq, tag: Tag) -> Option<Status> {
         crate::sys::fault::io_panic_point();
         if matches!(req.op, Op::WriteZeroes | Op::Discard) {
             return self.zero_to_worker(req, tag);

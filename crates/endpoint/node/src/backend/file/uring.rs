@@ -19,7 +19,7 @@ pub(super) const SLOT_MASK: u64 = u32::MAX as u64;
 /// One in-flight io_uring request; partial transfers are resubmitted.
 #[derive(Clone, Copy)]
 pub(super) struct Pending {
-    pub(super) tag: u64,
+    pub(super) tag: Tag,
     pub(super) req: IoReq,
     pub(super) done_bytes: u64,
     /// The ring generation the request's current operation went to.
@@ -46,7 +46,7 @@ pub(super) struct UringQueue {
     pub(super) slots: Vec<Option<Pending>>,
     pub(super) free: Vec<u32>,
     /// Requests failed without the kernel, reported at the next `reap`.
-    pub(super) failed: Vec<(u64, Status)>,
+    pub(super) failed: Vec<Completion>,
     /// Reused between reaps so the hot path does not allocate.
     pub(super) scratch: Vec<(u64, i32)>,
 }
@@ -194,8 +194,13 @@ impl UringQueue {
     /// still held: the caller frees it and reports the status.
     pub(super) fn push(&mut self, idx: u32) -> Result<(), Status> {
         let e = self.entry(idx).ok_or(crate::backend::SUBMIT_FAILED)?;
-        let is_read = matches!(self.slots[idx as usize], Some(p) if p.req.op == Op::Read);
-        if let Some(ms) = is_read.then(crate::sys::fault::read_delay_ms).flatten() {
+        let op = self.slots[idx as usize].map(|p| p.req.op);
+        let delay = match op {
+            Some(Op::Read) => crate::sys::fault::read_delay_ms(),
+            Some(Op::Write) => crate::sys::fault::write_delay_ms(),
+            _ => None,
+        };
+        if let Some(ms) = delay {
             return self.push_delayed(idx, e, ms);
         }
         for _ in 0..2 {
@@ -216,7 +221,7 @@ impl UringQueue {
     }
 
     /// Fault injection: queues `e` behind a hard-linked timeout of `ms`, so
-    /// the read starts late but is real kernel I/O meanwhile.
+    /// the read (or write) starts late but is real kernel I/O meanwhile.
     pub(super) fn push_delayed(
         &mut self,
         idx: u32,
@@ -280,7 +285,7 @@ impl UringQueue {
     pub(super) fn fail(&mut self, idx: u32, st: Status) {
         if let Some(p) = self.slots.get_mut(idx as usize).and_then(Option::take) {
             self.free.push(idx);
-            self.failed.push((p.tag, st));
+            self.failed.push(Completion::new(p.tag, st));
         }
     }
 
@@ -303,7 +308,7 @@ impl UringQueue {
         }
     }
 
-    pub(super) fn complete(&mut self, idx: u32, res: i32) -> Option<(u64, Status)> {
+    pub(super) fn complete(&mut self, idx: u32, res: i32) -> Option<Completion> {
         let mut p = self.slots.get(idx as usize).copied().flatten()?;
         let status = if matches!(p.req.op, Op::WriteZeroes | Op::Discard) {
             let st = self.complete_zero(idx, p, res)?;
@@ -332,12 +337,12 @@ impl UringQueue {
         };
         self.slots[idx as usize] = None;
         self.free.push(idx);
-        Some((p.tag, status))
+        Some(Completion::new(p.tag, status))
     }
 }
 
 impl BackendQueue for UringQueue {
-    unsafe fn submit(&mut self, req: &IoReq, tag: u64) -> Option<Status> {
+    unsafe fn submit(&mut self, req: &IoReq, tag: Tag) -> Option<Status> {
         crate::sys::fault::io_panic_point();
         let zeroing = matches!(req.op, Op::WriteZeroes | Op::Discard);
         let step = if zeroing {
@@ -389,7 +394,7 @@ impl BackendQueue for UringQueue {
         }
     }
 
-    fn reap(&mut self, out: &mut Vec<(u64, Status)>) -> usize {
+    fn reap(&mut self, out: &mut Vec<Completion>) -> usize {
         let before = out.len();
         out.append(&mut self.failed);
         let mut cqes = std::mem::take(&mut self.scratch);

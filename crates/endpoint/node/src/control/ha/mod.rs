@@ -106,7 +106,7 @@ impl Ha {
             return; // confirmed too late to serve on it
         }
         // Before ANA says optimized: the data plane checks this at execution.
-        reg.fence.serve_until(crate::sys::instant_ns(deadline));
+        reg.fence().serve_until(crate::sys::instant_ns(deadline));
         if !self.owner.swap(true, SeqCst) {
             let n = apply(reg, AnaState::Optimized);
             self.event(format!(
@@ -124,7 +124,7 @@ impl Ha {
     fn step_down_locked(&self, reg: &Registry, why: &str) {
         // First, whatever the ANA byte says: commands already parsed, waiting
         // for data or in a scheduler, fail at execution from here on.
-        reg.fence.stop();
+        reg.fence().stop();
         if self.owner.swap(false, SeqCst) {
             let n = apply(reg, AnaState::Inaccessible);
             self.event(format!("inaccessible: {why}, {n} controllers notified"));
@@ -237,16 +237,16 @@ pub fn fence_deadline(sent: Instant, fence: Duration) -> Instant {
 /// controllers were notified. Every slot, not only the groups in use: a
 /// group added later (`namespace_add`) starts in its slot's state.
 fn apply(reg: &Registry, st: AnaState) -> usize {
-    let (cap, _) = reg.ana.limits();
-    let in_use = reg.ana.groups();
+    let (cap, _) = reg.ana().limits();
+    let in_use = reg.ana().groups();
     let mut n = 0;
-    for l in &reg.listeners {
+    for l in reg.listeners() {
         if l.kind == crate::config::ListenerKind::Discovery {
             continue;
         }
         let mut changed = Vec::new();
         for g in 0..cap as usize {
-            if reg.ana.set(l.portid, g, st) {
+            if reg.ana().set(l.portid, g, st) {
                 if let Some(&grpid) = in_use.get(g) {
                     changed.push(grpid);
                 }
@@ -281,11 +281,11 @@ impl Threads {
 pub fn resolve(cfg: &HaConfig, reg: &Registry) -> HaConfig {
     let mut c = cfg.clone();
     if c.key.is_empty() {
-        let nqn = reg.subsystems.first().map_or("none", |s| s.nqn.as_str());
+        let nqn = reg.subsystems().first().map_or("none", |s| s.nqn.as_str());
         c.key = format!("/trellis/ha/{nqn}");
     }
     if c.node.is_empty() {
-        c.node = reg.node.uuid().to_string();
+        c.node = reg.node().uuid().to_string();
     }
     c
 }

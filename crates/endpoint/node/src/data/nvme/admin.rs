@@ -25,14 +25,14 @@ impl Queue {
         let Some(ctrl) = self.ctrl() else {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
         };
-        let cap = fabrics::cap(self.reg.limits.max_queue_depth - 1, 15);
+        let cap = fabrics::cap(self.reg.limits().max_queue_depth - 1, 15);
         let v: u64 = match (p.offset, p.size8) {
             (fabrics::prop::CAP, true) => cap,
             (fabrics::prop::CAP, false) => cap & 0xffff_ffff,
             (0x04, false) => cap >> 32,
             (fabrics::prop::VS, false) => fabrics::VS_1_4 as u64,
-            (fabrics::prop::CC, false) => ctrl.cc.load(Relaxed) as u64,
-            (fabrics::prop::CSTS, false) => ctrl.csts.load(Relaxed) as u64,
+            (fabrics::prop::CC, false) => ctrl.cc() as u64,
+            (fabrics::prop::CSTS, false) => ctrl.csts() as u64,
             (fabrics::prop::NSSR, false) => 0,
             _ => return Exec::Done(generic::INVALID_FIELD.dnr()),
         };
@@ -48,36 +48,36 @@ impl Queue {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
         };
         let new = p.value as u32;
-        let old = ctrl.cc.swap(new, Relaxed);
+        let old = ctrl.swap_cc(new);
         if new & cc::EN != 0 && old & cc::EN == 0 {
             if cc_valid(new, ctrl.is_discovery()) {
-                ctrl.csts.fetch_or(csts::RDY, Relaxed);
-                ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+                ctrl.set_csts(csts::RDY);
+                ctrl.keep_alive(ctx.now_ns);
             } else {
                 tracing::warn!(
-                    cntlid = ctrl.cntlid,
+                    cntlid = ctrl.cntlid(),
                     "CC {new:#x} invalid; controller fatal status"
                 );
-                ctrl.csts.fetch_or(csts::CFS, Relaxed);
+                ctrl.set_csts(csts::CFS);
             }
         }
         if new & cc::EN == 0 && old & cc::EN != 0 {
-            ctrl.csts.fetch_and(!csts::RDY, Relaxed); // controller reset
+            ctrl.clear_csts(csts::RDY); // controller reset
         }
         let (shn_new, shn_old) = (new & cc::SHN_MASK, old & cc::SHN_MASK);
         if shn_new != 0 && shn_old == 0 {
             // A shutdown notification: make every acknowledged write durable
             // before reporting shutdown complete.
-            if ctrl.subsys.is_some() {
+            if ctrl.subsys().is_some() {
                 for ns in &self.sub_ns().namespaces {
-                    if let Err(e) = ns.backend.sync_all() {
-                        tracing::error!("flush of nsid {} at shutdown failed: {e}", ns.nsid);
+                    if let Err(e) = ns.backend().sync_all() {
+                        tracing::error!("flush of nsid {} at shutdown failed: {e}", ns.nsid());
                     }
                 }
             }
-            ctrl.csts.fetch_or(csts::SHST_COMPLETE, Relaxed);
+            ctrl.set_csts(csts::SHST_COMPLETE);
         } else if shn_new == 0 && shn_old != 0 {
-            ctrl.csts.fetch_and(!(0x3 << 2), Relaxed);
+            ctrl.clear_csts(0x3 << 2);
         }
         Exec::Done(Status::SUCCESS)
     }
@@ -92,19 +92,19 @@ impl Queue {
     }
 
     fn controller_info(&self, ctrl: &Controller) -> ControllerInfo {
-        let l = &self.reg.limits;
+        let l = &self.reg.limits();
         let mdts = (l.max_io_size.0 / 4096).trailing_zeros() as u8;
-        match &ctrl.subsys {
+        match &ctrl.subsys() {
             Some(sub) => ControllerInfo {
                 kind: ControllerType::Io,
                 serial: sub.serial.clone(),
                 model: sub.model.clone(),
                 firmware: FIRMWARE.into(),
-                cntlid: ctrl.cntlid,
+                cntlid: ctrl.cntlid(),
                 version: fabrics::VS_1_4,
                 mdts,
                 subnqn: sub.nqn.clone(),
-                nn: self.reg.nn,
+                nn: self.reg.nn(),
                 icd_bytes: l.in_capsule_data.0 as u32,
                 maxcmd: l.max_queue_depth,
                 vwc: true,
@@ -120,7 +120,7 @@ impl Queue {
                 serial: "TRELLIS-DISCOVERY".into(),
                 model: "Trellis Discovery".into(),
                 firmware: FIRMWARE.into(),
-                cntlid: ctrl.cntlid,
+                cntlid: ctrl.cntlid(),
                 version: fabrics::VS_1_4,
                 mdts,
                 subnqn: fabrics::DISCOVERY_NQN.into(),
@@ -150,7 +150,7 @@ impl Queue {
         let mut page = std::mem::take(ctx.scratch);
         page.clear();
         page.resize(identify::IDENTIFY_LEN, 0);
-        let r = match (&ctrl.subsys, c) {
+        let r = match (&ctrl.subsys(), c) {
             (_, cns::CONTROLLER) => {
                 identify::encode_controller(&self.controller_info(ctrl), &mut page);
                 Ok(())
@@ -162,17 +162,17 @@ impl Queue {
                     Ok(())
                 }
                 // An inactive NSID within NN reads as zeroes (NCAP 0).
-                None if nsid != 0 && nsid <= self.reg.nn => Ok(()),
+                None if nsid != 0 && nsid <= self.reg.nn() => Ok(()),
                 None => Err(generic::INVALID_NAMESPACE.dnr()),
             },
             (Some(_), cns::ACTIVE_NS_LIST) if nsid < 0xFFFF_FFFE => {
-                let nsids = self.sub_ns().namespaces.iter().map(|n| n.nsid);
+                let nsids = self.sub_ns().namespaces.iter().map(|n| n.nsid());
                 identify::encode_ns_list(nsids, nsid, &mut page);
                 Ok(())
             }
             (Some(_), cns::NS_ID_DESCRIPTORS) => match self.namespace(nsid) {
                 Some(ns) => {
-                    identify::encode_ns_descriptors(&ns.info, &mut page);
+                    identify::encode_ns_descriptors(ns.info(), &mut page);
                     Ok(())
                 }
                 None => Err(generic::INVALID_NAMESPACE.dnr()),
@@ -202,7 +202,7 @@ impl Queue {
         }
         let mut page = std::mem::take(ctx.scratch);
         page.clear();
-        let r = match (&ctrl.subsys, lp.lid) {
+        let r = match (&ctrl.subsys(), lp.lid) {
             (None, lid::DISCOVERY) => {
                 self.discovery_log(ctrl, &mut page);
                 // Reading it with RAE clear re-arms the change notice,
@@ -221,7 +221,7 @@ impl Queue {
             (Some(_), lid::CHANGED_NS_LIST) => {
                 // Cleared, and the notice unmasked, when read with RAE
                 // clear (NVMe Base 2.0 §5.16.1.5, §5.2).
-                crate::sys::lock(&ctrl.changed_ns).encode(&mut page, !lp.rae);
+                ctrl.changed_ns().encode(&mut page, !lp.rae);
                 if !lp.rae {
                     crate::state::aen::acknowledge(ctrl, lid::CHANGED_NS_LIST);
                 }
@@ -239,10 +239,10 @@ impl Queue {
                 let qos = sns
                     .namespaces
                     .iter()
-                    .any(|n| n.qos != crate::config::qos::QosMode::Off);
+                    .any(|n| n.qos() != crate::config::qos::QosMode::Off);
                 let me = match qos {
                     true => ctrl.tenant(),
-                    false => self.reg.tenants.catch_all(),
+                    false => self.reg.tenants().catch_all(),
                 };
                 crate::data::qos::view_log(ctx, sns, me, sqe.nsid(), &mut page)
             }
@@ -284,7 +284,7 @@ impl Queue {
                 log::encode_supported_logs(&lids, page);
             }
             lid::ERROR => {
-                let errs = crate::sys::lock(&ctrl.errors);
+                let errs = ctrl.errors();
                 page.resize(crate::state::subsystem::ERROR_LOG_ENTRIES * 64, 0);
                 for (i, e) in errs.entries.iter().enumerate() {
                     e.encode(&mut page[i * 64..]);
@@ -314,8 +314,8 @@ impl Queue {
     fn ana_log(&self, ctrl: &Controller, lp: &GetLogPage, page: &mut Vec<u8>) {
         let rgo = lp.lsp & ana::LSP_RGO != 0;
         self.reg
-            .ana
-            .log(ctrl.portid, &self.sub_ns().ana_groups)
+            .ana()
+            .log(ctrl.portid(), &self.sub_ns().ana_groups)
             .encode(rgo, page);
         if !lp.rae {
             crate::state::aen::acknowledge(ctrl, lid::ANA);
@@ -340,25 +340,29 @@ impl Queue {
         };
         let (mut rb, mut wb) = (0u64, 0u64);
         for ns in nss {
-            rb += ns.stats.read_bytes.load(Relaxed);
-            wb += ns.stats.write_bytes.load(Relaxed);
-            s.host_read_commands += ns.stats.read_cmds.load(Relaxed) as u128;
-            s.host_write_commands += ns.stats.write_cmds.load(Relaxed) as u128;
-            s.media_errors += ns.stats.media_errors.load(Relaxed) as u128;
+            rb += ns.stats().read_bytes.load(Relaxed);
+            wb += ns.stats().write_bytes.load(Relaxed);
+            s.host_read_commands += ns.stats().read_cmds.load(Relaxed) as u128;
+            s.host_write_commands += ns.stats().write_cmds.load(Relaxed) as u128;
+            s.media_errors += ns.stats().media_errors.load(Relaxed) as u128;
         }
         s.data_units_read = log::data_units(rb);
         s.data_units_written = log::data_units(wb);
         s.power_on_hours = self.reg.uptime_hours() as u128;
-        s.unsafe_shutdowns = self.reg.unsafe_shutdowns.load(Relaxed) as u128;
-        s.error_log_entries = crate::sys::lock(&ctrl.errors).count as u128;
+        s.unsafe_shutdowns = self.reg.unsafe_shutdowns() as u128;
+        s.error_log_entries = ctrl.errors().count as u128;
         Ok(s)
     }
 
     /// The discovery log as this host sees it: our own entry, then one entry
-    /// per (allowed subsystem, I/O listener).
+    /// per (allowed subsystem, I/O listener that carries it).
     fn discovery_log(&self, ctrl: &Controller, page: &mut Vec<u8>) {
         let mut entries = Vec::new();
-        let here = self.reg.listeners.iter().find(|l| l.portid == self.portid);
+        let here = self
+            .reg
+            .listeners()
+            .iter()
+            .find(|l| l.portid == self.portid);
         let addr_of = |a: std::net::SocketAddr| {
             // Never advertise 0.0.0.0: report the address the host reached us on.
             if a.ip().is_unspecified() {
@@ -401,24 +405,24 @@ impl Queue {
         // Only the (subsystem, listener) pairs this host could connect
         // through, and nothing of a PSK-only host's subsystems to a peer
         // that has not proven that PSK on this discovery connection.
-        let tls_host = ctrl.tls_proven.then_some(ctrl.hostnqn.as_str());
-        for sub in self.reg.subsystems.iter() {
-            if !sub.admits(&ctrl.hostnqn, tls_host) {
+        let tls_host = ctrl.tls_proven().then_some(ctrl.hostnqn());
+        for sub in self.reg.subsystems().iter() {
+            if !sub.admits(ctrl.hostnqn(), tls_host) {
                 continue;
             }
             for l in self
                 .reg
-                .listeners
+                .listeners()
                 .iter()
                 .filter(|l| l.kind == ListenerKind::Both)
             {
-                if sub.admits_on(&ctrl.hostnqn, l.secure) {
+                if sub.carried_by(l) && sub.admits_on(ctrl.hostnqn(), l.secure) {
                     entries.push(entry(log::subtype::NVME, &sub.nqn, l));
                 }
             }
         }
-        self.reg.disc.extend_entries(&mut entries);
-        log::encode_discovery_log(self.reg.discovery_genctr.load(Relaxed), &entries, page);
+        self.reg.disc().extend_entries(&mut entries);
+        log::encode_discovery_log(self.reg.discovery_genctr(), &entries, page);
     }
 
     pub(crate) fn set_features(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
@@ -432,11 +436,10 @@ impl Queue {
             return Exec::Done(specific::FEATURE_NOT_SAVEABLE.dnr());
         }
         let disc = ctrl.is_discovery();
-        let mut f = crate::sys::lock(&ctrl.features);
+        let mut f = ctrl.features();
         match fid {
             feat::KATO => {
-                ctrl.kato_ms.store(v, Relaxed);
-                ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+                ctrl.set_kato_ms(v, ctx.now_ns);
             }
             feat::ASYNC_EVENT_CONFIG => {
                 let allowed = if disc {
@@ -447,7 +450,7 @@ impl Queue {
                 if v & !allowed != 0 {
                     return Exec::Done(generic::INVALID_FIELD.dnr());
                 }
-                ctrl.async_event_config.store(v, Relaxed);
+                ctrl.set_async_event_config(v);
             }
             _ if disc => return Exec::Done(generic::INVALID_FIELD.dnr()),
             feat::NUM_QUEUES => {
@@ -455,8 +458,8 @@ impl Queue {
                 if nsq == 0xffff || ncq == 0xffff {
                     return Exec::Done(generic::INVALID_FIELD.dnr());
                 }
-                let n = (nsq.max(ncq) + 1).min(self.reg.limits.max_io_queues as u32);
-                ctrl.io_queues.store(n as u16, Relaxed);
+                let n = (nsq.max(ncq) + 1).min(self.reg.limits().max_io_queues as u32);
+                ctrl.set_io_queues(n as u16);
                 return Exec::DoneWith(Status::SUCCESS, (n - 1) | (n - 1) << 16, 0);
             }
             feat::ARBITRATION => f.arbitration = v,
@@ -467,7 +470,7 @@ impl Queue {
                 // Honoured, not only reported: with the cache off a host may
                 // skip flushes, so every write must be durable when it completes.
                 f.write_cache = v & 1;
-                ctrl.write_cache_off.store(v & 1 == 0, Relaxed);
+                ctrl.set_write_cache_off(v & 1 == 0);
             }
             feat::IRQ_COALESCING => f.irq_coalescing = v,
             feat::IRQ_CONFIG => f.irq_config = v,
@@ -501,24 +504,24 @@ impl Queue {
             if nsid != u32::MAX && self.namespace(nsid).is_none() {
                 return Err(bad_ns);
             }
-            crate::sys::lock(&ctrl.resv_log).set_mask(nsid, v);
+            ctrl.resv_log().set_mask(nsid, v);
             return Ok(());
         }
         let ns = self.namespace(nsid).ok_or(bad_ns)?;
-        ns.resv.set_ptpl(v & 1 != 0)
+        ns.resv().set_ptpl(v & 1 != 0)
     }
 
     /// Get Features 82h / 83h for namespace `nsid`.
     fn get_resv_feature(&self, ctrl: &Controller, fid: u8, nsid: u32) -> Result<u32, Status> {
         if fid == feat::RESV_MASK && nsid == u32::MAX {
-            return Ok(crate::sys::lock(&ctrl.resv_log).mask(nsid));
+            return Ok(ctrl.resv_log().mask(nsid));
         }
         let ns = self
             .namespace(nsid)
             .ok_or(generic::INVALID_NAMESPACE.dnr())?;
         Ok(match fid {
-            feat::RESV_MASK => crate::sys::lock(&ctrl.resv_log).mask(nsid),
-            _ => ns.resv.snapshot().ptpl as u32,
+            feat::RESV_MASK => ctrl.resv_log().mask(nsid),
+            _ => ns.resv().snapshot().ptpl as u32,
         })
     }
 
@@ -546,20 +549,20 @@ impl Queue {
         let d = if sel == 1 {
             Features::default()
         } else {
-            crate::sys::lock(&ctrl.features).clone()
+            ctrl.features().clone()
         };
         let v = match fid {
-            feat::KATO => ctrl.kato_ms.load(Relaxed),
-            feat::ASYNC_EVENT_CONFIG => ctrl.async_event_config.load(Relaxed),
+            feat::KATO => ctrl.kato_ms(),
+            feat::ASYNC_EVENT_CONFIG => ctrl.async_event_config(),
             feat::NUM_QUEUES => {
-                let n = ctrl.io_queues.load(Relaxed) as u32;
+                let n = ctrl.io_queues() as u32;
                 (n - 1) | (n - 1) << 16
             }
             feat::HOST_ID => {
                 if sqe.cdw11() & 1 == 0 || req.xfer_len < 16 {
                     return Exec::Done(generic::INVALID_FIELD.dnr()); // only the 128-bit host ID
                 }
-                let id = ctrl.hostid;
+                let id = ctrl.hostid();
                 return req.reply_data(&id);
             }
             feat::ARBITRATION => d.arbitration,
@@ -605,10 +608,10 @@ impl Queue {
         let Some(ctrl) = self.ctrl() else {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
         };
-        if ctrl.kato_ms.load(Relaxed) == 0 && !ctrl.is_discovery() {
+        if ctrl.kato_ms() == 0 && !ctrl.is_discovery() {
             return Exec::Done(generic::KEEP_ALIVE_INVALID);
         }
-        ctrl.last_keepalive_ns.store(ctx.now_ns, Relaxed);
+        ctrl.keep_alive(ctx.now_ns);
         Exec::Done(Status::SUCCESS)
     }
 }
@@ -646,7 +649,7 @@ mod feat {
 /// notice, taken. Read with RAE clear, it re-arms the event, raised again
 /// at once while notices remain.
 fn resv_log(ctrl: &Controller, rae: bool, page: &mut Vec<u8>) {
-    let mut log = crate::sys::lock(&ctrl.resv_log);
+    let mut log = ctrl.resv_log();
     page.resize(trellis_nvme::resv::LOG_LEN, 0);
     log.pop().encode(page);
     if !rae {

@@ -526,7 +526,7 @@ fn session(q: &mut Queue) -> Result<(&mut Session, u16), Status> {
 /// Fabrics Authentication Send (05h).
 pub(crate) fn auth_send(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let peer = q.peer;
-    let per_conn_max = q.reg.limits.auth_per_conn_max;
+    let per_conn_max = q.reg.limits().auth_per_conn_max;
     let r = check_cmd(req).and_then(|len| {
         let (s, qid) = session(q)?;
         let was = s.authenticated();
@@ -575,7 +575,7 @@ pub(crate) fn auth_receive(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
             Started::Msg(m) => m,
             Started::Work(w) => match ctx.auth {
                 None => s.resume(w.run()),
-                Some(p) => match p.submit((req.tag >> 16) as u32, w) {
+                Some(p) => match p.submit(req.tag.conn(), w) {
                     Ok(job) => {
                         s.pending = Some((job, req.slot()));
                         return Ok(None);

@@ -386,20 +386,20 @@ pub fn parse(q: &Queue, req: &mut Request) -> Result<(), Status> {
     let ns = q
         .namespace(req.sqe.nsid())
         .ok_or(generic::INVALID_NAMESPACE.dnr())?;
-    req.ns_uid = ns.uid as u32;
+    req.ns_uid = ns.uid() as u32;
     // ANA (NVMe Base 2.0 §8.1.1): I/O through a listener whose path to the
     // namespace's group is inaccessible, lost or changing fails with a path
     // status and does no I/O; admin commands still run. One relaxed load.
     if cmd.on & on::IO != 0 {
-        if let Some(st) = q.reg.ana.io_status(q.portid, ns.ana_idx) {
+        if let Some(st) = q.reg.ana().io_status(q.portid, ns.ana_idx()) {
             return Err(st);
         }
         // Reservations (§8.19): one load while none is held on the namespace.
-        if ns.resv.any_held() && cmd.access != Access::None {
+        if ns.resv().any_held() && cmd.access != Access::None {
             resv_check(q, ns, cmd.access)?;
         }
     }
-    if cmd.media_write && ns.read_only {
+    if cmd.media_write && ns.read_only() {
         return Err(generic::NS_WRITE_PROTECTED.dnr());
     }
     if let Some(check) = cmd.check {
@@ -424,8 +424,8 @@ fn resv_check(
     ns: &crate::state::subsystem::Namespace,
     access: Access,
 ) -> Result<(), Status> {
-    let host = q.q.as_ref().map(|c| c.ctrl.resv_host).unwrap_or_default();
-    ns.resv.check_io(&host, access == Access::Write)
+    let host = q.q.as_ref().map(|c| c.ctrl.resv_host()).unwrap_or_default();
+    ns.resv().check_io(&host, access == Access::Write)
 }
 
 /// The Commands Supported and Effects log (LID 05h) of an NVM controller,

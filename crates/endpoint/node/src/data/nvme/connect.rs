@@ -5,10 +5,8 @@
 use crate::config::ListenerKind;
 use crate::data::nvme::exec::Request;
 use crate::data::nvme::exec::{Ctx, Exec, Queue, QueueCtx, QueueKind};
-use crate::state::subsystem::{Controller, Features, QueueInfo, Subsystem};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use crate::state::subsystem::{Controller, QueueInfo, Subsystem};
+use std::sync::Arc;
 use trellis_nvme::fabrics::{self, ipo, ConnectCmd, ConnectData};
 use trellis_nvme::status::{generic, specific};
 
@@ -101,6 +99,23 @@ impl Queue {
                 let e = invalid_param(true, ipo::DATA_SUBNQN);
                 return Err(refuse(e, "subsystem not exposed on a discovery-only port"));
             }
+            // A subsystem this listener does not carry is, to this port, a
+            // subsystem that does not exist: Connect Invalid Parameters
+            // with IATTR 1 and IPO at SUBNQN (NVMe over Fabrics 1.1 §3.3,
+            // Figure 20 and the Connect status values), as Linux nvmet
+            // answers when `nvmet_find_get_subsys` finds the NQN in no
+            // subsystem linked to the port; checked for I/O queues too,
+            // so a controller made on one port gets no queue on another.
+            // Before the host check, also as nvmet, so the answer does not
+            // say which hosts another port would admit.
+            let here = self.reg.listeners().by_portid(self.portid);
+            if !here.is_some_and(|l| sub.carried_by(l)) {
+                let e = invalid_param(true, ipo::DATA_SUBNQN);
+                return Err(refuse(
+                    e,
+                    "subsystem not carried by this listener (its listeners)",
+                ));
+            }
             // An empty host NQN (SPDK's perf sends one) is refused only
             // when an allow-list applies: it can never be on the list. A
             // host with only a TLS PSK must come over TLS with its PSK.
@@ -115,7 +130,7 @@ impl Queue {
             }
             Some(sub)
         };
-        if cmd.sqsize == 0 || cmd.sqsize >= self.reg.limits.max_queue_depth {
+        if cmd.sqsize == 0 || cmd.sqsize >= self.reg.limits().max_queue_depth {
             let e = invalid_param(false, ipo::SQE_SQSIZE);
             return Err(refuse(
                 e,
@@ -140,17 +155,17 @@ impl Queue {
             let e = invalid_param(true, ipo::DATA_CNTLID);
             return Err(refuse(e, "static controller model is not offered"));
         }
-        let max = self.reg.limits.max_controllers;
+        let max = self.reg.limits().max_controllers;
         let map = match &sub {
             Some(s) => &s.controllers,
-            None => &self.reg.discovery_controllers,
+            None => self.reg.discovery_controllers(),
         };
         let busy = || Exec::Done(specific::CONNECT_CTRL_BUSY.dnr());
         let mut ctrls = crate::sys::lock(map);
         // Checked under the lock a subsystem removal holds (`livesub`).
         if sub
             .as_ref()
-            .is_some_and(|s| self.reg.subsystems.is_removed(s.idx))
+            .is_some_and(|s| self.reg.subsystems().is_removed(s.idx))
         {
             let e = invalid_param(true, ipo::DATA_SUBNQN);
             return Err(refuse(e, "subsystem removed"));
@@ -189,40 +204,25 @@ impl Queue {
         sub: Option<Arc<Subsystem>>,
         cntlid: u16,
     ) -> Controller {
-        Controller {
+        Controller::new(crate::state::subsystem::NewController {
             cntlid,
-            subsys: sub.clone(),
+            kato_ms: kato_ms(cmd.kato_ms, sub.is_none(), self.reg.limits()),
+            subsys: sub,
             hostnqn: data.hostnqn.clone(),
             hostid: data.hostid,
-            resv_host: crate::state::resv::HostId::new(data.hostid, &data.hostnqn),
-            kato_ms: AtomicU32::new(kato_ms(cmd.kato_ms, sub.is_none(), &self.reg.limits)),
-            last_keepalive_ns: AtomicU64::new(ctx.now_ns),
-            cc: AtomicU32::new(0),
-            csts: AtomicU32::new(0),
-            io_queues: AtomicU16::new(self.reg.limits.max_io_queues),
-            connected_qids: Mutex::new(HashMap::from([(
-                0,
-                QueueInfo {
-                    sqsize: cmd.sqsize,
-                    peer: self.peer,
-                },
-            )])),
-            dead: AtomicBool::new(false),
-            async_event_config: AtomicU32::new(0),
+            now_ns: ctx.now_ns,
+            io_queues: self.reg.limits().max_io_queues,
             portid: self.portid,
-            aen_pending: AtomicU32::new(0),
-            aen_masked: AtomicU32::new(0),
-            changed_ns: Mutex::new(Default::default()),
-            resv_log: Mutex::new(Default::default()),
-            features: Mutex::new(Features::default()),
-            errors: Mutex::new(Default::default()),
-            tenant: crate::state::tenants::TenantSlot::new(self.reg.tenants.clone()),
+            admin: QueueInfo {
+                sqsize: cmd.sqsize,
+                peer: self.peer,
+            },
+            tenants: self.reg.tenants().clone(),
             tls_proven: self
                 .tls_peer
                 .as_ref()
                 .is_some_and(|(h, _)| *h == data.hostnqn),
-            write_cache_off: AtomicBool::new(false),
-        }
+        })
     }
 
     fn connect_io(
@@ -239,11 +239,11 @@ impl Queue {
         let ctrl = crate::sys::lock(&sub.controllers)
             .get(&data.cntlid)
             .cloned();
-        let Some(ctrl) = ctrl.filter(|c| c.hostnqn == data.hostnqn && !c.dead.load(Relaxed)) else {
+        let Some(ctrl) = ctrl.filter(|c| c.hostnqn() == data.hostnqn && !c.is_dead()) else {
             let e = invalid_param(true, ipo::DATA_CNTLID);
             return Err(refuse(e, "no live controller with this ID for this host"));
         };
-        if cmd.qid > ctrl.io_queues.load(Relaxed) {
+        if cmd.qid > ctrl.io_queues() {
             let e = invalid_param(false, ipo::SQE_QID);
             return Err(refuse(e, "queue ID above the granted number of I/O queues"));
         }
@@ -254,7 +254,7 @@ impl Queue {
             sqsize: cmd.sqsize,
             peer: self.peer,
         };
-        match crate::sys::lock(&ctrl.connected_qids).entry(cmd.qid) {
+        match ctrl.queues().entry(cmd.qid) {
             std::collections::hash_map::Entry::Occupied(_) => {
                 return Err(refuse(seq_error(), "queue already connected"));
             }
@@ -263,7 +263,7 @@ impl Queue {
             }
         }
         tracing::debug!(
-            cntlid = ctrl.cntlid,
+            cntlid = ctrl.cntlid(),
             qid = cmd.qid,
             sqsize = cmd.sqsize,
             "I/O queue connected"

@@ -118,7 +118,7 @@ pub struct Request {
     /// Data buffer (in: write data; out: read data), at least `xfer_len`.
     pub buf: AlignedBuf,
     /// Identifies the request to the backend (connection and slot).
-    pub tag: u64,
+    pub tag: crate::backend::IoTag,
     /// Namespace (registry uid), or `NO_NS`.
     pub ns_uid: u32,
     /// The backend request prepared by the command's check.
@@ -173,7 +173,7 @@ impl Request {
             cmd: &UNKNOWN,
             xfer_len: 0,
             buf: AlignedBuf::empty(),
-            tag: 0,
+            tag: crate::backend::IoTag::new(0, 0),
             ns_uid: NO_NS,
             io: IoReq::NONE,
             zero_data: false,
@@ -203,9 +203,9 @@ impl Request {
         self.cmd.dir == Dir::ToHost && self.xfer_len > 0
     }
 
-    /// The slot index the transport packed into the tag.
+    /// The command's slot in its connection.
     pub fn slot(&self) -> u16 {
-        self.tag as u16
+        self.tag.slot()
     }
 
     /// Copies `data` into the data buffer, zero-filled to the transfer length.
@@ -286,54 +286,63 @@ impl Ctx<'_> {
     #[inline]
     pub fn queue(&mut self, ns: &Namespace) -> Option<&mut NsQueue> {
         // The common case, a queue already open, without the opening code.
-        if matches!(self.queues.get(ns.uid), Some(Some(_))) {
-            return self.queues[ns.uid].as_mut();
+        if matches!(self.queues.get(ns.uid()), Some(Some(_))) {
+            return self.queues[ns.uid()].as_mut();
         }
         self.open_queue(ns)
     }
 
     #[cold]
     fn open_queue(&mut self, ns: &Namespace) -> Option<&mut NsQueue> {
-        if self.queues.len() <= ns.uid {
-            self.queues.resize_with(ns.uid + 1, || None);
+        if self.queues.len() <= ns.uid() {
+            self.queues.resize_with(ns.uid() + 1, || None);
         }
-        if self.queues[ns.uid].is_none() {
+        if self.queues[ns.uid()].is_none() {
             // Write Zeroes and Deallocate go to the backend in bounded
             // pieces, a few per loop (backend::zero); a null backend, which
             // stores nothing, has nothing to zero.
-            let limits = crate::backend::zero::ZeroLimits::of(&self.reg.limits);
-            let chunked = !ns.reads_zero;
-            let q = ns.backend.open_queue().map(|q| match chunked {
+            let limits = crate::backend::zero::ZeroLimits::of(self.reg.limits());
+            let chunked = !ns.reads_zero();
+            let q = ns.backend().open_queue().map(|q| match chunked {
                 true => crate::backend::zero::Chunked::wrap(q, limits),
                 false => q,
             });
-            let q = q.and_then(|q| match ns.qos {
+            let q = q.and_then(|q| match ns.qos() {
                 crate::config::qos::QosMode::Off => Ok(NsQueue::Plain(q)),
                 crate::config::qos::QosMode::Gimbal => crate::data::qos::wrap(
                     q,
-                    &self.reg.qos,
+                    self.reg.qos(),
                     crate::data::qos::NodeShare {
-                        tenants: &self.reg.tenants,
-                        board: Some(&ns.qos_board),
-                        fence: self.reg.fence.clone(),
-                        resv: ns.resv.clone(),
+                        tenants: self.reg.tenants(),
+                        board: Some(ns.qos_board()),
+                        fence: self.reg.fence().clone(),
+                        resv: ns.resv().clone(),
                     },
                     self.now_ns,
-                    ns.backend.time_scale(),
-                    ns.device_model.as_ref(),
+                    ns.backend().time_scale(),
+                    ns.device_model().as_ref(),
                 )
                 .map(NsQueue::Gimbal),
             });
             match q {
-                Ok(q) => self.queues[ns.uid] = Some(q),
+                Ok(q) => self.queues[ns.uid()] = Some(q),
                 Err(e) => {
-                    tracing::error!("cannot open backend queue for nsid {}: {e}", ns.nsid);
+                    tracing::error!("cannot open backend queue for nsid {}: {e}", ns.nsid());
                     return None;
                 }
             }
         }
-        self.queues[ns.uid].as_mut()
+        self.queues[ns.uid()].as_mut()
     }
+}
+
+/// A parked Preempt and Abort: its slot, the drain generation it waits
+/// for, and when it gives up (`target.preempt_abort_timeout_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct ResvWait {
+    pub slot: u16,
+    pub gen: u64,
+    pub deadline_ns: u64,
 }
 
 /// What command handlers see of a queue: the controller it belongs to, the
@@ -349,6 +358,10 @@ pub struct Queue {
     pub q: Option<QueueCtx>,
     /// Requests (by slot) parked as AERs.
     pub aers: Vec<u16>,
+    /// Reservation Acquires (Preempt and Abort) parked until the commands
+    /// past their reservation check have drained (`state::drain`); at most
+    /// one per slot.
+    pub resv_waits: Vec<ResvWait>,
     /// The namespace set this queue resolves NSIDs and uids against,
     /// refreshed once per received batch ([`Queue::refresh_ns`]).
     pub ns: Arc<crate::state::nsset::NsSet>,
@@ -371,7 +384,7 @@ impl Queue {
         portid: u16,
     ) -> Queue {
         Queue {
-            ns: reg.ns.load(),
+            ns: reg.ns().load(),
             reg,
             peer,
             local,
@@ -379,6 +392,7 @@ impl Queue {
             portid,
             q: None,
             aers: Vec::new(),
+            resv_waits: Vec::new(),
             stats: Vec::new(),
             lat: Vec::new(),
             tls_peer: None,
@@ -389,15 +403,15 @@ impl Queue {
     /// took one: one relaxed-cost load per call when it did not.
     #[inline]
     pub fn refresh_ns(&mut self) {
-        if self.reg.ns.gen() != self.ns.gen {
-            self.ns = self.reg.ns.load();
+        if self.reg.ns().gen() != self.ns.gen {
+            self.ns = self.reg.ns().load();
         }
     }
 
     /// This queue's subsystem's namespaces (none before Connect or on a
     /// discovery controller).
     pub fn sub_ns(&self) -> &crate::state::nsset::SubNs {
-        let idx = self.q.as_ref().and_then(|q| q.ctrl.subsys.as_ref());
+        let idx = self.q.as_ref().and_then(|q| q.ctrl.subsys());
         self.ns.sub(idx.map_or(usize::MAX, |s| s.idx))
     }
 
@@ -442,7 +456,7 @@ impl Queue {
             let Some(ns) = self.ns.by_uid(uid) else {
                 continue;
             };
-            let st = &ns.stats;
+            let st = &ns.stats();
             st.read_bytes.fetch_add(v[0], Relaxed);
             st.write_bytes.fetch_add(v[1], Relaxed);
             st.read_cmds.fetch_add(v[2], Relaxed);

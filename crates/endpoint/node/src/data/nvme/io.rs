@@ -11,12 +11,12 @@ use crate::backend::{IoReq, Op};
 use crate::config::qos::QosMode;
 use crate::data::nvme::exec::Access;
 use crate::data::nvme::exec::Request;
-use crate::data::nvme::exec::{Ctx, Exec, Queue};
+use crate::data::nvme::exec::{Ctx, Exec, Queue, ResvWait};
 use crate::data::qos::ResvAccess;
 use crate::state::resv::{HostId, Notices, State};
 use crate::state::subsystem::Namespace;
 use std::sync::atomic::Ordering::Relaxed;
-use trellis_nvme::resv::{self, AcquireCmd, RegisterCmd, ReleaseCmd};
+use trellis_nvme::resv::{self, AcquireAction, AcquireCmd, RegisterCmd, ReleaseCmd};
 use trellis_nvme::status::generic;
 use trellis_nvme::{Sqe, Status};
 
@@ -44,7 +44,7 @@ fn block_req(ns: &Namespace, sqe: &Sqe, op: Op) -> Result<IoReq, Status> {
     if !range_ok(ns, sqe.slba(), nlb) {
         return Err(generic::LBA_OUT_OF_RANGE.dnr());
     }
-    let bs = ns.block_size as u64;
+    let bs = ns.block_size() as u64;
     Ok(IoReq {
         op,
         offset_bytes: sqe.slba() * bs,
@@ -58,7 +58,7 @@ pub(crate) fn check_read(ns: &Namespace, req: &mut Request) -> Result<(), Status
     req.io = block_req(ns, &req.sqe, Op::Read)?;
     // Decided here, where the namespace is at hand, so the handler of a
     // null-backend read (the benchmark path) does not look it up again.
-    req.zero_data = ns.reads_zero;
+    req.zero_data = ns.reads_zero();
     Ok(())
 }
 
@@ -95,10 +95,10 @@ fn gone() -> Exec {
 /// retries on another path.
 #[inline]
 fn fenced(queue: &Queue, ns: &Namespace) -> Option<Status> {
-    if let Some(st) = queue.reg.ana.io_status(queue.portid, ns.ana_idx) {
+    if let Some(st) = queue.reg.ana().io_status(queue.portid, ns.ana_idx()) {
         return Some(st);
     }
-    (!queue.reg.fence.allows_now()).then_some(trellis_nvme::status::path::ANA_INACCESSIBLE)
+    (!queue.reg.fence().allows_now()).then_some(trellis_nvme::status::path::ANA_INACCESSIBLE)
 }
 
 /// Submits `io` for `req` to the reactor's queue for its namespace, through
@@ -107,7 +107,7 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
     let Some(ns) = ns_of(queue, req) else {
         return gone();
     };
-    if ns.qos == QosMode::Off {
+    if ns.qos() == QosMode::Off {
         return submit_direct(queue, ctx, req, io);
     }
     if let Some(st) = fenced(queue, ns) {
@@ -125,7 +125,7 @@ fn submit(queue: &Queue, ctx: &mut Ctx, req: &mut Request, io: &IoReq) -> Exec {
     // SAFETY: as in `submit_direct`, except in-capsule data: `write` copies
     // it into the request's buffer for a scheduled namespace, since the
     // scheduler may hold the request past this call.
-    match unsafe { qq.submit_for(tenant, io, req.tag, access, now) } {
+    match unsafe { qq.submit_for(tenant, io, req.tag.into(), access, now) } {
         Some((st, credits)) => {
             if st.is_success() {
                 req.credit = credits.min(u16::MAX as u32) as u16 as u32;
@@ -149,6 +149,7 @@ fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exe
     if let Some(st) = resv_access(queue, req).and_then(|a| resv_denies(ns, a)) {
         return Exec::Done(st);
     }
+    crate::sys::fault::after_resv_check_point();
     let Some(q) = ctx.queue(ns) else {
         return Exec::Done(generic::INTERNAL_ERROR);
     };
@@ -157,7 +158,7 @@ fn submit_direct(queue: &Queue, ctx: &mut Ctx, req: &Request, io: &IoReq) -> Exe
     // Executing and the reactor keeps the connection, and so the buffer,
     // alive while `backend_in_flight` > 0), or in-capsule data that a
     // synchronous backend reads inside this call.
-    match unsafe { q.submit(io, req.tag) } {
+    match unsafe { q.submit(io, req.tag.into()) } {
         Some(st) => {
             if !st.is_success() {
                 backend_failed(ns);
@@ -180,7 +181,7 @@ fn resv_access(queue: &Queue, req: &Request) -> Option<ResvAccess> {
     let host = queue
         .q
         .as_ref()
-        .map(|q| q.ctrl.resv_host)
+        .map(|q| q.ctrl.resv_host())
         .unwrap_or_default();
     Some(ResvAccess { host, write })
 }
@@ -190,17 +191,17 @@ fn resv_access(queue: &Queue, req: &Request) -> Option<ResvAccess> {
 /// not land (Preempt and Abort, §8.19.7). One load while none is held.
 #[inline]
 fn resv_denies(ns: &Namespace, a: ResvAccess) -> Option<Status> {
-    if !ns.resv.any_held() {
+    if !ns.resv().any_held() {
         return None;
     }
-    ns.resv.check_io(&a.host, a.write).err()
+    ns.resv().check_io(&a.host, a.write).err()
 }
 
 /// A synchronous backend failed a request of `ns` (asynchronous failures
 /// are counted as they are reaped, `Conn::backend_done`).
 #[cold]
 fn backend_failed(ns: &Namespace) {
-    ns.stats
+    ns.stats()
         .backend_errors
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
@@ -219,7 +220,7 @@ pub(crate) fn read(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     if req.zero_data {
         // Null backend: no submit, no memset; the data comes from the shared zero buffer.
         match ns_of(q, req) {
-            Some(ns) if ns.qos == QosMode::Off => return Exec::Done(Status::SUCCESS),
+            Some(ns) if ns.qos() == QosMode::Off => return Exec::Done(Status::SUCCESS),
             Some(ns) => {
                 if let Some(credits) = run_zero_read(q, ctx, ns, req.io.len_bytes) {
                     req.credit = credits.min(u16::MAX as u32);
@@ -257,14 +258,10 @@ fn read_submit(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
 /// completes, as on a drive without a cache.
 #[inline]
 fn write_through(q: &Queue, req: &Request, io: &mut IoReq) {
-    if !io.fua
-        && q.q
-            .as_ref()
-            .is_some_and(|q| q.ctrl.write_cache_off.load(Relaxed))
-    {
+    if !io.fua && q.q.as_ref().is_some_and(|q| q.ctrl.write_cache_off()) {
         io.fua = true;
         if let Some(ns) = ns_of(q, req) {
-            ns.stats.write_through.fetch_add(1, Relaxed);
+            ns.stats().write_through.fetch_add(1, Relaxed);
         }
     }
 }
@@ -275,7 +272,7 @@ pub(crate) fn write(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let icd = ctx.icd;
     if icd.is_empty() {
         io.buf = req.buf.as_mut_ptr();
-    } else if ns_of(q, req).is_some_and(|ns| ns.write_in_place) {
+    } else if ns_of(q, req).is_some_and(|ns| ns.write_in_place()) {
         // The backend reads the data inside submit; the receive buffer stays
         // put until then, so no copy.
         io.buf = icd.as_ptr() as *mut u8;
@@ -299,10 +296,10 @@ pub(crate) fn write_zeroes(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
         let Some(ns) = ns_of(q, req) else {
             return gone();
         };
-        ns.stats.write_zeroes_deac.fetch_add(1, Relaxed);
+        ns.stats().write_zeroes_deac.fetch_add(1, Relaxed);
         let (slba, nlb) = (req.sqe.slba(), req.sqe.nlb());
         tracing::debug!(
-            nsid = ns.nsid,
+            nsid = ns.nsid(),
             slba,
             nlb,
             "write zeroes with deallocate (DEAC)"
@@ -340,7 +337,7 @@ pub(crate) fn dataset_management(q: &mut Queue, ctx: &mut Ctx, req: &mut Request
     if !deallocate {
         return Exec::Done(Status::SUCCESS);
     }
-    let bs = ns.block_size as u64;
+    let bs = ns.block_size() as u64;
     // range_ok: slba + nlb fits the namespace, so neither product overflows.
     let bytes: Vec<(u64, u64)> = (0..nr)
         .map(range)
@@ -350,11 +347,16 @@ pub(crate) fn dataset_management(q: &mut Queue, ctx: &mut Ctx, req: &mut Request
     if let Some(st) = fenced(q, ns) {
         return Exec::Done(st);
     }
+    // Checked again here as for every write-group command: range data that
+    // waited for an R2T while its host was preempted must not deallocate.
+    if let Some(st) = resv_access(q, req).and_then(|a| resv_denies(ns, a)) {
+        return Exec::Done(st);
+    }
     let Some(bq) = ctx.queue(ns) else {
         return Exec::Done(generic::INTERNAL_ERROR);
     };
     // Not scheduled: deallocation is metadata work, not a tenant's I/O.
-    match bq.submit_ranges(Op::Discard, &bytes, false, req.tag) {
+    match bq.submit_ranges(Op::Discard, &bytes, false, req.tag.into()) {
         Some(st) => Exec::Done(st),
         None => Exec::Pending,
     }
@@ -378,14 +380,43 @@ pub(crate) fn resv_register(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) ->
     resv_apply(q, req, |s, h, max| s.register(h, &cmd, crkey, nrkey, max))
 }
 
-pub(crate) fn resv_acquire(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
+pub(crate) fn resv_acquire(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let Some(cmd) = AcquireCmd::decode(&req.sqe) else {
         return Exec::Done(INVALID_FIELD);
     };
     let Some((crkey, prkey)) = resv::decode_keys(req.buf.slice(resv::KEYS_LEN)) else {
         return Exec::Done(INVALID_FIELD);
     };
-    resv_apply(q, req, |s, h, _| s.acquire(h, &cmd, crkey, prkey))
+    let done = resv_apply(q, req, |s, h, _| s.acquire(h, &cmd, crkey, prkey));
+    match done {
+        Exec::Done(st) if st.is_success() && cmd.action == AcquireAction::PreemptAndAbort => {
+            abort_wait(q, ctx, req)
+        }
+        other => other,
+    }
+}
+
+/// Preempt and Abort changed the reservation: its completion waits until
+/// every reactor has finished the commands already past their reservation
+/// check (at the backend, in a scheduler), so none of the preempted hosts'
+/// commands completes after it (`state::drain`). Parked, not waited for:
+/// the connection polls it (`Conn::poll_resv_waits`).
+fn abort_wait(q: &mut Queue, ctx: &Ctx, req: &Request) -> Exec {
+    let gen = q.reg.drain().request(req.ns_uid);
+    if q.reg.drain().is_done(gen) {
+        return Exec::Done(Status::SUCCESS);
+    }
+    let timeout_ns = q
+        .reg
+        .limits()
+        .preempt_abort_timeout_ms
+        .saturating_mul(1_000_000);
+    q.resv_waits.push(ResvWait {
+        slot: req.slot(),
+        gen,
+        deadline_ns: ctx.now_ns.saturating_add(timeout_ns),
+    });
+    Exec::Held
 }
 
 pub(crate) fn resv_release(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> Exec {
@@ -411,14 +442,14 @@ fn resv_apply(
     let Some(ctrl) = q.q.as_ref().map(|c| &c.ctrl) else {
         return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
     };
-    let host = ctrl.resv_host;
+    let host = ctrl.resv_host();
     // Every host with a zero ID would share one registration: refused.
     if host.is_zero() {
         return Exec::Done(generic::HOST_ID_INCONSISTENT.dnr());
     }
-    match ns.resv.apply(|s, max| f(s, &host, max)) {
+    match ns.resv().apply(|s, max| f(s, &host, max)) {
         Ok(notes) => {
-            resv_notify(ctrl, ns.nsid, &notes);
+            resv_notify(ctrl, ns.nsid(), &notes);
             Exec::Done(Status::SUCCESS)
         }
         Err(st) => Exec::Done(st),
@@ -429,7 +460,7 @@ fn resv_apply(
 /// (unless masked there, feature 82h) and raises the Reservation Log Page
 /// Available event.
 fn resv_notify(ctrl: &crate::state::subsystem::Controller, nsid: u32, notes: &Notices) {
-    let Some(sub) = ctrl.subsys.as_ref().filter(|_| !notes.is_empty()) else {
+    let Some(sub) = ctrl.subsys().filter(|_| !notes.is_empty()) else {
         return;
     };
     let ctrls: Vec<_> = crate::sys::lock(&sub.controllers)
@@ -437,8 +468,8 @@ fn resv_notify(ctrl: &crate::state::subsystem::Controller, nsid: u32, notes: &No
         .cloned()
         .collect();
     for (host, kind) in notes {
-        for c in ctrls.iter().filter(|c| host.names(&c.resv_host)) {
-            if crate::sys::lock(&c.resv_log).push(nsid, *kind) {
+        for c in ctrls.iter().filter(|c| host.names(&c.resv_host())) {
+            if c.resv_log().push(nsid, *kind) {
                 c.raise_ungated(crate::state::aen::RESV_LOG);
             }
         }
@@ -463,7 +494,7 @@ pub(crate) fn resv_report(q: &mut Queue, _ctx: &mut Ctx, req: &mut Request) -> E
     if len < resv::REPORT_EXT_HDR_LEN {
         return Exec::Done(INVALID_FIELD);
     }
-    let (h, regs) = ns.resv.snapshot().report();
+    let (h, regs) = ns.resv().snapshot().report();
     let out = req.buf.slice_mut(req.xfer_len as usize);
     let (data, rest) = out.split_at_mut(len);
     resv::encode_report_ext(&h, &regs, data);

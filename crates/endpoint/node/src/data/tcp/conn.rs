@@ -147,6 +147,7 @@ pub struct Conn {
     await_data_oldest_ns: u64,
 }
 
+mod drain;
 mod rx;
 mod timers;
 mod tx;
@@ -204,7 +205,7 @@ impl Conn {
         now_ns: u64,
         rx: Option<RxBuf>,
     ) -> Conn {
-        let l = &reg.limits;
+        let l = &reg.limits();
         // The largest PDU we accept: an H2CData of MAXH2CDATA or a capsule
         // with the largest in-capsule data, plus header, digests and padding.
         let icd = (l.in_capsule_data.0 as usize).max(ADMIN_ICD_BYTES);
@@ -252,7 +253,7 @@ impl Conn {
     }
 
     fn icreq_deadline_from(&self, now_ns: u64) -> u64 {
-        now_ns.saturating_add(self.queue.reg.limits.icreq_timeout_ms * 1_000_000)
+        now_ns.saturating_add(self.queue.reg.limits().icreq_timeout_ms * 1_000_000)
     }
 
     /// The receive buffer, for a next connection ([`Conn::with_rx`]).
@@ -412,7 +413,7 @@ impl Conn {
     }
 
     /// A backend request of slot `s` finished; `credit`: the tenant's I/O
-    /// credits when the namespace is scheduled (`qos::split_tag`).
+    /// credits when the namespace is scheduled (`backend::Completion::credits`).
     pub fn backend_done(&mut self, s: u16, st: Status, credit: Option<u16>, now_ns: u64) {
         self.now_ns = now_ns;
         if let (Some(c), Some(slot)) = (credit, self.slots.get_mut(s as usize)) {
@@ -498,24 +499,24 @@ impl Conn {
         self.flush_stats();
         let Some(q) = &self.queue.q else { return };
         let ctrl = q.ctrl.clone();
-        crate::sys::lock(&ctrl.connected_qids).remove(&q.qid);
+        ctrl.queues().remove(&q.qid);
         if q.kind == QueueKind::Admin {
             // The controller lives as long as its admin queue. A host that
             // shut it down first (CC.SHN, as `trellis bench` does) left
             // cleanly: say so, rather than only that the socket closed.
-            let shst = ctrl.csts.load(Relaxed) & (0x3 << 2);
+            let shst = ctrl.csts() & (0x3 << 2);
             let why = if shst == trellis_nvme::fabrics::csts::SHST_COMPLETE {
                 "clean shutdown by the host, then it closed the connection"
             } else {
                 self.close_reason.as_deref().unwrap_or("admin queue closed")
             };
             ctrl.kill(why);
-            match &ctrl.subsys {
+            match &ctrl.subsys() {
                 Some(sub) => {
-                    crate::sys::lock(&sub.controllers).remove(&ctrl.cntlid);
+                    crate::sys::lock(&sub.controllers).remove(&ctrl.cntlid());
                 }
                 None => {
-                    crate::sys::lock(&self.queue.reg.discovery_controllers).remove(&ctrl.cntlid);
+                    crate::sys::lock(self.queue.reg.discovery_controllers()).remove(&ctrl.cntlid());
                 }
             }
         }

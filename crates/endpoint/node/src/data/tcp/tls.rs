@@ -28,7 +28,7 @@ pub fn lookup(reg: &Registry, raw: &[u8]) -> Result<(Identity, Vec<u8>), String>
         ));
     }
     let psk = if id.subnqn == trellis_nvme::fabrics::DISCOVERY_NQN {
-        reg.subsystems
+        reg.subsystems()
             .iter()
             .find_map(|s| s.tls.get(&id.hostnqn).cloned())
     } else {

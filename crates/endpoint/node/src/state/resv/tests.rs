@@ -240,7 +240,9 @@ fn preempt_takes_over_and_unregisters() {
         Err(INVALID_FIELD)
     );
     assert_eq!(s.regs.len(), before.regs.len() + 1);
-    // Preempt and Abort behaves as Preempt.
+    // Preempt and Abort changes the state as Preempt does; its wait for the
+    // preempted hosts' commands is the I/O path's (`state::drain`, tested
+    // in tests/faults.rs).
     s.acquire(&A, &acq(AA::PreemptAndAbort, WriteExclusive), 1, 2)
         .unwrap();
     assert_eq!(

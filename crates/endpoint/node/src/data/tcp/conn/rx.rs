@@ -50,7 +50,7 @@ impl Conn {
             pfv: 0,
             cpda: 0,
             digests: r.digests,
-            maxh2cdata: self.queue.reg.limits.max_h2c_data.0 as u32,
+            maxh2cdata: self.queue.reg.limits().max_h2c_data.0 as u32,
         };
         self.tx.push_bytes(NO_RELEASE, |b| {
             let mut a = [0u8; pdu::IC_LEN];
@@ -75,7 +75,7 @@ impl Conn {
             Some(q)
                 if q.kind == QueueKind::Io && sqe.opcode() != trellis_nvme::sqe::io::FABRICS =>
             {
-                self.queue.reg.limits.in_capsule_data.0 as usize
+                self.queue.reg.limits().in_capsule_data.0 as usize
             }
             _ => ADMIN_ICD_BYTES,
         }
@@ -107,7 +107,7 @@ impl Conn {
         let s = self.alloc_slot()?;
         let slot = &mut self.slots[s as usize];
         slot.req.reset(sqe, self.now_ns);
-        slot.req.tag = (self.idx as u64) << 16 | s as u64;
+        slot.req.tag = crate::backend::IoTag::new(self.idx, s);
         slot.phase = Phase::Executing;
         slot.recv_len = 0;
         slot.h2c_error = false;
@@ -177,7 +177,7 @@ impl Conn {
     /// Transport-level checks of SGL1 against the command's row (direction,
     /// in-capsule data, MDTS); sets the request's row and sizes its buffer.
     pub(super) fn check_data(&mut self, s: u16, icd_len: usize) -> Result<(), Status> {
-        let mdts = self.queue.reg.limits.max_io_size.0 as usize;
+        let mdts = self.queue.reg.limits().max_io_size.0 as usize;
         let sqe = self.slots[s as usize].req.sqe;
         let sgl = sqe.sgl();
         let len = match sgl.id {
@@ -241,7 +241,7 @@ impl Conn {
         if h.datal as usize != data_len {
             return Err(Fatal::new(fes::INVALID_HEADER_FIELD, 16));
         }
-        if h.datal as u64 > self.queue.reg.limits.max_h2c_data.0 {
+        if h.datal as u64 > self.queue.reg.limits().max_h2c_data.0 {
             return Err(Fatal::new(fes::DATA_LIMIT_EXCEEDED, 0));
         }
         let slot = &self.slots[s as usize];

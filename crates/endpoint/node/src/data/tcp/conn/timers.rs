@@ -12,7 +12,7 @@ impl Conn {
         if self.state == State::Closing {
             return None;
         }
-        let l = &self.queue.reg.limits;
+        let l = &self.queue.reg.limits();
         let stats = match self.stats_since_ns {
             u64::MAX => u64::MAX,
             t => t.saturating_add(STATS_FLUSH_NS),
@@ -28,7 +28,7 @@ impl Conn {
             Some(q) if q.kind == QueueKind::Io => self.now_ns.saturating_add(CTRL_CHECK_NS),
             Some(q) => {
                 let kato = match self.kato_limit_ns(&q.ctrl) {
-                    Some(limit) => q.ctrl.last_keepalive_ns.load(Relaxed).saturating_add(limit),
+                    Some(limit) => q.ctrl.last_keepalive_ns().saturating_add(limit),
                     None => u64::MAX,
                 };
                 // The admin queue looks this often for raised events and
@@ -39,17 +39,24 @@ impl Conn {
             }
         };
         let waits = self.wait_deadline_ns();
-        Some(own.min(stats).min(self.tls_deadline_ns).min(waits)).filter(|&t| t != u64::MAX)
+        let resv = self.resv_poll_ns().unwrap_or(u64::MAX);
+        Some(
+            own.min(stats)
+                .min(self.tls_deadline_ns)
+                .min(waits)
+                .min(resv),
+        )
+        .filter(|&t| t != u64::MAX)
     }
 
     /// How long an admin queue may stay silent. KAS is 1 s: KATO is rounded
     /// up to whole seconds, as hosts expect.
     pub(super) fn kato_limit_ns(&self, ctrl: &Controller) -> Option<u64> {
-        let kato_ms = ctrl.kato_ms.load(Relaxed) as u64;
+        let kato_ms = ctrl.kato_ms() as u64;
         if kato_ms > 0 {
             Some(kato_ms.div_ceil(1000) * 1_000_000_000)
         } else if ctrl.is_discovery() {
-            Some(self.queue.reg.limits.discovery_idle_timeout_s * 1_000_000_000)
+            Some(self.queue.reg.limits().discovery_idle_timeout_s * 1_000_000_000)
         } else {
             None
         }
@@ -73,7 +80,7 @@ impl Conn {
             tracing::warn!(
                 peer = %self.queue.peer,
                 "TLS handshake not finished within {} ms (target.tls_handshake_timeout_ms); closing",
-                self.queue.reg.limits.tls_handshake_timeout_ms
+                self.queue.reg.limits().tls_handshake_timeout_ms
             );
             self.close_as(CloseKind::Timeout, "TLS handshake timeout");
             return;
@@ -85,14 +92,14 @@ impl Conn {
             );
             return;
         }
-        let connect_ns = self.queue.reg.limits.connect_timeout_ms * 1_000_000;
+        let connect_ns = self.queue.reg.limits().connect_timeout_ms * 1_000_000;
         let Some(q) = &self.queue.q else {
             if now_ns.saturating_sub(self.created_ns) > connect_ns {
                 self.close_as(CloseKind::Timeout, "no Connect within the connect timeout");
             }
             return;
         };
-        if q.ctrl.dead.load(Relaxed) {
+        if q.ctrl.is_dead() {
             self.close_as(CloseKind::ControllerGone, "controller torn down");
             return;
         }
@@ -108,7 +115,7 @@ impl Conn {
         }
         self.deliver_event();
         let Some(q) = &self.queue.q else { return };
-        let idle_ns = now_ns.saturating_sub(q.ctrl.last_keepalive_ns.load(Relaxed));
+        let idle_ns = now_ns.saturating_sub(q.ctrl.last_keepalive_ns());
         if self
             .kato_limit_ns(&q.ctrl)
             .is_some_and(|limit| idle_ns > limit)

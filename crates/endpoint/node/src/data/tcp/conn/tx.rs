@@ -46,7 +46,7 @@ impl Conn {
     pub(super) fn count_backend_error(&self, s: u16) {
         let uid = self.slots[s as usize].req.ns_uid;
         if let Some(ns) = self.queue.ns.by_uid(uid) {
-            ns.stats.backend_errors.fetch_add(1, Relaxed);
+            ns.stats().backend_errors.fetch_add(1, Relaxed);
         }
     }
 
@@ -63,7 +63,7 @@ impl Conn {
         });
         if st.sct() == 2 {
             if let Some(ns) = self.queue.ns.by_uid(slot.req.ns_uid) {
-                ns.stats.media_errors.fetch_add(1, Relaxed);
+                ns.stats().media_errors.fetch_add(1, Relaxed);
             }
         }
         tracing::debug!(qid = q.qid, "command {:?} failed: {st}", slot.req.sqe);
@@ -164,11 +164,11 @@ impl Conn {
             self.pool_held_bytes -= g.bytes();
         }
         // Bounds what idle queues keep: `slot_buffer_keep`, `large_buffer_budget`.
-        let keep = self.queue.reg.limits.slot_buffer_keep.0 as usize;
+        let keep = self.queue.reg.limits().slot_buffer_keep.0 as usize;
         if slot.req.buf.capacity() > keep {
             // Only large buffers are charged to the budget or freed; the
             // common small one is simply reused.
-            slot.req.buf.shrink_to(keep, &self.queue.reg.buffer_budget);
+            slot.req.buf.shrink_to(keep, self.queue.reg.buffer_budget());
         }
         self.free.push(s);
     }
@@ -215,7 +215,7 @@ impl Conn {
             self.tx_wait_since_ns = now_ns;
             return false;
         }
-        let limit_ns = self.queue.reg.limits.send_stall_timeout_ms * 1_000_000;
+        let limit_ns = self.queue.reg.limits().send_stall_timeout_ms * 1_000_000;
         if now_ns.saturating_sub(self.tx_wait_since_ns) <= limit_ns {
             return false;
         }
@@ -223,7 +223,7 @@ impl Conn {
             peer = %self.queue.peer,
             "peer accepted none of {} queued bytes for {} ms (target.send_stall_timeout_ms); closing",
             self.output_bytes(),
-            self.queue.reg.limits.send_stall_timeout_ms
+            self.queue.reg.limits().send_stall_timeout_ms
         );
         self.close_as(
             CloseKind::Timeout,

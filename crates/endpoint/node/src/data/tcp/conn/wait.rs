@@ -26,7 +26,7 @@ impl Conn {
     /// Whether a transfer of `len` bytes draws on the node's transfer pool.
     #[inline]
     pub(super) fn needs_pool(&self, len: u32) -> bool {
-        len as u64 > self.queue.reg.limits.slot_buffer_keep.0
+        len as u64 > self.queue.reg.limits().slot_buffer_keep.0
     }
 
     /// Takes pool bytes and the buffer for parsed command `s`; false (and
@@ -42,7 +42,7 @@ impl Conn {
     }
 
     fn try_grant(&mut self, s: u16) -> bool {
-        let pool = &self.queue.reg.transfer_pool;
+        let pool = &self.queue.reg.transfer_pool();
         let len = self.slots[s as usize].req.xfer_len as u64;
         if self.pool_held_bytes + len > pool.limit() / TRANSFER_POOL_SHARE_DIV {
             return false; // this connection's share is taken
@@ -105,7 +105,7 @@ impl Conn {
             0 => u64::MAX,
             _ => self
                 .await_data_oldest_ns
-                .saturating_add(self.queue.reg.limits.data_wait_timeout_ms * 1_000_000),
+                .saturating_add(self.queue.reg.limits().data_wait_timeout_ms * 1_000_000),
         };
         let pool = match self.pool_wait.is_empty() {
             true => u64::MAX,
@@ -120,7 +120,7 @@ impl Conn {
     /// time says one may be due: a scan of at most the queue depth, once
     /// per timeout, never per I/O.
     pub(super) fn data_wait_expired(&mut self, now_ns: u64) -> bool {
-        let timeout_ns = self.queue.reg.limits.data_wait_timeout_ms * 1_000_000;
+        let timeout_ns = self.queue.reg.limits().data_wait_timeout_ms * 1_000_000;
         if self.await_data == 0 || now_ns < self.await_data_oldest_ns.saturating_add(timeout_ns) {
             return false;
         }
@@ -139,7 +139,7 @@ impl Conn {
             peer = %self.queue.peer,
             waiting = self.await_data,
             "write data not received within {} ms of its R2T (target.data_wait_timeout_ms); closing",
-            self.queue.reg.limits.data_wait_timeout_ms
+            self.queue.reg.limits().data_wait_timeout_ms
         );
         self.close_as(
             CloseKind::Timeout,

@@ -39,8 +39,8 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use trellis_nvme::Status;
 
+mod drain;
 mod send;
 mod shutdown;
 mod step;
@@ -280,7 +280,7 @@ struct Reactor {
     weights_gen: u64,
     scratch: Vec<u8>,
     iov: Vec<libc::iovec>,
-    done: Vec<(u64, Status)>,
+    done: Vec<crate::backend::Completion>,
     last_work_ns: u64,
     /// Connection deadlines as (time, index, generation): a connection's
     /// timers are data (`Conn::next_timeout`), not a scan of every connection.
@@ -294,6 +294,8 @@ struct Reactor {
     /// The DH workers and where their results for this reactor arrive.
     auth: Option<crate::data::nvme::auth_work::AuthPort>,
     auth_done: Vec<crate::data::nvme::auth_work::Done>,
+    /// Preempt and Abort's drains, as this reactor takes part (`drain.rs`).
+    drain: drain::DrainState,
 }
 
 /// The reactor's way to the DH workers: None (computing on the reactor,
@@ -339,7 +341,7 @@ impl Reactor {
         epfd: RawFd,
         alive: Arc<AtomicBool>,
     ) -> Reactor {
-        let engine = shared.reg.limits.socket_engine;
+        let engine = shared.reg.limits().socket_engine;
         let auth = auth_port(id, &shared, wake_fd);
         Reactor {
             id,
@@ -363,6 +365,7 @@ impl Reactor {
             tls_server: None,
             auth,
             auth_done: Vec::new(),
+            drain: Default::default(),
         }
     }
 
@@ -415,7 +418,7 @@ impl Reactor {
             let _ = e.stream.shutdown(std::net::Shutdown::Both);
         }
         self.refuse_new("its reactor failed");
-        now_ns() + self.shared.reg.limits.shutdown_grace_ms * NS_PER_MS
+        now_ns() + self.shared.reg.limits().shutdown_grace_ms * NS_PER_MS
     }
 
     /// Closes connections handed over but not taken yet, with a log line.
@@ -453,10 +456,10 @@ impl Reactor {
                 next_publish_ns = now + PUBLISH_NS;
                 self.drop_removed_queues();
                 self.apply_weights();
-                if let Some(c) = self.shared.reg.reactor_busy_ns.get(self.id) {
+                if let Some(c) = self.shared.reg.reactor_busy_ns().get(self.id) {
                     c.0.store(busy_ns, Ordering::Relaxed);
                 }
-                if let Some(h) = self.shared.reg.reactor_loop_hist.get(self.id) {
+                if let Some(h) = self.shared.reg.reactor_loop_hist().get(self.id) {
                     for (a, &v) in h.iter().zip(&loop_hist) {
                         a.store(v, Ordering::Relaxed);
                     }
@@ -464,7 +467,7 @@ impl Reactor {
             }
             if shutdown_deadline.is_none() && self.shared.shutdown.load(Ordering::Relaxed) {
                 shutdown_deadline =
-                    Some(now + self.shared.reg.limits.shutdown_grace_ms * NS_PER_MS);
+                    Some(now + self.shared.reg.limits().shutdown_grace_ms * NS_PER_MS);
             }
             if let Some(d) = shutdown_deadline {
                 if self.drained() || now > d {
@@ -488,6 +491,9 @@ impl Reactor {
             } else {
                 work |= self.epoll_step(&mut events, now, shutting);
             }
+            // After the socket step (which also hands the kernel the sends
+            // queued last loop), before completions: see `drain.rs`.
+            self.drain_step();
             work |= self.reap_backends(now);
             work |= self.reap_auth(now);
             work |= self.flush_all(now);
@@ -504,11 +510,11 @@ impl Reactor {
     /// namespace's backend goes away. Called about once a millisecond: one
     /// load when nothing changed.
     fn drop_removed_queues(&mut self) {
-        let gen = self.shared.reg.ns.gen();
+        let gen = self.shared.reg.ns().gen();
         if gen == self.ns_gen {
             return;
         }
-        let set = self.shared.reg.ns.load();
+        let set = self.shared.reg.ns().load();
         let mut busy = false;
         for (uid, q) in self.queues.iter_mut().enumerate() {
             let Some(bq) = q else { continue };
@@ -529,7 +535,7 @@ impl Reactor {
     /// Re-applies the tenant weights to this reactor's schedulers after a
     /// live change (`tenant_set_weight`): one load when nothing changed.
     fn apply_weights(&mut self) {
-        let tenants = &self.shared.reg.tenants;
+        let tenants = &self.shared.reg.tenants();
         let gen = tenants.weights_gen();
         if gen == self.weights_gen {
             return;
@@ -568,7 +574,7 @@ impl Reactor {
     /// Busy-polls (timeout 0) while there was recent work or backend I/O in
     /// flight; otherwise sleeps up to `idle_sleep_ms`.
     fn wait(&mut self, events: &mut [libc::epoll_event], now: u64) -> usize {
-        let l = &self.shared.reg.limits;
+        let l = &self.shared.reg.limits();
         let spinning = now.saturating_sub(self.last_work_ns) < l.idle_spin_us * 1000;
         let in_flight = self.queues.iter().flatten().any(|q| q.in_flight() > 0);
         let timeout = if spinning || in_flight {
@@ -603,7 +609,7 @@ impl Reactor {
             self.shared.connections.fetch_sub(1, Ordering::Relaxed);
             return;
         };
-        let Some(l) = reg.listeners.get(nc.listener) else {
+        let Some(l) = reg.listeners().get(nc.listener) else {
             tracing::error!(%peer, "connection from unknown listener {}; closing", nc.listener);
             self.shared.connections.fetch_sub(1, Ordering::Relaxed);
             return;
@@ -619,7 +625,7 @@ impl Reactor {
         let fd = nc.stream.as_raw_fd();
         let mut conn = Conn::new(idx, reg, peer, local, kind, portid, now);
         if secure.is_some() {
-            let t = self.shared.reg.limits.tls_handshake_timeout_ms * NS_PER_MS;
+            let t = self.shared.reg.limits().tls_handshake_timeout_ms * NS_PER_MS;
             conn.tls_handshake_started(now, t);
         }
         if self.uring.is_none() {
@@ -699,7 +705,7 @@ impl Reactor {
         if let Some(c) = self
             .shared
             .reg
-            .conn_closed
+            .conn_closed()
             .get(e.conn.close_kind() as usize)
         {
             c.fetch_add(1, Ordering::Relaxed);

@@ -102,11 +102,16 @@ impl Reactor {
             q.kick();
             q.reap(&mut self.done);
         }
-        for &(tag, st) in &self.done {
-            let (tag, credit) = crate::data::qos::split_tag(tag);
-            let (idx, slot) = ((tag >> 16) as usize, tag as u16);
-            if let Some(e) = self.conns.get_mut(idx).and_then(|e| e.as_mut()) {
-                e.conn.backend_done(slot, st, credit, now);
+        for c in &self.done {
+            // Every tag that reaches the reactor is a connection's: the
+            // scheduler and the chunking queue keep theirs.
+            let Some(t) = c.tag.io() else { continue };
+            if let Some(e) = self
+                .conns
+                .get_mut(t.conn() as usize)
+                .and_then(|e| e.as_mut())
+            {
+                e.conn.backend_done(t.slot(), c.status, c.credits, now);
             }
         }
         !self.done.is_empty()
@@ -116,76 +121,29 @@ impl Reactor {
     /// parsing that stopped for lack of tx room, and closes finished ones.
     pub(super) fn flush_all(&mut self, now: u64) -> bool {
         let mut work = false;
-        let budget = self.shared.reg.limits.send_budget.0 as usize;
+        let budget = self.shared.reg.limits().send_budget.0 as usize;
         for idx in 0..self.conns.len() {
             let Some(e) = self.conns[idx].as_mut() else {
                 continue;
             };
-            let mut close_now = false;
-            // A connection's deadline can move earlier only through an event
-            // that also queued output (a completion, Connect, Set Features),
-            // so only those are re-armed: idle connections cost nothing here.
-            let rearm = e.conn.has_output();
-            if e.tls.is_some() {
-                // TLS: encrypt what the connection queued, decrypt and parse
-                // what waits for room, then send the ciphertext.
-                tls_encrypt(e, &mut self.iov, budget);
-                let has_input = e.tls.as_ref().is_some_and(|t| t.has_input());
-                if has_input || e.conn.rx_pending() {
-                    let mut ctx = Self::ctx(
-                        &mut self.queues,
-                        &self.shared.reg,
-                        &mut self.scratch,
-                        self.auth.as_ref(),
-                        now,
-                    );
-                    if e.conn.rx_pending() {
-                        e.conn.process(&mut ctx);
-                    }
-                    tls_drive(e, &mut ctx);
-                    tls_encrypt(e, &mut self.iov, budget);
-                }
-                if let Some(u) = self.uring.as_mut() {
-                    if let Some(t) = e.tls.as_mut() {
-                        if t.has_output() && !e.zombie && !e.send_armed {
-                            let b = t.send_buf();
-                            e.iov.clear();
-                            e.iov.push(libc::iovec {
-                                iov_base: b.as_ptr() as *mut _,
-                                iov_len: b.len(),
-                            });
-                            close_now |= !queue_send(u, self.id, idx, e);
-                            work = true;
-                        }
-                    }
-                } else if !e.zombie {
-                    work |= tls_send(e, self.epfd, idx);
-                }
-            } else if let Some(u) = self.uring.as_mut() {
-                // io_uring: queue the send; the completion advances tx.
-                if e.conn.has_output() && !e.zombie && !e.send_armed {
-                    e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
-                    cap_iovecs(&mut e.iov, budget);
-                    close_now |= !queue_send(u, self.id, idx, e);
-                    work = true;
-                }
-            } else if e.conn.has_output() && !e.zombie {
-                work |= send(e, &mut self.iov, self.epfd, idx, budget);
-                if e.conn.rx_pending() {
-                    let mut ctx = Self::ctx(
-                        &mut self.queues,
-                        &self.shared.reg,
-                        &mut self.scratch,
-                        self.auth.as_ref(),
-                        now,
-                    );
-                    e.conn.process(&mut ctx);
-                    if e.conn.has_output() {
-                        send(e, &mut self.iov, self.epfd, idx, budget);
-                    }
-                }
+            if e.conn.has_resv_waits() {
+                e.conn.poll_resv_waits(now);
             }
-            let stall_ns = self.shared.reg.limits.send_stall_timeout_ms * NS_PER_MS;
+            // A connection's deadline can move earlier only through an event
+            // that also queued output (a completion, Connect, Set Features)
+            // or a parked Preempt and Abort, so only those are re-armed:
+            // idle connections cost nothing here.
+            let rearm = e.conn.has_output() || e.conn.has_resv_waits();
+            let (sent, close_now) = if e.tls.is_some() {
+                self.flush_tls(idx, now, budget)
+            } else {
+                self.flush_plain(idx, now, budget)
+            };
+            work |= sent;
+            let Some(e) = self.conns[idx].as_mut() else {
+                continue;
+            };
+            let stall_ns = self.shared.reg.limits().send_stall_timeout_ms * NS_PER_MS;
             let tls_done = tls_close_done(e, now, stall_ns);
             if close_now || (e.conn.wants_close() && tls_done) || e.zombie {
                 self.close(idx);
@@ -194,6 +152,83 @@ impl Reactor {
             }
         }
         work
+    }
+
+    /// [`flush_all`](Self::flush_all) for a TLS connection: encrypt what it
+    /// queued, decrypt and parse what waits for room, then send the
+    /// ciphertext. Returns (did work, must close now).
+    fn flush_tls(&mut self, idx: usize, now: u64, budget: usize) -> (bool, bool) {
+        let Some(e) = self.conns[idx].as_mut() else {
+            return (false, false);
+        };
+        let (mut work, mut close_now) = (false, false);
+        tls_encrypt(e, &mut self.iov, budget);
+        let has_input = e.tls.as_ref().is_some_and(|t| t.has_input());
+        if has_input || e.conn.rx_pending() {
+            let mut ctx = Self::ctx(
+                &mut self.queues,
+                &self.shared.reg,
+                &mut self.scratch,
+                self.auth.as_ref(),
+                now,
+            );
+            if e.conn.rx_pending() {
+                e.conn.process(&mut ctx);
+            }
+            tls_drive(e, &mut ctx);
+            tls_encrypt(e, &mut self.iov, budget);
+        }
+        if let Some(u) = self.uring.as_mut() {
+            if let Some(t) = e.tls.as_mut() {
+                if t.has_output() && !e.zombie && !e.send_armed {
+                    let b = t.send_buf();
+                    e.iov.clear();
+                    e.iov.push(libc::iovec {
+                        iov_base: b.as_ptr() as *mut _,
+                        iov_len: b.len(),
+                    });
+                    close_now |= !queue_send(u, self.id, idx, e);
+                    work = true;
+                }
+            }
+        } else if !e.zombie {
+            work |= tls_send(e, self.epfd, idx);
+        }
+        (work, close_now)
+    }
+
+    /// [`flush_all`](Self::flush_all) for a plain TCP connection: queue the
+    /// send on io_uring (its completion advances tx), or sendmsg now and
+    /// parse what waited for room. Returns (did work, must close now).
+    fn flush_plain(&mut self, idx: usize, now: u64, budget: usize) -> (bool, bool) {
+        let Some(e) = self.conns[idx].as_mut() else {
+            return (false, false);
+        };
+        let (mut work, mut close_now) = (false, false);
+        if let Some(u) = self.uring.as_mut() {
+            if e.conn.has_output() && !e.zombie && !e.send_armed {
+                e.conn.tx_iovecs(&mut e.iov, MAX_IOV);
+                cap_iovecs(&mut e.iov, budget);
+                close_now |= !queue_send(u, self.id, idx, e);
+                work = true;
+            }
+        } else if e.conn.has_output() && !e.zombie {
+            work |= send(e, &mut self.iov, self.epfd, idx, budget);
+            if e.conn.rx_pending() {
+                let mut ctx = Self::ctx(
+                    &mut self.queues,
+                    &self.shared.reg,
+                    &mut self.scratch,
+                    self.auth.as_ref(),
+                    now,
+                );
+                e.conn.process(&mut ctx);
+                if e.conn.has_output() {
+                    send(e, &mut self.iov, self.epfd, idx, budget);
+                }
+            }
+        }
+        (work, close_now)
     }
 
     /// Registers connection `idx`'s next deadline if it is earlier than the

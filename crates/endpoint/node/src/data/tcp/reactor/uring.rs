@@ -57,7 +57,7 @@ impl Reactor {
     /// and keep one receive armed per live connection. Err when the engine
     /// cannot go on (a submit failed for good and no new ring opens).
     pub(super) fn uring_step(&mut self, now: u64, shutting: bool) -> Result<bool, String> {
-        let l = &self.shared.reg.limits;
+        let l = &self.shared.reg.limits();
         let spinning = now.saturating_sub(self.last_work_ns) < l.idle_spin_us * 1000;
         let in_flight = self.queues.iter().flatten().any(|q| q.in_flight() > 0);
         let sleep = !spinning && !in_flight;
