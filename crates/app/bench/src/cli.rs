@@ -82,6 +82,11 @@ pub struct BenchArgs {
 pub enum BenchCmd {
     /// The benchmark suite against `trellis target` and the raw TCP baseline.
     Suite(SuiteArgs),
+    /// Processor-node takeover under a verified workload: host A writes,
+    /// is killed or frozen, host B takes the namespace over with Preempt
+    /// and Abort; checks that no acknowledged write of A is lost and none
+    /// of A's lands after the takeover (docs/bench.md).
+    Takeover(crate::takeover::TakeoverArgs),
     /// Raw TCP baseline server (busy-polling echo-style responder).
     BaselineServer {
         /// Address to listen on, HOST:PORT.
@@ -117,6 +122,7 @@ pub enum BenchCmd {
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.cmd {
         Some(BenchCmd::Suite(s)) => crate::suite::run(&s, &self_prefix()),
+        Some(BenchCmd::Takeover(t)) => crate::takeover::run(&t),
         Some(BenchCmd::BaselineServer { listen }) => crate::baseline::serve(&listen),
         Some(BenchCmd::BaselineClient {
             addr,
@@ -288,7 +294,7 @@ fn stack_opts(args: &BenchArgs) -> Result<Option<crate::switch_run::SwitchOpts>>
 
 /// Fails, naming the path, if the results could not be written there: the
 /// directory must exist and the file be creatable. Leaves nothing behind.
-fn check_output_path(p: &std::path::Path) -> Result<()> {
+pub(crate) fn check_output_path(p: &std::path::Path) -> Result<()> {
     let existed = p.exists();
     std::fs::OpenOptions::new()
         .append(true)

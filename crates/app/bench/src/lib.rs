@@ -9,6 +9,7 @@
 //! - [`verify`]: per-block header (LBA, generation, checksum).
 //! - [`report`]: HDR histograms, the human table and the JSON.
 //! - [`baseline`], [`suite`]: the raw TCP baseline and the suite runner.
+//! - [`takeover`]: processor-node takeover under a verified workload.
 //!
 //! See `docs/bench.md`.
 
@@ -20,5 +21,6 @@ pub mod report;
 pub mod runner;
 pub mod suite;
 pub mod switch_run;
+pub mod takeover;
 pub mod verify;
 pub mod worker;

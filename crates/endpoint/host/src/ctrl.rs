@@ -148,6 +148,12 @@ pub struct Controller {
     pub cntlid: u16,
     pub cap: u64,
     pub id: IdCtrl,
+    /// Whether the admin queue ran DH-HMAC-CHAP (the controller's Connect
+    /// response asked for it, ATR). With `dhchap_ctrl_secret` it also
+    /// proved the controller; a caller that must know the controller is
+    /// who it claims checks this, since a controller that never asks
+    /// proves nothing (as with Linux, the exchange is the controller's call).
+    pub authenticated: bool,
     next_qid: u16,
     last_keep_alive: Instant,
     /// The slot of our outstanding Asynchronous Event Request, if any.
@@ -171,7 +177,8 @@ impl Controller {
             credit_share: 1,
         };
         let mut admin = Queue::connect(addr, ecfg, sock_opts(cfg, subnqn)?)?;
-        let cntlid = fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE - 1, 0xFFFF)?;
+        let (cntlid, authenticated) =
+            fabric_connect(&mut admin, cfg, subnqn, 0, ADMIN_QUEUE_SIZE - 1, 0xFFFF)?;
         let cap = prop_get(&mut admin, prop::CAP, true)?;
         enable(&mut admin, cap, cfg.connect_timeout)?;
         let mut page = vec![0u8; IDENTIFY_LEN];
@@ -187,6 +194,7 @@ impl Controller {
             cntlid,
             cap,
             id,
+            authenticated,
             next_qid: 1,
             last_keep_alive: Instant::now(),
             aer_slot: None,
@@ -508,7 +516,8 @@ fn sock_opts(cfg: &HostConfig, subnqn: &str) -> Result<SockOpts> {
     })
 }
 
-/// Fabrics Connect on `q`. Returns the controller ID.
+/// Fabrics Connect on `q`, then DH-HMAC-CHAP if the controller asks.
+/// Returns the controller ID and whether the queue authenticated.
 fn fabric_connect(
     q: &mut Queue,
     cfg: &HostConfig,
@@ -516,7 +525,7 @@ fn fabric_connect(
     qid: u16,
     sqsize: u16,
     cntlid: u16,
-) -> Result<u16> {
+) -> Result<(u16, bool)> {
     let cmd = ConnectCmd {
         recfmt: 0,
         qid,
@@ -534,10 +543,11 @@ fn fabric_connect(
     .encode(&mut data);
     let len = data.len() as u32;
     let c = q.exec_ok(cmd.to_sqe(0), Xfer::ToCtrl(len), &data, &mut [])?;
-    if c.dw0 & auth::CONNECT_AUTHREQ_ATR != 0 {
+    let atr = c.dw0 & auth::CONNECT_AUTHREQ_ATR != 0;
+    if atr {
         authenticate(q, cfg, subnqn, qid)?;
     }
-    Ok((c.dw0 & 0xffff) as u16)
+    Ok(((c.dw0 & 0xffff) as u16, atr))
 }
 
 /// DH-HMAC-CHAP on a queue whose Connect asked for it (NVMe Base 2.0

@@ -109,6 +109,89 @@ pub fn report_raw(q: &mut Queue, nsid: u32, eds: bool, out: &mut [u8]) -> Result
     Ok(())
 }
 
+/// Registers `key` for this host ID on `nsid`, whatever key it held
+/// before: Register, and if the host is already registered with another
+/// key (Reservation Conflict), Replace ignoring the old key (IEKEY).
+pub fn register_key(q: &mut Queue, nsid: u32, key: u64) -> Result<()> {
+    match register(
+        q,
+        nsid,
+        RegisterAction::Register,
+        false,
+        Cptpl::NoChange,
+        0,
+        key,
+    ) {
+        Err(Error::Nvme(st)) if is_conflict(st) => register(
+            q,
+            nsid,
+            RegisterAction::Replace,
+            true,
+            Cptpl::NoChange,
+            0,
+            key,
+        ),
+        r => r,
+    }
+}
+
+/// The first owner of a volume (processor node A, docs/host.md
+/// "Processor-node takeover"): registers `key` and acquires a reservation
+/// of `rtype`, so that only its registration may write.
+pub fn claim(q: &mut Queue, nsid: u32, key: u64, rtype: RType) -> Result<()> {
+    register_key(q, nsid, key)?;
+    acquire(q, nsid, AcquireAction::Acquire, rtype, key, 0)
+}
+
+/// Processor-node takeover (docs/host.md): this host registers `key` and
+/// takes the reservation over from the registrant holding `victim_key`
+/// with Preempt and Abort (NVMe Base 2.0 §8.19.7). When it returns Ok, the
+/// victim's registration is gone and the target has finished or failed
+/// every command the victim had outstanding: from then on nothing the
+/// victim sent, or sends later, lands (its writes get Reservation Conflict).
+///
+/// Preempt and Abort also succeeds when the victim held no reservation (it
+/// only unregisters the victim, and nobody then holds one), so this checks
+/// with a Reservation Report that this host now holds `rtype`, acquires it
+/// if nobody does, and fails if another host does: the caller must not
+/// write believing it owns the volume.
+pub fn take_over(q: &mut Queue, nsid: u32, key: u64, victim_key: u64, rtype: RType) -> Result<()> {
+    register_key(q, nsid, key)?;
+    let abort = AcquireAction::PreemptAndAbort;
+    acquire(q, nsid, abort, rtype, key, victim_key)?;
+    let (hdr, regs) = report(q, nsid, TAKEOVER_REPORT_ENTRIES)?;
+    let mine = regs.iter().any(|r| r.holds && r.rkey == key);
+    if mine && hdr.rtype == rtype as u8 {
+        return Ok(());
+    }
+    if hdr.rtype == 0 {
+        // Nobody held it (the victim had only registered): take it now.
+        return acquire(q, nsid, AcquireAction::Acquire, rtype, key, 0);
+    }
+    Err(Error::protocol(format!(
+        "after Preempt and Abort this host does not hold a type {} reservation: \
+         type {} is held by {}",
+        rtype as u8,
+        hdr.rtype,
+        if mine {
+            "this host"
+        } else {
+            "another registrant"
+        }
+    )))
+}
+
+/// Registrants [`take_over`] reads back to find the holder: 64 + 62 × 64
+/// bytes fit a 4 KiB queue buffer.
+const TAKEOVER_REPORT_ENTRIES: usize = 62;
+
+/// Whether `st` is Reservation Conflict (generic 83h, with or without
+/// DNR): what a registration or an access the reservation does not allow gets.
+pub fn is_conflict(st: trellis_nvme::Status) -> bool {
+    let c = trellis_nvme::status::generic::RESERVATION_CONFLICT;
+    (st.sct(), st.sc()) == (c.sct(), c.sc())
+}
+
 /// Feature identifiers: Reservation Notification Mask, Reservation Persistence.
 const FID_RESV_MASK: u32 = 0x82;
 const FID_RESV_PERSIST: u32 = 0x83;
