@@ -369,6 +369,107 @@ fn drain_and_failback(dir: &Path, ha: &str) {
     );
 }
 
+/// Registrants of the reservation tests: more than 16 (SPDK's
+/// CVE-2025-57275 wrote past a 16-entry table).
+const RESV_HOSTS: usize = 20;
+
+fn resv_nqn(i: usize) -> String {
+    format!("nqn.2014-08.org.nvmexpress:uuid:ha-resv-host-{i:04}")
+}
+
+fn resv_key(i: usize) -> u64 {
+    0xA000 + i as u64
+}
+
+/// Host `i` of the reservation tests on `n`: its own NQN and host ID, one
+/// I/O queue.
+fn resv_host(n: &Node, i: usize) -> (trellis_host::Controller, trellis_host::Queue) {
+    let hostnqn = resv_nqn(i);
+    let cfg = trellis_host::HostConfig {
+        hostid: trellis_host::ctrl::hostid_from(&hostnqn),
+        hostnqn,
+        kato_ms: 0,
+        ..Default::default()
+    };
+    let mut c = trellis_host::Controller::connect(&n.t.addr(), NQN, &cfg).unwrap();
+    c.set_num_queues(1).unwrap();
+    let q = c.connect_io_queue(8, 8192).unwrap();
+    (c, q)
+}
+
+fn resv_write(q: &mut trellis_host::Queue) -> trellis_host::Result<()> {
+    use trellis_nvme::{sqe::io, Sqe};
+    let data = vec![0x5Au8; 512];
+    let sqe = Sqe::rw(io::WRITE, 0, 1, 64, 1, false);
+    q.exec_ok(sqe, trellis_host::Xfer::ToCtrl(512), &data, &mut [])
+        .map(drop)
+}
+
+/// Through `n`, the node serving: every registrant with its key, host 0
+/// holding Write Exclusive; host 0's write lands and host 1's conflicts.
+fn assert_reservation_served(n: &Node, what: &str) {
+    use trellis_nvme::resv::RType;
+    let (_c0, mut q0) = resv_host(n, 0);
+    let (h, regs) = trellis_host::resv::report(&mut q0, 1, 64).unwrap();
+    assert_eq!(h.rtype, RType::WriteExclusive as u8, "{what}: {h:?}");
+    assert_eq!(h.regctl as usize, RESV_HOSTS, "{what}: {h:?}");
+    for i in 0..RESV_HOSTS {
+        let id = trellis_host::ctrl::hostid_from(&resv_nqn(i));
+        let r = regs.iter().find(|r| r.hostid == id);
+        let r = r.unwrap_or_else(|| panic!("{what}: host {i} is not registered: {regs:?}"));
+        assert_eq!((r.rkey, r.holds), (resv_key(i), i == 0), "{what}: host {i}");
+    }
+    resv_write(&mut q0).unwrap_or_else(|e| panic!("{what}: the holder's write: {e}"));
+    let (_c1, mut q1) = resv_host(n, 1);
+    match resv_write(&mut q1) {
+        Err(trellis_host::Error::Nvme(st)) if trellis_host::resv::is_conflict(st) => {}
+        other => panic!("{what}: a registrant's write under Write Exclusive: {other:?}"),
+    }
+}
+
+/// Issue 37 item 4: the pair's reservations live with its lease. 20 hosts
+/// register on A, host 0 acquires; after a drain B serves them all, and
+/// after kill -9 of B, A (which last saw them before the drain) serves
+/// what B acknowledged since: host 1's key replaced on B survives too.
+fn reservations_survive_drain_and_failover(dir: &Path, ha: &str) {
+    use trellis_nvme::resv::RType;
+    let (a, mut b) = pair(dir, ha);
+    for i in 0..RESV_HOSTS {
+        let (_c, mut q) = resv_host(&a, i);
+        trellis_host::resv::register_key(&mut q, 1, resv_key(i) - 1).unwrap();
+        if i == 0 {
+            trellis_host::resv::claim(&mut q, 1, resv_key(i) - 1, RType::WriteExclusive).unwrap();
+        }
+    }
+    let o = a.ctl(&["drain"]);
+    assert!(o.status.success(), "drain: {}", stderr(&o));
+    b.wait_role("owner", Duration::from_secs(10));
+    // On B: every key moves to its final value, acknowledged by B alone.
+    for i in 0..RESV_HOSTS {
+        let (_c, mut q) = resv_host(&b, i);
+        trellis_host::resv::register_key(&mut q, 1, resv_key(i)).unwrap();
+    }
+    assert_reservation_served(&b, "after the drain, on B");
+    b.kill9();
+    let took = a.wait_role("owner", Duration::from_secs(15));
+    eprintln!("reservations: A owner {took:?} after kill -9 of B");
+    assert_reservation_served(&a, "after kill -9 of B, on A");
+    let ev = a.ha()["events"].to_string();
+    assert!(
+        ev.contains(&format!(
+            "reservations loaded from the store: {RESV_HOSTS} registrants"
+        )),
+        "{ev}"
+    );
+}
+
+#[test]
+fn file_store_reservations_survive_a_drain_and_a_kill9_failover() {
+    let d = tempfile::tempdir().unwrap();
+    let ha = format!("path = \"{}\"", d.path().join("ha.lock").display());
+    reservations_survive_drain_and_failover(d.path(), &ha);
+}
+
 #[test]
 fn a_node_without_ha_refuses_drain_and_bad_ha_settings_name_the_fix() {
     let t = LiveTarget::start(&[]);
@@ -740,6 +841,15 @@ mod etcd {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_ne!(a.role(), b.role());
+    }
+
+    /// Issue 37 item 4 with etcd: the reservations live under the lease's
+    /// key, written only while the key names the writer.
+    #[test]
+    fn etcd_reservations_survive_a_drain_and_a_kill9_failover() {
+        let Some(e) = Etcd::start() else { return };
+        let d = tempfile::tempdir().unwrap();
+        reservations_survive_drain_and_failover(d.path(), &e.ha());
     }
 
     /// Drains `a` (the owner): `b` takes the lease (revoke, watch, grant and

@@ -426,6 +426,36 @@ impl State {
     }
 }
 
+/// Where an HA pair keeps each namespace's reservations: with its
+/// ownership lease (`control::ha::shared`), so the node that takes over
+/// serves the registrations and the holder the hosts were told of.
+/// Only the lease holder saves; the node about to serve loads.
+pub trait SharedResv: Send + Sync {
+    /// Saves `bytes` as namespace `name`'s state. Ok only once it is where
+    /// the other node will read it, and only while this node holds the
+    /// lease ([`NotOwner`] otherwise).
+    fn save(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()>;
+    /// Namespace `name`'s saved state; None: never saved.
+    fn load(&self, name: &str) -> anyhow::Result<Option<Vec<u8>>>;
+}
+
+/// A [`SharedResv::save`] refused because this node does not hold the
+/// lease (any more): the command fails with a path error.
+#[derive(Debug)]
+pub struct NotOwner;
+
+impl std::fmt::Display for NotOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("this node does not hold the HA lease")
+    }
+}
+
+impl std::error::Error for NotOwner {}
+
+/// The most bytes a namespace's shared state may take: the JSON of
+/// `MAX_REGISTRANTS_LIMIT` registrants is far below it.
+pub const MAX_SHARED_BYTES: usize = 1 << 20;
+
 /// One namespace's reservations.
 pub struct Resv {
     /// RTYPE of the reservation held, 0 while none is: the I/O path reads
@@ -439,6 +469,9 @@ pub struct Resv {
     commands: Mutex<()>,
     /// The persistence file (used while PTPL is set); None: never persisted.
     path: Option<PathBuf>,
+    /// Its name in the HA pair's shared state (the NGUID in hex, the same
+    /// on both nodes); empty: none.
+    name: String,
     max_registrants: usize,
 }
 
@@ -471,8 +504,49 @@ impl Resv {
             state: RwLock::new(state),
             commands: Mutex::new(()),
             path,
+            name: String::new(),
             max_registrants,
         })
+    }
+
+    /// Names the namespace in the HA pair's shared state.
+    pub fn named(mut self, name: String) -> Resv {
+        self.name = name;
+        self
+    }
+
+    /// Replaces the state with the HA pair's shared copy, before this node
+    /// serves: what the last owner acknowledged. With no copy saved yet,
+    /// this node's state becomes the copy. Returns the registrant count.
+    pub fn load_shared(&self, shared: &dyn SharedResv) -> anyhow::Result<usize> {
+        let _one_at_a_time = crate::sys::lock(&self.commands);
+        let Some(bytes) = shared.load(&self.name)? else {
+            let cur = self.snapshot();
+            shared.save(&self.name, &shared_bytes(&cur)?)?;
+            return Ok(cur.regs.len());
+        };
+        anyhow::ensure!(
+            bytes.len() <= MAX_SHARED_BYTES,
+            "{} bytes, over {MAX_SHARED_BYTES}",
+            bytes.len()
+        );
+        let saved: Saved = serde_json::from_slice(&bytes)?;
+        let next = State::from_saved(saved, self.max_registrants)?;
+        let n = next.regs.len();
+        self.install(next);
+        Ok(n)
+    }
+
+    /// Makes `next` the state: the I/O path's flag after it.
+    fn install(&self, next: State) {
+        let active = next.held.map_or(0, |r| r.rtype as u8);
+        *self
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+        // After the state: an I/O that still sees the old flag finds
+        // the new state under the lock, which `allows` checks anyway.
+        self.active.store(active, Ordering::Release);
     }
 
     /// Whether a reservation is held: the I/O path's one load.
@@ -536,6 +610,17 @@ impl Resv {
         &self,
         f: impl FnOnce(&mut State, usize) -> Result<Notices, Status>,
     ) -> Result<Notices, Status> {
+        self.apply_with(None, f)
+    }
+
+    /// [`Resv::apply`] on a node of an HA pair: the state is also saved in
+    /// the pair's shared copy before the command completes, so an
+    /// acknowledged reservation survives a failover or a drain.
+    pub fn apply_with(
+        &self,
+        shared: Option<&dyn SharedResv>,
+        f: impl FnOnce(&mut State, usize) -> Result<Notices, Status>,
+    ) -> Result<Notices, Status> {
         let _one_at_a_time = crate::sys::lock(&self.commands);
         let cur = self.snapshot();
         let mut next = cur.clone();
@@ -545,21 +630,19 @@ impl Resv {
                 tracing::error!("cannot save reservation state: {e}");
                 generic::INTERNAL_ERROR
             })?;
-            let active = next.held.map_or(0, |r| r.rtype as u8);
-            *self
-                .state
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
-            // After the state: an I/O that still sees the old flag finds
-            // the new state under the lock, which `allows` checks anyway.
-            self.active.store(active, Ordering::Release);
+            // Last: the shared copy is what the next owner serves, and the
+            // one a host may rely on once this command completes.
+            if let Some(sh) = shared {
+                save_shared(sh, &self.name, &next)?;
+            }
+            self.install(next);
         }
         Ok(notes)
     }
 
     /// Set Features Reservation Persistence (83h).
-    pub fn set_ptpl(&self, on: bool) -> Result<(), Status> {
-        self.apply(|s, _| {
+    pub fn set_ptpl(&self, shared: Option<&dyn SharedResv>, on: bool) -> Result<(), Status> {
+        self.apply_with(shared, |s, _| {
             s.ptpl = on;
             Ok(Notices::new())
         })
@@ -583,6 +666,25 @@ impl Resv {
             Ok(())
         }
     }
+}
+
+fn shared_bytes(st: &State) -> anyhow::Result<Vec<u8>> {
+    Ok(serde_json::to_vec(&st.to_shared())?)
+}
+
+/// Saves `st` as `name` in the pair's shared copy. Not the lease holder: a
+/// path error (the host retries on the node that serves); the store
+/// failing: an internal error the host may retry (no DNR).
+fn save_shared(sh: &dyn SharedResv, name: &str, st: &State) -> Result<(), Status> {
+    let r = shared_bytes(st).and_then(|b| sh.save(name, &b));
+    r.map_err(|e| {
+        if e.downcast_ref::<NotOwner>().is_some() {
+            trellis_nvme::status::path::ANA_INACCESSIBLE
+        } else {
+            tracing::error!("cannot save reservation state in the HA store: {e:#}");
+            generic::INTERNAL_ERROR
+        }
+    })
 }
 
 /// Reservation notices a controller keeps for its host to read (log page
@@ -653,7 +755,8 @@ impl NoticeLog {
 pub const MASK_BITS: u32 = 0b1110;
 
 mod persist;
-use persist::{sync_dir, write_atomic, Saved};
+pub(crate) use persist::write_atomic;
+use persist::{sync_dir, Saved};
 
 #[cfg(test)]
 mod tests;

@@ -326,6 +326,8 @@ pub struct Registry {
     pub(in crate::state) conn_closed: [AtomicU64; crate::state::stats::CloseKind::ALL.len()],
     /// ANA state per (listener, group).
     pub(in crate::state) ana: crate::state::ana::AnaTable,
+    /// An HA pair's shared reservation state (set when `[ha]` starts).
+    pub(in crate::state) shared_resv: std::sync::OnceLock<Arc<dyn crate::state::resv::SharedResv>>,
 }
 
 impl Registry {
@@ -343,6 +345,31 @@ impl Registry {
     }
     pub fn fence(&self) -> &Arc<crate::state::fence::Fence> {
         &self.fence
+    }
+    /// Where reservation commands also save (an HA pair); None: nowhere.
+    pub fn shared_resv(&self) -> Option<&dyn crate::state::resv::SharedResv> {
+        self.shared_resv.get().map(|s| &**s)
+    }
+    /// Once, when `[ha]` starts (before the node can serve).
+    pub fn set_shared_resv(&self, s: Arc<dyn crate::state::resv::SharedResv>) {
+        if self.shared_resv.set(s).is_err() {
+            tracing::warn!("shared reservation state set twice: the first one stays");
+        }
+    }
+    /// Before this node of an HA pair serves: every namespace's
+    /// reservations from the pair's shared copy. Returns the registrants loaded.
+    pub fn load_shared_resv(&self) -> anyhow::Result<usize> {
+        let Some(sh) = self.shared_resv() else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for ns in self.ns.load().all() {
+            n += ns
+                .resv
+                .load_shared(sh)
+                .map_err(|e| anyhow::anyhow!("namespace {}: {e:#}", ns.nsid))?;
+        }
+        Ok(n)
     }
     /// Preempt and Abort's wait for the commands past their reservation check.
     pub fn drain(&self) -> &crate::state::drain::Drain {
@@ -547,6 +574,7 @@ impl Registry {
             reactor_loop_hist: (0..cfg.target.reactors)
                 .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
                 .collect(),
+            shared_resv: std::sync::OnceLock::new(),
             ana,
         })
     }
@@ -668,7 +696,8 @@ pub(crate) fn open_namespace(
     // Keyed by NGUID: unique per namespace on the node and stable across
     // restarts (derived from the node identity, or configured).
     let resv_file = node.state_file(&format!("resv-{}.json", crate::sys::hex(&ids.nguid)));
-    let resv = crate::state::resv::Resv::open(resv_file, max_registrants)?;
+    let resv = crate::state::resv::Resv::open(resv_file, max_registrants)?
+        .named(crate::sys::hex(&ids.nguid));
     // Measured here, at startup, not on a reactor's first I/O.
     let device_model = (n.qos == crate::config::qos::QosMode::Gimbal)
         .then(|| backend.device_model())

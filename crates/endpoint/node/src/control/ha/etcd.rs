@@ -264,6 +264,43 @@ impl EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// `KEY/sub` (base64) for a value kept beside the lease's key.
+    fn sub_key(&self, sub: &str) -> anyhow::Result<String> {
+        let key = B64
+            .decode(&self.key)
+            .map_err(|e| anyhow!("the lease key is not base64: {e}"))?;
+        let mut k = key;
+        k.push(b'/');
+        k.extend_from_slice(sub.as_bytes());
+        Ok(B64.encode(k))
+    }
+
+    /// Puts `value` at `KEY/sub` only while the lease's key names this
+    /// node (one transaction): Ok(false) when it does not.
+    pub fn put_if_holder(&mut self, sub: &str, value: &[u8]) -> anyhow::Result<bool> {
+        let (key, k) = (self.key.clone(), self.sub_key(sub)?);
+        let txn = json!({
+            "compare": [{"key": key, "target": "VALUE", "result": "EQUAL", "value": B64.encode(&self.node)}],
+            "success": [{"request_put": {"key": k, "value": B64.encode(value)}}],
+        });
+        let r = self.call("/v3/kv/txn", txn)?;
+        Ok(r["succeeded"].as_bool() == Some(true))
+    }
+
+    /// The value at `KEY/sub`, None if absent.
+    pub fn get_under_key(&mut self, sub: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        let r = self.call("/v3/kv/range", json!({"key": self.sub_key(sub)?}))?;
+        let Some(v) = r["kvs"].get(0) else {
+            return Ok(None);
+        };
+        let bytes = B64
+            .decode(v["value"].as_str().unwrap_or(""))
+            .map_err(|e| anyhow!("range {sub}: the value is not base64: {e}"))?;
+        Ok(Some(bytes))
+    }
+}
+
 impl LeaseStore for EtcdStore {
     fn try_acquire(&mut self) -> anyhow::Result<bool> {
         if self.lease.is_some() {

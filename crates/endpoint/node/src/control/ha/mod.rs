@@ -19,6 +19,7 @@
 
 pub mod etcd;
 pub mod file;
+pub mod shared;
 
 pub use crate::config::ha::{self as config, HaConfig, StoreKind};
 
@@ -107,6 +108,23 @@ impl Ha {
         }
         // Before ANA says optimized: the data plane checks this at execution.
         reg.fence().serve_until(crate::sys::instant_ns(deadline));
+        if !self.is_owner() {
+            // What the last owner acknowledged, before any host can use
+            // this node (ANA is still inaccessible here).
+            match reg.load_shared_resv() {
+                Ok(n) if reg.shared_resv().is_some() => {
+                    self.event(format!(
+                        "reservations loaded from the store: {n} registrants"
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    reg.fence().stop();
+                    self.event(format!("not serving: cannot load the reservations: {e:#}"));
+                    return;
+                }
+            }
+        }
         if !self.owner.swap(true, SeqCst) {
             let n = apply(reg, AnaState::Optimized);
             self.event(format!(
@@ -303,6 +321,7 @@ pub fn start(
     };
     apply(reg, AnaState::Inaccessible);
     let ha = Arc::new(Ha::new(resolve(c, reg)));
+    reg.set_shared_resv(shared::open(&ha.cfg, reg.fence().clone())?);
     ctl.set_ha(ha.clone());
     spawn(reg.clone(), ha, shutdown.clone()).map(Some)
 }

@@ -508,7 +508,7 @@ impl Queue {
             return Ok(());
         }
         let ns = self.namespace(nsid).ok_or(bad_ns)?;
-        ns.resv().set_ptpl(v & 1 != 0)
+        ns.resv().set_ptpl(self.reg.shared_resv(), v & 1 != 0)
     }
 
     /// Get Features 82h / 83h for namespace `nsid`.

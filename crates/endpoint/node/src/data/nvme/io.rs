@@ -447,7 +447,15 @@ fn resv_apply(
     if host.is_zero() {
         return Exec::Done(generic::HOST_ID_INCONSISTENT.dnr());
     }
-    match ns.resv().apply(|s, max| f(s, &host, max)) {
+    // At execution, as for commands that reach the backend: a command
+    // parsed while this node served may have waited past the fence.
+    if let Some(st) = fenced(q, ns) {
+        return Exec::Done(st);
+    }
+    match ns
+        .resv()
+        .apply_with(q.reg.shared_resv(), |s, max| f(s, &host, max))
+    {
         Ok(notes) => {
             resv_notify(ctrl, ns.nsid(), &notes);
             Exec::Done(Status::SUCCESS)

@@ -17,6 +17,11 @@ pub(super) struct Saved {
     #[serde(default)]
     holder_nqn: String,
     registrants: Vec<SavedReg>,
+    /// The Persist Through Power Loss state, written in the HA pair's
+    /// shared copy (saved whatever PTPL says). Absent in a local file,
+    /// which exists only while PTPL is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ptpl: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -74,6 +79,15 @@ impl State {
                     rkey: r.rkey,
                 })
                 .collect(),
+            ptpl: None,
+        }
+    }
+
+    /// The HA pair's shared copy: the local file's contents and the PTPL state.
+    pub(super) fn to_shared(&self) -> Saved {
+        Saved {
+            ptpl: Some(self.ptpl),
+            ..self.to_saved()
         }
     }
 
@@ -106,7 +120,8 @@ impl State {
             gen: s.gen,
             regs,
             held,
-            ptpl: true,
+            // A local file exists only while PTPL is set.
+            ptpl: s.ptpl.unwrap_or(true),
         };
         // Only states the commands can reach: one entry per host, and a
         // holder that is registered.
@@ -130,7 +145,7 @@ impl State {
 /// Writes `bytes` to `path` so that a crash leaves the old file or the new
 /// one, never a torn one: a temp file, fsync, rename, fsync of the directory.
 /// Mode 0600: the file names hosts and holds their reservation keys.
-pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = path.with_extension("tmp");

@@ -473,7 +473,7 @@ fn ptpl_state_survives_reopen_and_clearing_deletes_it() {
         e.contains("resv.json") && e.contains("21 registrants"),
         "{e}"
     );
-    r.set_ptpl(false).unwrap();
+    r.set_ptpl(None, false).unwrap();
     assert!(!path.exists(), "PTPL cleared: the file goes");
     // A state no command sequence reaches is refused too.
     let a = crate::sys::hex(&A.id);
@@ -617,4 +617,109 @@ fn a_version_1_registrant_that_acquires_then_unregisters_releases_and_reloads() 
     drop(r);
     let r = Resv::open(Some(path), 32).expect("the saved state loads");
     assert_eq!(r.snapshot().held, None);
+}
+
+/// An HA pair's shared copy in memory: saves only while `owner` is set.
+#[derive(Default)]
+struct MemShared {
+    owner: std::sync::atomic::AtomicBool,
+    fail: std::sync::atomic::AtomicBool,
+    saved: Mutex<HashMap<String, Vec<u8>>>,
+}
+
+impl SharedResv for MemShared {
+    fn save(&self, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        if !self.owner.load(Ordering::SeqCst) {
+            return Err(NotOwner.into());
+        }
+        anyhow::ensure!(!self.fail.load(Ordering::SeqCst), "store unreachable");
+        self.saved
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), bytes.to_vec());
+        Ok(())
+    }
+    fn load(&self, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        Ok(self.saved.lock().unwrap().get(name).cloned())
+    }
+}
+
+/// Issue 37 item 4: what one node of the pair acknowledged, the other
+/// serves once it takes over, whatever PTPL says; a node that does not
+/// hold the lease (or cannot reach the store) changes nothing.
+#[test]
+fn a_reservation_saved_by_one_node_is_served_by_the_node_that_takes_over() {
+    let sh = MemShared::default();
+    sh.owner.store(true, Ordering::SeqCst);
+    let a = Resv::open(None, 32).unwrap().named("ab12".into());
+    for i in 0..20u8 {
+        a.apply_with(Some(&sh), |s, max| {
+            s.register(
+                &host(i + 0x20),
+                &reg(RA::Register, false, Cptpl::NoChange),
+                0,
+                i as u64 + 1,
+                max,
+            )
+        })
+        .unwrap();
+    }
+    let holder = host(0x20);
+    a.apply_with(Some(&sh), |s, _| {
+        s.acquire(&holder, &acq(AA::Acquire, WriteExclusive), 1, 0)
+    })
+    .unwrap();
+    let want = a.snapshot();
+    assert!(!want.ptpl, "PTPL clear: the pair keeps it all the same");
+    // The other node: its own (empty) state until it loads.
+    let b = Resv::open(None, 32).unwrap().named("ab12".into());
+    assert_eq!(b.load_shared(&sh).unwrap(), 20);
+    assert_eq!(b.snapshot(), want);
+    assert_eq!(
+        b.check_io(&host(0x21), true),
+        Err(CONFLICT),
+        "enforced there"
+    );
+    assert_eq!(b.check_io(&holder, true), Ok(()));
+    // The deposed node: refused with a path error, its state unchanged.
+    sh.owner.store(false, Ordering::SeqCst);
+    let r = a.apply_with(Some(&sh), |s, _| {
+        s.release(&holder, &rel(RL::Release, 1), 1)
+    });
+    assert_eq!(r, Err(trellis_nvme::status::path::ANA_INACCESSIBLE));
+    assert_eq!(a.snapshot(), want);
+    // The store failing: an internal error the host may retry (no DNR).
+    sh.owner.store(true, Ordering::SeqCst);
+    sh.fail.store(true, Ordering::SeqCst);
+    let r = b.apply_with(Some(&sh), |s, _| {
+        s.release(&holder, &rel(RL::Release, 1), 1)
+    });
+    assert_eq!(r, Err(generic::INTERNAL_ERROR));
+    assert_eq!(b.snapshot(), want);
+    sh.fail.store(false, Ordering::SeqCst);
+    assert_eq!(b.load_shared(&sh).unwrap(), 20, "the copy never moved");
+}
+
+#[test]
+fn with_no_shared_copy_yet_the_node_that_serves_first_seeds_it() {
+    let sh = MemShared::default();
+    sh.owner.store(true, Ordering::SeqCst);
+    let a = Resv::open(None, 32).unwrap().named("cd34".into());
+    a.apply(|s, max| s.register(&A, &reg(RA::Register, false, Cptpl::NoChange), 0, 7, max))
+        .unwrap();
+    assert_eq!(
+        a.load_shared(&sh).unwrap(),
+        1,
+        "kept, and saved as the copy"
+    );
+    let b = Resv::open(None, 32).unwrap().named("cd34".into());
+    b.load_shared(&sh).unwrap();
+    assert_eq!(b.snapshot(), a.snapshot());
+    // A copy that is not a state is refused, naming why; the state stays.
+    sh.saved
+        .lock()
+        .unwrap()
+        .insert("cd34".into(), b"{\"version\": 9}".to_vec());
+    assert!(b.load_shared(&sh).is_err());
+    assert_eq!(b.snapshot(), a.snapshot());
 }
