@@ -203,6 +203,33 @@ pub fn subsystem_keys(
     Ok(m)
 }
 
+/// With `target.discovery_dhchap`, a host's discovery controllers take
+/// its keys from the first subsystem that has them
+/// (`Registry::discovery_keys`): a host NQN whose `dhchap_secret` or
+/// `dhchap_ctrl_secret` differs between subsystems would authenticate
+/// discovery with whichever comes first, so it is refused, naming the
+/// host, the two subsystems and the fix. nvmet keeps one secret per host.
+pub fn check_discovery_secrets<'a>(
+    subs: impl IntoIterator<Item = &'a crate::config::SubsystemConfig>,
+) -> anyhow::Result<()> {
+    let mut seen: HashMap<&str, (&str, &HostConfig)> = HashMap::new();
+    for s in subs {
+        for h in s.hosts.iter().filter(|h| h.dhchap_secret.is_some()) {
+            let Some((first, f)) = seen.get(h.nqn.as_str()) else {
+                seen.insert(&h.nqn, (&s.nqn, h));
+                continue;
+            };
+            anyhow::ensure!(
+                f.dhchap_secret == h.dhchap_secret && f.dhchap_ctrl_secret == h.dhchap_ctrl_secret,
+                "host {} has different DH-HMAC-CHAP secrets in subsystems {first} and {}, and target.discovery_dhchap = true authenticates its discovery controllers with one: give the host the same dhchap_secret (and dhchap_ctrl_secret) in every subsystem, one secret per host as nvmet keeps them, or set discovery_dhchap = false",
+                h.nqn,
+                s.nqn
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The DH groups of a host without `dhchap_dhgroups`, preferred first.
 /// Not ffdhe6144 and ffdhe8192: with the 512-bit exponent, an
 /// exponentiation costs about the square of the prime's size (ffdhe8192

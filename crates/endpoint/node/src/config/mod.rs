@@ -487,6 +487,9 @@ impl Config {
             validate_namespaces(s)?;
             check_binding(s, &self.listeners)?;
         }
+        if self.target.discovery_dhchap {
+            crate::config::keys::check_discovery_secrets(&self.subsystems)?;
+        }
         self.validate_identities()
     }
 
@@ -843,6 +846,47 @@ mod tests {
             assert!(msg.contains(want), "{msg}");
             assert!(msg.contains("host nqn.2014-08.org.nvmexpress:uuid:1"), "{msg}");
         }
+    }
+
+    /// Keys are per subsystem here, per host in nvmet: with
+    /// `discovery_dhchap` a host's discovery controllers take one secret,
+    /// so a host NQN with two is refused with a line that names it, both
+    /// subsystems and the fix; without it, or with equal secrets, it loads.
+    #[test]
+    fn discovery_dhchap_refuses_a_host_with_different_secrets() {
+        let other = trellis_nvme::dhchap::Secret {
+            key: vec![7; 32],
+            transform: None,
+        }
+        .format();
+        let toml = |on: bool, second: &str| {
+            let sub = |n: &str, k: &str| {
+                format!("[[subsystem]]\nnqn = \"nqn.2026-11.io.trellis:{n}\"\n[[subsystem.host]]\nnqn = \"nqn.2014-08.org.nvmexpress:uuid:1\"\ndhchap_secret = \"{k}\"\n")
+            };
+            format!(
+                "[target]\ndiscovery_dhchap = {on}\n[[listener]]\naddr = \"127.0.0.1:1\"\n{}{}",
+                sub("a", DHCHAP),
+                sub("b", second)
+            )
+        };
+        let e = format!("{:#}", Config::from_toml(&toml(true, &other)).unwrap_err());
+        for want in [
+            "host nqn.2014-08.org.nvmexpress:uuid:1",
+            "subsystems nqn.2026-11.io.trellis:a and nqn.2026-11.io.trellis:b",
+            "discovery_dhchap = false",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        assert!(
+            !e.contains(&other) && !e.contains(DHCHAP),
+            "no key text: {e}"
+        );
+        Config::from_toml(&toml(false, &other)).expect("off: per-subsystem keys");
+        Config::from_toml(&toml(true, DHCHAP)).expect("on: the same secret");
+        assert!(
+            !Config::embedded_default().target.discovery_dhchap,
+            "off by default"
+        );
     }
 
     const TLS_KEY: &str = "NVMeTLSkey-1:01:Ggh0ZeTr4gtcM5ttLtzjFKTkCEGwn/dvDUPXq4L9i7yv4BH+:";

@@ -122,6 +122,13 @@ pub struct TargetConfig {
     pub auth_workers: usize,
     /// Exponentiations waiting for a DH worker; one more is refused.
     pub auth_queue_max: usize,
+    /// Whether a host NQN with a `dhchap_secret` (in any subsystem) must
+    /// authenticate its discovery controllers too. Off by default, as in
+    /// Linux's nvmet (which never authenticates discovery), so `nvme
+    /// discover` with a keyed host NQN and no secret keeps working; on, a
+    /// peer claiming a keyed NQN learns nothing from the discovery log
+    /// without the secret (docs/security.md "Who may connect").
+    pub discovery_dhchap: bool,
     /// Socket I/O engine: plain syscalls with epoll, or io_uring.
     pub socket_engine: SocketEngine,
     /// Where the node identity file (`node-id`) lives. Default: the config
@@ -324,6 +331,7 @@ impl Default for TargetConfig {
             auth_per_host_burst: DEFAULT_AUTH_PER_HOST_BURST,
             auth_workers: DEFAULT_AUTH_WORKERS,
             auth_queue_max: DEFAULT_AUTH_QUEUE_MAX,
+            discovery_dhchap: false,
             socket_engine: SocketEngine::Epoll,
             state_dir: None,
         }

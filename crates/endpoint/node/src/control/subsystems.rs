@@ -48,6 +48,7 @@ impl Registry {
             "subsystem {} exists: pick another NQN, or remove it first",
             c.nqn
         );
+        self.check_discovery_secrets(&c)?;
         let serial = self.node().serial(&c);
         if let Some(o) = t.iter().find(|s| s.serial == serial) {
             bail!("serial {serial} is {}'s already: give another", o.nqn);
@@ -89,6 +90,18 @@ impl Registry {
         t.len.store(idx + 1, Ordering::Release);
         tracing::info!(subsystem = %sub.nqn, namespaces = nss.len(), "subsystem added");
         Ok(self.discovery_changed(Some(&sub)))
+    }
+
+    /// With `target.discovery_dhchap`, `c`'s host secrets must match those
+    /// the live subsystems give the same hosts (as `Config::validate`
+    /// checks at start). Called under the table's change lock.
+    fn check_discovery_secrets(&self, c: &SubsystemConfig) -> anyhow::Result<()> {
+        if !self.limits().discovery_dhchap {
+            return Ok(());
+        }
+        let t = self.subsystems();
+        let live = t.iter().filter_map(|s| t.config_of(s.idx));
+        crate::config::keys::check_discovery_secrets(live.chain([c]))
     }
 
     /// Opens every namespace of `c` under fresh uids, checking NSIDs.

@@ -583,6 +583,22 @@ impl Registry {
         self.subsystems.iter().find(|s| s.nqn == nqn)
     }
 
+    /// The DH-HMAC-CHAP keys a discovery controller of `hostnqn` must
+    /// authenticate with: with `target.discovery_dhchap`, those of the
+    /// first live subsystem (live-added ones included) that has a secret
+    /// for the host, which validation makes the same secret in every
+    /// subsystem (`config::keys::check_discovery_secrets`); else None, as
+    /// nvmet never authenticates discovery.
+    pub fn discovery_keys(&self, hostnqn: &str) -> Option<Arc<crate::config::keys::HostKeys>> {
+        if !self.limits.discovery_dhchap {
+            return None;
+        }
+        self.subsystems
+            .iter()
+            .find_map(|s| s.dhchap.get(hostnqn))
+            .cloned()
+    }
+
     /// Allocates a controller ID in `cntlid_min..=cntlid_max` (default
     /// 1..=0xFFEF) unique among live controllers, advancing round-robin so a
     /// just-freed ID is not handed out again at once.

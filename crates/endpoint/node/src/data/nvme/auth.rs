@@ -26,7 +26,7 @@
 use crate::config::keys::HostKeys;
 use crate::data::nvme::auth_work::{Output, Work};
 use crate::data::nvme::exec::{Command, Ctx, Exec, Queue, QueueCtx, Request};
-use crate::state::subsystem::Subsystem;
+use crate::state::subsystem::{Registry, Subsystem};
 use std::sync::Arc;
 use trellis_nvme::auth::{failure, BadMessage, Challenge, Failure, Message, Negotiate, Reply};
 use trellis_nvme::auth::{AuthCmd, CONNECT_AUTHREQ_ATR};
@@ -470,14 +470,18 @@ impl Session {
 }
 
 /// The session a new queue of `data.hostnqn` starts with: Some when the
-/// subsystem has keys for the host (discovery controllers never do).
-pub fn session_for(sub: Option<&Subsystem>, data: &ConnectData) -> Option<Box<Session>> {
-    let keys = sub?.dhchap.get(&data.hostnqn)?;
-    Some(Box::new(Session::new(
-        keys.clone(),
-        &data.hostnqn,
-        &data.subnqn,
-    )))
+/// subsystem has keys for the host; on a discovery controller (`sub`
+/// None), only with `target.discovery_dhchap` (`Registry::discovery_keys`).
+pub fn session_for(
+    reg: &Registry,
+    sub: Option<&Subsystem>,
+    data: &ConnectData,
+) -> Option<Box<Session>> {
+    let keys = match sub {
+        Some(s) => s.dhchap.get(&data.hostnqn).cloned(),
+        None => reg.discovery_keys(&data.hostnqn),
+    }?;
+    Some(Box::new(Session::new(keys, &data.hostnqn, &data.subnqn)))
 }
 
 /// The Connect completion: CNTLID, and ATR when the queue must authenticate.

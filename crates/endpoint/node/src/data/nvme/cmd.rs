@@ -56,7 +56,10 @@ pub static FABRICS: &[Command] = &[
         name: "Authentication Send",
         opcode: aop::FABRICS,
         fctype: fctype::AUTH_SEND,
-        on: on::ADMIN | on::IO,
+        // Discovery too: with `target.discovery_dhchap` a keyed host
+        // authenticates its discovery controller (nvmet parses these on
+        // every admin queue; without a session they fail, `auth::session`).
+        on: on::ADMIN | on::IO | on::DISCOVERY,
         misplaced: INVALID_OPCODE,
         dir: Dir::ToCtrl,
         len: Len::Any,
@@ -67,7 +70,10 @@ pub static FABRICS: &[Command] = &[
         name: "Authentication Receive",
         opcode: aop::FABRICS,
         fctype: fctype::AUTH_RECV,
-        on: on::ADMIN | on::IO,
+        // Discovery too: with `target.discovery_dhchap` a keyed host
+        // authenticates its discovery controller (nvmet parses these on
+        // every admin queue; without a session they fail, `auth::session`).
+        on: on::ADMIN | on::IO | on::DISCOVERY,
         misplaced: INVALID_OPCODE,
         dir: Dir::ToHost,
         len: Len::Any,

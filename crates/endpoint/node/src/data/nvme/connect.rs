@@ -190,7 +190,7 @@ impl Queue {
             ctrl,
             sqflow_disabled: cmd.disable_sqflow(),
             sqhd: 0,
-            auth: crate::data::nvme::auth::session_for(sub.as_deref(), data),
+            auth: crate::data::nvme::auth::session_for(&self.reg, sub.as_deref(), data),
         });
         Ok(crate::data::nvme::auth::connected(self.q.as_ref(), cntlid))
     }
@@ -275,7 +275,7 @@ impl Queue {
             ctrl,
             sqflow_disabled: cmd.disable_sqflow(),
             sqhd: 0,
-            auth: crate::data::nvme::auth::session_for(Some(&sub), data),
+            auth: crate::data::nvme::auth::session_for(&self.reg, Some(&sub), data),
         });
         Ok(crate::data::nvme::auth::connected(
             self.q.as_ref(),
