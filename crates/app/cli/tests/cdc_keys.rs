@@ -267,9 +267,9 @@ fn a_dhchap_secret_is_presented_and_a_controller_secret_the_node_cannot_prove_is
         &ctrl_f,
     ]);
     assert!(one_way.wait_merged(), "not merged:\n{}", one_way.log());
-    // The node's discovery controller never asks for DH-HMAC-CHAP
-    // (docs/target.md): with a controller secret the CDC wants the node
-    // proven, so it does not follow it.
+    // By default the node's discovery controller never asks for
+    // DH-HMAC-CHAP (as nvmet; docs/target.md): with a controller secret
+    // the CDC wants the node proven, so it does not follow it.
     two_way
         .wait_log(&["node not followed", "has not proven the dhchap-ctrl-secret"])
         .unwrap_or_else(|l| panic!("no refusal logged:\n{l}"));
@@ -280,6 +280,53 @@ fn a_dhchap_secret_is_presented_and_a_controller_secret_the_node_cannot_prove_is
     for (what, c) in [("one-way", &one_way), ("two-way", &two_way)] {
         for k in [&host_s, &ctrl_s] {
             assert_no_key(&format!("the {what} CDC's output"), &c.output(), k);
+        }
+    }
+}
+
+/// With `target.discovery_dhchap = true` the node asks the CDC's keyed
+/// NQN to authenticate its discovery connection (issue 32): the right
+/// secrets follow it, both ways proven; a wrong secret, or none, is refused
+/// there and the node's subsystem never reaches the CDC's log.
+#[test]
+fn with_discovery_dhchap_the_right_secret_follows_the_node_and_a_wrong_one_is_refused() {
+    let (host_s, ctrl_s) = (secret(0xd15c_0001), secret(0xd15c_0002));
+    let n = LiveTarget::start_config(&format!(
+        "[target]\ndiscovery_dhchap = true\n\
+         [[listener]]\naddr = \"127.0.0.1:0\"\n\
+         [[subsystem]]\nnqn = \"{SUB}\"\n\
+         [[subsystem.namespace]]\nbackend = \"ram\"\nsize = \"16MiB\"\n\
+         [[subsystem.host]]\nnqn = \"{CDC_NQN}\"\n\
+         dhchap_secret = \"{host_s}\"\ndhchap_ctrl_secret = \"{ctrl_s}\"\n"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let host_f = key_file(dir.path(), "host.key", &host_s, 0o600);
+    let ctrl_f = key_file(dir.path(), "ctrl.key", &ctrl_s, 0o600);
+    let wrong_f = key_file(dir.path(), "wrong.key", &secret(0xbad), 0o600);
+    let right = Cdc::start(&[
+        "--node",
+        &n.addr(),
+        "--dhchap-secret",
+        &host_f,
+        "--dhchap-ctrl-secret",
+        &ctrl_f,
+    ]);
+    let wrong = Cdc::start(&["--node", &format!("{},dhchap-secret={wrong_f}", n.addr())]);
+    let none = Cdc::start(&["--node", &n.addr()]);
+    assert!(right.wait_merged(), "not merged:\n{}", right.log());
+    right
+        .wait_log(&["merged", "authenticated=true"])
+        .unwrap_or_else(|l| panic!("not authenticated:\n{l}"));
+    wrong
+        .wait_log(&["node not followed", "the controller refused the host"])
+        .unwrap_or_else(|l| panic!("no refusal logged:\n{l}"));
+    none.wait_log(&["node not followed", "requires in-band authentication"])
+        .unwrap_or_else(|l| panic!("no refusal logged:\n{l}"));
+    assert!(!wrong.lists_sub(), "merged with a wrong secret");
+    assert!(!none.lists_sub(), "merged without a secret");
+    for c in [&right, &wrong, &none] {
+        for k in [&host_s, &ctrl_s] {
+            assert_no_key("a CDC's output", &c.output(), k);
         }
     }
 }
