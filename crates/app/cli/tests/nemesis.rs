@@ -650,6 +650,14 @@ fn run_faults(nodes: &mut [Node; 2], shared: &Shared, rng: &mut Rng, n: usize) -
     applied
 }
 
+fn store_name(ha: &str) -> &'static str {
+    if ha.contains("store = \"etcd\"") {
+        "etcd"
+    } else {
+        "file"
+    }
+}
+
 /// The whole run against a pair with `[ha]` store lines `ha` in `dir`.
 fn nemesis(dir: &Path, ha: &str) {
     let t0 = Instant::now();
@@ -657,7 +665,7 @@ fn nemesis(dir: &Path, ha: &str) {
     let n = env_u64("TRELLIS_NEMESIS_FAULTS", 20) as usize;
     eprintln!(
         "nemesis ({}): TRELLIS_NEMESIS_SEED={seed} TRELLIS_NEMESIS_FAULTS={n}",
-        ha.lines().next().unwrap()
+        store_name(ha)
     );
     let mut nodes = start_pair(dir, ha);
     let shared = Arc::new(Shared::default());
@@ -672,7 +680,7 @@ fn nemesis(dir: &Path, ha: &str) {
     let blocks = read_all(&nodes[owner].addr());
     let violations = check(&ops, &blocks);
     let r = report(
-        ha.lines().next().unwrap(),
+        store_name(ha),
         seed,
         &faults,
         &ops,
