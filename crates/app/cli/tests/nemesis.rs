@@ -174,7 +174,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// port under /tmp/trellis-ports-UID holding the owner's PID), so no
 /// outgoing connection, nor another test's port 0, takes it while the node
 /// is down.
-fn node_port(rng: &mut Rng) -> u16 {
+fn node_port(rng: &mut Rng) -> (u16, PathBuf) {
     use std::os::unix::fs::MetadataExt;
     let uid = std::fs::metadata("/proc/self").unwrap().uid();
     let dir = std::env::var("TRELLIS_PORT_DIR").unwrap_or(format!("/tmp/trellis-ports-{uid}"));
@@ -186,7 +186,7 @@ fn node_port(rng: &mut Rng) -> u16 {
             && std::fs::create_dir(&reserve).is_ok()
         {
             std::fs::write(reserve.join("owner"), std::process::id().to_string()).unwrap();
-            return p;
+            return (p, reserve);
         }
     }
     panic!("no free port in 20000-32767");
@@ -209,6 +209,14 @@ struct Node {
     /// The store lines of `[ha]` (file path, or etcd and its timing).
     ha: String,
     t: Option<LiveTarget>,
+    /// The port's reservation (see [`node_port`]), dropped with the node.
+    reserved: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.reserved);
+    }
 }
 
 impl Node {
@@ -553,12 +561,16 @@ fn start_pair(dir: &Path, ha: &str) -> [Node; 2] {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos() as u64);
-    let mut node = |name| Node {
-        name,
-        port: node_port(&mut rng),
-        dir: dir.to_path_buf(),
-        ha: ha.to_string(),
-        t: None,
+    let mut node = |name| {
+        let (port, reserved) = node_port(&mut rng);
+        Node {
+            name,
+            port,
+            dir: dir.to_path_buf(),
+            ha: ha.to_string(),
+            t: None,
+            reserved,
+        }
     };
     let mut nodes = [node("a"), node("b")];
     nodes[0].start();
