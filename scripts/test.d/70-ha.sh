@@ -7,7 +7,8 @@
 # etcd a failure, and the suite fails unless every etcd test in ha.rs ran
 # and passed. The etcd store is in every build (no feature, no protoc).
 # Then crates/app/cli/tests/nemesis.rs's etcd run (issue 37 item 6: kills,
-# freezes and drains against a pair on a 2 s etcd lease, every block checked
+# freezes, drains and partitions (host-owner, owner-etcd, standby-etcd, as
+# nftables rules: root and nft required) against a pair on a 2 s etcd lease, every block checked
 # against the write history; its file-store run is in `cargo test
 # --workspace`). About 90 s plus the build.
 set -euo pipefail
@@ -18,9 +19,10 @@ APT_LIB_PROG=70-ha
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
+command -v nft >/dev/null || need+=(nftables)
 if [ ${#need[@]} -gt 0 ]; then
   if can_install; then
-    apt_install_for "the HA pair tests (etcd as a real process; openssl makes the TLS test's CA)" "${need[@]}"
+    apt_install_for "the HA pair tests (etcd as a real process; openssl makes the TLS test's CA; nft cuts the fault harness's partitions)" "${need[@]}"
   else
     echo "skipped: ${need[*]} missing and not root (apt-get install etcd-server openssl)"
     exit 77
@@ -46,7 +48,7 @@ fi
 # The fault harness with etcd (the file-store run is in cargo test --workspace).
 nlog=$(mktemp "${TRELLIS_TEST_DIR:-${TMPDIR:-/tmp}}/nemesis.XXXXXX")
 status=0
-TRELLIS_REQUIRE_ETCD=1 cargo test -p trellis-cli --test nemesis etcd:: -- --nocapture >"$nlog" 2>&1 || status=$?
+TRELLIS_REQUIRE_ETCD=1 TRELLIS_REQUIRE_PARTITIONS=1 cargo test -p trellis-cli --test nemesis etcd:: -- --nocapture >"$nlog" 2>&1 || status=$?
 grep -E '^test |test result|^nemesis' "$nlog" || true
 [ "$status" = 0 ] || { cat "$nlog"; exit 1; }
 if ! grep -qE '^test etcd::etcd_nemesis_[a-z0-9_]+ \.\.\. ok$' "$nlog" || grep -q '^SKIPPED' "$nlog"; then

@@ -8,14 +8,20 @@
 //! records each write as acknowledged, failed (an NVMe status) or
 //! indeterminate (timeout, connection lost: it may or may not have landed).
 //! A seeded nemesis kills (-9) and restarts the owner or the standby,
-//! freezes either (SIGSTOP 0.3-3 s) and drains the owner. At the end every
+//! freezes either (SIGSTOP 0.3-3 s), drains the owner, and (as root, with
+//! nft) partitions host↔owner (alone, or with a drain while the host is cut
+//! off, so its held writes reach the old owner after the new one acked
+//! newer data) and, with etcd, owner↔etcd and standby↔etcd: an nftables
+//! table of its own drops TCP on the cut port both ways for 0.5-5 s. At the end every
 //! block is read back through the node that serves, and [`check`] requires
 //! each to hold its last acknowledged write or a later write that may have
 //! landed: never older data, never data nobody wrote.
 //!
 //! Environment: `TRELLIS_NEMESIS_SEED` (default 37, printed),
-//! `TRELLIS_NEMESIS_FAULTS` (default 20; the long form is 200),
-//! `TRELLIS_NEMESIS_JSON` (a file for the report).
+//! `TRELLIS_NEMESIS_FAULTS` (default: each kind three times, at least 20;
+//! the long form, bench/nemesis.sh, is 200), `TRELLIS_NEMESIS_JSON` (a file
+//! for the report), `TRELLIS_REQUIRE_PARTITIONS=1` (no nft or not root is a
+//! failure rather than a run without partitions; 70-ha.sh sets it).
 
 mod common;
 use common::*;
@@ -208,6 +214,10 @@ struct Node {
     dir: PathBuf,
     /// The store lines of `[ha]` (file path, or etcd and its timing).
     ha: String,
+    /// The loopback port this node reaches its lease store on (etcd gives
+    /// each node its own client URL, so a partition can cut one); None for
+    /// the file store, which has no network path to cut.
+    store_port: Option<u16>,
     t: Option<LiveTarget>,
     /// The port's reservation (see [`node_port`]), dropped with the node.
     reserved: PathBuf,
@@ -396,15 +406,32 @@ enum Fault {
     StopOwner,
     StopStandby,
     DrainOwner,
+    /// Host and owner cut apart (both directions dropped), then healed.
+    PartitionHostOwner,
+    /// The same, and the owner drained while the host is cut off: the host
+    /// times out, writes through the new owner, and its held writes reach
+    /// the old owner at the heal (issue 37's stale-write sequence).
+    PartitionHostOwnerDrain,
+    /// The owner cut off from etcd: it must fence before its lease lapses.
+    PartitionOwnerStore,
+    /// The standby cut off from etcd: nothing may change hands.
+    PartitionStandbyStore,
 }
 
-const KINDS: [Fault; 5] = [
+/// Processes and ownership: every store, no firewall needed.
+const BASE: [Fault; 5] = [
     Fault::KillOwner,
     Fault::KillStandby,
     Fault::StopOwner,
     Fault::StopStandby,
     Fault::DrainOwner,
 ];
+
+/// Partitions of the host's path (nftables).
+const HOST_CUTS: [Fault; 2] = [Fault::PartitionHostOwner, Fault::PartitionHostOwnerDrain];
+
+/// Partitions of a node's path to a networked store (etcd).
+const STORE_CUTS: [Fault; 2] = [Fault::PartitionOwnerStore, Fault::PartitionStandbyStore];
 
 impl Fault {
     fn name(self) -> &'static str {
@@ -414,16 +441,89 @@ impl Fault {
             Fault::StopOwner => "sigstop_owner",
             Fault::StopStandby => "sigstop_standby",
             Fault::DrainOwner => "drain_owner",
+            Fault::PartitionHostOwner => "partition_host_owner",
+            Fault::PartitionHostOwnerDrain => "partition_host_owner_then_drain",
+            Fault::PartitionOwnerStore => "partition_owner_etcd",
+            Fault::PartitionStandbyStore => "partition_standby_etcd",
         }
     }
 }
 
-/// The fault sequence: every five faults are the five kinds in a random
-/// order, so even the short form applies each kind four times.
-fn schedule(rng: &mut Rng, n: usize) -> Vec<Fault> {
+/// The kinds this run applies: partitions only with a firewall, store
+/// partitions only with a networked store.
+fn kinds(firewall: bool, networked_store: bool) -> Vec<Fault> {
+    let mut k = BASE.to_vec();
+    if firewall {
+        k.extend(HOST_CUTS);
+        if networked_store {
+            k.extend(STORE_CUTS);
+        }
+    }
+    k
+}
+
+/// Network partitions on loopback: an nftables table of this test's own
+/// (named by the process and a node port, so concurrent runs never touch
+/// each other's rules) whose output chain drops TCP to and from chosen
+/// ports, both directions, so a cut connection neither delivers nor resets:
+/// TCP retransmits, as across a real partition, and delivers at the heal.
+/// Deleted when dropped.
+struct Firewall {
+    table: String,
+}
+
+fn nft(args: &str) -> Result<(), String> {
+    let out = Command::new("nft")
+        .arg(args)
+        .output()
+        .map_err(|e| format!("nft: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft {args}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Firewall {
+    /// Err (the reason) where nft is missing or not permitted (not root).
+    fn new(tag: u16) -> Result<Firewall, String> {
+        let table = format!("trellis_nemesis_{}_{tag}", std::process::id());
+        nft(&format!("add table inet {table}"))?;
+        let fw = Firewall { table };
+        let t = &fw.table;
+        nft(&format!(
+            "add chain inet {t} out {{ type filter hook output priority 0 ; }}"
+        ))?;
+        Ok(fw)
+    }
+
+    fn cut(&self, port: u16) {
+        let t = &self.table;
+        for dir in ["dport", "sport"] {
+            nft(&format!("add rule inet {t} out tcp {dir} {port} drop")).unwrap();
+        }
+    }
+
+    fn heal(&self) {
+        nft(&format!("flush chain inet {} out", self.table)).unwrap();
+    }
+}
+
+impl Drop for Firewall {
+    fn drop(&mut self) {
+        let _ = nft(&format!("delete table inet {}", self.table));
+    }
+}
+
+/// The fault sequence: each run of `kinds.len()` faults is every kind in a
+/// random order, so even the short form applies each kind at least twice.
+fn schedule(rng: &mut Rng, kinds: &[Fault], n: usize) -> Vec<Fault> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let mut bag = KINDS.to_vec();
+        let mut bag = kinds.to_vec();
         while !bag.is_empty() && out.len() < n {
             out.push(bag.swap_remove(rng.below(bag.len() as u64) as usize));
         }
@@ -460,9 +560,9 @@ fn heal(nodes: &[Node; 2], shared: &Shared) -> usize {
     owner.unwrap()
 }
 
-/// Applies `f` with `o` the owner's index, and undoes it (restart, thaw);
-/// returns when it was applied.
-fn apply(nodes: &mut [Node; 2], o: usize, f: Fault, rng: &mut Rng) -> Instant {
+/// Applies `f` with `o` the owner's index, and undoes it (restart, thaw,
+/// heal); returns when it was applied.
+fn apply(nodes: &mut [Node; 2], o: usize, f: Fault, cx: &mut Cx) -> Instant {
     let s = 1 - o;
     let t = Instant::now();
     match f {
@@ -485,21 +585,71 @@ fn apply(nodes: &mut [Node; 2], o: usize, f: Fault, rng: &mut Rng) -> Instant {
             // The sleep is the fault: the node is frozen this long. Up to
             // 3 s (the brief said 2): with etcd's 2 s lease a freeze of the
             // owner past about 1.5-2 s hands the lease over, and some must.
-            let d = rng.ms(300, 3000);
+            let d = cx.rng.ms(300, 3000);
             eprintln!("  frozen {d:?}");
             std::thread::sleep(d);
             n.signal("-CONT");
         }
-        Fault::DrainOwner => {
-            let sock = nodes[o].sock().display().to_string();
-            let out = trellis_within(
-                &["ctl", "--socket", &sock, "drain"],
-                Duration::from_secs(30),
-            );
-            assert!(out.status.success(), "drain: {}", stderr(&out));
-        }
+        Fault::DrainOwner => drain(&nodes[o]),
+        Fault::PartitionHostOwner
+        | Fault::PartitionHostOwnerDrain
+        | Fault::PartitionOwnerStore
+        | Fault::PartitionStandbyStore => partition(nodes, o, f, cx),
     }
     t
+}
+
+fn drain(n: &Node) {
+    let sock = n.sock().display().to_string();
+    let out = trellis_within(
+        &["ctl", "--socket", &sock, "drain"],
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "drain: {}", stderr(&out));
+}
+
+/// A partition fault: cut, hold (the sleep is the fault), heal.
+fn partition(nodes: &[Node; 2], o: usize, f: Fault, cx: &mut Cx) {
+    let fw = cx
+        .firewall
+        .as_ref()
+        .expect("partitions only with a firewall");
+    let store = |i: usize| -> u16 { nodes[i].store_port.expect("a networked store") };
+    let port = match f {
+        Fault::PartitionOwnerStore => store(o),
+        Fault::PartitionStandbyStore => store(1 - o),
+        _ => nodes[o].port,
+    };
+    fw.cut(port);
+    if f == Fault::PartitionHostOwnerDrain {
+        // The drain reaches the owner over its management socket, which
+        // the cut leaves alone. The host's write to the old owner then
+        // times out (command_timeout 5 s) and the writer moves to the new
+        // owner; the heal waits for an ack there, so newer data is
+        // acknowledged before the held writes reach the old owner.
+        std::thread::sleep(cx.rng.ms(100, 1000));
+        drain(&nodes[o]);
+        let acked0 = cx.shared.acked.load(Ordering::Relaxed);
+        wait_until(
+            Duration::from_secs(30),
+            "a write acked by the new owner",
+            || cx.shared.acked.load(Ordering::Relaxed) > acked0,
+        );
+    } else {
+        // Up to 5 s: past etcd's 2 s lease, so some owner cuts hand the
+        // lease over; past the host's 5 s timeout rarely.
+        let d = cx.rng.ms(500, 5000);
+        eprintln!("  cut {d:?}");
+        std::thread::sleep(d);
+    }
+    fw.heal();
+}
+
+/// What the nemesis works with besides the nodes.
+struct Cx {
+    rng: Rng,
+    firewall: Option<Firewall>,
+    shared: Arc<Shared>,
 }
 
 /// One fault as applied: its kind, when it began, when the pair had healed.
@@ -552,8 +702,9 @@ fn read_all(addr: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Both nodes on fixed ports with `[ha]` store lines `ha`, A the owner first.
-fn start_pair(dir: &Path, ha: &str) -> [Node; 2] {
+/// Both nodes on fixed ports, A the owner first, each with its `[ha]` store
+/// lines and the store port it reaches.
+fn start_pair(dir: &Path, store: &Store) -> [Node; 2] {
     let f = std::fs::File::create(dir.join("disk.img")).unwrap();
     f.set_len(16 << 20).unwrap();
     let mut rng = Rng(std::process::id() as u64
@@ -561,18 +712,19 @@ fn start_pair(dir: &Path, ha: &str) -> [Node; 2] {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos() as u64);
-    let mut node = |name| {
+    let mut node = |i: usize, name| {
         let (port, reserved) = node_port(&mut rng);
         Node {
             name,
             port,
             dir: dir.to_path_buf(),
-            ha: ha.to_string(),
+            ha: store.lines[i].clone(),
+            store_port: store.ports[i],
             t: None,
             reserved,
         }
     };
-    let mut nodes = [node("a"), node("b")];
+    let mut nodes = [node(0, "a"), node(1, "b")];
     nodes[0].start();
     let (a, t0) = (&nodes[0], Instant::now());
     while a.role().as_deref() != Some("owner") {
@@ -596,6 +748,7 @@ fn start_pair(dir: &Path, ha: &str) -> [Node; 2] {
 /// The figures of a run, printed and (TRELLIS_NEMESIS_JSON) written.
 fn report(
     store: &str,
+    kinds: &[Fault],
     seed: u64,
     faults: &[Applied],
     ops: &[Op],
@@ -612,7 +765,7 @@ fn report(
     let (_, longest) = median_max(ops.iter().map(|o| o.done - o.invoked).collect());
     let (median, max) = median_max(times.iter().map(|t| t.1).collect());
     let mut per_kind = BTreeMap::new();
-    for k in KINDS {
+    for &k in kinds {
         let (m, x) = median_max(times.iter().filter(|t| t.0 == k).map(|t| t.1).collect());
         let moved = faults.iter().filter(|a| a.fault == k && a.moved).count();
         per_kind.insert(
@@ -640,17 +793,17 @@ fn report(
 }
 
 /// The nemesis against the workload; the faults applied, with their times.
-fn run_faults(nodes: &mut [Node; 2], shared: &Shared, rng: &mut Rng, n: usize) -> Vec<Applied> {
+fn run_faults(nodes: &mut [Node; 2], cx: &mut Cx, kinds: &[Fault], n: usize) -> Vec<Applied> {
     let mut applied = Vec::new();
-    let mut owner = heal(nodes, shared);
-    for (i, fault) in schedule(rng, n).into_iter().enumerate() {
+    let mut owner = heal(nodes, &cx.shared);
+    for (i, fault) in schedule(&mut cx.rng, kinds, n).into_iter().enumerate() {
         // Not a synchronisation: load runs a random while before the fault.
-        std::thread::sleep(rng.ms(200, 1000));
+        std::thread::sleep(cx.rng.ms(200, 1000));
         let who = nodes[owner].name;
         eprintln!("fault {}/{n}: {} (owner {who})", i + 1, fault.name());
-        let start = apply(nodes, owner, fault, rng);
+        let start = apply(nodes, owner, fault, cx);
         let before = owner;
-        owner = heal(nodes, shared);
+        owner = heal(nodes, &cx.shared);
         let healed = Instant::now();
         applied.push(Applied {
             fault,
@@ -662,37 +815,65 @@ fn run_faults(nodes: &mut [Node; 2], shared: &Shared, rng: &mut Rng, n: usize) -
     applied
 }
 
-fn store_name(ha: &str) -> &'static str {
-    if ha.contains("store = \"etcd\"") {
-        "etcd"
-    } else {
-        "file"
+/// How the two nodes reach their lease store.
+struct Store {
+    name: &'static str,
+    /// Each node's `[ha]` store lines.
+    lines: [String; 2],
+    /// Each node's loopback port to the store (None: the file store).
+    ports: [Option<u16>; 2],
+}
+
+/// The firewall for partitions, or None with a line saying why; required
+/// (a failure without it) under TRELLIS_REQUIRE_PARTITIONS=1.
+fn firewall(tag: u16) -> Option<Firewall> {
+    match Firewall::new(tag) {
+        Ok(fw) => Some(fw),
+        Err(why) => {
+            let required = std::env::var("TRELLIS_REQUIRE_PARTITIONS").is_ok_and(|v| v == "1");
+            assert!(!required, "TRELLIS_REQUIRE_PARTITIONS=1 but {why}");
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "nemesis: no partitions in this run: {why} (needs root and nft)"
+            );
+            None
+        }
     }
 }
 
-/// The whole run against a pair with `[ha]` store lines `ha` in `dir`.
-fn nemesis(dir: &Path, ha: &str) {
+/// The whole run against a pair reaching `store`, in `dir`.
+fn nemesis(dir: &Path, store: &Store) {
     let t0 = Instant::now();
     let seed = env_u64("TRELLIS_NEMESIS_SEED", 37);
-    let n = env_u64("TRELLIS_NEMESIS_FAULTS", 20) as usize;
+    let mut nodes = start_pair(dir, store);
+    let fw = firewall(nodes[0].port);
+    let kinds = kinds(fw.is_some(), store.ports[0].is_some());
+    // The short form: each kind three times, and at least 20 faults.
+    let n = env_u64("TRELLIS_NEMESIS_FAULTS", 20.max(3 * kinds.len() as u64)) as usize;
     eprintln!(
-        "nemesis ({}): TRELLIS_NEMESIS_SEED={seed} TRELLIS_NEMESIS_FAULTS={n}",
-        store_name(ha)
+        "nemesis ({}): TRELLIS_NEMESIS_SEED={seed} TRELLIS_NEMESIS_FAULTS={n}, kinds {:?}",
+        store.name,
+        kinds.iter().map(|k| k.name()).collect::<Vec<_>>()
     );
-    let mut nodes = start_pair(dir, ha);
     let shared = Arc::new(Shared::default());
     let addrs = [nodes[0].addr(), nodes[1].addr()];
     let sh = shared.clone();
     let writer = std::thread::spawn(move || workload(addrs, sh, seed));
-    let mut rng = Rng(seed);
-    let faults = run_faults(&mut nodes, &shared, &mut rng, n);
+    let mut cx = Cx {
+        rng: Rng(seed),
+        firewall: fw,
+        shared: shared.clone(),
+    };
+    let faults = run_faults(&mut nodes, &mut cx, &kinds, n);
     shared.stop.store(true, Ordering::Relaxed);
     let ops = writer.join().expect("the workload");
     let owner = heal_idle(&nodes);
     let blocks = read_all(&nodes[owner].addr());
     let violations = check(&ops, &blocks);
     let r = report(
-        store_name(ha),
+        store.name,
+        &kinds,
         seed,
         &faults,
         &ops,
@@ -710,7 +891,12 @@ fn nemesis(dir: &Path, ha: &str) {
 fn nemesis_kills_freezes_and_drains_lose_no_acknowledged_write() {
     let d = tempfile::tempdir().unwrap();
     let ha = format!("path = \"{}\"", d.path().join("ha.lock").display());
-    nemesis(d.path(), &ha);
+    let store = Store {
+        name: "file",
+        lines: [ha.clone(), ha],
+        ports: [None, None],
+    };
+    nemesis(d.path(), &store);
 }
 
 /// The owner after the workload stopped (no more acks to wait for).
@@ -785,11 +971,13 @@ mod etcd {
     use super::*;
     use std::process::{Child, Stdio};
 
-    /// etcd on two free ports, its data in a temporary directory; SIGKILLed
-    /// when dropped. (ha.rs has a fuller one, with TLS and auth.)
+    /// etcd on free ports, its data in a temporary directory; SIGKILLed
+    /// when dropped. (ha.rs has a fuller one, with TLS and auth.) Two client
+    /// URLs, one per node, so a partition can cut one node from etcd and
+    /// not the other.
     struct Etcd {
         child: Child,
-        endpoint: String,
+        client_ports: [u16; 2],
         _dir: tempfile::TempDir,
     }
 
@@ -815,9 +1003,9 @@ mod etcd {
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
-        let (c, p) = (free_port(), free_port());
+        let (c, p) = ([free_port(), free_port()], free_port());
         let (client, peer) = (
-            format!("http://127.0.0.1:{c}"),
+            format!("http://127.0.0.1:{},http://127.0.0.1:{}", c[0], c[1]),
             format!("http://127.0.0.1:{p}"),
         );
         let child = Command::new("etcd")
@@ -842,7 +1030,7 @@ mod etcd {
             .unwrap();
         let e = Etcd {
             child,
-            endpoint: format!("127.0.0.1:{c}"),
+            client_ports: c,
             _dir: dir,
         };
         // Its own log says it serves: a port that answers may be another's.
@@ -862,11 +1050,18 @@ mod etcd {
     fn etcd_nemesis_with_a_2s_lease_loses_no_acknowledged_write() {
         let Some(e) = start() else { return };
         let d = tempfile::tempdir().unwrap();
-        let ha = format!(
-            "store = \"etcd\"\nendpoints = [\"{}\"]\nlease_ttl_ms = 2000\n\
-             keepalive_ms = 500\nfence_ms = 1500\nop_timeout_ms = 500",
-            e.endpoint
-        );
-        nemesis(d.path(), &ha);
+        let ha = |port: u16| {
+            format!(
+                "store = \"etcd\"\nendpoints = [\"127.0.0.1:{port}\"]\nlease_ttl_ms = 2000\n\
+                 keepalive_ms = 500\nfence_ms = 1500\nop_timeout_ms = 500"
+            )
+        };
+        let p = e.client_ports;
+        let store = Store {
+            name: "etcd",
+            lines: [ha(p[0]), ha(p[1])],
+            ports: [Some(p[0]), Some(p[1])],
+        };
+        nemesis(d.path(), &store);
     }
 }
