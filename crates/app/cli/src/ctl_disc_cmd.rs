@@ -39,6 +39,14 @@ pub enum ListenerCmd {
         /// persistent-loss.
         #[arg(long)]
         ana_state: Option<String>,
+        /// A name subsystems' `listeners` may use for it (unique on the
+        /// node: 1-64 of A-Z a-z 0-9 . _ -).
+        #[arg(long)]
+        name: Option<String>,
+        /// TLS on it: required (TLS only) or optional (TLS or plain);
+        /// left out: plain TCP.
+        #[arg(long)]
+        secure_channel: Option<String>,
     },
     /// Stop listening on IP:PORT (hosts connected through it stay).
     Remove {
@@ -125,10 +133,13 @@ pub fn request(c: &DiscCmd) -> (&'static str, Value) {
                     addr,
                     kind,
                     ana_state,
+                    name,
+                    secure_channel,
                 },
         } => (
             "listener_add",
-            json!({"addr": addr, "kind": kind, "ana_state": ana_state}),
+            json!({"addr": addr, "kind": kind, "ana_state": ana_state,
+                   "name": name, "secure_channel": secure_channel}),
         ),
         DiscCmd::Listener {
             cmd: ListenerCmd::Remove { addr },

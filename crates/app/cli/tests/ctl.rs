@@ -76,3 +76,45 @@ fn ctl_without_a_socket_says_how_to_get_one() {
     assert_refused(&o, &["none.sock", "--ctl-socket"]);
     assert_one_line(&o);
 }
+
+/// `ctl listener add --name --secure-channel` reach the node: the name is
+/// taken (a second listener may not reuse it) and a TLS-required listener
+/// added live refuses a plaintext host (issue 32: a listener added live
+/// could not be named or made TLS from the command line).
+#[test]
+fn ctl_listener_add_takes_a_name_and_a_secure_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("ctl.sock");
+    let sock = sock.to_str().unwrap();
+    let _t = LiveTarget::start(&["--ram", "16M", "--ctl-socket", sock]);
+    let add = |extra: &[&str]| {
+        let mut a = vec!["ctl", "--socket", sock, "--json", "listener", "add"];
+        a.extend_from_slice(&["--addr", "127.0.0.1:0"]);
+        a.extend_from_slice(extra);
+        trellis(&a)
+    };
+    let o = add(&["--name", "late", "--secure-channel", "required"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let tls_addr = v["listener"].as_str().unwrap().to_string();
+    let o = add(&["--name", "late"]);
+    assert_refused(&o, &["\"late\"", "twice"]);
+    assert_one_line(&o);
+    let o = add(&["--secure-channel", "mandatory"]);
+    assert_refused(&o, &["secure_channel", "required"]);
+    assert_one_line(&o);
+    // Plain TCP to the TLS-only listener: no controller.
+    let hostnqn = "nqn.2014-08.org.nvmexpress:uuid:ctl-plain".to_string();
+    let cfg = trellis_host::HostConfig {
+        hostid: trellis_host::ctrl::hostid_from(&hostnqn),
+        hostnqn,
+        connect_timeout: std::time::Duration::from_secs(2),
+        command_timeout: std::time::Duration::from_secs(2),
+        ..Default::default()
+    };
+    let r = trellis_host::Controller::connect(&tls_addr, "nqn.2026-11.io.trellis:default", &cfg);
+    assert!(
+        r.is_err(),
+        "a plaintext host connected through the TLS-required listener {tls_addr}"
+    );
+}
