@@ -21,7 +21,9 @@
 //! `TRELLIS_NEMESIS_FAULTS` (default: each kind three times, at least 20;
 //! the long form, bench/nemesis.sh, is 200), `TRELLIS_NEMESIS_JSON` (a file
 //! for the report), `TRELLIS_REQUIRE_PARTITIONS=1` (no nft or not root is a
-//! failure rather than a run without partitions; 70-ha.sh sets it).
+//! failure rather than a run without partitions; 70-ha.sh sets it),
+//! `TRELLIS_NEMESIS_KINDS` (only these kinds, by name, comma-separated;
+//! `none` is a control that does nothing for 0.3-3 s).
 
 mod common;
 use common::*;
@@ -416,6 +418,10 @@ enum Fault {
     PartitionOwnerStore,
     /// The standby cut off from etcd: nothing may change hands.
     PartitionStandbyStore,
+    /// No fault: the load runs 0.3-3 s. A control, only when named in
+    /// `TRELLIS_NEMESIS_KINDS`: its "failover" figure is how long the
+    /// owner's writes stall with nothing done to the pair.
+    Nothing,
 }
 
 /// Processes and ownership: every store, no firewall needed.
@@ -445,6 +451,7 @@ impl Fault {
             Fault::PartitionHostOwnerDrain => "partition_host_owner_then_drain",
             Fault::PartitionOwnerStore => "partition_owner_etcd",
             Fault::PartitionStandbyStore => "partition_standby_etcd",
+            Fault::Nothing => "none",
         }
     }
 }
@@ -459,7 +466,26 @@ fn kinds(firewall: bool, networked_store: bool) -> Vec<Fault> {
             k.extend(STORE_CUTS);
         }
     }
-    k
+    match std::env::var("TRELLIS_NEMESIS_KINDS") {
+        Ok(only) => only_kinds(&k, &only),
+        Err(_) => k,
+    }
+}
+
+/// `TRELLIS_NEMESIS_KINDS` (names, comma-separated): only those of `k`,
+/// and `none` (the control); a name this run cannot apply is refused.
+fn only_kinds(k: &[Fault], only: &str) -> Vec<Fault> {
+    let names: Vec<&str> = k.iter().map(|f| f.name()).collect();
+    only.split(',')
+        .map(str::trim)
+        .map(|n| match k.iter().find(|f| f.name() == n) {
+            Some(&f) => f,
+            None if n == "none" => Fault::Nothing,
+            None => panic!(
+                "TRELLIS_NEMESIS_KINDS: {n:?} is not one of this run's kinds: {names:?} or none"
+            ),
+        })
+        .collect()
 }
 
 /// Network partitions on loopback: an nftables table of this test's own
@@ -591,6 +617,7 @@ fn apply(nodes: &mut [Node; 2], o: usize, f: Fault, cx: &mut Cx) -> Instant {
             n.signal("-CONT");
         }
         Fault::DrainOwner => drain(&nodes[o]),
+        Fault::Nothing => std::thread::sleep(cx.rng.ms(300, 3000)),
         Fault::PartitionHostOwner
         | Fault::PartitionHostOwnerDrain
         | Fault::PartitionOwnerStore
