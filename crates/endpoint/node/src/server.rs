@@ -331,7 +331,8 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
                     refusals.note(peer, "this address holds its share of connections (target.max_connections_per_addr)");
                     continue;
                 };
-                if let Err(e) = stream.set_nonblocking(true).and(stream.set_nodelay(true)) {
+                let setup = stream.set_nonblocking(true).and(stream.set_nodelay(true));
+                if let Err(e) = setup.and_then(|()| keepalive(&stream, shared.reg.limits())) {
                     tracing::warn!(%peer, "cannot set up the accepted socket ({e}); closing");
                     continue;
                 }
@@ -348,6 +349,58 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
             }
         }
     }
+}
+
+/// TCP keepalive on an accepted socket (`target.tcp_keepalive_*`), so the
+/// connection of a host that vanished ends: a controller with KATO 0 would
+/// otherwise be kept, with its buffers, until the node stops.
+fn keepalive(s: &std::net::TcpStream, l: &crate::config::TargetConfig) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if l.tcp_keepalive_idle_s == 0 {
+        return Ok(());
+    }
+    // The same bound for data sent and never acknowledged (a host that
+    // vanished before it acked our last PDU): without it TCP retransmits
+    // for tcp_retries2 (about 15 minutes) and keepalive never starts.
+    // With keepalive on, Linux also takes it as the keepalive deadline
+    // (tcp(7), TCP_USER_TIMEOUT).
+    let probes_s = l.tcp_keepalive_interval_s * l.tcp_keepalive_probes;
+    let user_timeout_ms = (l.tcp_keepalive_idle_s + probes_s) * 1000;
+    // Each within a C int: validate() bounds them (32767 s, 127 probes,
+    // the whole within i32::MAX ms).
+    let opts = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            l.tcp_keepalive_idle_s,
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPINTVL,
+            l.tcp_keepalive_interval_s,
+        ),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, l.tcp_keepalive_probes),
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, user_timeout_ms),
+    ];
+    for (level, name, v) in opts {
+        let v = v as libc::c_int;
+        // SAFETY: the fd is the live socket `s` owns; the value is a local
+        // c_int whose size is passed with it.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                level,
+                name,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 /// The bearer token `/metrics` requires, read once at start from

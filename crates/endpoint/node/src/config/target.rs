@@ -53,6 +53,19 @@ pub struct TargetConfig {
     /// A connection must send its ICReq within this long of the channel
     /// being ready (accept, or the end of its TLS handshake).
     pub icreq_timeout_ms: u64,
+    /// TCP keepalive on every accepted connection: the first probe after
+    /// this long without traffic (0: no keepalive). A host that vanished
+    /// (power loss, a partition) while its controller has KATO 0 never
+    /// sends the FIN or the keep-alive that would end it; the probes do:
+    /// the connection closes after idle + interval × probes, and with its
+    /// admin queue the controller.
+    pub tcp_keepalive_idle_s: u32,
+    /// Between keepalive probes.
+    pub tcp_keepalive_interval_s: u32,
+    /// Unanswered probes before the kernel declares the peer dead. Data
+    /// sent and never acknowledged is bounded the same way
+    /// (TCP_USER_TIMEOUT = idle + interval × probes).
+    pub tcp_keepalive_probes: u32,
     /// Live controllers per subsystem.
     pub max_controllers: usize,
     /// Most bytes one connection sends per reactor loop (0: no bound, one
@@ -196,6 +209,17 @@ pub const DEFAULT_ICREQ_TIMEOUT_MS: u64 = 2_000;
 pub const ICREQ_TIMEOUT_MS_MIN: u64 = 100;
 pub const ICREQ_TIMEOUT_MS_MAX: u64 = 60_000;
 
+/// Defaults of `target.tcp_keepalive_*`: a vanished host's connection ends
+/// within 30 + 5 × 6 = 60 s (Linux's own default, 7200 + 75 × 9 s, is over
+/// two hours).
+pub const DEFAULT_TCP_KEEPALIVE_IDLE_S: u32 = 30;
+pub const DEFAULT_TCP_KEEPALIVE_INTERVAL_S: u32 = 5;
+pub const DEFAULT_TCP_KEEPALIVE_PROBES: u32 = 6;
+/// Bounds of `target.tcp_keepalive_*` (Linux's TCP_KEEPIDLE and
+/// TCP_KEEPINTVL take at most 32767 s, TCP_KEEPCNT at most 127).
+pub const TCP_KEEPALIVE_S_MAX: u32 = 32_767;
+pub const TCP_KEEPALIVE_PROBES_MAX: u32 = 127;
+
 /// Default of `target.transfer_pool`: 256 MiB, four times SPDK's NVMe/TCP
 /// default (511 shared buffers of 128 KiB, `num_shared_buffers` ×
 /// `io_unit_size`), for a node that serves many hosts.
@@ -311,6 +335,9 @@ impl Default for TargetConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_addr: None,
             icreq_timeout_ms: DEFAULT_ICREQ_TIMEOUT_MS,
+            tcp_keepalive_idle_s: DEFAULT_TCP_KEEPALIVE_IDLE_S,
+            tcp_keepalive_interval_s: DEFAULT_TCP_KEEPALIVE_INTERVAL_S,
+            tcp_keepalive_probes: DEFAULT_TCP_KEEPALIVE_PROBES,
             max_controllers: DEFAULT_MAX_CONTROLLERS,
             send_budget: ByteSize(0),
             zero_chunk: ByteSize(DEFAULT_ZERO_CHUNK),
@@ -426,6 +453,28 @@ impl TargetConfig {
             (ICREQ_TIMEOUT_MS_MIN..=ICREQ_TIMEOUT_MS_MAX).contains(&t.icreq_timeout_ms),
             "target.icreq_timeout_ms {} is out of range: use {ICREQ_TIMEOUT_MS_MIN}..={ICREQ_TIMEOUT_MS_MAX}",
             t.icreq_timeout_ms
+        );
+        ensure!(
+            t.tcp_keepalive_idle_s <= TCP_KEEPALIVE_S_MAX,
+            "target.tcp_keepalive_idle_s {} is out of range: use 0 (off) ..={TCP_KEEPALIVE_S_MAX}",
+            t.tcp_keepalive_idle_s
+        );
+        ensure!(
+            (1..=TCP_KEEPALIVE_S_MAX).contains(&t.tcp_keepalive_interval_s),
+            "target.tcp_keepalive_interval_s {} is out of range: use 1..={TCP_KEEPALIVE_S_MAX}",
+            t.tcp_keepalive_interval_s
+        );
+        ensure!(
+            (1..=TCP_KEEPALIVE_PROBES_MAX).contains(&t.tcp_keepalive_probes),
+            "target.tcp_keepalive_probes {} is out of range: use 1..={TCP_KEEPALIVE_PROBES_MAX}",
+            t.tcp_keepalive_probes
+        );
+        let dead_s = u64::from(t.tcp_keepalive_idle_s)
+            + u64::from(t.tcp_keepalive_interval_s) * u64::from(t.tcp_keepalive_probes);
+        ensure!(
+            dead_s * 1000 <= i32::MAX as u64,
+            "target.tcp_keepalive_idle_s + interval_s x probes is {dead_s} s: use at most {} s in all",
+            i32::MAX as u64 / 1000
         );
         if let Some(n) = t.max_connections_per_addr {
             ensure!(
