@@ -1,6 +1,11 @@
 //! Fabrics Property Get/Set and the admin commands (Connect is in
 //! `connect.rs`), dispatched by
 //! opcode as in Linux nvmet's admin-cmd.c: one handler per command.
+//!
+//! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item
+//! 8): admin commands are the cold path, so the checked forms are used
+//! where a value comes from the host; the allowances left name their proof.
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use crate::config::ListenerKind;
 use crate::data::nvme::exec::Request;
@@ -17,6 +22,12 @@ use trellis_nvme::Status;
 
 /// Async event requests held per controller (AERL + 1).
 pub const AER_LIMIT: usize = 4;
+/// AERL, which is 0's based.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "AER_LIMIT is the constant 4, so AER_LIMIT - 1 fits a u8"
+)]
+const AERL: u8 = (AER_LIMIT - 1) as u8;
 const FIRMWARE: &str = env!("CARGO_PKG_VERSION");
 
 impl Queue {
@@ -36,7 +47,7 @@ impl Queue {
             (fabrics::prop::NSSR, false) => 0,
             _ => return Exec::Done(generic::INVALID_FIELD.dnr()),
         };
-        Exec::DoneWith(Status::SUCCESS, v as u32, (v >> 32) as u32)
+        Exec::DoneWith(Status::SUCCESS, (v & 0xffff_ffff) as u32, (v >> 32) as u32)
     }
 
     pub(crate) fn property_set(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
@@ -47,7 +58,8 @@ impl Queue {
         let Some(ctrl) = self.ctrl() else {
             return Exec::Done(generic::COMMAND_SEQUENCE_ERROR.dnr());
         };
-        let new = p.value as u32;
+        // A 4-byte property (size8 refused above): the low dword.
+        let new = (p.value & 0xffff_ffff) as u32;
         let old = ctrl.swap_cc(new);
         if new & cc::EN != 0 && old & cc::EN == 0 {
             if cc_valid(new, ctrl.is_discovery()) {
@@ -93,7 +105,16 @@ impl Queue {
 
     fn controller_info(&self, ctrl: &Controller) -> ControllerInfo {
         let l = &self.reg.limits();
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "trailing_zeros of a u64 is at most 64"
+        )]
         let mdts = (l.max_io_size.0 / 4096).trailing_zeros() as u8;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "TargetConfig::validate bounds in_capsule_data to 64 KiB"
+        )]
+        let icd_bytes = l.in_capsule_data.0 as u32;
         match &ctrl.subsys() {
             Some(sub) => ControllerInfo {
                 kind: ControllerType::Io,
@@ -105,11 +126,11 @@ impl Queue {
                 mdts,
                 subnqn: sub.nqn.clone(),
                 nn: self.reg.nn(),
-                icd_bytes: l.in_capsule_data.0 as u32,
+                icd_bytes,
                 maxcmd: l.max_queue_depth,
                 vwc: true,
                 kas: 10,
-                aerl: AER_LIMIT as u8 - 1,
+                aerl: AERL,
                 // OAES bits 8 and 11: namespace attribute and ANA change notices.
                 oaes: crate::state::aen::SUPPORTED,
                 ana: Some(self.reg.ana_caps()),
@@ -129,7 +150,7 @@ impl Queue {
                 maxcmd: l.max_queue_depth,
                 vwc: false,
                 kas: 10,
-                aerl: AER_LIMIT as u8 - 1,
+                aerl: AERL,
                 // OAES bit 31: Discovery Log Page Change notices.
                 oaes: crate::state::aen::DISCOVERY_SUPPORTED,
                 ana: None,
@@ -249,11 +270,15 @@ impl Queue {
             (Some(_), l) => self.io_log(l, sqe.nsid(), ctrl, &mut page),
         };
         let e = match r {
-            Ok(()) => {
-                let len = lp.len_bytes as usize;
-                log::copy_window(&page, lp.offset_bytes, req.buf.slice_mut(len));
-                Exec::Done(Status::SUCCESS)
-            }
+            // cmd::parse made len_bytes equal xfer_len (a u32): the
+            // conversion fails only where usize is narrower than that.
+            Ok(()) => match usize::try_from(lp.len_bytes) {
+                Ok(len) => {
+                    log::copy_window(&page, lp.offset_bytes, req.buf.slice_mut(len));
+                    Exec::Done(Status::SUCCESS)
+                }
+                Err(_) => Exec::Done(generic::INVALID_FIELD.dnr()),
+            },
             Err(st) => Exec::Done(st),
         };
         *ctx.scratch = page;
@@ -286,8 +311,10 @@ impl Queue {
             lid::ERROR => {
                 let errs = ctrl.errors();
                 page.resize(crate::state::subsystem::ERROR_LOG_ENTRIES * 64, 0);
-                for (i, e) in errs.entries.iter().enumerate() {
-                    e.encode(&mut page[i * 64..]);
+                // At most ERROR_LOG_ENTRIES entries (Controller::record_error
+                // drops the oldest), one 64-byte chunk each.
+                for (e, b) in errs.entries.iter().zip(page.chunks_mut(64)) {
+                    e.encode(b);
                 }
             }
             lid::SMART => {
@@ -295,9 +322,11 @@ impl Queue {
                 self.smart(nsid, ctrl)?.encode(page);
             }
             lid::FIRMWARE_SLOT => {
-                page.resize(512, 0);
-                page[0] = 1; // active firmware in slot 1
-                trellis_nvme::put_ascii_padded(&mut page[8..16], FIRMWARE);
+                let mut fw = [0u8; 512];
+                fw[0] = 1; // active firmware in slot 1
+                trellis_nvme::put_ascii_padded(&mut fw[8..16], FIRMWARE);
+                page.clear();
+                page.extend_from_slice(&fw);
             }
             lid::COMMANDS_EFFECTS => {
                 page.resize(4096, 0);
@@ -459,6 +488,10 @@ impl Queue {
                     return Exec::Done(generic::INVALID_FIELD.dnr());
                 }
                 let n = (nsq.max(ncq) + 1).min(self.reg.limits().max_io_queues as u32);
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "nsq and ncq are below 0xffff (checked above), so n <= 0xffff"
+                )]
                 ctrl.set_io_queues(n as u16);
                 return Exec::DoneWith(Status::SUCCESS, (n - 1) | (n - 1) << 16, 0);
             }

@@ -8,6 +8,11 @@
 //! handler with a transport-independent [`Request`]; handlers never validate
 //! the same thing again. The Commands Supported and Effects log is generated
 //! from these tables ([`effects_log`]), so what we advertise is what we serve.
+//!
+//! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item 8):
+//! the tables are built at compile time, so their casts and indexing are
+//! checked by the compiler (a panic in a `const` is a build error).
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use crate::data::nvme::exec::{
     effect, on, Access, Check, Command, Dir, Handler, Len, Queue, QueueKind, Request,
@@ -19,6 +24,20 @@ use trellis_nvme::status::generic;
 use trellis_nvme::{Sqe, Status};
 
 const INVALID_OPCODE: Status = generic::INVALID_OPCODE.dnr();
+
+/// A constant data length as a `u32`; only the tables below call it, in
+/// `static` initialisers, so a length that does not fit fails the build.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "the assert above the cast; evaluated at compile time (statics)"
+)]
+const fn len_u32(n: usize) -> u32 {
+    assert!(
+        n <= u32::MAX as usize,
+        "a command's data length must fit a u32"
+    );
+    n as u32
+}
 const SEQUENCE: Status = generic::COMMAND_SEQUENCE_ERROR.dnr();
 
 /// Fabrics commands (opcode 7Fh), by command type.
@@ -30,7 +49,7 @@ pub static FABRICS: &[Command] = &[
         on: on::UNCONNECTED,
         misplaced: SEQUENCE,
         dir: Dir::ToCtrl,
-        len: Len::Exact(trellis_nvme::fabrics::CONNECT_DATA_LEN as u32),
+        len: Len::Exact(len_u32(trellis_nvme::fabrics::CONNECT_DATA_LEN)),
         exec: Queue::connect,
         ..Command::NONE
     },
@@ -221,7 +240,7 @@ const IO_ROWS: &[Command] = &[
         "Reservation Register",
         iop::RESV_REGISTER,
         Dir::ToCtrl,
-        Len::Exact(trellis_nvme::resv::KEYS_LEN as u32),
+        Len::Exact(len_u32(trellis_nvme::resv::KEYS_LEN)),
         io::resv_register,
     ),
     resv_cmd(
@@ -235,14 +254,14 @@ const IO_ROWS: &[Command] = &[
         "Reservation Acquire",
         iop::RESV_ACQUIRE,
         Dir::ToCtrl,
-        Len::Exact(trellis_nvme::resv::KEYS_LEN as u32),
+        Len::Exact(len_u32(trellis_nvme::resv::KEYS_LEN)),
         io::resv_acquire,
     ),
     resv_cmd(
         "Reservation Release",
         iop::RESV_RELEASE,
         Dir::ToCtrl,
-        Len::Exact(trellis_nvme::resv::CRKEY_LEN as u32),
+        Len::Exact(len_u32(trellis_nvme::resv::CRKEY_LEN)),
         io::resv_release,
     ),
 ];
@@ -298,7 +317,15 @@ const fn io_cmd(
 
 /// Row index by opcode (`NO_ROW`: none), built at compile time from a
 /// table, so finding a row costs one load instead of a scan per command.
+#[allow(
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation,
+    reason = "run only in the statics below, at compile time: i < rows.len(), \
+              an opcode (u8) indexes 256 entries, and the assert keeps i below \
+              NO_ROW; any failure is a build error"
+)]
 const fn index(rows: &[Command]) -> [u8; 256] {
+    assert!(rows.len() < NO_ROW as usize, "too many rows for a u8 index");
     let mut ix = [NO_ROW; 256];
     let mut i = 0;
     while i < rows.len() {
@@ -325,6 +352,10 @@ fn place(q: &Queue) -> u8 {
 pub fn find(q: &Queue, sqe: &Sqe) -> Result<&'static Command, Status> {
     let here = place(q);
     let op = sqe.opcode();
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "op is a u8 and the index tables have 256 entries"
+    )]
     let row = if op == aop::FABRICS {
         FABRICS.iter().find(|c| c.fctype == sqe.fctype())
     } else if here == on::IO {
@@ -392,7 +423,12 @@ pub fn parse(q: &Queue, req: &mut Request) -> Result<(), Status> {
     let ns = q
         .namespace(req.sqe.nsid())
         .ok_or(generic::INVALID_NAMESPACE.dnr())?;
-    req.ns_uid = ns.uid() as u32;
+    // A uid is never reused, so it is not bounded by the namespace count:
+    // one past u32 (or NO_NS itself) would name another namespace, or none.
+    req.ns_uid = u32::try_from(ns.uid())
+        .ok()
+        .filter(|&u| u != crate::data::nvme::exec::NO_NS)
+        .ok_or(generic::INTERNAL_ERROR.dnr())?;
     // ANA (NVMe Base 2.0 §8.1.1): I/O through a listener whose path to the
     // namespace's group is inaccessible, lost or changing fails with a path
     // status and does no I/O; admin commands still run. One relaxed load.
@@ -450,6 +486,11 @@ pub fn effects_log(page: &mut [u8]) {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation,
+    reason = "tests: a panic is a failed test"
+)]
 mod tests {
     use super::*;
 

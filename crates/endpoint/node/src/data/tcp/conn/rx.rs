@@ -1,10 +1,30 @@
 //! The receive path: each PDU in, the ICReq exchange, command capsules and
 //! their slots, R2T and H2CData (copied or received straight into the
 //! command's buffer), and execution through the command table.
+//!
+//! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item
+//! 8). This is the per-PDU path, so the bounds are proven rather than
+//! checked again; each allowance names its proof. The two that recur:
+//! - *received PDU*: `process` calls `on_pdu` only once `avail >= plen`,
+//!   with `start` the head, so `start..start + plen` is received bytes, and
+//!   `check_layout` gave `data_off + data_len (+ digest) <= plen` and
+//!   `hlen == t.hlen()`, `plen >= hlen`.
+//! - *slot index*: a slot number comes from `alloc_slot` (the free list,
+//!   which holds only indices below `slots.len()`: `with_rx` and
+//!   `size_slots` fill it from the range they add, and slots never shrink),
+//!   from `check_h2c` (which checks it against `slots.len()`), or from a
+//!   `Direct` that `start_direct` built from `check_h2c`'s answer.
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use super::*;
 
 impl Conn {
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "received PDU (module doc): process checked avail >= plen; \
+                  check_layout bounded data_off + data_len + digest by plen and \
+                  gave a CapsuleCmd hlen == 72 <= plen"
+    )]
     pub(super) fn on_pdu(&mut self, ctx: &mut Ctx, l: &Layout, start: usize) -> Result<(), Fatal> {
         let pdu_bytes = &self.rx[start..start + l.plen];
         pdu::verify_header_digest(l, pdu_bytes)?;
@@ -37,6 +57,11 @@ impl Conn {
     }
 
     pub(super) fn on_icreq(&mut self, start: usize) -> Result<(), Fatal> {
+        #[allow(
+            clippy::indexing_slicing,
+            reason = "received PDU: check_layout (ic_or_term_layout) admits an ICReq \
+                      only with plen == IC_LEN, and process checked avail >= plen"
+        )]
         let r = IcReq::decode(&self.rx[start..start + pdu::IC_LEN]);
         if r.pfv != 0 {
             return Err(Fatal::new(fes::INVALID_HEADER_FIELD, 8));
@@ -50,11 +75,19 @@ impl Conn {
             pfv: 0,
             cpda: 0,
             digests: r.digests,
+            #[allow(
+                clippy::cast_possible_truncation,
+                reason = "TargetConfig::validate bounds max_h2c_data to 1 MiB"
+            )]
             maxh2cdata: self.queue.reg.limits().max_h2c_data.0 as u32,
         };
         self.tx.push_bytes(NO_RELEASE, |b| {
             let mut a = [0u8; pdu::IC_LEN];
             resp.encode(&mut a);
+            #[allow(
+                clippy::indexing_slicing,
+                reason = "push_bytes hands a PUSH_MAX (256) byte window; IC_LEN is 128"
+            )]
             b[..pdu::IC_LEN].copy_from_slice(&a);
             pdu::IC_LEN
         });
@@ -75,12 +108,27 @@ impl Conn {
             Some(q)
                 if q.kind == QueueKind::Io && sqe.opcode() != trellis_nvme::sqe::io::FABRICS =>
             {
-                self.queue.reg.limits().in_capsule_data.0 as usize
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "TargetConfig::validate bounds in_capsule_data to 64 KiB"
+                )]
+                let icd = self.queue.reg.limits().in_capsule_data.0 as usize;
+                icd
             }
             _ => ADMIN_ICD_BYTES,
         }
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc): s is alloc_slot's; self.rx[data] is \
+                  received PDU, data being on_pdu's range"
+    )]
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "data.start is a position in the receive buffer, whose capacity \
+                  (with_rx) is under 2 MiB by TargetConfig::validate's limits"
+    )]
     pub(super) fn on_capsule(
         &mut self,
         ctx: &mut Ctx,
@@ -176,6 +224,16 @@ impl Conn {
 
     /// Transport-level checks of SGL1 against the command's row (direction,
     /// in-capsule data, MDTS); sets the request's row and sizes its buffer.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc): on_capsule passes alloc_slot's s"
+    )]
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "max_io_size is at most MAX_IO_SIZE_LIMIT (8 MiB, \
+                  TargetConfig::validate), and len <= mdts is checked before \
+                  len is cast"
+    )]
     pub(super) fn check_data(&mut self, s: u16, icd_len: usize) -> Result<(), Status> {
         let mdts = self.queue.reg.limits().max_io_size.0 as usize;
         let sqe = self.slots[s as usize].req.sqe;
@@ -212,6 +270,10 @@ impl Conn {
     }
 
     /// Asks for the write data of a parsed command.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc): callers pass alloc_slot's s"
+    )]
     pub(super) fn start_r2t(&mut self, s: u16) {
         self.data_wait_started(s);
         let slot = &mut self.slots[s as usize];
@@ -231,26 +293,28 @@ impl Conn {
     /// the slot. `data_len` is the payload length its PDU carries.
     pub(super) fn check_h2c(&self, h: &DataHdr, data_len: usize) -> Result<u16, Fatal> {
         let s = h.ttag;
-        let ok = (s as usize) < self.slots.len() && {
-            let slot = &self.slots[s as usize];
-            slot.phase == Phase::AwaitData && slot.req.sqe.cid() == h.cccid
+        let slot = match self.slots.get(s as usize) {
+            Some(slot) if slot.phase == Phase::AwaitData && slot.req.sqe.cid() == h.cccid => slot,
+            _ => return Err(Fatal::new(fes::PDU_SEQUENCE_ERROR, 0)),
         };
-        if !ok {
-            return Err(Fatal::new(fes::PDU_SEQUENCE_ERROR, 0));
-        }
         if h.datal as usize != data_len {
             return Err(Fatal::new(fes::INVALID_HEADER_FIELD, 16));
         }
         if h.datal as u64 > self.queue.reg.limits().max_h2c_data.0 {
             return Err(Fatal::new(fes::DATA_LIMIT_EXCEEDED, 0));
         }
-        let slot = &self.slots[s as usize];
         if h.datao != slot.recv_len || h.datao as u64 + h.datal as u64 > slot.req.xfer_len as u64 {
             return Err(Fatal::new(fes::DATA_OUT_OF_RANGE, 0));
         }
         Ok(s)
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc): check_h2c's s; check_h2c proved \
+                  datao + datal <= xfer_len with datal == data.len(), and \
+                  self.rx[data] is received PDU"
+    )]
     pub(super) fn on_h2c_data(
         &mut self,
         ctx: &mut Ctx,
@@ -268,6 +332,10 @@ impl Conn {
     }
 
     /// `n` more bytes of slot `s`'s write data have arrived.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc): check_h2c's s, or a Direct's"
+    )]
     pub(super) fn h2c_received(&mut self, ctx: &mut Ctx, s: u16, n: u32, fl: u8, ddgst_ok: bool) {
         let slot = &mut self.slots[s as usize];
         slot.recv_len += n;
@@ -295,6 +363,16 @@ impl Conn {
     /// points `rx_space` at the command's buffer for the rest, so large
     /// write data is received straight into place (no copy through the
     /// receive buffer). `false`: not eligible, wait for the whole PDU.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc): check_h2c's s; check_h2c proved \
+                  datao + data_len <= xfer_len, and have <= data_len, \
+                  have <= rx.len()"
+    )]
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "start <= next <= end <= xfer_len, a u32 (check_h2c)"
+    )]
     pub(super) fn start_direct(&mut self, l: &Layout) -> Result<bool, Fatal> {
         if l.pdu_type != PduType::H2CData
             || l.data_len < DIRECT_MIN_BYTES
@@ -326,6 +404,11 @@ impl Conn {
 
     /// Finishes a direct H2CData once its payload (and data digest) is in.
     /// `false`: still waiting for bytes.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc): a Direct's slot; start_direct built \
+                  start..end within xfer_len from check_h2c"
+    )]
     pub(super) fn end_direct(&mut self, ctx: &mut Ctx) -> bool {
         let Some(d) = self.direct else { return true };
         if d.next < d.end || (d.ddgst && self.rx.len() < pdu::DIGEST_LEN) {
@@ -345,6 +428,13 @@ impl Conn {
     }
 
     /// Runs the request's handler from the command table.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (module doc); icd_at is set only by on_capsule, \
+                  to a received PDU's data range of icd_len == xfer_len bytes \
+                  (check_data: DATA_BLOCK_OFFSET), left in place until the \
+                  next rx_space, and execute runs before that returns"
+    )]
     pub(super) fn execute(&mut self, ctx: &mut Ctx, s: u16) {
         let slot = &mut self.slots[s as usize];
         let icd: &[u8] = match slot.icd_at {
