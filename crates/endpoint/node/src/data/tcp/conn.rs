@@ -5,6 +5,12 @@
 //! protocol-shaped happens here: PDU framing and validation, the ICReq
 //! exchange, command slots, R2T/H2CData reassembly, responses, and fatal
 //! errors (a C2HTermReq, then close of this connection only).
+//!
+//! This module and its submodules (`rx`, `tx`, `wait`, `drain`, `timers`)
+//! are under `indexing_slicing` and `cast_possible_truncation` (issue 32
+//! item 8); `rx.rs` states the two proofs the allowances lean on (a
+//! received PDU's bounds, and where slot numbers come from).
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use crate::config::ListenerKind;
 use crate::data::nvme::cmd;
@@ -71,6 +77,10 @@ pub const ZERO_SRC: u16 = u16::MAX - 1;
 
 /// Zeroes for null-backend reads: allocated zeroed, so the pages are the
 /// kernel's shared zero page until written (never), costing no memory.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "MAX_IO_SIZE_LIMIT is the constant 8 MiB"
+)]
 fn zeros() -> &'static [u8] {
     static Z: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     Z.get_or_init(|| vec![0u8; crate::config::MAX_IO_SIZE_LIMIT as usize])
@@ -153,6 +163,9 @@ mod timers;
 mod tx;
 mod wait;
 
+/// Slots a connection starts with (`size_slots` adds more at Connect).
+const FIRST_SLOTS: u16 = 64;
+
 /// H2CData payloads at least this long are received straight into the
 /// command's buffer; shorter ones are cheaper to copy from the receive buffer
 /// than to spend extra `recv` calls on.
@@ -208,8 +221,14 @@ impl Conn {
         let l = &reg.limits();
         // The largest PDU we accept: an H2CData of MAXH2CDATA or a capsule
         // with the largest in-capsule data, plus header, digests and padding.
-        let icd = (l.in_capsule_data.0 as usize).max(ADMIN_ICD_BYTES);
-        let max_plen = (l.max_h2c_data.0 as usize).max(icd) + pdu::MAX_HDR_LEN + 128 + 8;
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "TargetConfig::validate bounds in_capsule_data to 64 KiB \
+                      and max_h2c_data to 1 MiB"
+        )]
+        let (icd, h2c) = (l.in_capsule_data.0 as usize, l.max_h2c_data.0 as usize);
+        let icd = icd.max(ADMIN_ICD_BYTES);
+        let max_plen = h2c.max(icd) + pdu::MAX_HDR_LEN + 128 + 8;
         let rx = match rx {
             Some(mut b) if b.reusable_as(max_plen + (64 << 10), max_plen) => {
                 b.clear();
@@ -218,9 +237,9 @@ impl Conn {
             // 64 KiB beyond one PDU so small PDUs arrive in batches.
             _ => RxBuf::new(max_plen + (64 << 10), max_plen),
         };
-        // Admin queues start with 32 slots; Connect resizes for I/O queues.
-        let slots: Vec<Slot> = (0..64).map(|_| Slot::new()).collect();
-        let free = (0..slots.len() as u16).rev().collect();
+        // Queues start with 64 slots; Connect resizes for I/O queues.
+        let slots: Vec<Slot> = (0..FIRST_SLOTS).map(|_| Slot::new()).collect();
+        let free = (0..FIRST_SLOTS).rev().collect();
         let icreq_by_ns = now_ns.saturating_add(l.icreq_timeout_ms * 1_000_000);
         Conn {
             idx,
@@ -287,6 +306,11 @@ impl Conn {
     /// Free space to `recv` into: the receive buffer (see
     /// [`RxBuf::space`]), or, while a large H2CData payload arrives, the
     /// rest of that payload's place in its command's buffer.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): a Direct's slot; \
+                  start_direct built next..end within xfer_len (check_h2c)"
+    )]
     pub fn rx_space(&mut self) -> &mut [u8] {
         match self.direct {
             Some(d) if d.next < d.end => {
@@ -302,7 +326,13 @@ impl Conn {
         match &mut self.direct {
             Some(d) if d.next < d.end => {
                 debug_assert!(n <= (d.end - d.next) as usize);
-                d.next += n as u32;
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "n is what was received into rx_space's slice, \
+                              end - next bytes, a u32"
+                )]
+                let n = n as u32;
+                d.next += n;
             }
             _ => self.rx.commit(n),
         }
@@ -406,7 +436,8 @@ impl Conn {
             if let Err(f) = self.on_pdu(ctx, &layout, start) {
                 // Report the offending header from where it was in the buffer.
                 let hdr_end = start + layout.hlen.min(pdu::TERM_MAX_PLEN - pdu::SMALL_HLEN);
-                let offending: Vec<u8> = self.rx[start..hdr_end].to_vec();
+                // check_layout gave hlen <= plen, so this is received bytes.
+                let offending: Vec<u8> = self.rx.get(start..hdr_end).unwrap_or_default().to_vec();
                 return self.fatal_with(f, &offending);
             }
         }
@@ -443,10 +474,13 @@ impl Conn {
         let Some(s) = crate::data::nvme::auth::parked(&self.queue, job) else {
             return;
         };
-        if self.slots.get(s as usize).map(|x| x.phase) != Some(Phase::Held) {
+        let Some(slot) = self.slots.get_mut(s as usize) else {
+            return;
+        };
+        if slot.phase != Phase::Held {
             return;
         }
-        let req = &mut self.slots[s as usize].req;
+        let req = &mut slot.req;
         if let Exec::Done(st) = crate::data::nvme::auth::resume(&mut self.queue, req, job, out) {
             self.finish(s, st);
         }
@@ -465,7 +499,7 @@ impl Conn {
 
     fn fatal(&mut self, f: Fatal) {
         let n = self.rx.len().min(pdu::CMD_HLEN);
-        let offending: Vec<u8> = self.rx.pending()[..n].to_vec();
+        let offending: Vec<u8> = self.rx.pending().get(..n).unwrap_or_default().to_vec();
         self.fatal_with(f, &offending);
     }
 
@@ -524,6 +558,11 @@ impl Conn {
 
     /// Grows the slot array for an I/O queue of `sqsize + 1` entries: twice
     /// that, because a host may reuse a CID as soon as it sees the response.
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "Connect (connect.rs) refuses sqsize >= max_queue_depth, which \
+                  TargetConfig::validate bounds to 4096: want <= 8192"
+    )]
     pub fn size_slots(&mut self, sqsize: u16) {
         let want = (2 * (sqsize as usize + 1)).max(64);
         let had = self.slots.len();

@@ -34,7 +34,12 @@ impl Conn {
                 && slot.req.cmd.access != Access::None
                 && scope.includes(slot.req.ns_uid)
             {
-                f(s as u16, slot.req.sqe.cid(), slot.req.arrived_ns);
+                #[allow(
+                    clippy::cast_possible_truncation,
+                    reason = "slots holds at most 8192 entries (size_slots)"
+                )]
+                let s = s as u16;
+                f(s, slot.req.sqe.cid(), slot.req.arrived_ns);
             }
         }
     }

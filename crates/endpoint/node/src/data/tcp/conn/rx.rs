@@ -13,7 +13,10 @@
 //!   which holds only indices below `slots.len()`: `with_rx` and
 //!   `size_slots` fill it from the range they add, and slots never shrink),
 //!   from `check_h2c` (which checks it against `slots.len()`), or from a
-//!   `Direct` that `start_direct` built from `check_h2c`'s answer.
+//!   `Direct` that `start_direct` built from `check_h2c`'s answer. The
+//!   slot numbers kept elsewhere (the backlog, `pool_wait`, the output
+//!   queue's release tags and source ids, a backend request's `IoTag`, the
+//!   held AERs) are copies of these.
 #![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use super::*;

@@ -139,6 +139,10 @@ impl Conn {
             return;
         };
         self.queue.aers.remove(0);
+        #[allow(
+            clippy::indexing_slicing,
+            reason = "slots.get(s) was checked above, and slots never shrink"
+        )]
         let slot = &mut self.slots[s as usize];
         slot.req.dw0 = dw0;
         slot.req.dw1 = 0;

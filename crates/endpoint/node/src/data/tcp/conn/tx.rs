@@ -6,6 +6,10 @@ use super::*;
 
 impl Conn {
     /// Records the outcome of slot `s` and queues its response.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): finish takes slot numbers the connection made (alloc_slot, check_h2c, and the IoTag of a backend completion, which carries one)"
+    )]
     pub fn finish(&mut self, s: u16, st: Status) {
         let slot = &mut self.slots[s as usize];
         debug_assert!(matches!(
@@ -43,6 +47,10 @@ impl Conn {
     /// A backend failed slot `s`'s request: counted for `/metrics` (the log
     /// line is the backend's, rate-limited there).
     #[cold]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): a backend completion's slot"
+    )]
     pub(super) fn count_backend_error(&self, s: u16) {
         let uid = self.slots[s as usize].req.ns_uid;
         if let Some(ns) = self.queue.ns.by_uid(uid) {
@@ -50,6 +58,10 @@ impl Conn {
         }
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): finish's slot"
+    )]
     pub(super) fn record_error(&mut self, s: u16, st: Status) {
         let Some(q) = &self.queue.q else { return };
         let slot = &self.slots[s as usize];
@@ -86,6 +98,10 @@ impl Conn {
         }
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): finish's or the backlog's slot (pushed by finish); a zero_data read is at most mdts, below zeros() (MAX_IO_SIZE_LIMIT); push_bytes hands a PUSH_MAX (256) byte window"
+    )]
     pub(super) fn queue_response(&mut self, s: u16) {
         let sqhd = self.next_sqhd();
         let sqid = self.queue.q.as_ref().map_or(0, |q| q.qid);
@@ -152,6 +168,10 @@ impl Conn {
     }
 
     /// Frees a slot once its response has been sent.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): release tags are slot numbers queue_response pushed"
+    )]
     pub fn release(&mut self, s: u16) {
         let slot = &mut self.slots[s as usize];
         debug_assert!(
@@ -164,6 +184,10 @@ impl Conn {
             self.pool_held_bytes -= g.bytes();
         }
         // Bounds what idle queues keep: `slot_buffer_keep`, `large_buffer_budget`.
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "TargetConfig::validate bounds slot_buffer_keep to 8 MiB"
+        )]
         let keep = self.queue.reg.limits().slot_buffer_keep.0 as usize;
         if slot.req.buf.capacity() > keep {
             // Only large buffers are charged to the budget or freed; the
@@ -173,6 +197,10 @@ impl Conn {
         self.free.push(s);
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): source ids other than ZERO_SRC are slot numbers queue_response pushed"
+    )]
     pub fn tx_iovecs(&self, out: &mut Vec<libc::iovec>, max: usize) {
         let slots = &self.slots;
         self.tx.fill_iovecs(out, max, |s| {

@@ -32,6 +32,10 @@ impl Conn {
     /// Takes pool bytes and the buffer for parsed command `s`; false (and
     /// `s` parked in arrival order) when there is no room yet. Commands
     /// already waiting go first.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): on_capsule's alloc_slot s"
+    )]
     pub(super) fn admit_transfer(&mut self, s: u16) -> bool {
         if self.pool_wait.is_empty() && self.try_grant(s) {
             return true;
@@ -41,6 +45,11 @@ impl Conn {
         false
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): admit_transfer's s or pool_wait's, which it pushed"
+    )]
+    #[allow(clippy::cast_possible_truncation, reason = "len is xfer_len, a u32")]
     fn try_grant(&mut self, s: u16) -> bool {
         let pool = &self.queue.reg.transfer_pool();
         let len = self.slots[s as usize].req.xfer_len as u64;
@@ -59,6 +68,10 @@ impl Conn {
 
     /// Resumes the commands that were waiting for pool room, in order, as
     /// far as room allows: a write gets its R2T, a read runs.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): pool_wait holds admit_transfer's slots"
+    )]
     pub fn pump_pool(&mut self, ctx: &mut Ctx) {
         while let Some(&s) = self.pool_wait.front() {
             if !self.try_grant(s) {
@@ -82,6 +95,10 @@ impl Conn {
     }
 
     /// Slot `s` sent its R2T: its write data is due within the timeout.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "slot index (conn/rx.rs module doc): start_r2t's s"
+    )]
     pub(super) fn data_wait_started(&mut self, s: u16) {
         self.slots[s as usize].data_since_ns = self.now_ns;
         if self.await_data == 0 {
