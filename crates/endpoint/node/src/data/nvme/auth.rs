@@ -22,6 +22,10 @@
 //! the transaction is over: the queue stays unauthenticated and refuses every
 //! other command, so the host can only disconnect. A Negotiate on an
 //! authenticated queue starts re-authentication.
+//!
+//! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item
+//! 8); each allowance names its proof.
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use crate::config::keys::HostKeys;
 use crate::data::nvme::auth_work::{Output, Work};
@@ -461,9 +465,14 @@ impl Session {
         } else {
             Step::Done
         };
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "HashId::len_bytes is 32, 48 or 64"
+        )]
+        let hl = x.hash.len_bytes() as u8;
         Message::Success1(Success1 {
             t_id: x.t_id,
-            hl: x.hash.len_bytes() as u8,
+            hl,
             response,
         })
     }
@@ -641,5 +650,10 @@ fn log_change(s: &Session, was: bool, qid: u16, peer: std::net::SocketAddr) {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation,
+    reason = "tests: a panic is a failed test"
+)]
 #[path = "auth_tests.rs"]
 mod tests;

@@ -21,6 +21,10 @@
 //! node-wide per host NQN, a token bucket of `target.auth_per_host_burst`
 //! transactions refilled at `target.auth_per_host_per_sec`. Refusals are
 //! logged at most every [`REFUSAL_LOG_INTERVAL_NS`] with a count.
+//!
+//! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item
+//! 8).
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use crate::config::TargetConfig;
 use std::collections::HashMap;
@@ -267,7 +271,8 @@ impl AuthPool {
     fn refill(&self, b: &mut Bucket, now_ns: u64, cap: u64) -> u64 {
         let dt = now_ns.saturating_sub(b.at_ns) as u128;
         let add = dt * self.per_host_per_sec as u128 / 1_000_000;
-        b.milli = (b.milli as u128 + add).min(cap as u128) as u64;
+        // At most cap, so the conversion cannot fail.
+        b.milli = u64::try_from((b.milli as u128 + add).min(cap as u128)).unwrap_or(cap);
         b.at_ns = now_ns.max(b.at_ns);
         b.milli
     }

@@ -1,6 +1,10 @@
 //! Fabrics Connect: a new controller on an admin queue, or an I/O queue
 //! joining one; every refusal with its status, its invalid-parameter
 //! offset and a log line.
+//!
+//! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item
+//! 8).
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use crate::config::ListenerKind;
 use crate::data::nvme::exec::Request;
@@ -289,10 +293,9 @@ impl Queue {
 /// Get Features KATO reports what reaps the controller.
 fn kato_ms(asked: u32, discovery: bool, l: &crate::config::TargetConfig) -> u32 {
     match asked {
-        0 if discovery => l
-            .discovery_idle_timeout_s
-            .saturating_mul(1000)
-            .min(u32::MAX as u64) as u32,
+        0 if discovery => {
+            u32::try_from(l.discovery_idle_timeout_s.saturating_mul(1000)).unwrap_or(u32::MAX)
+        }
         k => k,
     }
 }

@@ -2,6 +2,10 @@
 //! the configured PSKs of `[[subsystem.host]]` and the lookup a TLS
 //! handshake makes with the identity the host offers. The record layer and
 //! the OpenSSL callbacks are in `trellis-tls`; the reactor moves the bytes.
+//!
+//! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item
+//! 8).
+#![deny(clippy::indexing_slicing, clippy::cast_possible_truncation)]
 
 use crate::state::subsystem::Registry;
 use std::sync::Arc;
@@ -18,7 +22,7 @@ pub fn lookup(reg: &Registry, raw: &[u8]) -> Result<(Identity, Vec<u8>), String>
     let Some(id) = Identity::parse(raw) else {
         return Err(format!(
             "PSK identity {:?} is not an NVMe/TCP identity (NVMe0R01 <hostnqn> <subnqn>)",
-            String::from_utf8_lossy(&raw[..raw.len().min(300)])
+            String::from_utf8_lossy(raw.get(..300).unwrap_or(raw))
         ));
     };
     if id.generated {
