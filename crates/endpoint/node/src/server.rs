@@ -54,6 +54,7 @@ impl Target {
             tracing::info!("listening on {} ({:?})", l.addr, l.kind());
             listeners.push(sock);
         }
+        default_remote_hosts(&mut cfg);
         let reg = Arc::new(Registry::build(&cfg)?);
         let local_addrs = cfg.listeners.iter().map(|l| l.addr).collect();
         let shutdown = Arc::new(AtomicBool::new(false));
@@ -511,6 +512,26 @@ pub fn run(cfg: &Config) -> anyhow::Result<()> {
     signal_hook::flag::register(signal_hook::consts::SIGTERM, flag)?;
     tracing::info!("trellis target ready");
     t.wait()
+}
+
+/// `nvme-tcp` namespaces without a `hostnqn` connect as this HA node
+/// (`[ha] node`), so the two nodes of a pair are distinct registrants to
+/// the shared namespace; without `[ha] node`, `open_namespace` uses the
+/// node UUID.
+fn default_remote_hosts(cfg: &mut Config) {
+    let Some(node) = cfg.ha.as_ref().map(|h| h.node.clone()) else {
+        return;
+    };
+    if node.is_empty() {
+        return;
+    }
+    for s in &mut cfg.subsystems {
+        for n in &mut s.namespaces {
+            if n.backend == crate::config::BackendKind::NvmeTcp && n.hostnqn.is_none() {
+                n.hostnqn = Some(crate::backend::remote::default_hostnqn(&node));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

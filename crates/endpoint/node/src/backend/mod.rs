@@ -10,6 +10,7 @@ pub mod emulated;
 pub mod file;
 pub mod null;
 pub mod ram;
+pub mod remote;
 pub mod tag;
 pub mod zero;
 
@@ -101,6 +102,11 @@ pub trait Backend: Send + Sync {
     /// (`trellis ctl namespace resize`); the namespace checks ranges.
     fn grow(&self, _bytes: u64) -> anyhow::Result<()> {
         anyhow::bail!("this backend cannot grow: only null and regular-file namespaces can")
+    }
+    /// The device's own fence, where it has one (`nvme-tcp`: NVMe
+    /// reservations on the remote namespace), for the HA pair.
+    fn device_fence(&self) -> Option<&dyn remote::DeviceFence> {
+        None
     }
     /// Makes every completed write durable (shutdown path).
     fn sync_all(&self) -> std::io::Result<()> {
@@ -213,6 +219,22 @@ pub fn open(cfg: &crate::config::NamespaceConfig) -> anyhow::Result<std::sync::A
                 .map_err(anyhow::Error::msg)?
                 .context("emulated namespace without emulation parameters")?;
             std::sync::Arc::new(emulated::EmulatedBackend::new(size()?, params)?)
+        }
+        BackendKind::NvmeTcp => {
+            let spec = remote::RemoteSpec {
+                addr: cfg.addr.clone().context("nvme-tcp namespace needs addr")?,
+                subnqn: cfg
+                    .subnqn
+                    .clone()
+                    .context("nvme-tcp namespace needs subnqn")?,
+                nsid: cfg.remote_nsid.unwrap_or(1),
+                // open_namespace fills in the node's default.
+                hostnqn: cfg
+                    .hostnqn
+                    .clone()
+                    .context("nvme-tcp namespace needs hostnqn")?,
+            };
+            std::sync::Arc::new(remote::RemoteBackend::open(spec, cfg.block_size)?)
         }
     })
 }

@@ -170,6 +170,10 @@ pub enum BackendKind {
     /// Data in RAM, each command completed when the SSD timing model
     /// (`trellis-ssd`) says a real drive would (docs/ssd-model.md).
     Emulated,
+    /// A namespace of a remote NVMe/TCP subsystem (another Trellis node, a
+    /// JBOF), reached through `trellis-host` (`backend::remote`).
+    #[serde(rename = "nvme-tcp")]
+    NvmeTcp,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -217,6 +221,21 @@ pub struct NamespaceConfig {
     /// group change ANA state together (docs/target.md "ANA").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ana_group: Option<u32>,
+    /// `nvme-tcp` only: the remote subsystem's address ("IP:PORT").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    /// `nvme-tcp` only: the remote subsystem's NQN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnqn: Option<String>,
+    /// `nvme-tcp` only: the remote namespace's NSID (default 1). Not
+    /// `nsid`, which is the NSID this node exports it under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_nsid: Option<u32>,
+    /// `nvme-tcp` only: the host NQN this node connects with. Default:
+    /// derived from `[ha] node`, else from the node UUID, so the two nodes
+    /// of a pair are distinct hosts (and registrants) to the remote target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostnqn: Option<String>,
 }
 
 /// The `[qos]` table, written from the qos module's fields (its types are
@@ -555,6 +574,10 @@ impl NamespaceConfig {
             nguid: None,
             eui64: None,
             ana_group: None,
+            addr: None,
+            subnqn: None,
+            remote_nsid: None,
+            hostnqn: None,
         }
     }
 }
@@ -632,6 +655,8 @@ fn check_ns_size(n: &NamespaceConfig, id: u32, nqn: &str) -> anyhow::Result<()> 
             n.path.is_some(),
             "{what} needs a path (`path = \"...\"`, or --file PATH)"
         ),
+        // The size is the remote namespace's (Identify, at open).
+        (BackendKind::NvmeTcp, _) => return check_remote(n, &what),
         (_, None) => bail!("{what} needs a size (`size = \"1GiB\"`, or e.g. --ram 1G)"),
         _ => {}
     }
@@ -651,12 +676,38 @@ fn check_ns_size(n: &NamespaceConfig, id: u32, nqn: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// An `nvme-tcp` namespace: where it is, and no keys of other backends.
+fn check_remote(n: &NamespaceConfig, what: &str) -> anyhow::Result<()> {
+    use anyhow::ensure;
+    ensure!(
+        n.addr.is_some() && n.subnqn.is_some(),
+        "{what} needs addr = \"IP:PORT\" and subnqn = \"nqn...\" (the remote subsystem)"
+    );
+    if let Some(s) = &n.subnqn {
+        check_nqn(s)?;
+    }
+    if let Some(h) = &n.hostnqn {
+        check_nqn(h)?;
+    }
+    ensure!(
+        n.size.is_none() && n.path.is_none(),
+        "{what}: size and path do not apply (the remote namespace has its own size): remove them"
+    );
+    ensure!(
+        n.remote_nsid
+            .is_none_or(|id| (1..0xFFFF_FFFF).contains(&id)),
+        "{what}: remote_nsid must be 1..=FFFFFFFEh"
+    );
+    Ok(())
+}
+
 fn backend_name(b: BackendKind) -> &'static str {
     match b {
         BackendKind::Null => "null",
         BackendKind::Ram => "ram",
         BackendKind::File => "file",
         BackendKind::Emulated => "emulated",
+        BackendKind::NvmeTcp => "nvme-tcp",
     }
 }
 
@@ -963,6 +1014,31 @@ mod tests {
         Config::from_toml(&format!(
             "[[listener]]\naddr = \"127.0.0.1:1\"\n[[subsystem]]\nnqn = \"nqn.x:a\"\n[[subsystem.namespace]]\n{extra}\n"
         ))
+    }
+
+    #[test]
+    fn an_nvme_tcp_namespace_needs_where_and_refuses_a_size() {
+        let e = one_ns("backend = \"nvme-tcp\"").unwrap_err().to_string();
+        assert!(e.contains("needs addr = \"IP:PORT\" and subnqn"), "{e}");
+        let at = "backend = \"nvme-tcp\"\naddr = \"127.0.0.1:4420\"\nsubnqn = \"nqn.x:jbof\"";
+        let c = one_ns(at).unwrap();
+        let n = &c.subsystems[0].namespaces[0];
+        assert_eq!(n.backend, BackendKind::NvmeTcp);
+        assert_eq!(n.remote_nsid, None); // 1 at open
+        let e = one_ns(&format!("{at}\nsize = \"1M\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("size and path do not apply"), "{e}");
+        let e = one_ns(&format!("{at}\nremote_nsid = 0"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("remote_nsid must be"), "{e}");
+        // Round trip through `trellis target --check`'s TOML.
+        let back = Config::from_toml(&c.to_toml().unwrap()).unwrap();
+        assert_eq!(
+            back.subsystems[0].namespaces[0].subnqn.as_deref(),
+            Some("nqn.x:jbof")
+        );
     }
 
     #[test]

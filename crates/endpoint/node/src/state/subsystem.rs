@@ -687,7 +687,14 @@ pub(crate) fn open_namespace(
         let (slots, max) = ana.limits();
         anyhow::anyhow!("ANA group {grpid}: use 1..={max}, with at most {slots} groups on the node")
     })?;
-    let backend = backend::open(n)?;
+    let backend = if n.backend == crate::config::BackendKind::NvmeTcp && n.hostnqn.is_none() {
+        // Distinct nodes are distinct hosts (and registrants) to the remote.
+        let mut n = n.clone();
+        n.hostnqn = Some(backend::remote::default_hostnqn(&node.uuid().to_string()));
+        backend::open(&n)?
+    } else {
+        backend::open(n)?
+    };
     let bs = n.block_size;
     let size_blocks = backend.size_bytes() / bs as u64;
     anyhow::ensure!(
