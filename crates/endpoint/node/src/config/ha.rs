@@ -82,6 +82,13 @@ pub struct HaConfig {
     pub fence_ms: u64,
     /// Bound of one store call (connect, grant, keepalive, txn, get).
     pub op_timeout_ms: u64,
+    /// Fencing at the device (docs/target.md, "HA pair: fencing at the
+    /// device"): the owner holds a Write Exclusive reservation on every
+    /// shared namespace and a new owner preempts the old one's key before it
+    /// serves. None (default): on when every namespace's backend can do it
+    /// (`nvme-tcp`); true: required (start fails otherwise); false: off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_fence: Option<bool>,
 }
 
 impl Default for HaConfig {
@@ -101,6 +108,7 @@ impl Default for HaConfig {
             keepalive_ms: 1_000,
             fence_ms: 3_500,
             op_timeout_ms: 1_000,
+            device_fence: None,
         }
     }
 }

@@ -17,6 +17,7 @@
 //! The I/O path sees none of this: it reads the ANA state byte it always
 //! reads (`AnaTable::io_status`).
 
+pub mod device;
 pub mod etcd;
 pub mod file;
 pub mod shared;
@@ -69,6 +70,8 @@ pub struct Ha {
     /// The last holder the lease thread saw (for `ha_get`).
     holder: Mutex<Option<String>>,
     events: Mutex<VecDeque<(u64, String)>>,
+    /// Fencing at the device ([`device`]), decided at start.
+    device_fence: AtomicBool,
 }
 
 impl Ha {
@@ -83,7 +86,13 @@ impl Ha {
             drains_done: AtomicU64::new(0),
             holder: Mutex::new(None),
             events: Mutex::new(VecDeque::new()),
+            device_fence: AtomicBool::new(false),
         }
+    }
+
+    /// This node's reservation key on device-fenced namespaces.
+    pub fn device_key(&self) -> u64 {
+        crate::backend::remote::node_key(&self.cfg.node)
     }
 
     pub fn is_owner(&self) -> bool {
@@ -108,6 +117,9 @@ impl Ha {
         }
         // Before ANA says optimized: the data plane checks this at execution.
         reg.fence().serve_until(crate::sys::instant_ns(deadline));
+        if !self.is_owner() && !self.claim_device(reg, deadline) {
+            return;
+        }
         if !self.is_owner() {
             // What the last owner acknowledged, before any host can use
             // this node (ANA is still inaccessible here).
@@ -130,6 +142,32 @@ impl Ha {
             self.event(format!(
                 "optimized: lease held, ANA optimized, {n} controllers notified"
             ));
+        }
+    }
+
+    /// Before going optimized with device fencing: the reservation on every
+    /// shared namespace, the former owner's key preempted. False: do not
+    /// serve (logged why; the next confirmation tries again).
+    fn claim_device(&self, reg: &Registry, deadline: Instant) -> bool {
+        if !self.device_fence.load(SeqCst) {
+            return true;
+        }
+        match device::claim_all(reg, self.device_key()) {
+            Ok(did) if Instant::now() < deadline => {
+                self.event(format!("device fence: {did}"));
+                true
+            }
+            Ok(did) => {
+                // The claims outlasted the confirmation: it no longer covers us.
+                reg.fence().stop();
+                self.event(format!("device fence: {did}, but past the fence deadline"));
+                false
+            }
+            Err(e) => {
+                reg.fence().stop();
+                self.event(format!("not serving: device fence: {e:#}"));
+                false
+            }
         }
     }
 
@@ -195,6 +233,8 @@ impl Ha {
             "lease_ttl_ms": c.lease_ttl_ms,
             "keepalive_ms": c.keepalive_ms,
             "fence_ms": c.fence_ms,
+            "device_fence": self.device_fence.load(SeqCst),
+            "device_key": format!("{:#018x}", self.device_key()),
             "events": events,
         })
     }
@@ -321,6 +361,14 @@ pub fn start(
     };
     apply(reg, AnaState::Inaccessible);
     let ha = Arc::new(Ha::new(resolve(c, reg)));
+    if device::enabled(&ha.cfg, reg)? {
+        ha.device_fence.store(true, SeqCst);
+        let key = ha.device_key();
+        let did = device::register_all(reg, key);
+        ha.event(format!("device fence on, key {key:#018x}: {did}"));
+    } else {
+        ha.event("device fence off: namespaces are fenced in software only".into());
+    }
     reg.set_shared_resv(shared::open(&ha.cfg, reg.fence().clone())?);
     ctl.set_ha(ha.clone());
     spawn(reg.clone(), ha, shutdown.clone()).map(Some)
