@@ -72,6 +72,9 @@ pub struct Ha {
     events: Mutex<VecDeque<(u64, String)>>,
     /// Fencing at the device ([`device`]), decided at start.
     device_fence: AtomicBool,
+    /// Stepped down with device fencing: the lease thread registers the
+    /// key again (the next owner's preempt removes it), off the watchdog.
+    reregister: AtomicBool,
 }
 
 impl Ha {
@@ -87,6 +90,7 @@ impl Ha {
             holder: Mutex::new(None),
             events: Mutex::new(VecDeque::new()),
             device_fence: AtomicBool::new(false),
+            reregister: AtomicBool::new(false),
         }
     }
 
@@ -182,6 +186,8 @@ impl Ha {
         // for data or in a scheduler, fail at execution from here on.
         reg.fence().stop();
         if self.owner.swap(false, SeqCst) {
+            self.reregister
+                .store(self.device_fence.load(SeqCst), SeqCst);
             let n = apply(reg, AnaState::Inaccessible);
             self.event(format!("inaccessible: {why}, {n} controllers notified"));
         }
@@ -475,6 +481,11 @@ impl<'a> LeaseLoop<'a> {
     }
 
     fn standby_tick(&mut self) {
+        if self.ha.reregister.swap(false, SeqCst) {
+            // A standby stays a registrant, ready to acquire later.
+            let did = device::register_all(self.reg, self.ha.device_key());
+            self.ha.event(format!("device fence: standby: {did}"));
+        }
         let holder = match self.store.holder() {
             Ok(h) => {
                 self.ok();
