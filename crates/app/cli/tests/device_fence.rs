@@ -301,7 +301,17 @@ fn with_the_device_fence_drain_and_failback_keep_serving_writes() {
             t0.elapsed()
         );
         let ev = nodes[owner].ha()["events"].to_string();
-        assert!(ev.contains("device fence"), "{ev}");
+        assert!(ev.contains("device fence: nsid 1 preempted key"), "{ev}");
+        // The deposed node registers again, to be able to take it back.
+        let t0 = Instant::now();
+        let old = &nodes[owner ^ 1];
+        while !old.ha()["events"]
+            .to_string()
+            .contains("standby: nsid 1 registered")
+        {
+            assert!(t0.elapsed() < Duration::from_secs(5), "{}", old.ha());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
