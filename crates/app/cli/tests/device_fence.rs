@@ -131,12 +131,17 @@ fn write0(q: &mut trellis_host::Queue, data: &[u8]) -> trellis_host::Result<()> 
 
 /// Block 0 (4 KiB) read straight from the JBOF by a host of its own.
 fn jbof_block0(jbof: &LiveTarget) -> Vec<u8> {
-    use trellis_nvme::{sqe::io, Sqe};
     let (_c, mut q) = connect(&jbof.addr(), JBOF_NQN, "reader");
+    read0(&mut q)
+}
+
+/// Block 0 (4 KiB) read on `q`.
+fn read0(q: &mut trellis_host::Queue) -> Vec<u8> {
+    use trellis_nvme::{sqe::io, Sqe};
     let mut out = vec![0u8; BS];
     let sqe = Sqe::rw(io::READ, 0, 1, 0, (BS / 512) as u32, false);
     q.exec_ok(sqe, trellis_host::Xfer::FromCtrl(BS as u32), &[], &mut out)
-        .expect("read block 0 from the JBOF");
+        .expect("read block 0");
     out
 }
 
@@ -283,10 +288,11 @@ fn with_the_device_fence_drain_and_failback_keep_serving_writes() {
     for (step, fill) in [0x11u8, 0x22, 0x33, 0x44].into_iter().enumerate() {
         let (_c, mut q) = connect(&nodes[owner].t.addr(), NQN, &format!("step-{step}"));
         write0(&mut q, &[fill; BS]).expect("a write through the owner");
+        assert_eq!(jbof_block0(&j), vec![fill; BS], "step {step}: on the JBOF");
         assert_eq!(
-            jbof_block0(&j)[0],
-            fill,
-            "step {step}: the write reached the JBOF"
+            read0(&mut q),
+            vec![fill; BS],
+            "step {step}: read through the owner"
         );
         if step == 3 {
             break;
