@@ -50,7 +50,9 @@ fn a_client_of_another_uid_is_refused_even_if_the_socket_is_opened_up() {
         eprintln!("ctl socket: not run: needs root to act as another uid");
         return;
     }
-    let d = tempfile::tempdir().unwrap();
+    // Under /tmp, not $TMPDIR: the other uid must be able to reach the
+    // directory (scripts/test.sh's TMPDIR is private to root).
+    let d = tempfile::tempdir_in("/tmp").unwrap();
     let t = start(d.path()).unwrap();
     let sock = d.path().join("ctl.sock");
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
