@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 use trellis_node::config::{BackendKind, Config, HostConfig as TargetHost, NamespaceConfig};
 use trellis_nvme::auth::{failure, AuthCmd, Message};
@@ -21,6 +21,21 @@ use trellis_nvme::fabrics::CNTLID_DYNAMIC;
 use trellis_nvme::pdu::Digests;
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
+
+/// The flood test measures a victim's worst read latency, and on a 2-CPU
+/// machine another test of this file running beside it (its own target,
+/// reactor and DH worker) is load that the latency would wrongly be blamed
+/// for: CI once saw 6.3 ms against a 1.1 ms baseline that way. So the flood
+/// test runs alone ([`alone`]) and every other test takes [`shared`].
+static EXCLUSIVE: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    EXCLUSIVE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    EXCLUSIVE.write().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The keyed host whose NQN the attacker claims (it knows no secret).
 const KEYED: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b";
@@ -93,6 +108,7 @@ fn challenge_group(m: &Message) -> Result<u8, u8> {
 /// `NVME_AUTH_DHCHAP_FAILURE_DHGROUP_UNUSABLE`).
 #[test]
 fn a_dh_group_not_configured_for_the_host_is_refused() {
+    let _exclusive = shared();
     let t = trellis_node::Target::start(&auth_config(&["ffdhe3072", "ffdhe2048"])).unwrap();
     let addr = t.local_addrs[0];
     let mut q = keyed_queue(addr, KEYED);
@@ -132,6 +148,7 @@ fn a_dh_group_not_configured_for_the_host_is_refused() {
 /// after which the connection may only disconnect.
 #[test]
 fn transactions_past_the_per_connection_bound_are_refused() {
+    let _exclusive = shared();
     let mut cfg = auth_config(&["ffdhe2048"]);
     cfg.target.auth_per_conn_max = 3;
     let t = trellis_node::Target::start(&cfg).unwrap();
@@ -173,6 +190,7 @@ fn transactions_past_the_per_connection_bound_are_refused() {
 /// host's bucket is its own; the bucket refills.
 #[test]
 fn transactions_past_the_per_host_rate_are_refused_across_connections() {
+    let _exclusive = shared();
     let mut cfg = auth_config(&["ffdhe2048"]);
     cfg.target.auth_per_host_burst = 4;
     cfg.target.auth_per_host_per_sec = 2;
@@ -215,19 +233,50 @@ fn transactions_past_the_per_host_rate_are_refused_across_connections() {
     t.stop().unwrap();
 }
 
-/// Worst latency of 4 KiB reads on `q` for `dur`, and how many ran.
-fn worst_read(q: &mut Queue, dur: Duration) -> (Duration, u64) {
-    let (mut worst, mut n) = (Duration::ZERO, 0u64);
+/// What the victim saw in one phase: the worst 4 KiB read, how many
+/// reads ran, and how many took longer than a threshold.
+#[derive(Clone, Copy, Debug, Default)]
+struct Phase {
+    worst: Duration,
+    reads: u64,
+    slow: u64,
+}
+
+/// Back-to-back 4 KiB reads on `q` for `dur`; a read longer than `slow`
+/// counts as slow.
+fn reads_for(q: &mut Queue, dur: Duration, slow: Duration) -> Phase {
+    let mut p = Phase::default();
     let end = Instant::now() + dur;
     while Instant::now() < end {
         let t0 = Instant::now();
-        let (c, _) = read(q, (n % 512) * 8, 8);
+        let (c, _) = read(q, (p.reads % 512) * 8, 8);
         let d = t0.elapsed();
         assert!(c.status.is_success(), "victim read: {:?}", c.status);
-        worst = worst.max(d);
-        n += 1;
+        p.worst = p.worst.max(d);
+        p.slow += u64::from(d > slow);
+        p.reads += 1;
     }
-    (worst, n)
+    p
+}
+
+/// What one ffdhe8192 public value costs this machine (median of 5): the
+/// stall a Challenge computed on the reactor would cause.
+fn ffdhe8192_exponentiation() -> Duration {
+    let mut t: Vec<Duration> = (0..5u8)
+        .map(|i| {
+            let t0 = Instant::now();
+            let k = trellis_nvme::dhchap::DhKey::new(DhGroup::Ffdhe8192, &[i + 7; 64]).unwrap();
+            assert!(!k.public_value().is_empty());
+            t0.elapsed()
+        })
+        .collect();
+    t.sort();
+    t[2]
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
 }
 
 /// The attacker: connections claiming `KEYED` that ask for ffdhe8192
@@ -267,17 +316,27 @@ fn start_flood(addr: SocketAddr, n: usize, challenges: &Arc<AtomicU64>) -> impl 
 
 /// Acceptance: a host reading 4 KiB blocks on the same (single, pinned)
 /// reactor as a peer flooding ffdhe8192 Challenges from several
-/// connections keeps its worst read latency within 2 × its baseline
-/// worst plus 2 ms. Baseline and flood phases alternate, so both see the same
-/// background load of the (shared) machine. The bounds are raised so the
-/// flood is as hard as the worker can serve: what holds the latency is the
-/// exponentiation off the reactor, and the test checks that the flood did
-/// get Challenges computed (each would have stalled the reactor ~7 ms).
+/// connections keeps its worst read latency within 2 × its baseline worst
+/// plus 2 ms. Baseline and flood phases alternate (A B A B), so both see
+/// the same background load of the shared machine, and the worst of each
+/// phase is compared as a median over the rounds: one scheduler hiccup of
+/// this 2-vCPU VM (baselines alone range 1–13 ms) must not decide it.
+///
+/// The worst read alone is a weak witness here, so the test also counts
+/// what a stall would leave: every Challenge computed on the reactor holds
+/// the read in flight for about one exponentiation (measured here), so
+/// with the bug the flood phases would have about one slow read per
+/// Challenge (hundreds); off the reactor, no more than the baseline's few.
+/// The bounds are raised so the flood is as hard as the worker can serve,
+/// and the test checks that the flood did get Challenges computed.
 #[test]
 fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
+    let _exclusive = alone();
     const PHASE: Duration = Duration::from_millis(1_000);
-    const ROUNDS: usize = 3;
+    const ROUNDS: usize = 5;
     const ATTACKERS: usize = 4;
+    let exp = ffdhe8192_exponentiation();
+    let slow = exp / 2;
     let mut cfg = auth_config(&["ffdhe8192"]);
     // The reactor on CPU 0, as a production node pins them; the DH worker
     // keeps off it. The victim's and the attacker's threads may run anywhere.
@@ -289,33 +348,45 @@ fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
     let addr = t.local_addrs[0];
     let mut victim = controller(addr, NQN, 1, Digests::default(), 0);
     let io = &mut victim.io[0];
-    worst_read(io, Duration::from_millis(300)); // warm up
+    reads_for(io, Duration::from_millis(300), slow); // warm up
     let challenges = Arc::new(AtomicU64::new(0));
-    let (mut base, mut under) = (Duration::ZERO, Duration::ZERO);
-    let (mut base_n, mut under_n) = (0, 0);
+    let (mut base, mut under) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        let (w, n) = worst_read(io, PHASE);
-        (base, base_n) = (base.max(w), base_n + n);
+        base.push(reads_for(io, PHASE, slow));
         let stop = start_flood(addr, ATTACKERS, &challenges);
         // Let the flood reach its rate before measuring.
         std::thread::sleep(Duration::from_millis(100));
-        let (w, n) = worst_read(io, PHASE);
-        (under, under_n) = (under.max(w), under_n + n);
+        under.push(reads_for(io, PHASE, slow));
         stop();
     }
     let got = challenges.load(Ordering::Relaxed);
-    let bound = base * 2 + Duration::from_millis(2);
+    let worst = |v: &[Phase]| median(v.iter().map(|p| p.worst).collect());
+    let sum = |v: &[Phase], f: fn(&Phase) -> u64| v.iter().map(f).sum::<u64>();
+    let (base_w, under_w) = (worst(&base), worst(&under));
+    let bound = base_w * 2 + Duration::from_millis(2);
+    let (base_slow, under_slow) = (sum(&base, |p| p.slow), sum(&under, |p| p.slow));
     eprintln!(
-        "victim worst 4 KiB read: baseline {base:?} ({base_n} reads), under the flood {under:?} \
-         ({under_n} reads); bound {bound:?}; ffdhe8192 Challenges served to the attacker: {got}"
+        "ffdhe8192 exponentiation {exp:?}; victim worst 4 KiB read (median of {ROUNDS} phases): \
+         baseline {base_w:?} ({} reads), under the flood {under_w:?} ({} reads); bound {bound:?}; \
+         reads over {slow:?}: baseline {base_slow}, under the flood {under_slow}; \
+         ffdhe8192 Challenges served to the attacker: {got}; phases: base {:?} flood {:?}",
+        sum(&base, |p| p.reads),
+        sum(&under, |p| p.reads),
+        base.iter().map(|p| p.worst).collect::<Vec<_>>(),
+        under.iter().map(|p| p.worst).collect::<Vec<_>>(),
     );
     assert!(
-        got >= 10,
+        got >= 20,
         "the flood got only {got} Challenges: it tested nothing"
     );
     assert!(
-        under <= bound,
-        "victim worst read {under:?} > 2 × baseline {base:?} + 2 ms"
+        under_w <= bound,
+        "victim worst read {under_w:?} > 2 × baseline {base_w:?} + 2 ms"
+    );
+    assert!(
+        under_slow <= base_slow + got / 20,
+        "{under_slow} reads over {slow:?} under the flood (baseline {base_slow}) for {got} \
+         Challenges: exponentiations stall the reactor"
     );
     t.stop().unwrap();
 }
@@ -325,6 +396,7 @@ fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
 /// reactor, which the worker's count shows) and its commands then run.
 #[test]
 fn the_host_library_authenticates_through_the_workers_on_both_engines() {
+    let _exclusive = shared();
     use trellis_node::config::SocketEngine;
     for engine in [SocketEngine::Epoll, SocketEngine::Uring] {
         let mut cfg = auth_config(&["ffdhe2048"]);
@@ -355,6 +427,7 @@ fn the_host_library_authenticates_through_the_workers_on_both_engines() {
 /// authenticates.
 #[test]
 fn a_flood_in_a_hosts_name_from_another_address_does_not_lock_it_out() {
+    let _exclusive = shared();
     let mut cfg = auth_config(&["ffdhe2048"]);
     cfg.target.auth_per_host_burst = 4;
     cfg.target.auth_per_host_per_sec = 1;
