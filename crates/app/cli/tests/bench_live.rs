@@ -210,6 +210,39 @@ fn an_io_connect_to_a_discovery_only_port_is_explained_on_both_sides() {
     }
 }
 
+/// Issue 32: `/metrics` on a wildcard address serves anyone who reaches
+/// the port, so the target warns at start and names the fix; on loopback
+/// it only says where it serves.
+#[test]
+fn metrics_on_a_wildcard_address_warns_and_names_the_fix() {
+    const WARNING: &str =
+        "a wildcard address serves anyone who reaches this port; bind 127.0.0.1, or set [metrics] bearer_token_file";
+    let t = LiveTarget::start(&["--ram", "16M", "--metrics", "0.0.0.0:0"]);
+    if let Err(log) = t.wait_log(WARNING) {
+        panic!("no wildcard warning:\n{log}");
+    }
+    let line = t
+        .log()
+        .lines()
+        .find(|l| l.contains(WARNING))
+        .unwrap()
+        .to_string();
+    assert!(line.contains("WARN"), "a warning: {line}");
+    assert!(
+        line.contains("http://0.0.0.0:"),
+        "it names the address: {line}"
+    );
+    let t = LiveTarget::start(&["--ram", "16M", "--metrics", "127.0.0.1:0"]);
+    if let Err(log) = t.wait_log("metrics on http://127.0.0.1:") {
+        panic!("no metrics line:\n{log}");
+    }
+    assert!(
+        !t.log().contains("wildcard"),
+        "no warning on loopback:\n{}",
+        t.log()
+    );
+}
+
 #[test]
 fn a_host_not_on_the_allow_list_is_told_how_to_fix_it() {
     let t = LiveTarget::start(&["--null", "64M", "--allow-host", "nqn.2026-11.io.x:only"]);

@@ -291,7 +291,6 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
     let mut fds = pollfds(&socks);
     let max_connections = shared.reg.limits().max_connections;
     let mut last_accept_warn: Option<std::time::Instant> = None;
-    let mut refusals = Refusals::default();
     while !shared.shutdown.load(Ordering::Relaxed) {
         if shared.reg.listeners().sync_sockets(&mut socks) {
             fds = pollfds(&socks);
@@ -325,11 +324,15 @@ fn accept_loop(listeners: Vec<TcpListener>, reactors: &[ReactorHandle], shared: 
                     }
                 };
                 if shared.connections.load(Ordering::Relaxed) >= max_connections {
-                    refusals.note(peer, "connection limit reached (target.max_connections)");
+                    refused(
+                        shared,
+                        peer,
+                        "connection limit reached (target.max_connections)",
+                    );
                     continue;
                 }
                 let Some(token) = shared.reg.peer_budget().try_admit(peer.ip()) else {
-                    refusals.note(peer, "this address holds its share of connections (target.max_connections_per_addr)");
+                    refused(shared, peer, "this address holds its share of connections (target.max_connections_per_addr)");
                     continue;
                 };
                 let setup = stream.set_nonblocking(true).and(stream.set_nodelay(true));
@@ -421,31 +424,13 @@ fn metrics_token(m: &crate::config::MetricsConfig) -> anyhow::Result<Option<Stri
     Ok(Some(t))
 }
 
-/// At most one warning per this long about refused connections.
-const REFUSAL_WARN_INTERVAL_S: u64 = 10;
-
-/// Refused connections, logged at most every [`REFUSAL_WARN_INTERVAL_S`]
-/// with the count of those not logged: a flood of them, which is what a
-/// limit is for, must not flood the log too.
-#[derive(Default)]
-struct Refusals {
-    last: Option<std::time::Instant>,
-    unlogged: u64,
-}
-
-impl Refusals {
-    fn note(&mut self, peer: SocketAddr, why: &str) {
-        let now = std::time::Instant::now();
-        if self
-            .last
-            .is_some_and(|t| now.duration_since(t).as_secs() < REFUSAL_WARN_INTERVAL_S)
-        {
-            self.unlogged += 1;
-            return;
-        }
-        self.last = Some(now);
-        let more = std::mem::take(&mut self.unlogged);
-        tracing::warn!(%peer, refused_since_last_warning = more, "refusing a connection: {why}");
+/// Warns of a connection the acceptor refuses, rate-limited (a flood of
+/// them, which is what a limit is for, must not flood the log too): a
+/// burst whole, then `target.log_lines_per_sec`, each line counting the
+/// refusals not logged since the last.
+fn refused(shared: &Shared, peer: SocketAddr, why: &str) {
+    if let Some(left_out) = shared.reg.log_limits().accept.admit() {
+        tracing::warn!(%peer, left_out, "refusing a connection: {why}");
     }
 }
 

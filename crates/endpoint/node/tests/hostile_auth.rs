@@ -262,16 +262,16 @@ fn reads_for(q: &mut Queue, dur: Duration, slow: Duration) -> Phase {
 /// What one ffdhe8192 public value costs this machine (median of 5): the
 /// stall a Challenge computed on the reactor would cause.
 fn ffdhe8192_exponentiation() -> Duration {
-    let mut t: Vec<Duration> = (0..5u8)
-        .map(|i| {
-            let t0 = Instant::now();
-            let k = trellis_nvme::dhchap::DhKey::new(DhGroup::Ffdhe8192, &[i + 7; 64]).unwrap();
-            assert!(!k.public_value().is_empty());
-            t0.elapsed()
-        })
-        .collect();
-    t.sort();
-    t[2]
+    median(
+        (0..5u8)
+            .map(|i| {
+                let t0 = Instant::now();
+                let k = trellis_nvme::dhchap::DhKey::new(DhGroup::Ffdhe8192, &[i + 7; 64]).unwrap();
+                assert!(!k.public_value().is_empty());
+                t0.elapsed()
+            })
+            .collect(),
+    )
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

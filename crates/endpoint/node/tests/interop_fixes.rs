@@ -165,6 +165,124 @@ fn every_connect_refusal_is_logged_at_info_with_reason_host_subsystem_and_peer()
     t.stop().unwrap();
 }
 
+/// `left_out=N` of a log line (0 when the field is missing).
+fn left_out(line: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("left_out="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no left_out in {line}"))
+}
+
+/// The captured lines that contain every one of `parts`.
+fn lines_with(parts: &[&str]) -> Vec<String> {
+    let text = String::from_utf8_lossy(&captured_log().lock().unwrap()).into_owned();
+    text.lines()
+        .filter(|l| parts.iter().all(|p| l.contains(p)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Checks a limited log of `sent` events (issue 32: a peer must not be able
+/// to flood the log): the first 20 lines whole (the burst, `left_out=0`),
+/// then at most one a second over `window`, and every event written or
+/// counted in a later line's `left_out`.
+fn assert_limited(lines: &[String], sent: u64, window: std::time::Duration) {
+    let burst = trellis_node::sys::loglimit::DEFAULT_LOG_BURST as usize;
+    eprintln!("{} lines for {sent} events in {window:?}", lines.len());
+    assert!(
+        lines.len() > burst,
+        "the burst and at least one line after it: {lines:#?}"
+    );
+    for l in &lines[..burst] {
+        assert_eq!(left_out(l), 0, "the burst is written whole: {l}");
+    }
+    // One line a second after the burst, and one for a partly refilled second.
+    let most = burst + window.as_secs() as usize + 2;
+    assert!(
+        lines.len() <= most,
+        "{} lines for {sent} events in {window:?}: at most {most}",
+        lines.len()
+    );
+    let last = lines.last().unwrap();
+    assert!(
+        left_out(last) > 0,
+        "the last line counts the ones left out: {last}"
+    );
+    let counted: u64 = lines.iter().map(|l| left_out(l)).sum::<u64>() + lines.len() as u64;
+    assert_eq!(counted, sent, "every event written or counted");
+}
+
+#[test]
+fn a_flood_of_refused_connects_logs_a_burst_then_one_line_a_second() {
+    use std::time::{Duration, Instant};
+    const FLOOD_HOST: &str = "nqn.2014-08.org.example:flood";
+    captured_log();
+    let t = start_target();
+    let addr = t.local_addrs[0];
+    let refuse = || {
+        let mut q = Queue::open(addr, NO);
+        let c = q.fabrics_connect(0, 31, NQN, FLOOD_HOST, CNTLID_DYNAMIC, 0);
+        assert_eq!(c.status, specific::CONNECT_INVALID_HOST.dnr(), "refused");
+    };
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_millis(2_500) {
+        refuse();
+        sent += 1;
+    }
+    assert!(sent >= 100, "a flood: {sent} refused Connects in 2.5 s");
+    // A line refills within a second: the next refusal is written, and it
+    // counts what the flood left out.
+    std::thread::sleep(Duration::from_millis(1_100));
+    refuse();
+    sent += 1;
+    let window = started.elapsed();
+    // Each line is written before its refusal is sent.
+    let lines = lines_with(&["connect refused", FLOOD_HOST]);
+    assert_limited(&lines, sent, window);
+    t.stop().unwrap();
+}
+
+#[test]
+fn a_flood_of_fatal_pdu_errors_logs_a_burst_then_one_line_a_second() {
+    use std::io::Write;
+    use std::time::{Duration, Instant};
+    captured_log();
+    let t = start_target();
+    let addr = t.local_addrs[0];
+    let mut peers = Vec::new();
+    let fatal = |peers: &mut Vec<String>| {
+        let mut q = Queue::open(addr, NO);
+        peers.push(format!("peer={}", q.s.local_addr().unwrap()));
+        // A PDU type no one defines: a fatal error (C2HTermReq, close).
+        q.s.write_all(&[0x7f, 0, 8, 0, 8, 0, 0, 0]).unwrap();
+        let mut b = [0u8; 256];
+        while matches!(std::io::Read::read(&mut q.s, &mut b), Ok(n) if n > 0) {}
+    };
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(2_500) {
+        fatal(&mut peers);
+    }
+    assert!(
+        peers.len() >= 100,
+        "a flood: {} fatal errors in 2.5 s",
+        peers.len()
+    );
+    std::thread::sleep(Duration::from_millis(1_100));
+    fatal(&mut peers);
+    let window = started.elapsed();
+    // Ports are reused over a flood this long: count calls, match ports.
+    let sent = peers.len() as u64;
+    let peers: std::collections::HashSet<String> = peers.into_iter().collect();
+    // The target logs before it closes, and the read above saw the close.
+    let lines: Vec<String> = lines_with(&["terminating connection"])
+        .into_iter()
+        .filter(|l| l.split_whitespace().any(|w| peers.contains(w)))
+        .collect();
+    assert_limited(&lines, sent, window);
+    t.stop().unwrap();
+}
+
 // ---------------------------------------------------------------- 2. discovery controllers
 
 use trellis_nvme::fabrics::DISCOVERY_NQN;

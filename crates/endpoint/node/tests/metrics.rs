@@ -446,3 +446,36 @@ fn idle_metrics_connections_add_no_thread_and_scrapes_still_work() {
     drop(idle);
     t.stop().unwrap();
 }
+
+/// Issue 32: a `/metrics` connection that never finishes its request header
+/// is closed after `HEADER_TIMEOUT` (2 s), and scrapes are served meanwhile
+/// (tiny_http, before, kept such a connection and its thread forever).
+#[test]
+fn a_half_sent_request_header_is_closed_after_the_header_timeout() {
+    let mut cfg = test_config(NamespaceConfig::sized(BackendKind::Ram, 1 << 20));
+    cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    let t = trellis_node::Target::start(&cfg).unwrap();
+    let addr = t.metrics_addr.unwrap();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let sent = Instant::now();
+    write!(slow, "GET /metrics HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, body) = get(addr, "/metrics");
+    assert_eq!(code, 200, "a scrape is served while the slow one waits");
+    assert!(body.contains("trellis_uptime_seconds"));
+    let mut b = [0u8; 64];
+    let n = slow
+        .read(&mut b)
+        .expect("closed, not timed out on our side");
+    let held = sent.elapsed();
+    assert_eq!(n, 0, "closed without a response: {:?}", &b[..n]);
+    let timeout = trellis_node::control::metrics_http::HEADER_TIMEOUT;
+    assert!(
+        held >= timeout.mul_f64(0.75) && held <= timeout * 3,
+        "closed after {held:?}: the header timeout is {timeout:?}"
+    );
+    eprintln!("half-sent header closed after {held:?}");
+    t.stop().unwrap();
+}

@@ -179,6 +179,12 @@ impl LiveTarget {
         self.addr.to_string()
     }
 
+    /// The log so far.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
     /// Every address the target logged "listening on", in order.
     #[allow(dead_code)] // not every test binary uses it
     pub fn listeners(&self) -> Vec<SocketAddr> {

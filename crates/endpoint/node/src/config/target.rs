@@ -142,6 +142,13 @@ pub struct TargetConfig {
     /// peer claiming a keyed NQN learns nothing from the discovery log
     /// without the secret (docs/security.md "Who may connect").
     pub discovery_dhchap: bool,
+    /// Lines of one kind a peer can trigger (refused Connects, refused
+    /// connections, refused authentications, new QoS tenants) written at
+    /// once; past them, `log_lines_per_sec`, each line counting those left
+    /// out (`sys::loglimit`).
+    pub log_burst: u32,
+    /// Lines of one such kind per second once its burst is spent.
+    pub log_lines_per_sec: u32,
     /// Socket I/O engine: plain syscalls with epoll, or io_uring.
     pub socket_engine: SocketEngine,
     /// Where the node identity file (`node-id`) lives. Default: the config
@@ -359,6 +366,8 @@ impl Default for TargetConfig {
             auth_workers: DEFAULT_AUTH_WORKERS,
             auth_queue_max: DEFAULT_AUTH_QUEUE_MAX,
             discovery_dhchap: false,
+            log_burst: crate::sys::loglimit::DEFAULT_LOG_BURST,
+            log_lines_per_sec: crate::sys::loglimit::DEFAULT_LOG_LINES_PER_SEC,
             socket_engine: SocketEngine::Epoll,
             state_dir: None,
         }
@@ -502,6 +511,16 @@ impl TargetConfig {
             t.preempt_abort_timeout_ms
         );
         t.validate_auth()?;
+        use crate::sys::loglimit::LOG_LIMIT_MAX;
+        for (name, v) in [
+            ("log_burst", t.log_burst),
+            ("log_lines_per_sec", t.log_lines_per_sec),
+        ] {
+            ensure!(
+                (1..=LOG_LIMIT_MAX).contains(&v),
+                "target.{name} {v} is out of range: use 1..={LOG_LIMIT_MAX}"
+            );
+        }
         // Every connection's share must fit the largest transfer, or a
         // command of that size would wait forever.
         let need = t.max_io_size.0.saturating_mul(TRANSFER_POOL_SHARE_DIV);

@@ -328,6 +328,8 @@ pub struct Registry {
     pub(in crate::state) ana: crate::state::ana::AnaTable,
     /// An HA pair's shared reservation state (set when `[ha]` starts).
     pub(in crate::state) shared_resv: std::sync::OnceLock<Arc<dyn crate::state::resv::SharedResv>>,
+    /// Rate limits of the log lines peers can trigger (`sys::loglimit`).
+    pub(in crate::state) log_limits: crate::sys::loglimit::NodeLogLimits,
 }
 
 impl Registry {
@@ -374,6 +376,9 @@ impl Registry {
     /// Preempt and Abort's wait for the commands past their reservation check.
     pub fn drain(&self) -> &crate::state::drain::Drain {
         &self.drain
+    }
+    pub fn log_limits(&self) -> &crate::sys::loglimit::NodeLogLimits {
+        &self.log_limits
     }
     pub fn peer_budget(&self) -> &Arc<crate::state::conns::PeerBudget> {
         &self.peer_budget
@@ -547,10 +552,14 @@ impl Registry {
                 None => crate::state::fence::Fence::always(),
             }),
             qos: cfg.qos.clone(),
-            tenants: Arc::new(crate::state::tenants::Tenants::new(
-                &cfg.tenants,
-                &cfg.qos.limits,
-            )),
+            tenants: Arc::new(
+                crate::state::tenants::Tenants::new(&cfg.tenants, &cfg.qos.limits)
+                    .with_log_limit(cfg.target.log_burst, cfg.target.log_lines_per_sec),
+            ),
+            log_limits: crate::sys::loglimit::NodeLogLimits::new(
+                cfg.target.log_burst,
+                cfg.target.log_lines_per_sec,
+            ),
             subsystems: crate::state::subsystems::SubsystemTable::new(subsystems, &cfg.subsystems),
             next_uid: AtomicUsize::new(all_ns.len()),
             ns: crate::state::nsset::NsCell::new(crate::state::nsset::NsSet {

@@ -28,6 +28,9 @@ pub struct Tenants {
     /// a millisecond and re-apply the weights to their schedulers, so no
     /// lock is taken on the I/O path.
     weights_gen: std::sync::atomic::AtomicU64,
+    /// "new qos tenant" lines: any peer can make them, with throw-away
+    /// NQNs, so they are rate-limited (`target.log_burst`).
+    log: crate::sys::loglimit::LogLimit,
 }
 
 /// A host's tenant and who holds it.
@@ -72,7 +75,15 @@ impl Tenants {
             }),
             live: Mutex::new(HashMap::new()),
             weights_gen: std::sync::atomic::AtomicU64::new(0),
+            log: crate::sys::loglimit::LogLimit::default(),
         }
+    }
+
+    /// Sets the rate limit of "new qos tenant" lines (`target.log_burst`,
+    /// `target.log_lines_per_sec`).
+    pub fn with_log_limit(mut self, burst: u32, per_sec: u32) -> Tenants {
+        self.log = crate::sys::loglimit::LogLimit::new(burst, per_sec);
+        self
     }
 
     /// Forgets the tenants hosts were given at Connect, keeping the
@@ -134,7 +145,9 @@ impl Tenants {
             };
             m.ids.insert(hostnqn.to_string(), a);
             drop(m);
-            tracing::info!(host = %hostnqn.escape_debug(), tenant = id, "new qos tenant");
+            if let Some(left_out) = self.log.admit() {
+                tracing::info!(host = %hostnqn.escape_debug(), tenant = id, left_out, "new qos tenant");
+            }
             return id;
         }
         if !m.overflow_logged {

@@ -31,6 +31,7 @@ use crate::config::keys::HostKeys;
 use crate::data::nvme::auth_work::{Output, Work};
 use crate::data::nvme::exec::{Command, Ctx, Exec, Queue, QueueCtx, Request};
 use crate::state::subsystem::{Registry, Subsystem};
+use crate::sys::loglimit::LogLimit;
 use std::sync::Arc;
 use trellis_nvme::auth::{failure, BadMessage, Challenge, Failure, Message, Negotiate, Reply};
 use trellis_nvme::auth::{AuthCmd, CONNECT_AUTHREQ_ATR};
@@ -104,6 +105,17 @@ pub struct Session {
     started: bool,
     /// The DH job a parked Receive waits for, and its command slot.
     pending: Option<(u64, u16)>,
+    /// A failure to log, taken by the handler ([`Session::take_note`]),
+    /// which rate-limits it: a peer can fail transactions at will.
+    note: Option<Note>,
+}
+
+/// A failed transaction, for the log: what happened and the explanation
+/// code (AUTH_Failure's reason code explanation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub what: &'static str,
+    pub explanation: u8,
 }
 
 /// Fills a buffer with cryptographically secure random bytes.
@@ -128,6 +140,7 @@ impl Session {
             transactions: 0,
             started: false,
             pending: None,
+            note: None,
         }
     }
 
@@ -153,6 +166,11 @@ impl Session {
         self.authenticated = false;
         self.failure = why;
         self.step = Step::Failure1;
+    }
+
+    /// The failure to log since the last call, if any.
+    pub fn take_note(&mut self) -> Option<Note> {
+        self.note.take()
     }
 
     /// Whether the queue may run other commands.
@@ -188,7 +206,10 @@ impl Session {
                 Ok(())
             }
             (_, Message::Failure2(f)) => {
-                tracing::info!(host = %self.hostnqn, explanation = f.explanation, "host reported authentication failure");
+                self.note = Some(Note {
+                    what: "host reported authentication failure",
+                    explanation: f.explanation,
+                });
                 self.authenticated = false;
                 self.step = Step::Failed;
                 Ok(())
@@ -287,7 +308,10 @@ impl Session {
     }
 
     fn fail(&mut self, why: u8) {
-        tracing::info!(host = %self.hostnqn, subsystem = %self.subnqn, explanation = why, "authentication failed");
+        self.note = Some(Note {
+            what: "authentication failed",
+            explanation: why,
+        });
         self.failure = why;
         self.step = Step::Failure1;
     }
@@ -430,7 +454,10 @@ impl Session {
             subnqn: &self.subnqn,
         });
         if !dhchap::same(&want, &x.response) {
-            tracing::info!(host = %self.hostnqn, subsystem = %self.subnqn, "authentication failed: wrong response");
+            self.note = Some(Note {
+                what: "authentication failed: wrong response",
+                explanation: failure::FAILED,
+            });
             return self.failure1(failure::FAILED);
         }
         if x.c2.is_none() {
@@ -539,6 +566,8 @@ fn session(q: &mut Queue) -> Result<(&mut Session, u16), Status> {
 /// Fabrics Authentication Send (05h).
 pub(crate) fn auth_send(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let peer = q.peer;
+    let reg = q.reg.clone();
+    let log = &reg.log_limits().auth;
     let per_conn_max = q.reg.limits().auth_per_conn_max;
     let r = check_cmd(req).and_then(|len| {
         let (s, qid) = session(q)?;
@@ -547,7 +576,7 @@ pub(crate) fn auth_send(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec
         if s.take_started() {
             admit(s, ctx, per_conn_max, peer);
         }
-        log_change(s, was, qid, peer);
+        log_change(s, was, qid, peer, log);
         Ok(())
     });
     Exec::Done(r.err().unwrap_or(Status::SUCCESS))
@@ -581,6 +610,8 @@ fn admit(s: &mut Session, ctx: &Ctx, per_conn_max: u32, peer: std::net::SocketAd
 /// and [`resume`] completes it.
 pub(crate) fn auth_receive(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> Exec {
     let peer = q.peer;
+    let reg = q.reg.clone();
+    let log = &reg.log_limits().auth;
     let r = check_cmd(req).and_then(|al| {
         let (s, qid) = session(q)?;
         let was = s.authenticated();
@@ -606,7 +637,7 @@ pub(crate) fn auth_receive(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
             },
         };
         let b = s.encode(msg, al)?;
-        log_change(s, was, qid, peer);
+        log_change(s, was, qid, peer, log);
         Ok(Some(b))
     });
     match r {
@@ -626,6 +657,8 @@ pub(crate) fn parked(q: &Queue, job: u64) -> Option<u16> {
 /// workers' result.
 pub(crate) fn resume(q: &mut Queue, req: &mut Request, job: u64, out: Output) -> Exec {
     let peer = q.peer;
+    let reg = q.reg.clone();
+    let log = &reg.log_limits().auth;
     let al = AuthCmd::decode(&req.sqe).len as usize;
     let r = session(q).and_then(|(s, qid)| {
         if s.pending.take().map(|p| p.0) != Some(job) {
@@ -634,7 +667,7 @@ pub(crate) fn resume(q: &mut Queue, req: &mut Request, job: u64, out: Output) ->
         let was = s.authenticated();
         let msg = s.resume(out);
         let b = s.encode(msg, al)?;
-        log_change(s, was, qid, peer);
+        log_change(s, was, qid, peer, log);
         Ok(b)
     });
     match r {
@@ -643,9 +676,16 @@ pub(crate) fn resume(q: &mut Queue, req: &mut Request, job: u64, out: Output) ->
     }
 }
 
-fn log_change(s: &Session, was: bool, qid: u16, peer: std::net::SocketAddr) {
+/// Logs a queue that became authenticated, and (rate-limited, with the
+/// count left out: any peer can fail transactions) a failed transaction.
+fn log_change(s: &mut Session, was: bool, qid: u16, peer: std::net::SocketAddr, log: &LogLimit) {
     if s.authenticated() && !was {
         tracing::info!(host = %s.hostnqn, subsystem = %s.subnqn, qid, %peer, "queue authenticated (DH-HMAC-CHAP)");
+    }
+    if let Some(n) = s.take_note() {
+        if let Some(left_out) = log.admit() {
+            tracing::info!(host = %s.hostnqn.escape_debug(), subsystem = %s.subnqn, qid, %peer, explanation = n.explanation, left_out, "{}", n.what);
+        }
     }
 }
 

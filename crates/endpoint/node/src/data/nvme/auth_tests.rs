@@ -115,6 +115,11 @@ fn wrong_host_secret_gets_failure1_and_ends_the_transaction() {
     );
     assert!(!t.authenticated());
     assert!(t.failed());
+    // One failure to log (the handler rate-limits it), taken once.
+    let n = t.take_note().expect("the failure is noted for the log");
+    assert_eq!(n.what, "authentication failed: wrong response");
+    assert_eq!(n.explanation, failure::FAILED);
+    assert_eq!(t.take_note(), None);
     // Nothing more: not even a new Negotiate.
     assert_eq!(
         t.send(&h.negotiate()),
@@ -143,6 +148,10 @@ fn wrong_controller_secret_is_caught_by_the_host() {
     );
     // The host's Failure2 leaves the queue unauthenticated.
     assert!(!t.authenticated());
+    let n = t
+        .take_note()
+        .expect("the host's failure is noted for the log");
+    assert_eq!(n.what, "host reported authentication failure");
 }
 
 #[test]

@@ -20,7 +20,8 @@
 //! `target.auth_per_conn_max` per connection (counted by the session) and,
 //! node-wide per host NQN, a token bucket of `target.auth_per_host_burst`
 //! transactions refilled at `target.auth_per_host_per_sec`. Refusals are
-//! logged at most every [`REFUSAL_LOG_INTERVAL_NS`] with a count.
+//! logged rate-limited (`target.log_burst`, `sys::loglimit`), each line
+//! with the count left out.
 //!
 //! Under `indexing_slicing` and `cast_possible_truncation` (issue 32 item
 //! 8).
@@ -39,8 +40,6 @@ use trellis_nvme::dhchap::{BadPublicValue, DhGroup, DhKey, PRIVATE_KEY_LEN};
 pub const WORKER_NICE: i32 = 10;
 /// At most this many (host NQN, source address) token buckets.
 pub const MAX_AUTH_BUCKETS: usize = 4096;
-/// At most one warning per this long about refused transactions.
-pub const REFUSAL_LOG_INTERVAL_NS: u64 = 10_000_000_000;
 
 /// One exponentiation (with what goes around it).
 pub enum Work {
@@ -144,12 +143,6 @@ struct Bucket {
     at_ns: u64,
 }
 
-/// Refusals since the last warning, for the rate-limited log.
-struct Refusals {
-    last_ns: Option<u64>,
-    unlogged: u64,
-}
-
 /// The node's DH workers and transaction bounds (one per target).
 pub struct AuthPool {
     tx: Mutex<Option<SyncSender<Job>>>,
@@ -160,7 +153,8 @@ pub struct AuthPool {
     buckets: Mutex<HashMap<(String, std::net::IpAddr), Bucket>>,
     per_host_per_sec: u64,
     per_host_burst: u64,
-    refusals: Mutex<Refusals>,
+    /// Refusal warnings (`target.log_burst`, `sys::loglimit`).
+    refusal_log: crate::sys::loglimit::LogLimit,
 }
 
 /// The workers' queue holds `target.auth_queue_max` jobs (or the pool is
@@ -216,10 +210,10 @@ impl AuthPool {
             buckets: Mutex::new(HashMap::new()),
             per_host_per_sec: limits.auth_per_host_per_sec as u64,
             per_host_burst: limits.auth_per_host_burst as u64,
-            refusals: Mutex::new(Refusals {
-                last_ns: None,
-                unlogged: 0,
-            }),
+            refusal_log: crate::sys::loglimit::LogLimit::new(
+                limits.log_burst,
+                limits.log_lines_per_sec,
+            ),
         }))
     }
 
@@ -277,20 +271,14 @@ impl AuthPool {
         b.milli
     }
 
-    /// Counts a refusal and warns about it, at most every
-    /// [`REFUSAL_LOG_INTERVAL_NS`] with the number not logged since.
+    /// Counts a refusal and warns about it, rate-limited
+    /// (`sys::loglimit`): each line counts the refusals not logged since
+    /// the last.
     pub fn note_refusal(&self, host: &str, peer: std::net::SocketAddr, why: &str, now_ns: u64) {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        let mut r = crate::sys::lock(&self.refusals);
-        if r.last_ns
-            .is_some_and(|t| now_ns.saturating_sub(t) < REFUSAL_LOG_INTERVAL_NS)
-        {
-            r.unlogged += 1;
-            return;
+        if let Some(left_out) = self.refusal_log.admit_at(now_ns) {
+            tracing::warn!(%host, %peer, left_out, "refusing an authentication transaction: {why}");
         }
-        r.last_ns = Some(now_ns);
-        let more = std::mem::take(&mut r.unlogged);
-        tracing::warn!(%host, %peer, refused_since_last_warning = more, "refusing an authentication transaction: {why}");
     }
 }
 

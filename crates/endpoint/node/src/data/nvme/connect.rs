@@ -34,7 +34,8 @@ fn refuse(exec: Exec, why: &'static str) -> Refusal {
 
 impl Queue {
     /// Fabrics Connect: creates a controller (admin queue) or attaches an I/O
-    /// queue. Every refusal is logged at info: a host that cannot connect
+    /// queue. Every refusal is logged at info (a burst whole, then at a
+    /// rate, each line counting those left out): a host that cannot connect
     /// otherwise sees only a status code, and the operator nothing.
     pub(crate) fn connect(&mut self, ctx: &mut Ctx, req: &mut Request) -> Exec {
         let cmd = ConnectCmd::decode(&req.sqe);
@@ -48,13 +49,19 @@ impl Queue {
         }
     }
 
+    /// Logs a refusal (rate-limited: a peer decides how often it happens,
+    /// `sys::loglimit`) and returns its completion.
     fn refused(&self, r: Refusal, cmd: &ConnectCmd, data: Option<&ConnectData>) -> Exec {
+        let Some(left_out) = self.reg.log_limits().connect.admit() else {
+            return r.exec;
+        };
         let (host, sub) = data.map_or(("?", "?"), |d| (d.hostnqn.as_str(), d.subnqn.as_str()));
         tracing::info!(
             peer = %self.peer,
             host = ?host,
             subsystem = ?sub,
             qid = cmd.qid,
+            left_out,
             "connect refused: {}",
             r.why
         );

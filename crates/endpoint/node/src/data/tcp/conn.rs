@@ -366,6 +366,14 @@ impl Conn {
         self.close_kind
     }
 
+    /// Whether a line about closing this connection for its peer's fault
+    /// (a fatal error, a timeout, a TLS failure) may be written: the lines
+    /// left out since the last, or None. Rate-limited node-wide
+    /// (`sys::loglimit`): a peer decides how often it happens.
+    pub(crate) fn close_log(&self) -> Option<u64> {
+        self.queue.reg.log_limits().close.admit()
+    }
+
     pub fn peer(&self) -> SocketAddr {
         self.queue.peer
     }
@@ -488,7 +496,9 @@ impl Conn {
 
     /// Answers a fatal error: C2HTermReq with the offending header, then close.
     fn fatal_with(&mut self, f: Fatal, offending: &[u8]) {
-        tracing::warn!(peer = %self.queue.peer, "fatal: {} (FES {:#x}, FEI {}); terminating connection", f.name(), f.fes, f.fei);
+        if let Some(left_out) = self.close_log() {
+            tracing::warn!(peer = %self.queue.peer, left_out, "fatal: {} (FES {:#x}, FEI {}); terminating connection", f.name(), f.fes, f.fei);
+        }
         self.close_reason = Some(format!("{} (FES {:#x})", f.name(), f.fes));
         self.close_kind = CloseKind::ProtocolError;
         self.state = State::Closing;

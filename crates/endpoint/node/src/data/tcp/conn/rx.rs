@@ -218,10 +218,12 @@ impl Conn {
     /// On a queue not yet connected, every failed command is a refused
     /// Connect (or a command before Connect): logged at info like the
     /// refusals the Connect handler makes, so an operator sees why a host
-    /// cannot connect.
+    /// cannot connect, and limited by the same bucket.
     pub(super) fn refused_before_connect(&self, st: Status, why: &str) {
         if self.queue.q.is_none() {
-            tracing::info!(peer = %self.queue.peer, "connect refused: {why} ({st})");
+            if let Some(left_out) = self.queue.reg.log_limits().connect.admit() {
+                tracing::info!(peer = %self.queue.peer, left_out, "connect refused: {why} ({st})");
+            }
         }
     }
 

@@ -77,11 +77,14 @@ impl Conn {
             return;
         }
         if now_ns >= self.tls_deadline_ns {
-            tracing::warn!(
-                peer = %self.queue.peer,
-                "TLS handshake not finished within {} ms (target.tls_handshake_timeout_ms); closing",
-                self.queue.reg.limits().tls_handshake_timeout_ms
-            );
+            if let Some(left_out) = self.close_log() {
+                tracing::warn!(
+                    peer = %self.queue.peer,
+                    left_out,
+                    "TLS handshake not finished within {} ms (target.tls_handshake_timeout_ms); closing",
+                    self.queue.reg.limits().tls_handshake_timeout_ms
+                );
+            }
             self.close_as(CloseKind::Timeout, "TLS handshake timeout");
             return;
         }

@@ -247,12 +247,15 @@ impl Conn {
         if now_ns.saturating_sub(self.tx_wait_since_ns) <= limit_ns {
             return false;
         }
-        tracing::warn!(
-            peer = %self.queue.peer,
-            "peer accepted none of {} queued bytes for {} ms (target.send_stall_timeout_ms); closing",
-            self.output_bytes(),
-            self.queue.reg.limits().send_stall_timeout_ms
-        );
+        if let Some(left_out) = self.close_log() {
+            tracing::warn!(
+                peer = %self.queue.peer,
+                left_out,
+                "peer accepted none of {} queued bytes for {} ms (target.send_stall_timeout_ms); closing",
+                self.output_bytes(),
+                self.queue.reg.limits().send_stall_timeout_ms
+            );
+        }
         self.close_as(
             CloseKind::Timeout,
             "peer stopped reading (send stall timeout)",

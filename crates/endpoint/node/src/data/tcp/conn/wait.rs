@@ -152,12 +152,15 @@ impl Conn {
             self.await_data_oldest_ns = oldest;
             return false;
         }
-        tracing::warn!(
-            peer = %self.queue.peer,
-            waiting = self.await_data,
-            "write data not received within {} ms of its R2T (target.data_wait_timeout_ms); closing",
-            self.queue.reg.limits().data_wait_timeout_ms
-        );
+        if let Some(left_out) = self.close_log() {
+            tracing::warn!(
+                peer = %self.queue.peer,
+                waiting = self.await_data,
+                left_out,
+                "write data not received within {} ms of its R2T (target.data_wait_timeout_ms); closing",
+                self.queue.reg.limits().data_wait_timeout_ms
+            );
+        }
         self.close_as(
             CloseKind::Timeout,
             "write data not received in time after R2T",

@@ -47,7 +47,9 @@ pub(super) fn tls_drive(e: &mut Entry, ctx: &mut Ctx) {
                 e.conn.tls_established(host, sub);
             }
             Err(err) => {
-                tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
+                if let Some(left_out) = e.conn.close_log() {
+                    tracing::warn!(peer = %e.conn.peer(), left_out, "{err}; closing");
+                }
                 e.conn.close_as(CloseKind::ProtocolError, &err.to_string());
                 return;
             }
@@ -69,7 +71,9 @@ pub(super) fn tls_drive(e: &mut Entry, ctx: &mut Ctx) {
                     .close_as(CloseKind::PeerClosed, "peer closed the TLS session");
             }
             Err(err) => {
-                tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
+                if let Some(left_out) = e.conn.close_log() {
+                    tracing::warn!(peer = %e.conn.peer(), left_out, "{err}; closing");
+                }
                 e.conn.close_as(CloseKind::TransportError, &err.to_string());
             }
         }
@@ -102,7 +106,9 @@ pub(super) fn tls_encrypt(e: &mut Entry, iov: &mut Vec<libc::iovec>, budget: usi
         });
         let r = t.write(pieces);
         if let Err(err) = r {
-            tracing::warn!(peer = %e.conn.peer(), "{err}; closing");
+            if let Some(left_out) = e.conn.close_log() {
+                tracing::warn!(peer = %e.conn.peer(), left_out, "{err}; closing");
+            }
             e.conn.close_as(CloseKind::TransportError, &err.to_string());
             e.conn.on_send_failure();
             return;

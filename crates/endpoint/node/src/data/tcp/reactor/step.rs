@@ -321,7 +321,9 @@ pub(super) fn decide(
     };
     if first != 0x16 {
         if mode == SecureChannel::Required {
-            tracing::warn!(peer = %e.conn.peer(), "plain NVMe/TCP on a listener with secure_channel = \"required\" (the host did not start TLS); closing");
+            if let Some(left_out) = e.conn.close_log() {
+                tracing::warn!(peer = %e.conn.peer(), left_out, "plain NVMe/TCP on a listener with secure_channel = \"required\" (the host did not start TLS); closing");
+            }
             e.conn.close_as(
                 CloseKind::ProtocolError,
                 "TLS required: the host did not start a TLS handshake",
