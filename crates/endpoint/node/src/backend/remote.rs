@@ -338,6 +338,9 @@ struct Worker {
     spec: Arc<RemoteSpec>,
     block_bytes: u64,
     conn: Option<Conn>,
+    /// Connection failures, logged rate-limited with a count: an
+    /// unreachable JBOF fails every request, and each would be a line.
+    log: crate::sys::loglimit::LineBucket,
 }
 
 impl Worker {
@@ -346,6 +349,10 @@ impl Worker {
             spec,
             block_bytes,
             conn: None,
+            log: crate::sys::loglimit::LineBucket::new(
+                crate::sys::loglimit::DEFAULT_LOG_BURST,
+                crate::sys::loglimit::DEFAULT_LOG_LINES_PER_SEC,
+            ),
         }
     }
 
@@ -376,7 +383,9 @@ impl Worker {
             match self.spec.connect(MAX_XFER_BYTES) {
                 Ok(c) => self.conn = Some(c),
                 Err(e) => {
-                    tracing::warn!("{}: connect: {e}", self.spec.describe());
+                    if let Some(left_out) = self.log.admit(crate::sys::now_ns()) {
+                        tracing::warn!(left_out, "{}: connect: {e}", self.spec.describe());
+                    }
                     return generic::TRANSIENT_TRANSPORT_ERROR;
                 }
             }
@@ -386,7 +395,9 @@ impl Worker {
             Ok(()) => Status::SUCCESS,
             Err(HostError::Nvme(st)) => remote_status(st),
             Err(e) => {
-                tracing::warn!("{}: {e}: reconnecting", self.spec.describe());
+                if let Some(left_out) = self.log.admit(crate::sys::now_ns()) {
+                    tracing::warn!(left_out, "{}: {e}: reconnecting", self.spec.describe());
+                }
                 self.conn = None;
                 generic::TRANSIENT_TRANSPORT_ERROR
             }
