@@ -190,6 +190,9 @@ step_connect() {
   grep -qE "^subnqn *: *$SUBNQN\$" $W/out || why "id-ctrl subnqn differs from $SUBNQN" || return 1
   show nvme id-ns /dev/$DEV || why "nvme id-ns failed" || return 1
   show nvme smart-log /dev/$CTRL || why "nvme smart-log failed" || return 1
+  # A real or nominal Composite Temperature, never 0 K (printed as -273 C).
+  grep -iE '^temperature[[:space:]]*:' $W/out > $W/temp || why "smart-log shows no temperature" || return 1
+  ! grep -qE -- '-27[0-9]' $W/temp || why "smart-log temperature is 0 K: $(cat $W/temp)" || return 1
   return 0
 }
 # ANA (docs/target.md "ANA"): the target sets CMIC bit 3, so the kernel reads the ANA log at

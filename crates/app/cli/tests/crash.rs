@@ -160,3 +160,39 @@ fn writes_acknowledged_with_fua_or_before_a_flush_survive_a_sigkill_of_the_targe
         );
     }
 }
+
+/// Issue 33: SMART's Unsafe Shutdowns counts a SIGKILL of the target and
+/// not a clean stop (SIGINT), and Power On Hours and the count survive
+/// restarts (`node-id.health.json` in the state directory). Before, the
+/// field was declared and never counted, and the temperature was 0 K.
+#[test]
+fn unsafe_shutdowns_count_a_sigkill_and_not_a_clean_stop() {
+    let state = tempfile::tempdir().unwrap();
+    let args = ["--ram", "16M", "--reactors", "1"];
+    let unsafe_shutdowns = |t: &LiveTarget| {
+        let mut c =
+            Controller::connect(&t.addr.to_string(), NQN, &HostConfig::default()).expect("connect");
+        let ns = c.smart_log(1).expect("SMART log of nsid 1");
+        let all = c
+            .smart_log(0xFFFF_FFFF)
+            .expect("SMART log of the controller");
+        assert_eq!(ns.unsafe_shutdowns, all.unsafe_shutdowns, "one namespace");
+        // Never 0 K (nvme-cli printed -273 °C): a sensor's, or the nominal.
+        assert!((233..=473).contains(&ns.temperature_k), "{} K", ns.temperature_k);
+        c.shutdown().unwrap();
+        ns.unsafe_shutdowns
+    };
+    let mut t = LiveTarget::start_in(state.path(), &args);
+    assert_eq!(unsafe_shutdowns(&t), 0, "a new node");
+    t.child.kill().unwrap(); // SIGKILL
+    t.child.wait().unwrap();
+    let mut t = LiveTarget::start_in(state.path(), &args);
+    assert_eq!(unsafe_shutdowns(&t), 1, "after a SIGKILL");
+    t.wait_log("counted as an unsafe shutdown").unwrap();
+    // SIGINT: the target stops cleanly, flushing, and says so.
+    // SAFETY: kill(2) on our own child's pid, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(t.child.id() as i32, libc::SIGINT) }, 0);
+    assert!(t.child.wait().unwrap().success(), "a clean stop");
+    let t = LiveTarget::start_in(state.path(), &args);
+    assert_eq!(unsafe_shutdowns(&t), 1, "a clean stop counts nothing");
+}

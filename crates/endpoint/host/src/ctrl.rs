@@ -403,6 +403,23 @@ impl Controller {
         Ok(())
     }
 
+    /// Reads the SMART / Health Information log (LID 02h) of namespace
+    /// `nsid`, or of the controller for 0xFFFFFFFF (NVMe Base 2.0 §5.16.1.3).
+    pub fn smart_log(&mut self, nsid: u32) -> Result<log::Smart> {
+        let mut page = vec![0u8; log::SMART_LEN];
+        let sqe = GetLogPage {
+            lid: log::lid::SMART,
+            lsp: 0,
+            rae: false,
+            len_bytes: page.len() as u64,
+            offset_bytes: 0,
+        }
+        .to_sqe(0, nsid);
+        self.admin
+            .exec_ok(sqe, Xfer::FromCtrl(page.len() as u32), &[], &mut page)?;
+        Ok(log::Smart::decode(&page))
+    }
+
     /// Identify Controller CMIC bit 3: the controller reports Asymmetric
     /// Namespace Access (NVMe Base 2.0 §8.1.1), so [`Controller::ana_log`]
     /// may be read and I/O may fail with path-related status (SCT 3h).

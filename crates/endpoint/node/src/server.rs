@@ -31,6 +31,8 @@ pub struct Target {
     /// The DH-HMAC-CHAP workers and transaction bounds (its counters are
     /// for tests).
     pub auth: Arc<crate::data::nvme::auth_work::AuthPool>,
+    /// Saves the health counters every `HEALTH_SAVE_INTERVAL_S`.
+    health_saver: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Target {
@@ -123,6 +125,13 @@ impl Target {
                 return Err(e);
             }
         };
+        let health_saver = match spawn_health_saver(reg.clone(), shutdown.clone()) {
+            Ok(h) => h,
+            Err(e) => {
+                shutdown.store(true, Ordering::SeqCst);
+                return Err(e.into());
+            }
+        };
         let acceptor = {
             let (reactors, reg) = (reactors.clone(), reg.clone());
             let shared = Shared {
@@ -155,6 +164,7 @@ impl Target {
             ctl,
             ha,
             auth,
+            health_saver: Some(health_saver),
         })
     }
 
@@ -207,10 +217,23 @@ impl Target {
                 self.note_failure(format!("reactor {id} thread panicked outside its loop"));
             }
         }
+        let mut flushed = true;
         for ns in self.reg.ns().load().all() {
             if let Err(e) = ns.backend().sync_all() {
                 tracing::error!("flush of nsid {} failed: {e}", ns.nsid());
+                flushed = false;
             }
+        }
+        // Closed in the health file only once flushed: a stop that could
+        // not flush counts as unsafe at the next start (`state::health`).
+        // The saver first, so no periodic save marks them open after this.
+        if let Some(h) = self.health_saver.take() {
+            if h.join().is_err() {
+                self.note_failure("the health saver thread panicked".into());
+            }
+        }
+        if let Err(e) = self.reg.health().close(flushed) {
+            tracing::error!("{e:#}");
         }
         // After the reactors: the lease is released once no command is in flight.
         if let Some(h) = self.ha.take() {
@@ -422,6 +445,30 @@ fn metrics_token(m: &crate::config::MetricsConfig) -> anyhow::Result<Option<Stri
         p.display()
     );
     Ok(Some(t))
+}
+
+/// Saves the power-on time every `HEALTH_SAVE_INTERVAL_S` until shutdown
+/// (the final save, which marks namespaces closed, is `Target::wait`'s).
+fn spawn_health_saver(
+    reg: Arc<Registry>,
+    shutdown: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    use crate::state::health::HEALTH_SAVE_INTERVAL_S;
+    std::thread::Builder::new()
+        .name("health".into())
+        .spawn(move || {
+            crate::sys::avoid_reactor_cpus(&reg.limits().cpus);
+            let mut last = std::time::Instant::now();
+            while !shutdown.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(ACCEPT_POLL_MS as u64));
+                if last.elapsed().as_secs() >= HEALTH_SAVE_INTERVAL_S {
+                    last = std::time::Instant::now();
+                    if let Err(e) = reg.health().save(false) {
+                        tracing::warn!("{e:#}");
+                    }
+                }
+            }
+        })
 }
 
 /// Warns of a connection the acceptor refuses, rate-limited (a flood of

@@ -149,6 +149,25 @@ impl LiveTarget {
         t
     }
 
+    /// As [`LiveTarget::start`] with the state directory `state_dir`, which
+    /// outlives this process (a restart finds its identity and counters).
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn start_in(state_dir: &std::path::Path, args: &[&str]) -> LiveTarget {
+        let (child, addr, log, dir) = spawn_logged_in(
+            "target",
+            args,
+            &["--listen", "127.0.0.1:0"],
+            Some(state_dir),
+        );
+        LiveTarget {
+            child,
+            addr,
+            log,
+            _dir: dir,
+            _config_dir: None,
+        }
+    }
+
     fn start_listening(args: &[&str], listen: &[&str]) -> LiveTarget {
         let (child, addr, log, dir) = spawn_logged("target", args, listen);
         LiveTarget {
@@ -218,13 +237,29 @@ pub fn spawn_logged(
     std::sync::Arc<std::sync::Mutex<String>>,
     tempfile::TempDir,
 ) {
+    spawn_logged_in(sub, args, listen, None)
+}
+
+/// [`spawn_logged`] in `state_dir` (None: a new temporary one, returned).
+#[allow(dead_code)] // not every test binary starts a process
+pub fn spawn_logged_in(
+    sub: &str,
+    args: &[&str],
+    listen: &[&str],
+    state_dir: Option<&std::path::Path>,
+) -> (
+    Child,
+    SocketAddr,
+    std::sync::Arc<std::sync::Mutex<String>>,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(bin())
         .arg(sub)
         .args(args)
         .args(listen)
         .arg("--state-dir")
-        .arg(dir.path())
+        .arg(state_dir.unwrap_or(dir.path()))
         .env("TRELLIS_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

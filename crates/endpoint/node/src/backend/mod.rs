@@ -103,6 +103,11 @@ pub trait Backend: Send + Sync {
     fn grow(&self, _bytes: u64) -> anyhow::Result<()> {
         anyhow::bail!("this backend cannot grow: only null and regular-file namespaces can")
     }
+    /// The drive's Composite Temperature now (SMART), when it has a
+    /// sensor of its own (`sys::thermal`); None: the node's stands for it.
+    fn temperature_k(&self) -> Option<u16> {
+        None
+    }
     /// The device's own fence, where it has one (`nvme-tcp`: NVMe
     /// reservations on the remote namespace), for the HA pair.
     fn device_fence(&self) -> Option<&dyn remote::DeviceFence> {

@@ -68,6 +68,7 @@ impl Registry {
             anyhow::Ok((next, ()))
         })?;
         tracing::info!(subsystem = %sub.nqn, nsid, "namespace added: {}", ns.backend().describe());
+        self.health().add(&ns.info().nguid);
         Ok(Changed {
             nsid,
             notified_controllers: notify(sub, nsid),

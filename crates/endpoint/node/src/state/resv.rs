@@ -754,7 +754,7 @@ impl NoticeLog {
 /// Reservation Preempted (bits 1..3).
 pub const MASK_BITS: u32 = 0b1110;
 
-mod persist;
+pub(crate) mod persist;
 pub(crate) use persist::write_atomic;
 use persist::{sync_dir, Saved};
 

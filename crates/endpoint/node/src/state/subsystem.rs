@@ -311,7 +311,11 @@ pub struct Registry {
     /// Referrals and entries merged from other nodes (`discovery`).
     pub(in crate::state) disc: crate::state::discovery::DiscoveryState,
     pub(in crate::state) started: std::time::Instant,
-    pub(in crate::state) unsafe_shutdowns: AtomicU64,
+    /// Power-on time and unsafe shutdowns per namespace, kept across
+    /// restarts (`state::health`).
+    pub(in crate::state) health: crate::state::health::Health,
+    /// The node's temperature sensors (`sys::thermal`), found at start.
+    pub(in crate::state) node_sensors: Vec<std::path::PathBuf>,
     /// Per reactor: wall time spent in loops that did work, ns (published
     /// about once a millisecond, for `/metrics`). Padded so that reactors on
     /// different cores never write one cache line.
@@ -431,9 +435,15 @@ impl Registry {
     pub fn discovery_genctr(&self) -> u64 {
         self.discovery_genctr.load(Relaxed)
     }
-    /// Shutdowns the node did not complete cleanly (SMART log).
-    pub fn unsafe_shutdowns(&self) -> u64 {
-        self.unsafe_shutdowns.load(Relaxed)
+    /// Power-on time and unsafe shutdowns per namespace (SMART log).
+    pub fn health(&self) -> &crate::state::health::Health {
+        &self.health
+    }
+    /// The node's hottest sensor now, else the nominal value
+    /// (`sys::thermal::NO_SENSOR_TEMPERATURE_K`).
+    pub fn node_temperature_k(&self) -> u16 {
+        crate::sys::thermal::hottest_k(&self.node_sensors)
+            .unwrap_or(crate::sys::thermal::NO_SENSOR_TEMPERATURE_K)
     }
     /// Time since the registry was built.
     pub fn uptime(&self) -> std::time::Duration {
@@ -516,6 +526,22 @@ impl Registry {
                 psk_only_host: crate::config::psk_only_host(s).is_some(),
             }));
         }
+        let health_file = node.path().file_name().and_then(|n| {
+            node.state_file(&format!(
+                "{}{}",
+                n.to_string_lossy(),
+                crate::state::health::HEALTH_FILE_SUFFIX
+            ))
+        });
+        let nguids: Vec<[u8; 16]> = all_ns.iter().map(|n| n.info.nguid).collect();
+        let health = crate::state::health::Health::open(health_file, &nguids)?;
+        let node_sensors = crate::sys::thermal::node_sensors();
+        if node_sensors.is_empty() {
+            tracing::info!(
+                "no temperature sensor on this node: SMART reports {} K (nominal) for namespaces without a drive sensor of their own",
+                crate::sys::thermal::NO_SENSOR_TEMPERATURE_K
+            );
+        }
         let nn = cfg
             .subsystems
             .iter()
@@ -574,7 +600,8 @@ impl Registry {
             discovery_genctr: AtomicU64::new(1),
             disc: crate::state::discovery::DiscoveryState::new(&cfg.referrals),
             started: std::time::Instant::now(),
-            unsafe_shutdowns: AtomicU64::new(0),
+            health,
+            node_sensors,
             drain: crate::state::drain::Drain::new(cfg.target.reactors),
             reactor_busy_ns: (0..cfg.target.reactors)
                 .map(|_| Default::default())

@@ -6,6 +6,7 @@ pub mod fault;
 pub mod loglimit;
 pub mod ring;
 pub mod rlimit;
+pub mod thermal;
 
 /// Locks a mutex whether or not it is poisoned. A poisoned lock means a
 /// reactor panicked while holding it; that reactor's failure already stops

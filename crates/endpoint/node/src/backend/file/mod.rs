@@ -31,6 +31,8 @@ pub struct FileBackend {
     link_bytes_per_s: u64,
     /// What fallocate does here, shared by every reactor's queue.
     zero: Arc<ZeroSupport>,
+    /// The NVMe drive's temperature sensor behind the file or device.
+    sensors: Vec<std::path::PathBuf>,
 }
 
 /// `BLKGETSIZE64` from <linux/fs.h>: a block device's size in bytes
@@ -114,6 +116,15 @@ impl FileBackend {
         } else {
             meta.len()
         };
+        let sensors = {
+            use std::os::unix::fs::MetadataExt;
+            let dev = if meta.file_type().is_block_device() {
+                meta.rdev()
+            } else {
+                meta.dev()
+            };
+            crate::sys::thermal::device_sensors(dev)
+        };
         let size_bytes = size_bytes / block_size as u64 * block_size as u64;
         anyhow::ensure!(size_bytes > 0, "{path} is smaller than one block");
         let zero = probe_zero_support(&file, meta.file_type().is_block_device(), read_only);
@@ -132,6 +143,7 @@ impl FileBackend {
             direct,
             link_bytes_per_s,
             zero: Arc::new(zero),
+            sensors,
         })
     }
 }
@@ -220,6 +232,9 @@ fn direct_io_works(f: &File, block_size: u32) -> bool {
 impl Backend for FileBackend {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+    fn temperature_k(&self) -> Option<u16> {
+        crate::sys::thermal::hottest_k(&self.sensors)
     }
     /// A regular file's allocated bytes (st_blocks is in 512-byte units,
     /// stat(2)); None for a block device, which is not thin to us.
@@ -576,6 +591,7 @@ mod zero_tests {
             direct: false,
             link_bytes_per_s: 0,
             zero,
+            sensors: Vec::new(),
         };
         assert!(!fb.deallocate_reads_zeroes());
     }

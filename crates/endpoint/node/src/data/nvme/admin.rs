@@ -368,17 +368,25 @@ impl Queue {
             ..Default::default()
         };
         let (mut rb, mut wb) = (0u64, 0u64);
+        let mut drive_k: Option<u16> = None;
         for ns in nss {
             rb += ns.stats().read_bytes.load(Relaxed);
             wb += ns.stats().write_bytes.load(Relaxed);
             s.host_read_commands += ns.stats().read_cmds.load(Relaxed) as u128;
             s.host_write_commands += ns.stats().write_cmds.load(Relaxed) as u128;
             s.media_errors += ns.stats().media_errors.load(Relaxed) as u128;
+            // Controller-wide (NSID FFFFFFFFh): the longest-lived namespace's
+            // figures, since one process's life counts for all of them.
+            drive_k = drive_k.max(ns.backend().temperature_k());
+            let c = self.reg.health().counters(&ns.info().nguid);
+            s.power_on_hours = s.power_on_hours.max(c.power_on_hours as u128);
+            s.unsafe_shutdowns = s.unsafe_shutdowns.max(c.unsafe_shutdowns as u128);
         }
+        // Composite Temperature: the hottest drive's own sensor, else the
+        // node's (the controller is this node), never 0 K.
+        s.temperature_k = drive_k.unwrap_or_else(|| self.reg.node_temperature_k());
         s.data_units_read = log::data_units(rb);
         s.data_units_written = log::data_units(wb);
-        s.power_on_hours = self.reg.uptime_hours() as u128;
-        s.unsafe_shutdowns = self.reg.unsafe_shutdowns() as u128;
         s.error_log_entries = ctrl.errors().count as u128;
         Ok(s)
     }
