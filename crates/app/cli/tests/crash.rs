@@ -178,7 +178,11 @@ fn unsafe_shutdowns_count_a_sigkill_and_not_a_clean_stop() {
             .expect("SMART log of the controller");
         assert_eq!(ns.unsafe_shutdowns, all.unsafe_shutdowns, "one namespace");
         // Never 0 K (nvme-cli printed -273 °C): a sensor's, or the nominal.
-        assert!((233..=473).contains(&ns.temperature_k), "{} K", ns.temperature_k);
+        assert!(
+            (233..=473).contains(&ns.temperature_k),
+            "{} K",
+            ns.temperature_k
+        );
         c.shutdown().unwrap();
         ns.unsafe_shutdowns
     };

@@ -108,6 +108,12 @@ pub trait Backend: Send + Sync {
     fn temperature_k(&self) -> Option<u16> {
         None
     }
+    /// The drive's own SMART / Health page, where the backend can read it
+    /// (an NVMe block device; the emulated drive's model): merged into the
+    /// target's (`backend::file::drive::merge`).
+    fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
+        None
+    }
     /// The device's own fence, where it has one (`nvme-tcp`: NVMe
     /// reservations on the remote namespace), for the HA pair.
     fn device_fence(&self) -> Option<&dyn remote::DeviceFence> {

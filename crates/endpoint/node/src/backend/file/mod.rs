@@ -15,6 +15,7 @@ use std::sync::Arc;
 use trellis_nvme::status::{generic, media};
 use trellis_nvme::Status;
 
+pub mod drive;
 mod sync;
 mod uring;
 mod zero;
@@ -33,6 +34,8 @@ pub struct FileBackend {
     zero: Arc<ZeroSupport>,
     /// The NVMe drive's temperature sensor behind the file or device.
     sensors: Vec<std::path::PathBuf>,
+    /// The NVMe drive's own SMART log, for a block device that is one.
+    drive: Option<drive::DriveSmart>,
 }
 
 /// `BLKGETSIZE64` from <linux/fs.h>: a block device's size in bytes
@@ -125,6 +128,17 @@ impl FileBackend {
             };
             crate::sys::thermal::device_sensors(dev)
         };
+        let drive = {
+            use std::os::unix::fs::MetadataExt;
+            meta.file_type()
+                .is_block_device()
+                .then(|| drive::nvme_controller_of(meta.rdev()))
+                .flatten()
+                .map(|c| {
+                    tracing::info!("{path}: SMART passes through the health of {}", c.display());
+                    drive::DriveSmart::new(c)
+                })
+        };
         let size_bytes = size_bytes / block_size as u64 * block_size as u64;
         anyhow::ensure!(size_bytes > 0, "{path} is smaller than one block");
         let zero = probe_zero_support(&file, meta.file_type().is_block_device(), read_only);
@@ -144,6 +158,7 @@ impl FileBackend {
             link_bytes_per_s,
             zero: Arc::new(zero),
             sensors,
+            drive,
         })
     }
 }
@@ -235,6 +250,9 @@ impl Backend for FileBackend {
     }
     fn temperature_k(&self) -> Option<u16> {
         crate::sys::thermal::hottest_k(&self.sensors)
+    }
+    fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
+        self.drive.as_ref()?.get()
     }
     /// A regular file's allocated bytes (st_blocks is in 512-byte units,
     /// stat(2)); None for a block device, which is not thin to us.
@@ -592,6 +610,7 @@ mod zero_tests {
             link_bytes_per_s: 0,
             zero,
             sensors: Vec::new(),
+            drive: None,
         };
         assert!(!fb.deallocate_reads_zeroes());
     }

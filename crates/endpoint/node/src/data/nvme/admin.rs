@@ -369,6 +369,11 @@ impl Queue {
         };
         let (mut rb, mut wb) = (0u64, 0u64);
         let mut drive_k: Option<u16> = None;
+        // What the drives say of themselves, merged after the loop.
+        let mut own = Smart {
+            available_spare_pct: 100,
+            ..Default::default()
+        };
         for ns in nss {
             rb += ns.stats().read_bytes.load(Relaxed);
             wb += ns.stats().write_bytes.load(Relaxed);
@@ -378,13 +383,21 @@ impl Queue {
             // Controller-wide (NSID FFFFFFFFh): the longest-lived namespace's
             // figures, since one process's life counts for all of them.
             drive_k = drive_k.max(ns.backend().temperature_k());
+            if let Some(d) = ns.backend().drive_smart() {
+                crate::backend::file::drive::merge(&mut own, &d);
+            }
             let c = self.reg.health().counters(&ns.info().nguid);
             s.power_on_hours = s.power_on_hours.max(c.power_on_hours as u128);
             s.unsafe_shutdowns = s.unsafe_shutdowns.max(c.unsafe_shutdowns as u128);
         }
-        // Composite Temperature: the hottest drive's own sensor, else the
-        // node's (the controller is this node), never 0 K.
-        s.temperature_k = drive_k.unwrap_or_else(|| self.reg.node_temperature_k());
+        // Composite Temperature: the hottest drive's own reading (hwmon or
+        // its SMART page), else the node's (the controller is this node),
+        // never 0 K.
+        let reported = (own.temperature_k != 0).then_some(own.temperature_k);
+        s.temperature_k = drive_k
+            .max(reported)
+            .unwrap_or_else(|| self.reg.node_temperature_k());
+        crate::backend::file::drive::merge(&mut s, &own);
         s.data_units_read = log::data_units(rb);
         s.data_units_written = log::data_units(wb);
         s.error_log_entries = ctrl.errors().count as u128;
