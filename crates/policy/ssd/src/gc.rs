@@ -305,6 +305,8 @@ impl Ssd {
         self.lun_avail_ns[l] = end;
         self.mark_suspendable(l, s, end, self.p.erase_suspend_ns, 0);
         self.stats.erases += 1;
+        let block = (lun * self.lines.len() as u32 + self.gc.victim) as usize;
+        self.wear.on_erase(&self.p.wear, block);
         self.gc.cursor[l] = self.flash_pages_per_block + 1;
         self.gc.luns_erased += 1;
         if self.gc.luns_erased == self.luns {

@@ -28,11 +28,13 @@ mod lun;
 mod precondition;
 mod profile;
 mod read;
+mod wear;
 mod write;
 pub use calibrate::{calibrate, Calibration, SATURATION_PERMILLE};
 use ledger::Ledger;
 pub use profile::{Precondition, SsdProfile};
 use trellis_units::{IoDir, Nanos};
+pub use wear::{Health, WearProfile, AVAILABLE_SPARE_THRESHOLD_PCT, MEDIA_ERRORS_DEGRADED};
 
 /// [R] Queue depth of the fragmenting overwrites (fio preconditioning scripts commonly
 /// run random writes at iodepth 32); deep enough to keep every LUN of the profiles busy.
@@ -98,6 +100,20 @@ pub struct SsdStats {
     pub suspends: u64,
 }
 
+/// What `Ssd::submit_checked` tells the caller about one I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Completion {
+    /// Completion time in ns (the caller's clock, as `submit` returns).
+    pub done_ns: Nanos,
+    /// A read of at least one flash page was uncorrectable after `read_retry_max`
+    /// read-retry steps (NVMe status "Unrecovered Read Error").
+    pub media_error: bool,
+    /// A write refused because the drive is read-only (spares exhausted); nothing was
+    /// written (NVMe status "Attempted Write to Read Only Range" or similar is the
+    /// caller's choice).
+    pub read_only: bool,
+}
+
 /// One simulated or emulated SSD.
 #[derive(Clone)]
 pub struct Ssd {
@@ -158,6 +174,10 @@ pub struct Ssd {
     /// admitted on it): such a program can no longer be moved later.
     wbuf_released_ns: Nanos,
     stats: SsdStats,
+    /// P/E cycles, bad blocks, spares, read errors (`wear.rs`).
+    wear: wear::Wear,
+    /// Set by a read path when a flash read of the current I/O was uncorrectable.
+    io_media_error: bool,
 }
 
 /// A running program or erase a host read may suspend ([`SsdProfile::program_suspend_ns`]).
@@ -288,6 +308,8 @@ impl Ssd {
             wbuf_moved: Vec::new(),
             wbuf_released_ns: 0,
             stats: SsdStats::default(),
+            wear: wear::Wear::new(&profile.wear, g.luns * g.lines_total),
+            io_media_error: false,
             p: profile,
         };
         ssd.open_next_line(Stream::Host);
@@ -311,8 +333,14 @@ impl Ssd {
         self.free_lines.len() as u32
     }
 
+    /// NVMe SMART / Health snapshot (see [`Health`]). O(blocks): not for every I/O.
+    pub fn health(&self) -> Health {
+        self.wear.health(&self.p.wear)
+    }
+
     /// Submit one I/O at `now_ns`; returns its completion time in ns.
     /// The offset wraps modulo the logical capacity so that any trace can be replayed.
+    /// Media errors and read-only refusals are visible through `submit_checked`.
     pub fn submit(
         &mut self,
         dir: IoDir,
@@ -320,6 +348,19 @@ impl Ssd {
         size_bytes: u32,
         now_ns: Nanos,
     ) -> Nanos {
+        self.submit_checked(dir, offset_bytes, size_bytes, now_ns)
+            .done_ns
+    }
+
+    /// `submit`, also reporting an uncorrectable read or a write refused by a
+    /// read-only drive.
+    pub fn submit_checked(
+        &mut self,
+        dir: IoDir,
+        offset_bytes: u64,
+        size_bytes: u32,
+        now_ns: Nanos,
+    ) -> Completion {
         assert!(size_bytes > 0, "zero-length I/O");
         if self.epoch_pending {
             self.epoch_pending = false;
@@ -339,11 +380,19 @@ impl Ssd {
         let pb = self.p.page_bytes as u64;
         let first = (offset_bytes / pb) % self.logical_pages as u64;
         let n_pages = (offset_bytes % pb + size_bytes as u64).div_ceil(pb) as u32;
+        self.io_media_error = false;
+        let read_only = dir == IoDir::Write && self.wear.read_only();
         let done = match dir {
             IoDir::Read => self.read(first as u32, n_pages, size_bytes, now),
+            // [R] A read-only drive answers a write after its firmware overhead only.
+            IoDir::Write if read_only => now + self.p.fw_write_ns,
             IoDir::Write => self.write(first as u32, n_pages, size_bytes, now),
         };
-        self.epoch_ext_ns + (done - self.epoch_int_ns)
+        Completion {
+            done_ns: self.epoch_ext_ns + (done - self.epoch_int_ns),
+            media_error: self.io_media_error,
+            read_only,
+        }
     }
 
     /// ppa -> (channel, global LUN index, flash page within block).

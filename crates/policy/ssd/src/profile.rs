@@ -1,6 +1,7 @@
 //! SSD profiles (docs/ssd-model.md §4.1). Sources: [F] = FEMU, [V] = NVMeVirt, [R] = our
 //! choice, [D] = derived (docs/sources.md).
 
+use crate::WearProfile;
 use serde::{Deserialize, Serialize};
 
 /// Device state before a run (Gimbal and the NSDI paper compare clean and fragmented SSDs).
@@ -84,6 +85,10 @@ pub struct SsdProfile {
     /// The same for a block erase (MQSim's default `Suspend_Erase_Time`: 700 µs).
     #[serde(default)]
     pub erase_suspend_ns: u64,
+    /// Wear and failure (docs/ssd-model.md, "Wear and failure"); the defaults keep a
+    /// fresh drive's timing unchanged.
+    #[serde(default)]
+    pub wear: WearProfile,
 }
 
 impl SsdProfile {
@@ -121,6 +126,7 @@ impl SsdProfile {
             read_priority: false,
             program_suspend_ns: 0,
             erase_suspend_ns: 0,
+            wear: WearProfile::default(),
         }
     }
 
@@ -159,6 +165,7 @@ impl SsdProfile {
             read_priority: false,
             program_suspend_ns: 0,
             erase_suspend_ns: 0,
+            wear: WearProfile::default(),
         }
     }
 
@@ -199,6 +206,7 @@ impl SsdProfile {
             read_priority: true,
             program_suspend_ns: 0,
             erase_suspend_ns: 0,
+            wear: WearProfile::default(),
         }
     }
 
@@ -218,6 +226,7 @@ impl SsdProfile {
     }
 
     pub fn validate(&self) {
+        self.wear.validate();
         assert!(self.channels > 0 && self.luns_per_channel > 0);
         assert!(self.page_bytes > 0 && self.flash_page_bytes.is_multiple_of(self.page_bytes));
         let sub = self.flash_page_bytes / self.page_bytes;

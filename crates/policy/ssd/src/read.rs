@@ -63,7 +63,7 @@ impl Ssd {
     pub(crate) fn read_flash(&mut self, ppa: u32, pages: u32, t0: u64) -> u64 {
         self.stats.pages_read += pages as u64;
         let (ch, lun, fpage) = self.locate(ppa);
-        let t_r = self.t_read_ns(pages, fpage);
+        let t_r = self.t_read_ns(pages, fpage) * (1 + self.read_retries(lun, ppa) as u64);
         let l = lun as usize;
         // Programs whose LUN frees before the read arrives there have started.
         self.start_deferred_on(l, t0);
@@ -79,6 +79,20 @@ impl Ssd {
         let bytes = pages as u64 * self.p.page_bytes as u64;
         let e = self.channel_xfer(ch, e, bytes);
         self.pcie_xfer(e, bytes)
+    }
+
+    /// Read-retry steps of a host read of `ppa` on `lun` (each one more tR on the LUN);
+    /// an uncorrectable read took `read_retry_max` of them and flags the I/O.
+    fn read_retries(&mut self, lun: u32, ppa: u32) -> u32 {
+        let line = ppa / self.pages_per_line;
+        let block = (lun * self.lines.len() as u32 + line) as usize;
+        match self.wear.on_read(&self.p.wear, block, ppa) {
+            Some(n) => n,
+            None => {
+                self.io_media_error = true;
+                self.p.wear.read_retry_max
+            }
+        }
     }
 
     /// tR for `pages` 4 KiB pages of flash page `fpage` (LSB/MSB alternate by index).
