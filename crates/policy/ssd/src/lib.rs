@@ -433,3 +433,5 @@ pub fn xfer_ns(bytes: u64, mb_s: u32) -> u64 {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wear_tests;
