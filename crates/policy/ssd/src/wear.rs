@@ -29,7 +29,7 @@ const PERCENTAGE_USED_MAX: u64 = 255;
 #[serde(deny_unknown_fields, default)]
 pub struct WearProfile {
     /// P/E cycles a block is rated for. [D] 3,000 for 3D TLC: the PM9A3 960 GB is rated
-    /// 1 DWPD for 5 years (UNVERIFIED vendor figure) = 1,825 drive writes; over ~1.1 TB
+    /// 1 DWPD for 5 years ([PM9A3 endurance], UNVERIFIED) = 1,825 drive writes; over ~1.1 TB
     /// of raw NAND at a write amplification of ~2 that is 1,825 × 0.96 / 1.1 × 2 ≈ 3,190
     /// P/E cycles, in line with the ~3,000 commonly quoted for 3D TLC (UNVERIFIED).
     pub rated_pe_cycles: u32,
@@ -47,13 +47,13 @@ pub struct WearProfile {
     /// [R] RBER at the rated P/E count: just under the ECC limit, so that reads of a
     /// block near its rating start to need retries (the per-read variation below).
     pub rber_rated: f64,
-    /// [R] Exponent of the power law in P/E cycles (Mielke et al. 2008 and Hetzler 2012:
-    /// RBER grows as a power law of the cycle count near the origin).
+    /// [R] Exponent of the power law in P/E cycles ([Mielke 2008]: RBER grows with
+    /// cycling; [Hetzler 2012]: close to a power law of the cycle count near the origin).
     pub rber_exponent: u32,
     /// [R] RBER the ECC corrects without retry (hard-decision LDPC, order 1e-3, UNVERIFIED).
     pub ecc_rber_limit: f64,
-    /// [R] Each read-retry step (shifted read reference voltages) divides the effective
-    /// RBER by this.
+    /// [R] Each read-retry step (a re-read with shifted read reference voltages, [Cai read
+    /// retry]) divides the effective RBER by this.
     pub retry_rber_gain: f64,
     /// [R] Read-retry steps before a read is declared uncorrectable.
     pub read_retry_max: u32,
