@@ -17,8 +17,9 @@
 //! This file holds the drive's state, its construction, `submit` and the
 //! transfer timing; `read.rs` and `write.rs` are the two I/O paths, `lun.rs`
 //! the LUN timelines (deferred programs, suspends), `gc.rs` garbage
-//! collection, `precondition.rs` the clean and fragmented states, and
-//! `invariants.rs` the checks tests run.
+//! collection, `precondition.rs` the clean and fragmented states, `wear.rs`
+//! P/E cycles, bad blocks, read retries and the SMART health snapshot (`health`,
+//! `submit_checked`), and `invariants.rs` the checks tests run.
 
 mod calibrate;
 mod gc;
