@@ -142,3 +142,34 @@ fn gimbal_on_a_time_scaled_drive_sees_the_drive_s_own_latency() {
     drop(c);
     t.stop().unwrap();
 }
+
+/// Issue 33: a host's SMART log shows the emulated drive's wear. A
+/// fragmented femu drive with `wear_acceleration` 200 has erased blocks by
+/// the end of its preconditioning, so Percentage Used is above 0 over the
+/// wire (0 before: the field was a constant); a new drive reads 0 % used
+/// and 100 % spare, and the temperature is never 0 K.
+#[test]
+fn smart_over_the_wire_shows_the_emulated_drives_wear() {
+    use trellis_nvme::log::{lid, Smart, SMART_LEN};
+    let smart = |t: &trellis_node::Target| {
+        let mut c = controller(t.local_addrs[0], NQN, 0, Digests::default(), 0);
+        let (cqe, page) = get_log(&mut c.admin, lid::SMART, 1, SMART_LEN as u64);
+        assert!(cqe.status.is_success(), "{:?}", cqe.status);
+        Smart::decode(&page)
+    };
+    let t = start(|n| n.profile = Some("femu".into()));
+    let fresh = smart(&t);
+    t.stop().unwrap();
+    assert_eq!((fresh.percent_used, fresh.available_spare_pct), (0, 100));
+    assert_ne!(fresh.temperature_k, 0);
+    let t = start(|n| {
+        n.profile = Some("femu".into());
+        n.precondition = Some("fragmented".into());
+        n.wear_acceleration = Some(200);
+    });
+    let worn = smart(&t);
+    t.stop().unwrap();
+    eprintln!("fragmented femu, wear_acceleration 200: {worn:?}");
+    assert!(worn.percent_used > 0, "{worn:?}");
+    assert!(worn.available_spare_pct <= 100);
+}

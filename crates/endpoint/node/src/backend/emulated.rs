@@ -85,15 +85,44 @@ struct Drive {
 
 impl Drive {
     /// Runs one read or write through the model at the current wall time;
-    /// returns its wall-clock due time in ns.
-    fn schedule(&self, dir: IoDir, offset: u64, len: u32) -> u64 {
+    /// returns its wall-clock due time in ns and, when the worn drive
+    /// fails it, the status it completes with: an uncorrectable read
+    /// (Unrecovered Read Error, retryable: a read retry may succeed), a
+    /// write to a drive out of spares (Namespace is Write Protected, DNR).
+    fn schedule(&self, dir: IoDir, offset: u64, len: u32) -> (u64, Option<Status>) {
         let wall = crate::sys::now_ns();
         let mut m = self.model.lock().unwrap_or_else(PoisonError::into_inner);
         let model_now = ((wall as f64 / self.scale) as u64).max(m.last_ns);
         m.last_ns = model_now;
-        let done = m.ssd.submit(dir, offset, len, model_now);
+        let c = m.ssd.submit_checked(dir, offset, len, model_now);
         drop(m);
-        wall + (done.saturating_sub(model_now) as f64 * self.scale) as u64
+        let failed = if c.media_error {
+            Some(trellis_nvme::status::media::UNRECOVERED_READ_ERROR)
+        } else if c.read_only {
+            Some(generic::NS_WRITE_PROTECTED.dnr())
+        } else {
+            None
+        };
+        let due = wall + (c.done_ns.saturating_sub(model_now) as f64 * self.scale) as u64;
+        (due, failed)
+    }
+
+    /// The model's wear as a SMART page (no temperature: it has no
+    /// thermal model, so the node's reading stands).
+    fn smart(&self) -> trellis_nvme::log::Smart {
+        let h = self
+            .model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ssd
+            .health();
+        trellis_nvme::log::Smart {
+            critical_warning: h.critical_warning,
+            available_spare_pct: h.available_spare_pct,
+            percent_used: h.percentage_used,
+            media_errors: u128::from(h.media_errors),
+            ..Default::default()
+        }
     }
 
     fn lateness(&self) -> Lateness {
@@ -202,6 +231,9 @@ impl Backend for EmulatedBackend {
             lateness: Histogram::new_with_bounds(1, LATENESS_MAX_NS, 3)?,
         }))
     }
+    fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
+        Some(self.drive.smart())
+    }
     fn describe(&self) -> String {
         format!(
             "emulated {} ({} bytes, time_scale {})",
@@ -220,6 +252,9 @@ struct Pending {
     tag: Tag,
     /// A read's request, copied out at completion; None for a write.
     read: Option<IoReq>,
+    /// The worn drive failed it (`Drive::schedule`): completes with this,
+    /// nothing copied.
+    failed: Option<Status>,
 }
 
 impl PartialEq for Pending {
@@ -253,7 +288,7 @@ struct EmulatedQueue {
 }
 
 impl EmulatedQueue {
-    fn push(&mut self, due_ns: u64, tag: Tag, read: Option<IoReq>) {
+    fn push(&mut self, due_ns: u64, tag: Tag, read: Option<IoReq>, failed: Option<Status>) {
         if self.pending.len() == self.pending.capacity() && !self.grew_logged {
             self.grew_logged = true;
             tracing::warn!(
@@ -268,6 +303,7 @@ impl EmulatedQueue {
             seq: self.seq,
             tag,
             read,
+            failed,
         }));
     }
 }
@@ -298,18 +334,22 @@ impl BackendQueue for EmulatedQueue {
         {
             return Some(generic::LBA_OUT_OF_RANGE.dnr());
         }
+        // The model first: a worn-out drive writes nothing.
+        let (due, failed) = self.drive.schedule(dir, req.offset_bytes, len);
         let read = if dir == IoDir::Write {
-            // SAFETY: this function's contract covers req.buf; the ram queue
-            // copies synchronously and keeps no pointer.
-            match self.ram.submit(req, tag) {
-                Some(st) if st == Status::SUCCESS => None,
-                other => return other,
+            if failed.is_none() {
+                // SAFETY: this function's contract covers req.buf; the ram
+                // queue copies synchronously and keeps no pointer.
+                match unsafe { self.ram.submit(req, tag) } {
+                    Some(st) if st == Status::SUCCESS => {}
+                    other => return other,
+                }
             }
+            None
         } else {
             Some(*req)
         };
-        let due = self.drive.schedule(dir, req.offset_bytes, len);
-        self.push(due, tag, read);
+        self.push(due, tag, read, failed);
         None
     }
 
@@ -346,11 +386,14 @@ impl EmulatedQueue {
             let Some(Reverse(p)) = self.pending.pop() else {
                 break;
             };
-            let st = match &p.read {
-                // SAFETY: submit's contract keeps req.buf valid and ours
-                // until this completion is reported, which is below.
-                Some(req) => unsafe { self.ram.submit(req, p.tag) }.unwrap_or(Status::SUCCESS),
-                None => Status::SUCCESS,
+            let st = match (&p.read, p.failed) {
+                (_, Some(st)) => st,
+                (Some(req), None) => {
+                    // SAFETY: submit's contract keeps req.buf valid and ours
+                    // until this completion is reported, which is below.
+                    unsafe { self.ram.submit(req, p.tag) }.unwrap_or(Status::SUCCESS)
+                }
+                (None, None) => Status::SUCCESS,
             };
             self.lateness
                 .saturating_record(now.saturating_sub(p.due_ns));

@@ -11,6 +11,8 @@ pub const MAX_TIME_SCALE: f64 = 1000.0;
 /// `fragmented`: after the sequential fill, random 4 KiB overwrites of this
 /// share (‰) of the capacity, as `trellis sim reproduce nsdi26` does.
 pub const FRAGMENTED_OVERWRITE_PERMILLE: u32 = 1000;
+/// Largest `wear_acceleration`: one erase wears a block out.
+pub const MAX_WEAR_ACCELERATION: u32 = 1_000_000;
 
 /// The validated emulation parameters of one namespace.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,6 +32,7 @@ impl EmulatedParams {
                 ("profile", n.profile.is_some()),
                 ("precondition", n.precondition.is_some()),
                 ("time_scale", n.time_scale.is_some()),
+                ("wear_acceleration", n.wear_acceleration.is_some()),
             ] {
                 if set {
                     return Err(format!(
@@ -40,9 +43,17 @@ impl EmulatedParams {
             return Ok(None);
         }
         let name = n.profile.as_deref().unwrap_or(DEFAULT_PROFILE);
-        let profile = SsdProfile::by_name(name).ok_or_else(|| {
+        let mut profile = SsdProfile::by_name(name).ok_or_else(|| {
             format!("unknown profile {name:?}: use pm9a3-gen4, nvmevirt-970pro or femu")
         })?;
+        if let Some(a) = n.wear_acceleration {
+            if !(1..=MAX_WEAR_ACCELERATION).contains(&a) {
+                return Err(format!(
+                    "wear_acceleration {a} out of range: use 1 to {MAX_WEAR_ACCELERATION}"
+                ));
+            }
+            profile.wear.acceleration = a;
+        }
         let precondition = match n.precondition.as_deref().unwrap_or("clean") {
             "clean" => Precondition::Clean,
             "fragmented" => Precondition::Fragmented {

@@ -208,6 +208,11 @@ pub struct NamespaceConfig {
     /// (≥ 1, default 1), so a slow CPU keeps up with the emulated drive.
     #[serde(default)]
     pub time_scale: Option<f64>,
+    /// Emulated backend only: P/E cycles each block erase counts (≥ 1,
+    /// default 1), so a test wears the drive out in seconds (issue 33;
+    /// docs/ssd-model.md, wear).
+    #[serde(default)]
+    pub wear_acceleration: Option<u32>,
     /// Namespace UUID (8-4-4-4-12 hex digits); default: derived from the
     /// node identity, subsystem NQN and NSID. Likewise `nguid` (32 hex
     /// digits) and `eui64` (16 hex digits); `-` and `:` separators allowed.
@@ -570,6 +575,7 @@ impl NamespaceConfig {
             profile: None,
             precondition: None,
             time_scale: None,
+            wear_acceleration: None,
             uuid: None,
             nguid: None,
             eui64: None,

@@ -30,6 +30,19 @@ fn config_values_are_checked_with_the_fix_in_the_message() {
         let e = EmulatedParams::from_config(&n).unwrap_err();
         assert!(e.contains("time_scale") && e.contains("1 to"), "{bad}: {e}");
     }
+    n.time_scale = None;
+    for bad in [0, crate::config::emulated::MAX_WEAR_ACCELERATION + 1] {
+        n.wear_acceleration = Some(bad);
+        let e = EmulatedParams::from_config(&n).unwrap_err();
+        assert!(
+            e.contains("wear_acceleration") && e.contains("1 to"),
+            "{bad}: {e}"
+        );
+    }
+    n.wear_acceleration = Some(7);
+    let p = EmulatedParams::from_config(&n).unwrap().unwrap();
+    assert_eq!(p.profile.wear.acceleration, 7);
+    n.wear_acceleration = None;
     let mut r = NamespaceConfig::sized(BackendKind::Ram, 1 << 20);
     r.time_scale = Some(4.0);
     let e = EmulatedParams::from_config(&r).unwrap_err();
@@ -165,3 +178,103 @@ fn measure_lock_and_model_cost() {
         other.join().unwrap()
     );
 }
+
+/// Writes `n` 128 KiB blocks over the namespace, 32 at a time, cycling
+/// through it; returns how many were refused with Namespace Write Protected.
+fn wear_writes(q: &mut dyn BackendQueue, size: u64, n: u64, start: u64) -> u64 {
+    const BS: usize = 128 << 10;
+    let mut bufs: Vec<Vec<u8>> = (0..32).map(|i| vec![i as u8; BS]).collect();
+    let (mut refused, mut i) = (0, start);
+    let end = start + n;
+    while i < end {
+        let batch = (end - i).min(32) as usize;
+        let mut out = Vec::new();
+        for (k, b) in bufs.iter_mut().take(batch).enumerate() {
+            let off = (i + k as u64) * BS as u64 % size;
+            let r = req(Op::Write, off, b);
+            // SAFETY: b lives until every request of the batch is reaped.
+            if let Some(st) = unsafe { q.submit(&r, test_tag(k as u16)) } {
+                out.push(crate::backend::Completion::new(test_tag(k as u16), st));
+            }
+        }
+        while out.len() < batch {
+            q.reap(&mut out);
+        }
+        refused += out
+            .iter()
+            .filter(|c| c.status == generic::NS_WRITE_PROTECTED.dnr())
+            .count() as u64;
+        i += batch as u64;
+    }
+    refused
+}
+
+/// Issue 33: the emulated drive's wear reaches SMART. With a high
+/// `wear_acceleration`, overwrites of a full drive (a clean precondition:
+/// GC must erase to make room) raise Percentage Used, retire blocks until
+/// Available Spare falls below its threshold (critical warning bit 0), then
+/// exhaust the spares: bit 3 (read-only) sets and writes fail with
+/// Namespace Write Protected, and nothing of them lands.
+#[test]
+fn a_worn_emulated_drive_reports_its_wear_in_smart_and_goes_read_only() {
+    let size: u64 = 64 << 20;
+    let mut n = NamespaceConfig::sized(BackendKind::Emulated, size);
+    n.profile = Some("femu".into());
+    n.wear_acceleration = Some(WEAR_ACCELERATION_FOR_TEST);
+    let p = EmulatedParams::from_config(&n).unwrap().unwrap();
+    let b = EmulatedBackend::new(size, p).unwrap();
+    let first = b.drive_smart().unwrap();
+    let mut q = b.open_queue().unwrap();
+    let mut last = first;
+    let (mut written, mut refused) = (0u64, 0u64);
+    while refused == 0 && written < 2_000_000 {
+        refused += wear_writes(q.as_mut(), size, 1024, written);
+        written += 1024;
+        let s = b.drive_smart().unwrap();
+        assert!(s.percent_used >= last.percent_used, "wear never falls");
+        assert!(
+            s.available_spare_pct <= last.available_spare_pct,
+            "nor spare grows"
+        );
+        eprintln!(
+            "{written} writes: used {} %, spare {} %, warning {:#x}",
+            s.percent_used, s.available_spare_pct, s.critical_warning
+        );
+        last = s;
+    }
+    assert!(
+        refused > 0,
+        "the drive went read-only within {written} writes"
+    );
+    assert!(
+        last.percent_used > first.percent_used,
+        "{first:?} -> {last:?}"
+    );
+    assert_eq!(
+        last.critical_warning & 0x09,
+        0x09,
+        "spare low and read-only: {last:?}"
+    );
+    assert!(last.available_spare_pct < 10);
+    // The wear sits in the blocks GC recycles (no wear levelling), so the
+    // spares run out long before the average reaches the rating.
+    assert!(last.percent_used < 100, "{last:?}");
+    // A write to the read-only drive is refused and writes nothing.
+    let mut before = vec![0u8; 4096];
+    assert_eq!(
+        run_one(q.as_mut(), &req(Op::Read, 0, &mut before)).0,
+        Status::SUCCESS
+    );
+    let mut new = vec![0xEE; 4096];
+    let st = run_one(q.as_mut(), &req(Op::Write, 0, &mut new)).0;
+    assert_eq!(st, generic::NS_WRITE_PROTECTED.dnr());
+    let mut after = vec![0u8; 4096];
+    assert_eq!(
+        run_one(q.as_mut(), &req(Op::Read, 0, &mut after)).0,
+        Status::SUCCESS
+    );
+    assert_eq!(after, before, "the refused write did not land");
+}
+
+/// A block then retires after about three erases (rated 3,000 cycles).
+const WEAR_ACCELERATION_FOR_TEST: u32 = 1_000;
