@@ -447,8 +447,10 @@ fn metrics_token(m: &crate::config::MetricsConfig) -> anyhow::Result<Option<Stri
     Ok(Some(t))
 }
 
-/// Saves the power-on time every `HEALTH_SAVE_INTERVAL_S` until shutdown
-/// (the final save, which marks namespaces closed, is `Target::wait`'s).
+/// Saves the power-on time every `HEALTH_SAVE_INTERVAL_S` and looks at the
+/// drives' critical warnings every second (`control::drive_health`) until
+/// shutdown (the final save, which marks namespaces closed, is
+/// `Target::wait`'s).
 fn spawn_health_saver(
     reg: Arc<Registry>,
     shutdown: Arc<AtomicBool>,
@@ -459,8 +461,17 @@ fn spawn_health_saver(
         .spawn(move || {
             crate::sys::avoid_reactor_cpus(&reg.limits().cpus);
             let mut last = std::time::Instant::now();
+            let mut watch = crate::control::drive_health::DriveWatch::default();
+            let mut checked = std::time::Instant::now();
+            let check_every = std::time::Duration::from_millis(
+                crate::control::drive_health::DRIVE_CHECK_INTERVAL_MS,
+            );
             while !shutdown.load(Ordering::Relaxed) {
                 std::thread::sleep(std::time::Duration::from_millis(ACCEPT_POLL_MS as u64));
+                if checked.elapsed() >= check_every {
+                    checked = std::time::Instant::now();
+                    watch.check(&reg);
+                }
                 if last.elapsed().as_secs() >= HEALTH_SAVE_INTERVAL_S {
                     last = std::time::Instant::now();
                     if let Err(e) = reg.health().save(false) {

@@ -173,3 +173,78 @@ fn smart_over_the_wire_shows_the_emulated_drives_wear() {
     assert!(worn.percent_used > 0, "{worn:?}");
     assert!(worn.available_spare_pct <= 100);
 }
+
+/// Issue 33: a drive that wears out tells its hosts. A host enables the
+/// SMART / Health critical-warning events (Set Features 0Bh, bits 0, 2, 3)
+/// and leaves an AER outstanding; another of its queues overwrites a femu
+/// drive whose blocks retire at their first erase (`wear_acceleration`
+/// 1,000,000). When the spares run out, the AER completes with a SMART /
+/// Health event (type 1h, log page 02h), the SMART log says read only, and
+/// writes fail with Namespace Write Protected.
+#[test]
+fn a_drive_that_wears_out_raises_the_smart_event_and_goes_read_only() {
+    use trellis_nvme::log::{lid, Smart, SMART_LEN};
+    use trellis_nvme::sqe::admin;
+    use trellis_nvme::status::generic;
+    use trellis_nvme::{Cqe, Sgl, Sqe};
+    let t = trellis_node::Target::start(&{
+        let mut ns = NamespaceConfig::sized(BackendKind::Emulated, 64 << 20);
+        ns.profile = Some("femu".into());
+        ns.wear_acceleration = Some(1_000_000);
+        let mut cfg = test_config(ns);
+        cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+        cfg
+    })
+    .unwrap();
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
+    s.set_cdw(10, 0x0B);
+    s.set_cdw(11, 0x0D); // spare, reliability, read only
+    assert!(c.admin.cmd(s, &[], 0, 0).0.status.is_success());
+    let cid = c.admin.next_cid();
+    let mut aer = Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0);
+    aer.set_sgl(Sgl::transport(0));
+    c.admin.send_capsule(&aer, &[]);
+    let data = vec![0x5A; 128 << 10];
+    let blocks = (64u64 << 20) / 512;
+    let (mut written, mut refused) = (0u64, None);
+    let started = std::time::Instant::now();
+    while written < 200_000 && started.elapsed() < std::time::Duration::from_secs(120) {
+        let slba = (written * 256) % blocks;
+        let cqe = write(&mut c.io[0], slba, &data);
+        if !cqe.status.is_success() {
+            refused = Some(cqe.status);
+            break;
+        }
+        written += 1;
+    }
+    eprintln!(
+        "{written} writes of 128 KiB in {:?} before {refused:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        refused,
+        Some(generic::NS_WRITE_PROTECTED.dnr()),
+        "after {written} writes"
+    );
+    let p = c.admin.recv().expect("the AER completes");
+    let cqe = Cqe::decode(&p.bytes[8..24]);
+    assert_eq!(cqe.cid, cid);
+    assert_eq!(cqe.dw0 & 0x7, 0x1, "a SMART / Health event: {:#x}", cqe.dw0);
+    assert_eq!(
+        (cqe.dw0 >> 16) & 0xFF,
+        u32::from(lid::SMART),
+        "{:#x}",
+        cqe.dw0
+    );
+    let (st, page) = get_log(&mut c.admin, lid::SMART, 0xFFFF_FFFF, SMART_LEN as u64);
+    assert!(st.status.is_success());
+    let smart = Smart::decode(&page);
+    assert_eq!(
+        smart.critical_warning & 0x09,
+        0x09,
+        "spare low and read only: {smart:?}"
+    );
+    drop(c);
+    t.stop().unwrap();
+}

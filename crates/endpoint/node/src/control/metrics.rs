@@ -70,11 +70,63 @@ struct ReactorLabels {
 pub fn render(src: &Sources) -> Result<String, std::fmt::Error> {
     let mut prom = Prom::with_prefix("trellis");
     register_namespaces(&mut prom, &src.reg);
+    register_drive_health(&mut prom, &src.reg);
     register_qos(&mut prom, &src.reg);
     register_process(&mut prom, src);
     let mut out = String::new();
     encode(&mut out, &prom)?;
     Ok(out)
+}
+
+/// Per-namespace drive health, as the SMART log reports it (issue 33):
+/// the drive's own figures where the backend has them (`drive_smart`),
+/// and the node's persisted power-on hours and unsafe shutdowns.
+fn register_drive_health(prom: &mut Prom, reg: &Registry) {
+    let fam = |prom: &mut Prom, name: &str, help: &str| {
+        let f = Family::<NsLabels, Gauge>::default();
+        prom.register(name, help, f.clone());
+        f
+    };
+    let warning = fam(
+        prom,
+        "namespace_drive_critical_warning",
+        "SMART critical warning bits of the drive (0 healthy; 1 spare low, 4 reliability degraded, 8 read only)",
+    );
+    let used = fam(
+        prom,
+        "namespace_drive_percentage_used",
+        "SMART percentage used: the drive's life used, 100 at its rated endurance",
+    );
+    let spare = fam(
+        prom,
+        "namespace_drive_available_spare_percent",
+        "SMART available spare, percent of the drive's spare blocks left",
+    );
+    let unsafe_shutdowns = fam(
+        prom,
+        "namespace_unsafe_shutdowns",
+        "Stops without a flush (kill -9, crash, power loss), kept across restarts",
+    );
+    let nss = reg.ns().load();
+    for sub in reg.subsystems() {
+        for ns in &nss.sub(sub.idx).namespaces {
+            let l = NsLabels {
+                subsystem: sub.nqn.clone(),
+                nsid: ns.nsid(),
+            };
+            let c = reg.health().counters(&ns.info().nguid);
+            unsafe_shutdowns
+                .get_or_create(&l)
+                .set(c.unsafe_shutdowns.min(i64::MAX as u64) as i64);
+            if let Some(d) = ns.backend().drive_smart() {
+                warning.get_or_create(&l).set(i64::from(d.critical_warning));
+                used.get_or_create(&l).set(i64::from(d.percent_used));
+                spare
+                    .get_or_create(&l)
+                    .set(i64::from(d.available_spare_pct));
+            }
+        }
+    }
 }
 
 /// Per-namespace counters (as in the SMART log, which reads the same ones).

@@ -3,6 +3,7 @@
 //! listeners and referrals, the HA lease (`ha`), and `/metrics`. Writes
 //! `state`; never imports `data`.
 
+pub mod drive_health;
 pub mod ha;
 pub mod listeners;
 pub mod metrics;

@@ -34,6 +34,24 @@ pub const AEN_DISC_CHANGE_DW0: u32 = 0x2 | 0xF0 << 8 | (lid::DISCOVERY as u32) <
 /// never set it); Set Features 82h masks its notices instead.
 pub const RESV_LOG: u32 = 1 << 30;
 
+/// Asynchronous Event Configuration bits 0, 2 and 3 (Set Features 0Bh):
+/// a SMART / Health critical warning bit that sets raises the event of the
+/// same bit (NVMe Base 2.0, Set Features: Asynchronous Event Configuration,
+/// "SMART / Health Critical Warnings"). Every controller supports them; no
+/// OAES bit advertises them.
+pub const AEN_SMART_SPARE: u32 = 1 << 0;
+pub const AEN_SMART_RELIABILITY: u32 = 1 << 2;
+pub const AEN_SMART_READ_ONLY: u32 = 1 << 3;
+/// The critical warning bits that raise an event.
+pub const SMART_WARNINGS: u8 = 0x0D;
+
+/// Completion DW0 of a SMART / Health status event: type 1h, the
+/// information code (00h NVM subsystem reliability, 02h spare below
+/// threshold; §5.2.1, "SMART / Health Status"), log page 02h.
+const fn smart_dw0(info: u32) -> u32 {
+    0x1 | info << 8 | (lid::SMART as u32) << 16
+}
+
 /// An event: its configuration bit, its completion DW0, its log page.
 struct Event {
     bit: u32,
@@ -42,7 +60,22 @@ struct Event {
 }
 
 /// Every event we raise, in the order they are delivered when several wait.
-const EVENTS: [Event; 4] = [
+const EVENTS: [Event; 7] = [
+    Event {
+        bit: AEN_SMART_READ_ONLY,
+        dw0: smart_dw0(0x00),
+        lid: lid::SMART,
+    },
+    Event {
+        bit: AEN_SMART_RELIABILITY,
+        dw0: smart_dw0(0x00),
+        lid: lid::SMART,
+    },
+    Event {
+        bit: AEN_SMART_SPARE,
+        dw0: smart_dw0(0x02),
+        lid: lid::SMART,
+    },
     Event {
         bit: AEN_NS_ATTR,
         dw0: AEN_NS_ATTR_DW0,

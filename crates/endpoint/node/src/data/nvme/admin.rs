@@ -252,6 +252,14 @@ impl Queue {
                 resv_log(ctrl, lp.rae, &mut page);
                 Ok(())
             }
+            (Some(_), lid::SMART) => {
+                let r = self.io_log(lid::SMART, sqe.nsid(), ctrl, &mut page);
+                // RAE clear re-arms the SMART / Health events (§5.2).
+                if r.is_ok() && !lp.rae {
+                    crate::state::aen::acknowledge(ctrl, lid::SMART);
+                }
+                r
+            }
             (Some(sub), crate::data::qos::VIEW_LID) => {
                 let nss = self.ns.clone();
                 let sns = nss.sub(sub.idx);
