@@ -118,6 +118,8 @@ enum GetWhat {
     Controllers,
     /// backend, size, block size, I/O counters.
     Namespaces,
+    /// drive health: critical warning, wear, spare, temperature, unsafe shutdowns.
+    Health,
 }
 
 #[derive(Subcommand, Debug)]
@@ -224,6 +226,9 @@ pub fn run(a: CtlArgs) -> anyhow::Result<()> {
         CtlCmd::Get {
             what: GetWhat::Namespaces,
         } => ("namespaces_get", json!({})),
+        CtlCmd::Get {
+            what: GetWhat::Health,
+        } => ("health_get", json!({})),
     };
     let result = call(&a.socket, method, params)?;
     if a.json {
@@ -242,6 +247,8 @@ fn print_result(method: &str, result: &Value) {
         print!("{}", controllers_table(result));
     } else if method == "namespaces_get" {
         print!("{}", namespaces_table(result));
+    } else if method == "health_get" {
+        print!("{}", health_table(result));
     } else if method.starts_with("host_") {
         let what = match (method == "host_add", result["changed"] == json!(true)) {
             (true, true) => "now allowed",
@@ -597,6 +604,34 @@ fn namespaces_table(r: &Value) -> String {
             n["read_cmds"].to_string(),
             n["write_cmds"].to_string(),
             str_of(&n["backend"])
+        ));
+    }
+    out
+}
+
+/// `health_get` as a table; "-" where the drive reports no wear figure.
+fn health_table(r: &Value) -> String {
+    let mut out = format!(
+        "{:<32} {:>5} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7}  source\n",
+        "subsystem", "nsid", "warning", "used%", "spare%", "errors", "temp_C", "power_h", "unsafe"
+    );
+    let opt = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
+    for n in r["namespaces"].as_array().into_iter().flatten() {
+        let temp_c = n["temperature_k"]
+            .as_i64()
+            .map_or("-".into(), |k| (k - 273).to_string());
+        out.push_str(&format!(
+            "{:<32} {:>5} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7}  {}\n",
+            str_of(&n["subsystem"]),
+            n["nsid"].to_string(),
+            format!("{:#04x}", n["critical_warning"].as_u64().unwrap_or(0)),
+            opt(&n["percentage_used"]),
+            opt(&n["available_spare_pct"]),
+            n["media_errors"].to_string(),
+            temp_c,
+            n["power_on_hours"].to_string(),
+            n["unsafe_shutdowns"].to_string(),
+            str_of(&n["source"])
         ));
     }
     out

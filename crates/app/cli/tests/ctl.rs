@@ -118,3 +118,38 @@ fn ctl_listener_add_takes_a_name_and_a_secure_channel() {
         "a plaintext host connected through the TLS-required listener {tls_addr}"
     );
 }
+
+/// Issue 33: `trellis ctl get health` shows each namespace's drive health,
+/// as a table and as JSON: the emulated drive's own wear figures (source
+/// "drive"), a plausible temperature, and the unsafe-shutdown count.
+#[test]
+fn ctl_get_health_shows_the_drives_wear_temperature_and_unsafe_shutdowns() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("ctl.sock");
+    let sock = sock.to_str().unwrap();
+    let _t = LiveTarget::start(&[
+        "--emulated",
+        "64M",
+        "--profile",
+        "femu",
+        "--ctl-socket",
+        sock,
+    ]);
+    let o = trellis(&["ctl", "--socket", sock, "--json", "get", "health"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let n = &v["namespaces"][0];
+    assert_eq!(n["source"], "drive", "{v}");
+    assert_eq!(n["percentage_used"], 0, "{v}");
+    assert_eq!(n["available_spare_pct"], 100, "{v}");
+    assert_eq!(n["critical_warning"], 0, "{v}");
+    assert_eq!(n["unsafe_shutdowns"], 0, "{v}");
+    let k = n["temperature_k"].as_u64().unwrap();
+    assert!((233..=473).contains(&k), "{k} K");
+    let o = trellis(&["ctl", "--socket", sock, "get", "health"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(table.starts_with("subsystem"), "{table}");
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(row.contains("0x00") && row.ends_with("drive"), "{table}");
+}

@@ -355,6 +355,10 @@ const METHODS: &[Method] = &[
         run: |c, _| Ok(crate::control::status::namespaces_get(&c.reg)),
     },
     Method {
+        name: "health_get",
+        run: |c, _| Ok(crate::control::status::health_get(&c.reg)),
+    },
+    Method {
         name: "tenant_set_weight",
         run: |c, p| tenant_set_weight(&c.reg, p),
     },

@@ -82,3 +82,37 @@ pub fn namespaces_get(reg: &Registry) -> Value {
     }
     json!({ "namespaces": rows })
 }
+
+/// Every namespace's drive health, as its SMART log reports it (issue 33):
+/// the drive's own figures where the backend has them (`source`:
+/// "drive"), else what the node knows ("node": no wear figures), the
+/// temperature, power-on hours and unsafe shutdowns.
+pub fn health_get(reg: &Registry) -> Value {
+    let set = reg.ns().load();
+    let mut rows = Vec::new();
+    for sub in reg.subsystems() {
+        for ns in &set.sub(sub.idx).namespaces {
+            let c = reg.health().counters(&ns.info().nguid);
+            let d = ns.backend().drive_smart();
+            let temp = ns
+                .backend()
+                .temperature_k()
+                .or(d.map(|d| d.temperature_k).filter(|&t| t != 0))
+                .unwrap_or_else(|| reg.node_temperature_k());
+            rows.push(json!({
+                "subsystem": sub.nqn,
+                "nsid": ns.nsid(),
+                "source": if d.is_some() { "drive" } else { "node" },
+                "critical_warning": d.map_or(0, |d| d.critical_warning),
+                "percentage_used": d.map(|d| d.percent_used),
+                "available_spare_pct": d.map(|d| d.available_spare_pct),
+                "media_errors": d.map_or(0, |d| d.media_errors as u64)
+                    .max(ns.stats().media_errors.load(Relaxed)),
+                "temperature_k": temp,
+                "power_on_hours": c.power_on_hours,
+                "unsafe_shutdowns": c.unsafe_shutdowns,
+            }));
+        }
+    }
+    json!({ "namespaces": rows })
+}
