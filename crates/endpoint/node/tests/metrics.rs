@@ -320,6 +320,10 @@ fn every_metric_the_grafana_dashboard_queries_is_served() {
     let mut ns = NamespaceConfig::sized(BackendKind::Ram, 16 << 20);
     ns.qos = trellis_node::config::qos::QosMode::Gimbal;
     let mut cfg = test_config(ns);
+    // A drive with health figures of its own, for the drive-health panels.
+    let mut drive = NamespaceConfig::sized(BackendKind::Emulated, 16 << 20);
+    drive.profile = Some("femu".into());
+    cfg.subsystems[0].namespaces.push(drive);
     cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
     let t = trellis_node::Target::start(&cfg).unwrap();
     let m = t.metrics_addr.expect("metrics address");
