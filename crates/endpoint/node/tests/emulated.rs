@@ -245,6 +245,37 @@ fn a_drive_that_wears_out_raises_the_smart_event_and_goes_read_only() {
         0x09,
         "spare low and read only: {smart:?}"
     );
+    // The extended health page (C1h) says why: blocks retired, erases,
+    // and the write latencies seen.
+    use trellis_nvme::health::{ExtHealth, Source, EXT_HEALTH_LEN, EXT_HEALTH_LID};
+    let (st, page) = get_log(&mut c.admin, EXT_HEALTH_LID, 1, EXT_HEALTH_LEN as u64);
+    assert!(st.status.is_success(), "{:?}", st.status);
+    let ext = ExtHealth::decode(&page);
+    eprintln!("{ext:?}");
+    assert_eq!((ext.nsid, ext.source), (1, Source::Drive));
+    assert_eq!(ext.critical_warning, smart.critical_warning);
+    assert!(
+        ext.bad_blocks > ext.spare_blocks,
+        "retired more blocks than the spare pool holds: {ext:?}"
+    );
+    assert!(ext.erases > 0 && ext.gc_runs > 0, "{ext:?}");
+    assert!(ext.write.p50_us <= ext.write.p99_us && ext.write.p99_us <= ext.write.max_us);
+    assert_ne!(ext.write.p50_us, trellis_nvme::health::NOT_REPORTED);
+    // `/metrics` shows the same warning.
+    let scrape = {
+        use std::io::{Read, Write};
+        let mut h = std::net::TcpStream::connect(t.metrics_addr.unwrap()).unwrap();
+        write!(h, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        h.read_to_string(&mut body).unwrap();
+        body
+    };
+    let line = scrape
+        .lines()
+        .find(|l| l.starts_with("trellis_namespace_drive_critical_warning{"))
+        .unwrap_or_else(|| panic!("no drive warning gauge in:\n{scrape}"));
+    let v: i64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(v, i64::from(smart.critical_warning), "{line}");
     drop(c);
     t.stop().unwrap();
 }

@@ -25,6 +25,7 @@ pub mod dhchap_host;
 pub mod fabrics;
 mod ffdhe;
 pub mod framing;
+pub mod health;
 pub mod identify;
 mod keyfmt;
 pub mod log;

@@ -234,6 +234,27 @@ impl Backend for EmulatedBackend {
     fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
         Some(self.drive.smart())
     }
+    fn drive_wear(&self) -> Option<super::DriveWear> {
+        let m = self
+            .drive
+            .model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (h, st) = (m.ssd.health(), m.ssd.stats());
+        Some(super::DriveWear {
+            read_retries: h.read_retries,
+            uncorrectable_reads: h.media_errors,
+            gc_runs: st.gc_runs,
+            gc_pages_moved: st.gc_pages_moved,
+            erases: st.erases,
+            gc_foreground_stalls: st.gc_foreground_stalls,
+            pe_cycles_avg: h.pe_cycles_avg,
+            pe_cycles_max: h.pe_cycles_max,
+            rated_pe_cycles: h.rated_pe_cycles,
+            bad_blocks: h.bad_blocks,
+            spare_blocks: h.spare_blocks,
+        })
+    }
     fn describe(&self) -> String {
         format!(
             "emulated {} ({} bytes, time_scale {})",

@@ -51,6 +51,23 @@ pub struct IoReq {
 /// overflowing.
 pub const NO_DRIVE_LINK_BYTES_PER_S: u64 = 1 << 40;
 
+/// What a drive says of its wear and garbage collection (the emulated
+/// model's `Health` and `SsdStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriveWear {
+    pub read_retries: u64,
+    pub uncorrectable_reads: u64,
+    pub gc_runs: u64,
+    pub gc_pages_moved: u64,
+    pub erases: u64,
+    pub gc_foreground_stalls: u64,
+    pub pe_cycles_avg: u32,
+    pub pe_cycles_max: u32,
+    pub rated_pe_cycles: u32,
+    pub bad_blocks: u32,
+    pub spare_blocks: u32,
+}
+
 /// The device model of a backend with no drive: only its link, unbounded.
 pub fn no_drive_model() -> trellis_qos::DeviceModel {
     trellis_qos::DeviceModel {
@@ -112,6 +129,11 @@ pub trait Backend: Send + Sync {
     /// (an NVMe block device; the emulated drive's model): merged into the
     /// target's (`backend::file::drive::merge`).
     fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
+        None
+    }
+    /// The drive's wear and GC figures for the extended health page
+    /// (`trellis_nvme::health`), where the backend models them.
+    fn drive_wear(&self) -> Option<DriveWear> {
         None
     }
     /// The device's own fence, where it has one (`nvme-tcp`: NVMe

@@ -312,6 +312,7 @@ impl Queue {
                     lid::COMMANDS_EFFECTS,
                     crate::data::qos::VIEW_LID,
                     lid::RESERVATION,
+                    trellis_nvme::health::EXT_HEALTH_LID,
                 ];
                 lids.push(lid::ANA);
                 log::encode_supported_logs(&lids, page);
@@ -328,6 +329,12 @@ impl Queue {
             lid::SMART => {
                 page.resize(log::SMART_LEN, 0);
                 self.smart(nsid, ctrl)?.encode(page);
+            }
+            trellis_nvme::health::EXT_HEALTH_LID => {
+                self.flush_stats();
+                let h = crate::data::nvme::health_log::ext_health(&self.reg, self.sub_ns(), nsid)?;
+                page.resize(trellis_nvme::health::EXT_HEALTH_LEN, 0);
+                h.encode(page);
             }
             lid::FIRMWARE_SLOT => {
                 let mut fw = [0u8; 512];

@@ -8,4 +8,5 @@ pub mod auth_work;
 pub mod cmd;
 pub mod connect;
 pub mod exec;
+pub mod health_log;
 pub mod io;
