@@ -193,6 +193,8 @@ step_connect() {
   # A real or nominal Composite Temperature, never 0 K (printed as -273 C).
   grep -iE '^temperature[[:space:]]*:' $W/out > $W/temp || why "smart-log shows no temperature" || return 1
   ! grep -qE -- '-27[0-9]' $W/temp || why "smart-log temperature is 0 K: $(cat $W/temp)" || return 1
+  # Trellis's extended health page (vendor LID C1h, docs/target.md "Drive health").
+  show nvme get-log /dev/$CTRL --log-id=0xc1 --log-len=512 --namespace-id=1 || why "nvme get-log of the extended health page (C1h) failed" || return 1
   return 0
 }
 # ANA (docs/target.md "ANA"): the target sets CMIC bit 3, so the kernel reads the ANA log at
