@@ -120,11 +120,16 @@ pub trait Backend: Send + Sync {
     fn grow(&self, _bytes: u64) -> anyhow::Result<()> {
         anyhow::bail!("this backend cannot grow: only null and regular-file namespaces can")
     }
-    /// The drive's Composite Temperature now (SMART), when it has a
-    /// sensor of its own (`sys::thermal`); None: the node's stands for it.
+    /// The drive's Composite Temperature as last read (SMART), when it has
+    /// a sensor of its own (`sys::thermal`); None: the node's stands for it.
+    /// Served from what [`Backend::refresh_health`] read: never a device
+    /// or sysfs read on a reactor.
     fn temperature_k(&self) -> Option<u16> {
         None
     }
+    /// Reads the drive's health again (sensors, its SMART page): called by
+    /// the health thread every second, never by a reactor.
+    fn refresh_health(&self) {}
     /// The drive's own SMART / Health page, where the backend can read it
     /// (an NVMe block device; the emulated drive's model): merged into the
     /// target's (`backend::file::drive::merge`).

@@ -44,6 +44,7 @@ fn meaning(bits: u8) -> String {
 impl DriveWatch {
     /// One look at every namespace; returns how many events were raised.
     pub fn check(&mut self, reg: &Registry) -> usize {
+        reg.refresh_health();
         let set = reg.ns().load();
         let mut raised = 0;
         for sub in reg.subsystems() {

@@ -314,8 +314,11 @@ pub struct Registry {
     /// Power-on time and unsafe shutdowns per namespace, kept across
     /// restarts (`state::health`).
     pub(in crate::state) health: crate::state::health::Health,
-    /// The node's temperature sensors (`sys::thermal`), found at start.
+    /// The node's temperature sensors (`sys::thermal`), found at start,
+    /// and their hottest last reading (K, 0: none), refreshed by the
+    /// health thread.
     pub(in crate::state) node_sensors: Vec<std::path::PathBuf>,
+    pub(in crate::state) node_temperature_k: std::sync::atomic::AtomicU16,
     /// Per reactor: wall time spent in loops that did work, ns (published
     /// about once a millisecond, for `/metrics`). Padded so that reactors on
     /// different cores never write one cache line.
@@ -439,11 +442,22 @@ impl Registry {
     pub fn health(&self) -> &crate::state::health::Health {
         &self.health
     }
-    /// The node's hottest sensor now, else the nominal value
+    /// The node's hottest sensor as last read, else the nominal value
     /// (`sys::thermal::NO_SENSOR_TEMPERATURE_K`).
     pub fn node_temperature_k(&self) -> u16 {
-        crate::sys::thermal::hottest_k(&self.node_sensors)
-            .unwrap_or(crate::sys::thermal::NO_SENSOR_TEMPERATURE_K)
+        match self.node_temperature_k.load(Relaxed) {
+            0 => crate::sys::thermal::NO_SENSOR_TEMPERATURE_K,
+            k => k,
+        }
+    }
+    /// Reads the node's sensors and every namespace's drive health again
+    /// (the health thread's, every second; never a reactor's).
+    pub fn refresh_health(&self) {
+        let k = crate::sys::thermal::hottest_k(&self.node_sensors).unwrap_or(0);
+        self.node_temperature_k.store(k, Relaxed);
+        for ns in self.ns().load().all() {
+            ns.backend().refresh_health();
+        }
     }
     /// Time since the registry was built.
     pub fn uptime(&self) -> std::time::Duration {
@@ -601,6 +615,9 @@ impl Registry {
             disc: crate::state::discovery::DiscoveryState::new(&cfg.referrals),
             started: std::time::Instant::now(),
             health,
+            node_temperature_k: crate::sys::thermal::hottest_k(&node_sensors)
+                .unwrap_or(0)
+                .into(),
             node_sensors,
             drain: crate::state::drain::Drain::new(cfg.target.reactors),
             reactor_busy_ns: (0..cfg.target.reactors)

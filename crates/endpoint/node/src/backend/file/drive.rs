@@ -5,17 +5,15 @@
 //! temperature, critical warnings, spare, wear and media errors instead of
 //! inventing them.
 //!
-//! Reads are cached for [`DRIVE_SMART_CACHE_MS`]: a host may ask for the
-//! page in a loop, and each read is a command to the drive made on the
-//! asking reactor's thread.
+//! A reactor never talks to the drive: the health thread refreshes the
+//! reading every second (`Backend::refresh_health`), and the SMART page a
+//! host asks for is served from it, since a command to a slow drive could
+//! hold a reactor for the ioctl's whole timeout.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 use trellis_nvme::log::{Smart, SMART_LEN};
 
-/// How long one read of the drive's SMART log is served from the cache.
-pub const DRIVE_SMART_CACHE_MS: u64 = 1_000;
 /// The drive must answer within this (the ioctl's own timeout).
 const PASSTHRU_TIMEOUT_MS: u32 = 1_000;
 
@@ -100,11 +98,11 @@ pub fn read_smart(ctrl: &Path) -> std::io::Result<Smart> {
     }
 }
 
-/// A drive's SMART log, read at most every [`DRIVE_SMART_CACHE_MS`].
+/// A drive's SMART log as last read by [`DriveSmart::refresh`].
 #[derive(Debug)]
 pub struct DriveSmart {
     ctrl: PathBuf,
-    cache: Mutex<Option<(Instant, Option<Smart>)>>,
+    cache: Mutex<Option<Smart>>,
 }
 
 impl DriveSmart {
@@ -115,18 +113,16 @@ impl DriveSmart {
         }
     }
 
-    /// The last reading, refreshed when older than the cache time; None
-    /// when the drive does not answer (the first failure of each refresh
-    /// is logged at debug: a drive that cannot be read is not an error of
-    /// the data path).
+    /// The last reading (None before the first, or when the drive did
+    /// not answer it).
     pub fn get(&self) -> Option<Smart> {
-        let mut c = crate::sys::lock(&self.cache);
-        let fresh = Duration::from_millis(DRIVE_SMART_CACHE_MS);
-        if let Some((at, s)) = *c {
-            if at.elapsed() < fresh {
-                return s;
-            }
-        }
+        *crate::sys::lock(&self.cache)
+    }
+
+    /// Reads the drive again (the health thread's, and once at open): a
+    /// failure is logged at debug, since a drive that cannot be read is not
+    /// an error of the data path, and leaves no reading.
+    pub fn refresh(&self) {
         let s = match read_smart(&self.ctrl) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -134,8 +130,7 @@ impl DriveSmart {
                 None
             }
         };
-        *c = Some((Instant::now(), s));
-        s
+        *crate::sys::lock(&self.cache) = s;
     }
 }
 

@@ -32,8 +32,10 @@ pub struct FileBackend {
     link_bytes_per_s: u64,
     /// What fallocate does here, shared by every reactor's queue.
     zero: Arc<ZeroSupport>,
-    /// The NVMe drive's temperature sensor behind the file or device.
+    /// The NVMe drive's temperature sensor behind the file or device, and
+    /// its last reading (K, 0: none), refreshed by the health thread.
     sensors: Vec<std::path::PathBuf>,
+    temperature_k: std::sync::atomic::AtomicU16,
     /// The NVMe drive's own SMART log, for a block device that is one.
     drive: Option<drive::DriveSmart>,
 }
@@ -136,7 +138,9 @@ impl FileBackend {
                 .flatten()
                 .map(|c| {
                     tracing::info!("{path}: SMART passes through the health of {}", c.display());
-                    drive::DriveSmart::new(c)
+                    let d = drive::DriveSmart::new(c);
+                    d.refresh();
+                    d
                 })
         };
         let size_bytes = size_bytes / block_size as u64 * block_size as u64;
@@ -157,6 +161,7 @@ impl FileBackend {
             direct,
             link_bytes_per_s,
             zero: Arc::new(zero),
+            temperature_k: crate::sys::thermal::hottest_k(&sensors).unwrap_or(0).into(),
             sensors,
             drive,
         })
@@ -249,7 +254,18 @@ impl Backend for FileBackend {
         self.size_bytes
     }
     fn temperature_k(&self) -> Option<u16> {
-        crate::sys::thermal::hottest_k(&self.sensors)
+        let k = self
+            .temperature_k
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (k != 0).then_some(k)
+    }
+    fn refresh_health(&self) {
+        let k = crate::sys::thermal::hottest_k(&self.sensors).unwrap_or(0);
+        self.temperature_k
+            .store(k, std::sync::atomic::Ordering::Relaxed);
+        if let Some(d) = &self.drive {
+            d.refresh();
+        }
     }
     fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
         self.drive.as_ref()?.get()
@@ -610,6 +626,7 @@ mod zero_tests {
             link_bytes_per_s: 0,
             zero,
             sensors: Vec::new(),
+            temperature_k: 0.into(),
             drive: None,
         };
         assert!(!fb.deallocate_reads_zeroes());
