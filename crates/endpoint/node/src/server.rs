@@ -152,6 +152,8 @@ impl Target {
                 return Err(e.into());
             }
         };
+        // Started: from now on a crash counts as an unsafe shutdown.
+        reg.health().serve();
         Ok(Target {
             reg,
             shutdown,
@@ -226,14 +228,15 @@ impl Target {
         }
         // Closed in the health file only once flushed: a stop that could
         // not flush counts as unsafe at the next start (`state::health`).
-        // The saver first, so no periodic save marks them open after this.
+        // The final save first (a periodic one after it does nothing), so
+        // a health thread slowed by unresponsive drives cannot hold it up.
+        if let Err(e) = self.reg.health().close(flushed) {
+            tracing::error!("{e:#}");
+        }
         if let Some(h) = self.health_saver.take() {
             if h.join().is_err() {
                 self.note_failure("the health saver thread panicked".into());
             }
-        }
-        if let Err(e) = self.reg.health().close(flushed) {
-            tracing::error!("{e:#}");
         }
         // After the reactors: the lease is released once no command is in flight.
         if let Some(h) = self.ha.take() {

@@ -276,6 +276,21 @@ fn a_drive_that_wears_out_raises_the_smart_event_and_goes_read_only() {
         .unwrap_or_else(|| panic!("no drive warning gauge in:\n{scrape}"));
     let v: i64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert_eq!(v, i64::from(smart.critical_warning), "{line}");
+    // A host that connects after the drive wore out and enables the events
+    // hears of it at once.
+    let mut late = controller(t.local_addrs[0], NQN, 0, Digests::default(), 0);
+    let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
+    s.set_cdw(10, 0x0B);
+    s.set_cdw(11, 0x0D);
+    assert!(late.admin.cmd(s, &[], 0, 0).0.status.is_success());
+    let cid = late.admin.next_cid();
+    let mut aer = Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0);
+    aer.set_sgl(Sgl::transport(0));
+    late.admin.send_capsule(&aer, &[]);
+    let p = late.admin.recv().expect("the late host's AER completes");
+    let cqe = Cqe::decode(&p.bytes[8..24]);
+    assert_eq!((cqe.cid, cqe.dw0 & 0x7), (cid, 0x1), "{:#x}", cqe.dw0);
+    drop(late);
     drop(c);
     t.stop().unwrap();
 }

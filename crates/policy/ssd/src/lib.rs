@@ -339,6 +339,12 @@ impl Ssd {
         self.wear.health(&self.p.wear)
     }
 
+    /// Whether the drive is read-only (a block retired with no spare left),
+    /// without computing the whole health snapshot.
+    pub fn read_only(&self) -> bool {
+        self.wear.read_only()
+    }
+
     /// Submit one I/O at `now_ns`; returns its completion time in ns.
     /// The offset wraps modulo the logical capacity so that any trace can be replayed.
     /// Media errors and read-only refusals are visible through `submit_checked`.

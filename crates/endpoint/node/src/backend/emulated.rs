@@ -107,6 +107,15 @@ impl Drive {
         (due, failed)
     }
 
+    /// Whether the worn drive refuses every change of data.
+    fn read_only(&self) -> bool {
+        self.model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ssd
+            .read_only()
+    }
+
     /// The model's wear as a SMART page (no temperature: it has no
     /// thermal model, so the node's reading stands).
     fn smart(&self) -> trellis_nvme::log::Smart {
@@ -339,7 +348,11 @@ impl BackendQueue for EmulatedQueue {
             Op::Read => IoDir::Read,
             Op::Write => IoDir::Write,
             // Flush, Write Zeroes and Deallocate are not in the model: they
-            // complete at once on the RAM.
+            // complete at once on the RAM, except that a read-only drive
+            // changes no data.
+            Op::WriteZeroes | Op::Discard if self.drive.read_only() => {
+                return Some(generic::NS_WRITE_PROTECTED.dnr())
+            }
             // SAFETY: this function's own contract, passed on.
             Op::Flush | Op::WriteZeroes | Op::Discard => return self.ram.submit(req, tag),
         };

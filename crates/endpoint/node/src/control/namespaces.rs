@@ -96,8 +96,12 @@ impl Registry {
             set_sub(&mut next, sub.idx, SubNs::new(nss.cloned().collect()));
             Ok((next, ns))
         })?;
-        if let Err(e) = ns.backend().sync_all() {
-            tracing::error!(subsystem = %sub.nqn, nsid, "flush of the removed namespace failed: {e}");
+        match ns.backend().sync_all() {
+            // Closed in the health file only once flushed (`state::health`).
+            Ok(()) => self.health().remove(&ns.info().nguid),
+            Err(e) => {
+                tracing::error!(subsystem = %sub.nqn, nsid, "flush of the removed namespace failed: {e}");
+            }
         }
         tracing::info!(subsystem = %sub.nqn, nsid, "namespace removed");
         Ok(Changed {

@@ -199,7 +199,13 @@ impl Controller {
     }
     pub fn kill(&self, why: &str) {
         if !self.dead.swap(true, Relaxed) {
-            tracing::info!(cntlid = self.cntlid, host = %self.hostnqn, "controller torn down: {why}");
+            // Process-wide (a controller does not know its node): any peer
+            // can loop connects on an open discovery controller.
+            static TEARDOWN_LOG: std::sync::LazyLock<crate::sys::loglimit::LogLimit> =
+                std::sync::LazyLock::new(crate::sys::loglimit::LogLimit::default);
+            if let Some(left_out) = TEARDOWN_LOG.admit() {
+                tracing::info!(cntlid = self.cntlid, host = %self.hostnqn.escape_debug(), left_out, "controller torn down: {why}");
+            }
             self.csts
                 .fetch_or(trellis_nvme::fabrics::csts::CFS, Relaxed);
         }

@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -61,8 +62,14 @@ pub struct Health {
     /// None: an identity kept nowhere (tests, `--check`): counters start at 0.
     path: Option<PathBuf>,
     map: Mutex<BTreeMap<String, Live>>,
-    /// Set by [`Health::close`]: the final save is done.
-    closed: std::sync::atomic::AtomicBool,
+    /// Set by [`Health::serve`]: the target started, so the file may say
+    /// its namespaces are open. Before it, nothing is written: a start that
+    /// fails changes nothing (a crash still pending is counted by the next
+    /// start that serves).
+    serving: AtomicBool,
+    /// Set by [`Health::close`]: the final save is done; later saves (the
+    /// periodic one racing the stop) are no-ops.
+    closed: AtomicBool,
 }
 
 /// What SMART reports for one namespace.
@@ -77,13 +84,21 @@ fn key(nguid: &[u8; 16]) -> String {
 }
 
 impl Health {
-    /// Loads `path` (missing: empty), opens `nguids` (counting an unsafe
-    /// shutdown for each one still marked open) and saves at once, so a
-    /// crash from now on is counted at the next start.
-    pub fn open(path: Option<PathBuf>, nguids: &[[u8; 16]]) -> anyhow::Result<Health> {
-        let file = match &path {
-            Some(p) => load(p)?,
-            None => HealthFile::default(),
+    /// Loads `path` (missing: empty) and opens `nguids`, counting an
+    /// unsafe shutdown for each one still marked open. A file that cannot
+    /// be read or is of another version is left alone and the counters live
+    /// in memory only, with a warning: losing them is better than refusing
+    /// to serve the data.
+    pub fn open(path: Option<PathBuf>, nguids: &[[u8; 16]]) -> Health {
+        let (file, path) = match path {
+            Some(p) => match load(&p) {
+                Ok(f) => (f, Some(p)),
+                Err(e) => {
+                    tracing::warn!("{e:#}; power-on hours and unsafe shutdowns are kept in memory only until a restart");
+                    (HealthFile::default(), None)
+                }
+            },
+            None => (HealthFile::default(), None),
         };
         let map = file
             .namespaces
@@ -93,21 +108,43 @@ impl Health {
         let h = Health {
             path,
             map: Mutex::new(map),
-            closed: std::sync::atomic::AtomicBool::new(false),
+            serving: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         };
         for n in nguids {
             h.open_one(n);
         }
-        h.save(false)?;
-        Ok(h)
+        h
+    }
+
+    /// The target started: the file says its namespaces are open from now
+    /// on, so a crash is counted at the next start.
+    pub fn serve(&self) {
+        self.serving.store(true, SeqCst);
+        self.save_warn(false);
+    }
+
+    /// A namespace removed live (after its flush): closed in the file, its
+    /// power-on time kept for when it comes back.
+    pub fn remove(&self, nguid: &[u8; 16]) {
+        if let Some(l) = crate::sys::lock(&self.map).get_mut(&key(nguid)) {
+            l.rec.power_on_s = power_on_s(l);
+            l.rec.open = false;
+            l.since = None;
+        }
+        self.save_warn(false);
+    }
+
+    fn save_warn(&self, clean: bool) {
+        if let Err(e) = self.save(clean) {
+            tracing::warn!("cannot save the health counters: {e:#}");
+        }
     }
 
     /// Opens one namespace (added live, or at start).
     pub fn add(&self, nguid: &[u8; 16]) {
         self.open_one(nguid);
-        if let Err(e) = self.save(false) {
-            tracing::warn!("cannot save the health counters: {e:#}");
-        }
+        self.save_warn(false);
     }
 
     fn open_one(&self, nguid: &[u8; 16]) {
@@ -148,18 +185,30 @@ impl Health {
     /// `flushed` (every backend flushed), else left open, so the next start
     /// counts the stop as unsafe.
     pub fn close(&self, flushed: bool) -> anyhow::Result<()> {
-        self.closed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        self.save(flushed)
+        self.write(flushed, true)
     }
 
     /// Writes the file (0600, fsync, rename). `clean`: mark every namespace
     /// closed.
     pub fn save(&self, clean: bool) -> anyhow::Result<()> {
+        self.write(clean, false)
+    }
+
+    /// One save; with `last`, the final one (later saves do nothing).
+    fn write(&self, clean: bool, last: bool) -> anyhow::Result<()> {
+        // Held across the write: two saves (the periodic one, a live add,
+        // the stop's) would share the temporary file, and the final one
+        // must be the last.
+        let mut m = crate::sys::lock(&self.map);
+        if !self.serving.load(SeqCst) || self.closed.load(SeqCst) {
+            return Ok(());
+        }
+        if last {
+            self.closed.store(true, SeqCst);
+        }
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let mut m = crate::sys::lock(&self.map);
         bound(&mut m);
         let namespaces = m
             .iter()
@@ -172,7 +221,6 @@ impl Health {
                 (k.clone(), rec)
             })
             .collect();
-        drop(m);
         let file = HealthFile {
             version: VERSION,
             namespaces,
@@ -190,11 +238,7 @@ impl Health {
 /// leaves them open.
 impl Drop for Health {
     fn drop(&mut self) {
-        if !self.closed.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Err(e) = self.save(true) {
-                tracing::warn!("{e:#}");
-            }
-        }
+        self.save_warn(true);
     }
 }
 
@@ -256,20 +300,27 @@ mod tests {
     use super::*;
 
     const A: [u8; 16] = [1; 16];
+
+    /// As a target that started: opened, then serving.
+    fn serving(path: Option<PathBuf>, nguids: &[[u8; 16]]) -> Health {
+        let h = Health::open(path, nguids);
+        h.serve();
+        h
+    }
     const B: [u8; 16] = [2; 16];
 
     #[test]
     fn a_clean_stop_counts_nothing_and_a_kill_counts_one_unsafe_shutdown() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("node-id.health.json");
-        let h = Health::open(Some(p.clone()), &[A]).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
         assert_eq!(h.counters(&A).unsafe_shutdowns, 0);
         h.close(true).unwrap();
         drop(h);
-        let h = Health::open(Some(p.clone()), &[A]).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
         assert_eq!(h.counters(&A).unsafe_shutdowns, 0, "a clean stop before");
         std::mem::forget(h); // no destructor: as a kill -9 leaves it
-        let h = Health::open(Some(p.clone()), &[A, B]).unwrap();
+        let h = serving(Some(p.clone()), &[A, B]);
         assert_eq!(
             h.counters(&A).unsafe_shutdowns,
             1,
@@ -277,22 +328,79 @@ mod tests {
         );
         assert_eq!(h.counters(&B).unsafe_shutdowns, 0, "B was not open then");
         std::mem::forget(h);
-        let h = Health::open(Some(p.clone()), &[A]).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
         assert_eq!(h.counters(&A).unsafe_shutdowns, 2);
         assert_eq!(h.counters(&B).unsafe_shutdowns, 0, "counted when B opens");
         h.add(&B);
         assert_eq!(h.counters(&B).unsafe_shutdowns, 1, "B was open when killed");
         h.close(false).unwrap();
         drop(h);
-        let h = Health::open(Some(p.clone()), &[A]).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
         assert_eq!(
             h.counters(&A).unsafe_shutdowns,
             3,
             "a stop that could not flush"
         );
         drop(h); // dropped without close: a controlled end
-        let h = Health::open(Some(p), &[A]).unwrap();
+        let h = serving(Some(p), &[A]);
         assert_eq!(h.counters(&A).unsafe_shutdowns, 3);
+    }
+
+    #[test]
+    fn a_start_that_fails_before_serving_changes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("node-id.health.json");
+        std::mem::forget(serving(Some(p.clone()), &[A])); // killed
+        let before = std::fs::read(&p).unwrap();
+        for _ in 0..3 {
+            // Opened, never served (the start failed), the process exits.
+            std::mem::forget(Health::open(Some(p.clone()), &[A]));
+        }
+        assert_eq!(std::fs::read(&p).unwrap(), before, "the file is untouched");
+        let h = serving(Some(p), &[A]);
+        assert_eq!(h.counters(&A).unsafe_shutdowns, 1, "the one kill, once");
+    }
+
+    #[test]
+    fn a_namespace_removed_live_is_closed_and_keeps_its_time() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("node-id.health.json");
+        let h = serving(Some(p.clone()), &[A, B]);
+        h.remove(&B);
+        std::mem::forget(h); // killed after the removal
+        let h = serving(Some(p.clone()), &[A]);
+        h.add(&B);
+        assert_eq!(h.counters(&A).unsafe_shutdowns, 1);
+        assert_eq!(
+            h.counters(&B).unsafe_shutdowns,
+            0,
+            "B was closed when removed"
+        );
+    }
+
+    #[test]
+    fn after_the_final_save_a_periodic_one_does_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("node-id.health.json");
+        let h = serving(Some(p.clone()), &[A]);
+        h.close(true).unwrap();
+        h.save(false).unwrap(); // the saver thread, late
+        std::mem::forget(h);
+        let h = serving(Some(p), &[A]);
+        assert_eq!(h.counters(&A).unsafe_shutdowns, 0);
+    }
+
+    #[test]
+    fn a_file_of_another_version_is_left_alone_and_counters_kept_in_memory() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("node-id.health.json");
+        std::fs::write(&p, br#"{"version":9,"namespaces":{}}"#).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
+        h.close(true).unwrap();
+        assert_eq!(
+            std::fs::read(&p).unwrap(),
+            br#"{"version":9,"namespaces":{}}"#
+        );
     }
 
     #[test]
@@ -301,7 +409,7 @@ mod tests {
         let p = d.path().join("node-id.health.json");
         let text = r#"{"version":1,"namespaces":{"01010101010101010101010101010101":{"power_on_s":7300,"unsafe_shutdowns":3,"open":false}}}"#;
         std::fs::write(&p, text).unwrap();
-        let h = Health::open(Some(p.clone()), &[A]).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
         assert_eq!(
             h.counters(&A),
             Counters {
@@ -320,7 +428,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("node-id.health.json");
         std::fs::write(&p, b"{not json").unwrap();
-        let h = Health::open(Some(p.clone()), &[A]).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
         assert_eq!(h.counters(&A), Counters::default());
         assert_eq!(
             std::fs::read(p.with_extension("bad")).unwrap(),
@@ -333,7 +441,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("node-id.health.json");
-        let h = Health::open(Some(p.clone()), &[A]).unwrap();
+        let h = serving(Some(p.clone()), &[A]);
         {
             let mut m = crate::sys::lock(&h.map);
             for i in 0..MAX_HEALTH_RECORDS + 10 {
@@ -351,7 +459,7 @@ mod tests {
 
     #[test]
     fn without_a_state_file_the_counters_start_at_zero() {
-        let h = Health::open(None, &[A]).unwrap();
+        let h = serving(None, &[A]);
         assert_eq!(h.counters(&A), Counters::default());
         h.save(true).unwrap();
     }

@@ -548,7 +548,7 @@ impl Registry {
             ))
         });
         let nguids: Vec<[u8; 16]> = all_ns.iter().map(|n| n.info.nguid).collect();
-        let health = crate::state::health::Health::open(health_file, &nguids)?;
+        let health = crate::state::health::Health::open(health_file, &nguids);
         let node_sensors = crate::sys::thermal::node_sensors();
         if node_sensors.is_empty() {
             tracing::info!(

@@ -117,6 +117,9 @@ pub struct NodeLogLimits {
     /// Connections closed for their peer's fault: fatal PDU errors,
     /// timeouts, TLS failures, plain TCP on a TLS-only listener.
     pub close: LogLimit,
+    /// Controllers created, and an invalid CC a host set: any peer can
+    /// loop them on an open discovery controller.
+    pub ctrl: LogLimit,
 }
 
 impl NodeLogLimits {
@@ -126,6 +129,7 @@ impl NodeLogLimits {
             accept: LogLimit::new(burst, per_sec),
             auth: LogLimit::new(burst, per_sec),
             close: LogLimit::new(burst, per_sec),
+            ctrl: LogLimit::new(burst, per_sec),
         }
     }
 }

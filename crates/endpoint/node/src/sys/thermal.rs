@@ -39,21 +39,47 @@ pub fn hottest_k(paths: &[PathBuf]) -> Option<u16> {
         .max()
 }
 
+/// Whether `name` is an NVMe controller's (`nvme0`, not `nvme0n1`).
+fn is_nvme_ctrl(name: &str) -> bool {
+    name.strip_prefix("nvme")
+        .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// The sysfs directory of the NVMe controller behind device number `dev`
+/// (a block device's `st_rdev`, or a file's `st_dev`; a partition's is its
+/// disk's). With native multipath a namespace's `device` is its
+/// subsystem (`nvme-subsysN`, a dual-ported drive): its first controller.
+pub fn nvme_controller_dir(dev: u64) -> Option<PathBuf> {
+    let (maj, min) = (libc::major(dev), libc::minor(dev));
+    let base = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
+    for d in [base.join("device"), base.join("../device")] {
+        let Ok(target) = std::fs::canonicalize(&d) else {
+            continue;
+        };
+        let name = target.file_name()?.to_string_lossy().into_owned();
+        if is_nvme_ctrl(&name) {
+            return Some(target);
+        }
+        if name.starts_with("nvme-subsys") {
+            return dir_entries(&target, "nvme").into_iter().find(|c| {
+                c.file_name()
+                    .is_some_and(|n| is_nvme_ctrl(&n.to_string_lossy()))
+            });
+        }
+    }
+    None
+}
+
 /// The Composite Temperature sensor of the NVMe drive behind device
 /// number `dev` (a block device's `st_rdev`, or a file's `st_dev`), if any.
 pub fn device_sensors(dev: u64) -> Vec<PathBuf> {
-    let (maj, min) = (libc::major(dev), libc::minor(dev));
-    let base = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
     let mut out = Vec::new();
-    for ctrl in [base.join("device"), base.join("../device")] {
+    if let Some(ctrl) = nvme_controller_dir(dev) {
         for hw in dir_entries(&ctrl, "hwmon") {
             let t = hw.join("temp1_input");
             if t.exists() && out.len() < MAX_SENSORS {
                 out.push(t);
             }
-        }
-        if !out.is_empty() {
-            break;
         }
     }
     out
@@ -108,6 +134,12 @@ mod tests {
         assert_eq!(kelvin_from_millicelsius("250000"), None, "250 °C");
         assert_eq!(kelvin_from_millicelsius("-273150"), None, "0 K");
         assert_eq!(kelvin_from_millicelsius("hot"), None);
+    }
+
+    #[test]
+    fn controller_names_are_told_from_namespace_names() {
+        assert!(is_nvme_ctrl("nvme0") && is_nvme_ctrl("nvme12"));
+        assert!(!is_nvme_ctrl("nvme0n1") && !is_nvme_ctrl("nvme") && !is_nvme_ctrl("nvme-subsys0"));
     }
 
     #[test]

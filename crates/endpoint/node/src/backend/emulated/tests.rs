@@ -274,6 +274,25 @@ fn a_worn_emulated_drive_reports_its_wear_in_smart_and_goes_read_only() {
         Status::SUCCESS
     );
     assert_eq!(after, before, "the refused write did not land");
+    // Nor do Write Zeroes and Deallocate.
+    for op in [Op::WriteZeroes, Op::Discard] {
+        let mut none = vec![0u8; 4096];
+        let r = IoReq {
+            buf: std::ptr::null_mut(),
+            ..req(op, 0, &mut none)
+        };
+        assert_eq!(
+            run_one(q.as_mut(), &r).0,
+            generic::NS_WRITE_PROTECTED.dnr(),
+            "{op:?}"
+        );
+    }
+    let mut after = vec![0u8; 4096];
+    assert_eq!(
+        run_one(q.as_mut(), &req(Op::Read, 0, &mut after)).0,
+        Status::SUCCESS
+    );
+    assert_eq!(after, before, "zeroes and deallocation did not land either");
 }
 
 /// A block then retires after about three erases (rated 3,000 cycles).

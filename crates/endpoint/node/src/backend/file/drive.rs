@@ -46,22 +46,16 @@ const NVME_IOCTL_ADMIN_CMD: libc::c_ulong = 0xC048_4E41;
 const _: () = assert!(std::mem::size_of::<PassthruCmd>() == 72);
 
 /// The drive's controller character device for block device `rdev`, when
-/// the device is an NVMe namespace (`/sys/dev/block/M:m/device` names an
-/// NVMe controller; a partition's is its disk's).
+/// the device is an NVMe namespace (`sys::thermal::nvme_controller_dir`:
+/// a partition's is its disk's, a multipath namespace's its first
+/// controller's).
 pub fn nvme_controller_of(rdev: u64) -> Option<PathBuf> {
-    let (maj, min) = (libc::major(rdev), libc::minor(rdev));
-    let base = PathBuf::from(format!("/sys/dev/block/{maj}:{min}"));
-    for dev in [base.join("device"), base.join("../device")] {
-        let Ok(target) = std::fs::canonicalize(&dev) else {
-            continue;
-        };
-        let name = target.file_name()?.to_string_lossy().into_owned();
-        let is_ctrl = name.starts_with("nvme") && name[4..].chars().all(|c| c.is_ascii_digit());
-        if is_ctrl && Path::new("/sys/class/nvme").join(&name).exists() {
-            return Some(PathBuf::from("/dev").join(name));
-        }
-    }
-    None
+    let dir = crate::sys::thermal::nvme_controller_dir(rdev)?;
+    let name = dir.file_name()?;
+    Path::new("/sys/class/nvme")
+        .join(name)
+        .exists()
+        .then(|| PathBuf::from("/dev").join(name))
 }
 
 /// The command that reads the SMART log of the whole controller.

@@ -66,10 +66,13 @@ impl Queue {
                 ctrl.set_csts(csts::RDY);
                 ctrl.keep_alive(ctx.now_ns);
             } else {
-                tracing::warn!(
-                    cntlid = ctrl.cntlid(),
-                    "CC {new:#x} invalid; controller fatal status"
-                );
+                if let Some(left_out) = self.reg.log_limits().ctrl.admit() {
+                    tracing::warn!(
+                        cntlid = ctrl.cntlid(),
+                        left_out,
+                        "CC {new:#x} invalid; controller fatal status"
+                    );
+                }
                 ctrl.set_csts(csts::CFS);
             }
         }
@@ -366,6 +369,22 @@ impl Queue {
         }
     }
 
+    /// A host that enables the SMART / Health events after a drive's
+    /// warning set (it reconnected when writes began to fail) hears of it
+    /// at once: the event bits are the critical warning bits.
+    fn raise_present_warnings(&self, ctrl: &Controller, enabled: u32) {
+        let warning = self
+            .sub_ns()
+            .namespaces
+            .iter()
+            .filter_map(|ns| ns.backend().drive_smart())
+            .fold(0u8, |w, s| w | s.critical_warning);
+        let bits = u32::from(warning & crate::state::aen::SMART_WARNINGS) & enabled;
+        for b in (0..8).map(|i| 1u32 << i).filter(|b| bits & b != 0) {
+            ctrl.raise_event(b);
+        }
+    }
+
     /// SMART / health from the live counters: all namespaces for NSID 0 or
     /// FFFFFFFFh, else the one named.
     fn smart(&mut self, nsid: u32, ctrl: &Controller) -> Result<Smart, Status> {
@@ -516,6 +535,9 @@ impl Queue {
                     return Exec::Done(generic::INVALID_FIELD.dnr());
                 }
                 ctrl.set_async_event_config(v);
+                if !disc {
+                    self.raise_present_warnings(&ctrl, v);
+                }
             }
             _ if disc => return Exec::Done(generic::INVALID_FIELD.dnr()),
             feat::NUM_QUEUES => {

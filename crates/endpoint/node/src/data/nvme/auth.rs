@@ -636,9 +636,11 @@ pub(crate) fn auth_receive(q: &mut Queue, ctx: &mut Ctx, req: &mut Request) -> E
                 },
             },
         };
-        let b = s.encode(msg, al)?;
+        // Logged before the `?`: a failure noted by this step is this
+        // command's, even when its message does not fit the host's buffer.
+        let b = s.encode(msg, al);
         log_change(s, was, qid, peer, log);
-        Ok(Some(b))
+        Ok(Some(b?))
     });
     match r {
         Ok(Some(msg)) => req.reply_data(&msg),
@@ -666,9 +668,9 @@ pub(crate) fn resume(q: &mut Queue, req: &mut Request, job: u64, out: Output) ->
         }
         let was = s.authenticated();
         let msg = s.resume(out);
-        let b = s.encode(msg, al)?;
+        let b = s.encode(msg, al);
         log_change(s, was, qid, peer, log);
-        Ok(b)
+        b
     });
     match r {
         Ok(msg) => req.reply_data(&msg),

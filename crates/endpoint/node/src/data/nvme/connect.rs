@@ -193,7 +193,9 @@ impl Queue {
         let ctrl = Arc::new(self.new_controller(ctx, cmd, data, sub.clone(), cntlid));
         ctrls.insert(cntlid, ctrl.clone());
         drop(ctrls);
-        tracing::info!(cntlid, host = ?data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, "controller created");
+        if let Some(left_out) = self.reg.log_limits().ctrl.admit() {
+            tracing::info!(cntlid, host = ?data.hostnqn, subsystem = %data.subnqn, peer = %self.peer, kato_ms = cmd.kato_ms, left_out, "controller created");
+        }
         self.q = Some(QueueCtx {
             qid: 0,
             sqsize: cmd.sqsize,
