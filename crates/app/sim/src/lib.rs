@@ -7,6 +7,7 @@ pub mod config;
 pub mod cost;
 pub mod engine;
 pub mod fairness;
+pub mod health_fleet;
 pub mod metrics;
 pub mod model;
 pub mod net;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use trellis_ssd::Precondition;
 
 mod fairness;
+mod health;
 
 use fairness::cmd_fairness;
 
@@ -146,6 +147,9 @@ pub enum SimCmd {
         #[arg(long, default_value = "sim-out/fairness")]
         out: PathBuf,
     },
+    /// A fleet of drives with wear and injected failures over simulated months: the
+    /// drive-health predictor vs a SMART critical-warning baseline; JSON, SVG and a table.
+    HealthFleet(health::HealthFleetArgs),
     /// Engine benchmark: events/s per core and memory per node; writes JSON.
     Bench {
         /// Where to write the JSON results.
@@ -382,6 +386,7 @@ pub fn run(args: SimArgs) -> Result<()> {
             (program_suspend_us, erase_suspend_us),
             &out,
         ),
+        SimCmd::HealthFleet(a) => health::cmd_health_fleet(&a),
         SimCmd::Bench {
             out,
             rack_ms,
