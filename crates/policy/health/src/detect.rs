@@ -24,6 +24,10 @@ pub struct LatencyDetector {
     above_since_ns: Option<u64>,
     severe_since_ns: Option<u64>,
     below_since_ns: Option<u64>,
+    /// A day-smoothed level, and the stretch over which it has stayed within the
+    /// re-baseline tolerance while degraded: (since, min, max).
+    daily_us: f64,
+    stretch: Option<(u64, f64, f64)>,
     pub degraded: bool,
     pub severe: bool,
 }
@@ -39,6 +43,8 @@ impl LatencyDetector {
             above_since_ns: None,
             severe_since_ns: None,
             below_since_ns: None,
+            daily_us: 0.0,
+            stretch: None,
             degraded: false,
             severe: false,
         }
@@ -61,16 +67,48 @@ impl LatencyDetector {
             self.warm_n += 1;
             self.baseline_us += (p99_us - self.baseline_us) / f64::from(self.warm_n);
             self.recent_us = self.baseline_us;
+            self.daily_us = self.baseline_us;
             return;
         }
         let a_fast = (dt_ns / c.latency_recent_tau_ns as f64).min(1.0);
         self.recent_us += a_fast * (p99_us - self.recent_us);
+        let a_day = (dt_ns / c.latency_stable_tau_ns as f64).min(1.0);
+        self.daily_us += a_day * (p99_us - self.daily_us);
         let ratio = self.ratio();
         if ratio < c.latency_clear_ratio {
             let a_slow = (dt_ns / c.latency_baseline_tau_ns as f64).min(1.0);
             self.baseline_us += a_slow * (p99_us - self.baseline_us);
         }
         self.update_flags(c, now_ns, ratio);
+        self.rebaseline(c, now_ns);
+    }
+
+    /// A degraded level that has held steady for `latency_rebaseline_ns` is a new
+    /// normal (a heavier tenant, a new workload), not a drive getting worse: learn
+    /// it. A creeping level never holds within the tolerance, so it is not learnt.
+    fn rebaseline(&mut self, c: &HealthConfig, now_ns: u64) {
+        if !self.degraded {
+            self.stretch = None;
+            return;
+        }
+        let d = self.daily_us;
+        let (since, lo, hi) = self.stretch.get_or_insert((now_ns, d, d));
+        let (lo, hi) = (lo.min(d), hi.max(d));
+        if lo <= 0.0 || hi / lo > c.latency_rebaseline_tolerance {
+            self.stretch = Some((now_ns, d, d));
+            return;
+        }
+        if now_ns - *since < c.latency_rebaseline_ns {
+            self.stretch = Some((*since, lo, hi));
+            return;
+        }
+        self.baseline_us = d;
+        self.recent_us = d;
+        self.degraded = false;
+        self.severe = false;
+        self.above_since_ns = None;
+        self.severe_since_ns = None;
+        self.stretch = None;
     }
 
     fn update_flags(&mut self, c: &HealthConfig, now_ns: u64, ratio: f64) {
@@ -88,7 +126,7 @@ impl LatencyDetector {
         if self.above_since_ns.is_some() && above_ns >= c.latency_sustain_ns {
             self.degraded = true;
         }
-        if self.severe_since_ns.is_some() && severe_ns >= c.latency_sustain_ns {
+        if self.severe_since_ns.is_some() && severe_ns >= c.latency_severe_sustain_ns {
             self.severe = true;
         }
         // Hysteresis: clear only after a sustained stretch below the lower ratio.

@@ -100,6 +100,15 @@ pub struct HealthConfig {
     pub latency_clear_ratio: f64,
     /// [R] How long a ratio must hold before it counts, either way.
     pub latency_sustain_ns: u64,
+    /// [R] How long the severe ratio must hold before failure is predicted: a day,
+    /// so that a burst on top of a degraded drive is not a prediction.
+    pub latency_severe_sustain_ns: u64,
+    /// [R] Time constant of the day-smoothed level the re-baseline watches.
+    pub latency_stable_tau_ns: u64,
+    /// [R] A degraded level steady (within the tolerance) this long becomes the baseline.
+    pub latency_rebaseline_ns: u64,
+    /// [R] Largest max/min of the day-smoothed level over that stretch that is "steady".
+    pub latency_rebaseline_tolerance: f64,
     /// [R] Horizon reported for a severe latency precursor.
     pub latency_horizon_ns: u64,
     /// [R] Window of the media-error detector, days (at most [`ERROR_DAYS_MAX`]).
@@ -135,6 +144,10 @@ impl Default for HealthConfig {
             latency_severe_ratio: 4.0,
             latency_clear_ratio: 1.5,
             latency_sustain_ns: 6 * NS_PER_HOUR,
+            latency_severe_sustain_ns: NS_PER_DAY,
+            latency_stable_tau_ns: NS_PER_DAY,
+            latency_rebaseline_ns: 14 * NS_PER_DAY,
+            latency_rebaseline_tolerance: 1.5,
             latency_horizon_ns: 14 * NS_PER_DAY,
             error_window_days: 7,
             error_days_threshold: 3,

@@ -76,6 +76,27 @@ fn latency_step_clears_with_hysteresis() {
 }
 
 #[test]
+fn lasting_level_shift_is_learnt_not_predicted() {
+    let mut p = DrivePredictor::default();
+    run(&mut p, 0..30 * 24, healthy);
+    // A heavier tenant from day 30: p99 ×3 for good (bursts on top reach ×9).
+    let shift = |h: u64| {
+        let mut s = healthy(h);
+        s.read_latency_p99_us *= 3.0;
+        s
+    };
+    let t = run(&mut p, 30 * 24..120 * 24, shift);
+    let kinds: Vec<_> = t.iter().map(|t| t.to).collect();
+    assert_eq!(
+        kinds,
+        vec![HealthState::Degraded, HealthState::Healthy],
+        "{t:?}"
+    );
+    let healthy_day = t[1].at_ns / NS_PER_DAY;
+    assert!((44..=50).contains(&healthy_day), "day {healthy_day}");
+}
+
+#[test]
 fn media_errors_on_several_days_predict_failure() {
     let mut p = DrivePredictor::default();
     run(&mut p, 0..30 * 24, healthy);

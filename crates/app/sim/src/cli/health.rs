@@ -29,6 +29,13 @@ pub struct HealthFleetArgs {
     /// A flag is true when the drive fails within this many days of it, 1 to 365.
     #[arg(long, default_value_t = crate::health_fleet::WINDOW_DAYS)]
     pub window_days: u32,
+    /// Predictor: distinct days with new media errors that predict a failure
+    /// (default: trellis-health's).
+    #[arg(long)]
+    pub error_days: Option<u32>,
+    /// Predictor: the window of those days, 1 to 32 (default: trellis-health's).
+    #[arg(long)]
+    pub error_window_days: Option<u32>,
     /// Where to write the JSON report.
     #[arg(long, default_value = "sim-out/health/health-fleet.json")]
     pub json: PathBuf,
@@ -62,8 +69,27 @@ pub(super) fn cmd_health_fleet(a: &HealthFleetArgs) -> Result<()> {
         window_days: a.window_days,
         ..FleetConfig::default()
     };
+    let mut hc = HealthConfig::default();
+    if let Some(w) = a.error_window_days {
+        if !(1..=trellis_health::ERROR_DAYS_MAX as u32).contains(&w) {
+            bail!(
+                "--error-window-days {w}: use 1 to {}",
+                trellis_health::ERROR_DAYS_MAX
+            );
+        }
+        hc.error_window_days = w;
+    }
+    if let Some(d) = a.error_days {
+        if !(1..=hc.error_window_days).contains(&d) {
+            bail!(
+                "--error-days {d}: use 1 to the window ({} days)",
+                hc.error_window_days
+            );
+        }
+        hc.error_days_threshold = d;
+    }
     let t0 = std::time::Instant::now();
-    let rep = run_fleet(&cfg, &HealthConfig::default());
+    let rep = run_fleet(&cfg, &hc);
     print!("{}", rep.table());
     println!(
         "{} drives, {:.0} drive-years, {} failures; wall time {:.1} s",
