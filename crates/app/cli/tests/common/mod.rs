@@ -153,23 +153,15 @@ impl LiveTarget {
     /// outlives this process (a restart finds its identity and counters).
     #[allow(dead_code)] // not every test binary uses it
     pub fn start_in(state_dir: &std::path::Path, args: &[&str]) -> LiveTarget {
-        let (child, addr, log, dir) = spawn_logged_in(
-            "target",
-            args,
-            &["--listen", "127.0.0.1:0"],
-            Some(state_dir),
-        );
-        LiveTarget {
-            child,
-            addr,
-            log,
-            _dir: dir,
-            _config_dir: None,
-        }
+        Self::spawn(args, &["--listen", "127.0.0.1:0"], Some(state_dir))
     }
 
     fn start_listening(args: &[&str], listen: &[&str]) -> LiveTarget {
-        let (child, addr, log, dir) = spawn_logged("target", args, listen);
+        Self::spawn(args, listen, None)
+    }
+
+    fn spawn(args: &[&str], listen: &[&str], state_dir: Option<&std::path::Path>) -> LiveTarget {
+        let (child, addr, log, dir) = spawn_logged_in("target", args, listen, state_dir);
         LiveTarget {
             child,
             addr,
