@@ -210,6 +210,8 @@ pub struct Smart {
 }
 
 pub const SMART_LEN: usize = 512;
+/// The Available Spare Threshold the target's SMART page reports, percent.
+pub const AVAILABLE_SPARE_THRESHOLD_PCT: u8 = 10;
 
 impl Smart {
     /// Writes the 512-byte page at the front of `b` (at least that long).
@@ -221,7 +223,7 @@ impl Smart {
         b[0] = self.critical_warning;
         put16(b, 1, self.temperature_k);
         b[3] = self.available_spare_pct;
-        b[4] = 10; // available spare threshold
+        b[4] = AVAILABLE_SPARE_THRESHOLD_PCT;
         b[5] = self.percent_used;
         let put128 = |b: &mut [u8], off: usize, v: u128| crate::put_bytes(b, off, v.to_le_bytes());
         put128(b, 32, self.data_units_read);

@@ -102,6 +102,11 @@ fn register_drive_health(prom: &mut Prom, reg: &Registry) {
         "namespace_drive_available_spare_percent",
         "SMART available spare, percent of the drive's spare blocks left",
     );
+    let prediction = fam(
+        prom,
+        "namespace_drive_prediction",
+        "The failure predictor's verdict: 1 healthy, 2 degraded, 3 predicted failure, 4 failed (absent: not watched)",
+    );
     let unsafe_shutdowns = fam(
         prom,
         "namespace_unsafe_shutdowns",
@@ -118,6 +123,9 @@ fn register_drive_health(prom: &mut Prom, reg: &Registry) {
             unsafe_shutdowns
                 .get_or_create(&l)
                 .set(c.unsafe_shutdowns.min(i64::MAX as u64) as i64);
+            if let Some((v, _)) = reg.verdicts().get(ns.uid()) {
+                prediction.get_or_create(&l).set(v as i64);
+            }
             if let Some(d) = ns.backend().drive_smart() {
                 warning.get_or_create(&l).set(i64::from(d.critical_warning));
                 used.get_or_create(&l).set(i64::from(d.percent_used));

@@ -79,6 +79,25 @@ pub struct Counters {
     pub unsafe_shutdowns: u64,
 }
 
+/// The failure predictor's verdict per namespace uid, as the drive watch
+/// (`control::drive_health`) last set it: (verdict, horizon in hours).
+/// Read by the extended health page and `/metrics`.
+#[derive(Debug, Default)]
+pub struct Verdicts(Mutex<std::collections::HashMap<usize, (trellis_nvme::health::Verdict, u32)>>);
+
+impl Verdicts {
+    pub fn set(&self, uid: usize, v: trellis_nvme::health::Verdict, horizon_hours: u32) {
+        crate::sys::lock(&self.0).insert(uid, (v, horizon_hours));
+    }
+    /// None: no predictor watches it.
+    pub fn get(&self, uid: usize) -> Option<(trellis_nvme::health::Verdict, u32)> {
+        crate::sys::lock(&self.0).get(&uid).copied()
+    }
+    pub fn retain(&self, live: &std::collections::HashSet<usize>) {
+        crate::sys::lock(&self.0).retain(|u, _| live.contains(u));
+    }
+}
+
 fn key(nguid: &[u8; 16]) -> String {
     crate::sys::hex(nguid)
 }

@@ -314,6 +314,8 @@ pub struct Registry {
     /// Power-on time and unsafe shutdowns per namespace, kept across
     /// restarts (`state::health`).
     pub(in crate::state) health: crate::state::health::Health,
+    /// The failure predictor's verdicts (`control::drive_health`).
+    pub(in crate::state) verdicts: crate::state::health::Verdicts,
     /// The node's temperature sensors (`sys::thermal`), found at start,
     /// and their hottest last reading (K, 0: none), refreshed by the
     /// health thread.
@@ -441,6 +443,9 @@ impl Registry {
     /// Power-on time and unsafe shutdowns per namespace (SMART log).
     pub fn health(&self) -> &crate::state::health::Health {
         &self.health
+    }
+    pub fn verdicts(&self) -> &crate::state::health::Verdicts {
+        &self.verdicts
     }
     /// The node's hottest sensor as last read, else the nominal value
     /// (`sys::thermal::NO_SENSOR_TEMPERATURE_K`).
@@ -615,6 +620,7 @@ impl Registry {
             disc: crate::state::discovery::DiscoveryState::new(&cfg.referrals),
             started: std::time::Instant::now(),
             health,
+            verdicts: Default::default(),
             node_temperature_k: crate::sys::thermal::hottest_k(&node_sensors)
                 .unwrap_or(0)
                 .into(),

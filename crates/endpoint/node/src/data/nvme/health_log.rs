@@ -35,6 +35,10 @@ fn of(reg: &Registry, ns: &Namespace) -> ExtHealth {
     let w = ns.backend().drive_wear().unwrap_or_default();
     let has_wear = ns.backend().drive_wear().is_some();
     let nr = |v: u32| if has_wear { v } else { NOT_REPORTED };
+    let (verdict, horizon_hours) = reg
+        .verdicts()
+        .get(ns.uid())
+        .unwrap_or((Default::default(), NOT_REPORTED));
     ExtHealth {
         nsid: ns.nsid(),
         source: if smart.is_some() {
@@ -67,8 +71,8 @@ fn of(reg: &Registry, ns: &Namespace) -> ExtHealth {
         rated_pe_cycles: nr(w.rated_pe_cycles),
         bad_blocks: nr(w.bad_blocks),
         spare_blocks: nr(w.spare_blocks),
-        verdict: Default::default(),
-        horizon_hours: NOT_REPORTED,
+        verdict,
+        horizon_hours,
     }
 }
 
