@@ -22,7 +22,7 @@ use trellis_nvme::pdu::Digests;
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
 
-/// The flood test measures a victim's worst read latency, and on a 2-CPU
+/// The flood test measures a victim's tail read latency, and on a 2-CPU
 /// machine another test of this file running beside it (its own target,
 /// reactor and DH worker) is load that the latency would wrongly be blamed
 /// for: CI once saw 6.3 ms against a 1.1 ms baseline that way. So the flood
@@ -238,14 +238,24 @@ fn transactions_past_the_per_host_rate_are_refused_across_connections() {
 #[derive(Clone, Copy, Debug, Default)]
 struct Phase {
     worst: Duration,
+    /// The 99.9th percentile: the phase's tail without the one or two
+    /// reads the victim's own thread was descheduled for (2 vCPUs shared
+    /// with four attacker threads and the DH worker).
+    p999: Duration,
     reads: u64,
     slow: u64,
 }
 
+/// Largest latencies a phase keeps for its p99.9 (about 40 000 reads a
+/// phase put it at the 40th).
+const TAIL_KEPT: usize = 512;
+
 /// Back-to-back 4 KiB reads on `q` for `dur`; a read longer than `slow`
 /// counts as slow.
 fn reads_for(q: &mut Queue, dur: Duration, slow: Duration) -> Phase {
+    use std::cmp::Reverse;
     let mut p = Phase::default();
+    let mut tail = std::collections::BinaryHeap::with_capacity(TAIL_KEPT + 1);
     let end = Instant::now() + dur;
     while Instant::now() < end {
         let t0 = Instant::now();
@@ -255,7 +265,16 @@ fn reads_for(q: &mut Queue, dur: Duration, slow: Duration) -> Phase {
         p.worst = p.worst.max(d);
         p.slow += u64::from(d > slow);
         p.reads += 1;
+        tail.push(Reverse(d));
+        if tail.len() > TAIL_KEPT {
+            tail.pop();
+        }
     }
+    // The ⌈reads / 1000⌉-th largest.
+    let rank = (p.reads.div_ceil(1000) as usize).clamp(1, tail.len().max(1));
+    let mut largest: Vec<Duration> = tail.into_iter().map(|Reverse(d)| d).collect();
+    largest.sort_unstable_by(|a, b| b.cmp(a));
+    p.p999 = largest.get(rank - 1).copied().unwrap_or_default();
     p
 }
 
@@ -316,11 +335,16 @@ fn start_flood(addr: SocketAddr, n: usize, challenges: &Arc<AtomicU64>) -> impl 
 
 /// Acceptance: a host reading 4 KiB blocks on the same (single, pinned)
 /// reactor as a peer flooding ffdhe8192 Challenges from several
-/// connections keeps its worst read latency within 2 × its baseline worst
+/// connections keeps its tail read latency within 2 × its baseline tail
 /// plus 2 ms. Baseline and flood phases alternate (A B A B), so both see
-/// the same background load of the shared machine, and the worst of each
-/// phase is compared as a median over the rounds: one scheduler hiccup of
-/// this 2-vCPU VM (baselines alone range 1–13 ms) must not decide it.
+/// the same background load of the shared machine, and each phase's tail
+/// is compared as a median over the rounds: one scheduler hiccup of this
+/// 2-vCPU VM (baselines alone range 1–13 ms) must not decide it. The tail
+/// is the 99.9th percentile, not the maximum: with ~40 000 reads a phase
+/// the maximum is one read the victim's own thread waited for a CPU (CI
+/// failed twice on a single 9 ms read), while a Challenge computed on the
+/// reactor stalls one read per Challenge, ~160 a phase, which p99.9 (the
+/// 40th largest) still sees.
 ///
 /// The worst read alone is a weak witness here, so the test also counts
 /// what a stall would leave: every Challenge computed on the reactor holds
@@ -360,18 +384,21 @@ fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
         stop();
     }
     let got = challenges.load(Ordering::Relaxed);
-    let worst = |v: &[Phase]| median(v.iter().map(|p| p.worst).collect());
+    let worst = |v: &[Phase]| median(v.iter().map(|p| p.p999).collect());
     let sum = |v: &[Phase], f: fn(&Phase) -> u64| v.iter().map(f).sum::<u64>();
     let (base_w, under_w) = (worst(&base), worst(&under));
     let bound = base_w * 2 + Duration::from_millis(2);
     let (base_slow, under_slow) = (sum(&base, |p| p.slow), sum(&under, |p| p.slow));
     eprintln!(
-        "ffdhe8192 exponentiation {exp:?}; victim worst 4 KiB read (median of {ROUNDS} phases): \
+        "ffdhe8192 exponentiation {exp:?}; victim p99.9 4 KiB read (median of {ROUNDS} phases): \
          baseline {base_w:?} ({} reads), under the flood {under_w:?} ({} reads); bound {bound:?}; \
          reads over {slow:?}: baseline {base_slow}, under the flood {under_slow}; \
-         ffdhe8192 Challenges served to the attacker: {got}; phases: base {:?} flood {:?}",
+         ffdhe8192 Challenges served to the attacker: {got}; phases' p99.9: base {:?} flood {:?}; \
+         phases' max: base {:?} flood {:?}",
         sum(&base, |p| p.reads),
         sum(&under, |p| p.reads),
+        base.iter().map(|p| p.p999).collect::<Vec<_>>(),
+        under.iter().map(|p| p.p999).collect::<Vec<_>>(),
         base.iter().map(|p| p.worst).collect::<Vec<_>>(),
         under.iter().map(|p| p.worst).collect::<Vec<_>>(),
     );
@@ -381,7 +408,7 @@ fn an_ffdhe8192_challenge_flood_does_not_stall_another_hosts_reads() {
     );
     assert!(
         under_w <= bound,
-        "victim worst read {under_w:?} > 2 × baseline {base_w:?} + 2 ms"
+        "victim p99.9 read {under_w:?} > 2 × baseline {base_w:?} + 2 ms"
     );
     assert!(
         under_slow <= base_slow + got / 20,
