@@ -523,7 +523,10 @@ pub struct TermReq {
 }
 
 impl TermReq {
+    /// Decodes FES and FEI; a header shorter than the 24 bytes a TermReq
+    /// has reads as zeroes past its end (a peer's short PDU, never a panic).
     pub fn decode(b: &[u8]) -> TermReq {
+        let b = &crate::padded::<24>(b);
         TermReq {
             fes: le16(b, 8),
             fei: le32(b, 10),
@@ -809,6 +812,18 @@ mod tests {
         assert_eq!(n, TERM_MAX_PLEN);
         let t = TermReq::decode(&b);
         assert_eq!((t.fes, t.fei), (1, 2));
+    }
+
+    /// Found by `tests/arbitrary_bytes.rs`: a 12-byte TermReq from a peer
+    /// read FEI past its end (a debug assertion; zeroes in release).
+    #[test]
+    fn a_short_term_req_reads_zeroes_past_its_end() {
+        let mut b = [0u8; 12];
+        b[8] = 3; // FES, whole
+        b[10] = 0x7f; // the first half of FEI
+        let t = TermReq::decode(&b);
+        assert_eq!((t.fes, t.fei), (3, 0x7f));
+        assert_eq!(TermReq::decode(&[]).fei, 0);
     }
 
     proptest::proptest! {
