@@ -612,8 +612,17 @@ fn namespaces_table(r: &Value) -> String {
 /// `health_get` as a table; "-" where the drive reports no wear figure.
 fn health_table(r: &Value) -> String {
     let mut out = format!(
-        "{:<32} {:>5} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7}  source\n",
-        "subsystem", "nsid", "warning", "used%", "spare%", "errors", "temp_C", "power_h", "unsafe"
+        "{:<32} {:>5} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7}  {:<18} source\n",
+        "subsystem",
+        "nsid",
+        "warning",
+        "used%",
+        "spare%",
+        "errors",
+        "temp_C",
+        "power_h",
+        "unsafe",
+        "prediction"
     );
     let opt = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
     for n in r["namespaces"].as_array().into_iter().flatten() {
@@ -621,7 +630,7 @@ fn health_table(r: &Value) -> String {
             .as_i64()
             .map_or("-".into(), |k| (k - 273).to_string());
         out.push_str(&format!(
-            "{:<32} {:>5} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7}  {}\n",
+            "{:<32} {:>5} {:>7} {:>6} {:>6} {:>7} {:>6} {:>8} {:>7}  {:<18} {}\n",
             str_of(&n["subsystem"]),
             n["nsid"].to_string(),
             format!("{:#04x}", n["critical_warning"].as_u64().unwrap_or(0)),
@@ -631,10 +640,22 @@ fn health_table(r: &Value) -> String {
             temp_c,
             n["power_on_hours"].to_string(),
             n["unsafe_shutdowns"].to_string(),
+            prediction(n),
             str_of(&n["source"])
         ));
     }
     out
+}
+
+/// The predictor's verdict, with its horizon in days when it has one.
+fn prediction(n: &Value) -> String {
+    let Some(v) = n["prediction"].as_str() else {
+        return "-".into();
+    };
+    match n["horizon_hours"].as_u64() {
+        Some(h) => format!("{v} ({}d)", h / 24),
+        None => v.into(),
+    }
 }
 
 fn set_summary(r: &Value) -> String {

@@ -25,15 +25,23 @@ const NQN: &str = "nqn.2026-11.io.trellis:ha";
 /// fixed identity (both nodes must report the same one), a management
 /// socket, and `[ha]` with `ha`'s lines.
 fn node_config(disk: &Path, sock: &Path, ha: &str) -> String {
+    node_config_ns(
+        &format!("backend = \"file\"\npath = \"{}\"", disk.display()),
+        sock,
+        ha,
+    )
+}
+
+/// As [`node_config`], the namespace's backend lines `backend`.
+fn node_config_ns(backend: &str, sock: &Path, ha: &str) -> String {
     format!(
         "[ctl]\nsocket = \"{}\"\n\n[ha]\n{ha}\n\n\
          [[listener]]\naddr = \"127.0.0.1:0\"\n\n\
          [[subsystem]]\nnqn = \"{NQN}\"\nserial = \"TRELLISHA\"\n\n\
-         [[subsystem.namespace]]\nbackend = \"file\"\npath = \"{}\"\nsize = \"16MiB\"\n\
+         [[subsystem.namespace]]\n{backend}\nsize = \"16MiB\"\n\
          uuid = \"5472656c-6c69-4073-8000-00000000a001\"\n\
          nguid = \"5472656c6c6940738000000000a00001\"\neui64 = \"0254726c6c690001\"\n",
         sock.display(),
-        disk.display()
     )
 }
 
@@ -44,6 +52,15 @@ struct Node {
 
 impl Node {
     fn start(dir: &Path, name: &str, ha: &str) -> Node {
+        let disk = format!(
+            "backend = \"file\"\npath = \"{}\"",
+            dir.join("disk.img").display()
+        );
+        Node::start_ns(dir, name, ha, &disk)
+    }
+
+    /// As [`Node::start`], the namespace's backend lines `backend`.
+    fn start_ns(dir: &Path, name: &str, ha: &str, backend: &str) -> Node {
         let sock = dir.join(format!("{name}.sock"));
         let ha = format!("node = \"{name}\"\n{ha}");
         // Disjoint controller IDs, as a Linux host connected to both needs.
@@ -58,7 +75,7 @@ impl Node {
             "[target]\ncntlid_min = {}\ncntlid_max = {}\ndata_wait_timeout_ms = 60000\n\n",
             ids.0, ids.1
         );
-        let config = node_config(&dir.join("disk.img"), &sock, &ha);
+        let config = node_config_ns(backend, &sock, &ha);
         let t = LiveTarget::start_config(&(target + &config));
         Node { t, sock }
     }
@@ -119,6 +136,11 @@ fn shared_disk(dir: &Path) {
 
 /// `trellis bench --paths a,b --verify` for `secs`, in the background.
 fn spawn_bench(paths: &str, secs: u32, json: &Path) -> Child {
+    spawn_bench_mix(paths, secs, json, 50)
+}
+
+/// As [`spawn_bench`], `read_pct` % of the I/Os reads.
+fn spawn_bench_mix(paths: &str, secs: u32, json: &Path, read_pct: u32) -> Child {
     Command::new(bin())
         .args([
             "bench",
@@ -131,6 +153,7 @@ fn spawn_bench(paths: &str, secs: u32, json: &Path) -> Child {
             "4k",
         ])
         .args(["--nqn", NQN, "--size", "8m", "--iodepth", "16", "--verify"])
+        .args(["--rwmixread", &read_pct.to_string()])
         .args([
             "--runtime",
             &secs.to_string(),
@@ -367,6 +390,60 @@ fn drain_and_failback(dir: &Path, ha: &str) {
         j["paths"][0]["ios"].as_u64().unwrap() > 0,
         "A served again: {j}"
     );
+}
+
+/// Issue 33, I/O path failure detection with auto recovery: both nodes
+/// serve one emulated drive (its data in a shared file); through A it
+/// degrades (`fault = "degrade"`: from day 9 of its age reads need more and
+/// more read retries, uncorrectable from about day 31, silent on day 36; a
+/// day a second). With `drive_failover = "predicted"`, A's failure
+/// predictor flags it by its read latency and A hands the pair to B, under
+/// `trellis bench --verify` on both paths: B becomes optimized, A says why
+/// in its timeline and `ctl get health`, and the host sees 0 errors.
+#[test]
+fn a_drive_predicted_to_fail_hands_the_pair_to_the_peer_without_a_host_error() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let ha = format!(
+        "path = \"{}\"\ndrive_failover = \"predicted\"",
+        dir.join("ha.lock").display()
+    );
+    let drive = format!(
+        "backend = \"emulated\"\nprofile = \"femu\"\npath = \"{}\"",
+        dir.join("drive.img").display()
+    );
+    let faulty = format!(
+        "{drive}\nfault = \"degrade\"\nfault_onset_days = 9.0\nfault_ramp_days = 27.0\nage_acceleration = 86400.0"
+    );
+    let born = Instant::now();
+    let a = Node::start_ns(dir, "a", &ha, &faulty);
+    a.wait_role("owner", Duration::from_secs(10));
+    let b = Node::start_ns(dir, "b", &ha, &drive);
+    let t0 = Instant::now();
+    while b.ha()["holder"] != "a" {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", b.ha());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let json = dir.join("bench.json");
+    // Mostly reads: the read tail is then the drive's reads (retries and
+    // reads queued behind them), not reads waiting for programs.
+    let bench = spawn_bench_mix(&format!("{},{}", a.t.addr(), b.t.addr()), 26, &json, 90);
+    // Predicted around day 17 here; its first uncorrectable read would be near day 31.
+    b.wait_role("owner", Duration::from_secs(29));
+    let day = born.elapsed().as_secs_f64();
+    assert_eq!(a.role(), "standby");
+    assert!(a.ana_states().iter().all(|s| s == "inaccessible"));
+    let timeline = a.ha()["events"].to_string();
+    assert!(timeline.contains("drive failover"), "{timeline}");
+    let o = a.ctl(&["--json", "get", "health"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let h: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ns = &h["namespaces"][0];
+    assert_eq!(ns["prediction"], "predicted failure", "{h}");
+    assert_eq!(ns["critical_warning"].as_u64().unwrap() & 0x04, 0x04, "{h}");
+    let j = bench_result(bench, &json);
+    eprintln!("A handed over on drive day {day:.1}; bench: {}", brief(&j));
+    assert!(j["paths"][1]["ios"].as_u64().unwrap() > 0, "B served: {j}");
 }
 
 /// Registrants of the reservation tests: more than 16 (SPDK's

@@ -125,13 +125,14 @@ impl Target {
                 return Err(e);
             }
         };
-        let health_saver = match spawn_health_saver(reg.clone(), shutdown.clone()) {
-            Ok(h) => h,
-            Err(e) => {
-                shutdown.store(true, Ordering::SeqCst);
-                return Err(e.into());
-            }
-        };
+        let health_saver =
+            match spawn_health_saver(reg.clone(), control.ha().cloned(), shutdown.clone()) {
+                Ok(h) => h,
+                Err(e) => {
+                    shutdown.store(true, Ordering::SeqCst);
+                    return Err(e.into());
+                }
+            };
         let acceptor = {
             let (reactors, reg) = (reactors.clone(), reg.clone());
             let shared = Shared {
@@ -456,6 +457,7 @@ fn metrics_token(m: &crate::config::MetricsConfig) -> anyhow::Result<Option<Stri
 /// `Target::wait`'s).
 fn spawn_health_saver(
     reg: Arc<Registry>,
+    ha: Option<Arc<crate::control::ha::Ha>>,
     shutdown: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     use crate::state::health::HEALTH_SAVE_INTERVAL_S;
@@ -464,7 +466,7 @@ fn spawn_health_saver(
         .spawn(move || {
             crate::sys::avoid_reactor_cpus(&reg.limits().cpus);
             let mut last = std::time::Instant::now();
-            let mut watch = crate::control::drive_health::DriveWatch::default();
+            let mut watch = crate::control::drive_health::DriveWatch::new(ha);
             let mut checked = std::time::Instant::now();
             let check_every = std::time::Duration::from_millis(
                 crate::control::drive_health::DRIVE_CHECK_INTERVAL_MS,

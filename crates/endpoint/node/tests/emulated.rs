@@ -294,3 +294,140 @@ fn a_drive_that_wears_out_raises_the_smart_event_and_goes_read_only() {
     drop(c);
     t.stop().unwrap();
 }
+
+/// `/metrics` of `t`, whole.
+fn scrape(t: &trellis_node::Target) -> String {
+    use std::io::{Read, Write};
+    let mut h = std::net::TcpStream::connect(t.metrics_addr.unwrap()).unwrap();
+    write!(h, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    h.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// The value of the first sample of `family` in a scrape, if any.
+fn gauge(scrape: &str, family: &str) -> Option<i64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(&format!("{family}{{")))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Issue 33: a fault-injected drive (`fault = "degrade"`: from day 9 of its
+/// age every read needs one more read retry each 3 days, the last steps
+/// uncorrectable, silent on day 36; `age_acceleration` 86,400, a day a
+/// second) is predicted to fail by its latency before the host sees its
+/// first media error: `/metrics` shows "predicted failure" (3), the host's
+/// AER completes with a SMART / Health event, and the SMART page sets
+/// "reliability degraded". Its error rate then climbs, and once it stops
+/// answering the predictor calls it failed (4).
+#[test]
+fn a_degrading_drive_is_predicted_to_fail_before_its_errors_and_the_host_hears_of_it() {
+    use std::time::{Duration, Instant};
+    use trellis_nvme::log::{lid, Smart, SMART_LEN};
+    use trellis_nvme::sqe::admin;
+    use trellis_nvme::{Cqe, Sgl, Sqe};
+    const DAY: Duration = Duration::from_secs(1);
+    let t = trellis_node::Target::start(&{
+        let mut cfg = config(|n| {
+            n.profile = Some("femu".into());
+            n.fault = Some("degrade".into());
+            n.fault_onset_days = Some(9.0);
+            n.fault_ramp_days = Some(27.0);
+            n.age_acceleration = Some(86_400.0);
+        });
+        cfg.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+        cfg
+    })
+    .unwrap();
+    let born = Instant::now();
+    let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
+    let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
+    s.set_cdw(10, 0x0B);
+    s.set_cdw(11, 0x0D); // spare, reliability, read only
+    assert!(c.admin.cmd(s, &[], 0, 0).0.status.is_success());
+    let cid = c.admin.next_cid();
+    let mut aer = Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0);
+    aer.set_sgl(Sgl::transport(0));
+    c.admin.send_capsule(&aer, &[]);
+    let mut admin = std::mem::replace(
+        &mut c.admin,
+        Queue::open(t.local_addrs[0], Digests::default()),
+    );
+    let aen = std::thread::spawn(move || {
+        let until = Instant::now() + 60 * DAY;
+        while Instant::now() < until {
+            if let Some(p) = admin.recv() {
+                return Some((Instant::now(), Cqe::decode(&p.bytes[8..24]), admin));
+            }
+        }
+        None
+    });
+    // QD1 reads until day 33 (before the drive goes silent on day 36).
+    let (mut predicted, mut first_error, mut errors, mut reads) = (None, None, 0u64, 0u64);
+    let mut last_scrape = Instant::now();
+    let blocks = (16u64 << 20) / 512;
+    while born.elapsed() < 33 * DAY {
+        let (cqe, _) = read(&mut c.io[0], (reads * 8 * 7919) % blocks, 8);
+        reads += 1;
+        if !cqe.status.is_success() {
+            assert_eq!(cqe.status.sct(), 2, "a media error: {:?}", cqe.status);
+            errors += 1;
+            first_error.get_or_insert(born.elapsed());
+        }
+        if last_scrape.elapsed() >= DAY / 4 {
+            last_scrape = Instant::now();
+            if gauge(&scrape(&t), "trellis_namespace_drive_prediction") == Some(3) {
+                predicted.get_or_insert(born.elapsed());
+            }
+        }
+    }
+    eprintln!("{reads} reads; predicted on day {predicted:?}; first media error on day {first_error:?}; {errors} errors");
+    let predicted = predicted.expect("predicted to fail before the drive stops answering");
+    let first_error = first_error.expect("the error rate degrades: media errors before day 33");
+    assert!(
+        predicted < first_error,
+        "predicted on {predicted:?}, first error {first_error:?}"
+    );
+    let (at, cqe, mut admin) = aen.join().unwrap().expect("the AER completes");
+    assert_eq!(
+        (cqe.cid, cqe.dw0 & 0x7),
+        (cid, 0x1),
+        "a SMART / Health event: {:#x}",
+        cqe.dw0
+    );
+    assert_eq!(
+        (cqe.dw0 >> 16) & 0xFF,
+        u32::from(lid::SMART),
+        "{:#x}",
+        cqe.dw0
+    );
+    let aen_day = at.duration_since(born);
+    assert!(
+        aen_day < first_error,
+        "the event ({aen_day:?}) comes from the prediction, before the first error"
+    );
+    let (st, page) = get_log(&mut admin, lid::SMART, 1, SMART_LEN as u64);
+    assert!(st.status.is_success());
+    let smart = Smart::decode(&page);
+    assert_eq!(
+        smart.critical_warning & 0x04,
+        0x04,
+        "reliability degraded: {smart:?}"
+    );
+    assert!(smart.media_errors > 0, "{smart:?}");
+    // Silent from day 36: the health poll goes unanswered, the drive is failed.
+    let until = born + 45 * DAY;
+    while gauge(&scrape(&t), "trellis_namespace_drive_prediction") != Some(4) {
+        assert!(
+            Instant::now() < until,
+            "not failed by day 45:\n{}",
+            scrape(&t)
+        );
+        std::thread::sleep(DAY / 4);
+    }
+    eprintln!("failed on day {:?}", born.elapsed());
+    drop(admin);
+    drop(c);
+    t.stop().unwrap();
+}

@@ -29,7 +29,9 @@ pub const NS_PER_DAY: u64 = 24 * NS_PER_HOUR;
 pub struct Sample {
     pub now_ns: u64,
     pub responded: bool,
-    /// Read latency p99 over the sampling interval, µs (the namespace histogram).
+    /// Read latency p99 over the sampling interval, µs (the namespace histogram);
+    /// 0 when the interval had no read: no latency evidence (a standby node's drive
+    /// learns its baseline only once it serves).
     pub read_latency_p99_us: f64,
     /// SMART Media and Data Integrity Errors (lifetime count).
     pub media_errors_total: u64,
@@ -225,8 +227,10 @@ impl DrivePredictor {
             return self.tick(s.now_ns);
         }
         self.last_response_ns = Some(s.now_ns);
-        self.latency
-            .observe(&self.cfg, s.now_ns, s.read_latency_p99_us);
+        if s.read_latency_p99_us > 0.0 {
+            self.latency
+                .observe(&self.cfg, s.now_ns, s.read_latency_p99_us);
+        }
         self.errors
             .observe(&self.cfg, s.now_ns, s.media_errors_total);
         self.trends.observe(&self.cfg, s);

@@ -230,3 +230,28 @@ fn trend_marks_and_eta() {
     assert_eq!(t.eta_ns(73, 10, 2), Some(21 * NS_PER_DAY));
     assert_eq!(t.eta_ns(73, 100, 2), None);
 }
+
+/// An interval without reads (p99 0) is no latency evidence: a drive idle
+/// through its warm-up (a standby) learns no baseline of 0, so its first reads
+/// are not a latency anomaly of infinite ratio.
+#[test]
+fn intervals_without_reads_teach_no_baseline() {
+    let mut p = DrivePredictor::default();
+    let mut s = Sample {
+        responded: true,
+        available_spare_pct: 100,
+        available_spare_threshold_pct: 10,
+        ..Default::default()
+    };
+    for h in 0..(30 * 24) {
+        s.now_ns = h * NS_PER_HOUR;
+        p.observe(&s);
+    }
+    assert_eq!(p.latency().ratio(), 0.0);
+    s.read_latency_p99_us = 300.0;
+    for h in (30 * 24)..(32 * 24) {
+        s.now_ns = h * NS_PER_HOUR;
+        p.observe(&s);
+    }
+    assert_eq!(p.state(), HealthState::Healthy, "{:?}", p.latency());
+}

@@ -19,9 +19,11 @@
 //! the LUN timelines (deferred programs, suspends), `gc.rs` garbage
 //! collection, `precondition.rs` the clean and fragmented states, `wear.rs`
 //! P/E cycles, bad blocks, read retries and the SMART health snapshot (`health`,
-//! `submit_checked`), and `invariants.rs` the checks tests run.
+//! `submit_checked`), `fault.rs` injected failure modes (a degrading or silent drive),
+//! and `invariants.rs` the checks tests run.
 
 mod calibrate;
+pub mod fault;
 mod gc;
 mod invariants;
 mod ledger;
@@ -337,6 +339,13 @@ impl Ssd {
     /// NVMe SMART / Health snapshot (see [`Health`]). O(blocks): not for every I/O.
     pub fn health(&self) -> Health {
         self.wear.health(&self.p.wear)
+    }
+
+    /// Sets the least raw bit-error rate of every host read from now on (an injected
+    /// fault's, [`fault::FaultPlan::effect`]; 0 = none): reads past the ECC limit take
+    /// read-retry steps, past the last one they are uncorrectable.
+    pub fn set_rber_floor(&mut self, rber: f64) {
+        self.wear.rber_floor = if rber.is_finite() { rber.max(0.0) } else { 0.0 };
     }
 
     /// Whether the drive is read-only (a block retired with no spare left),

@@ -171,6 +171,8 @@ pub(crate) struct Wear {
     read_retries: u64,
     /// Host flash reads so far: with the page, the key of the per-read variation.
     reads: u64,
+    /// Least RBER of every read: an injected fault's (`fault::FaultPlan`), else 0.
+    pub(crate) rber_floor: f64,
 }
 
 impl Wear {
@@ -190,6 +192,7 @@ impl Wear {
             media_errors: 0,
             read_retries: 0,
             reads: 0,
+            rber_floor: 0.0,
         }
     }
 
@@ -221,14 +224,14 @@ impl Wear {
     pub(crate) fn on_read(&mut self, w: &WearProfile, b: usize, ppa: u32) -> Option<u32> {
         self.reads += 1;
         let pe = self.pe[b];
-        if pe == 0 {
+        if pe == 0 && self.rber_floor <= 0.0 {
             return Some(0);
         }
         let h = mix64(((ppa as u64) << 32) ^ self.reads ^ w.seed);
         // u in [0, 1): the read's place in ± read_variation_pct.
         let u = (h >> 11) as f64 / (1u64 << 53) as f64;
         let v = w.read_variation_pct as f64 / 100.0;
-        let rber = w.rber(pe) * (1.0 + v * (2.0 * u - 1.0));
+        let rber = w.rber(pe).max(self.rber_floor) * (1.0 + v * (2.0 * u - 1.0));
         let r = w.retries_for(rber);
         self.read_retries += r.unwrap_or(w.read_retry_max) as u64;
         self.media_errors += r.is_none() as u64;

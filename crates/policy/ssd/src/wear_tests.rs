@@ -274,3 +274,46 @@ fn past_the_retry_limit_a_read_is_a_media_error() {
     let ok = ssd.submit_checked(IoDir::Read, 4096 * 3, 4096, T_IDLE_NS);
     assert!(!ok.media_error);
 }
+
+/// An injected fault's RBER floor (fault.rs) reaches fresh blocks too: one retry
+/// step per doubling past the ECC limit, each one more tR on the LUN, so an idle
+/// drive's read takes (1 + steps) × tR plus its transfers; past the last step the
+/// read is a media error; a floor of 0 gives the fresh drive's timing back.
+#[test]
+fn an_rber_floor_slows_reads_of_fresh_blocks_then_makes_them_uncorrectable() {
+    let p = wearing_profile(7);
+    let w = p.wear.clone();
+    let mut ssd = Ssd::new(p);
+    ssd.precondition(Precondition::Clean, 1);
+    let mut t = 1_000_000_000u64;
+    let mut read = |ssd: &mut Ssd| {
+        t += 1_000_000_000; // idle in between: no queueing, GC done
+        let c = ssd.submit_checked(IoDir::Read, 0, 4096, t);
+        (c.done_ns - t, c.media_error)
+    };
+    let (fresh, err) = read(&mut ssd);
+    assert!(!err);
+    let t_r = ssd.profile().read_lsb_ns;
+    for steps in 1..=w.read_retry_max {
+        // Mid-step; the per-read variation (x0.5 to x1.5) moves a read by at most
+        // one step either way.
+        let floor = w.ecc_rber_limit * w.retry_rber_gain.powf(f64::from(steps) - 0.5);
+        ssd.set_rber_floor(floor);
+        let (took, err) = read(&mut ssd);
+        assert!(!err, "{steps} steps");
+        let extra = took - fresh;
+        assert_eq!(extra % t_r, 0, "{steps} steps: whole tRs");
+        let r = extra / t_r;
+        assert!(
+            r.abs_diff(u64::from(steps)) <= 1,
+            "{steps} steps: {r} retries"
+        );
+    }
+    ssd.set_rber_floor(
+        w.ecc_rber_limit * w.retry_rber_gain.powf(f64::from(w.read_retry_max) + 1.5),
+    );
+    assert!(read(&mut ssd).1, "past the last step: uncorrectable");
+    assert_eq!(ssd.health().media_errors, 1);
+    ssd.set_rber_floor(0.0);
+    assert_eq!(read(&mut ssd), (fresh, false));
+}

@@ -47,6 +47,19 @@ pub enum Verdict {
     Failed = 4,
 }
 
+impl Verdict {
+    /// The name `trellis ctl get health` and logs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::NotWatched => "not watched",
+            Verdict::Healthy => "healthy",
+            Verdict::Degraded => "degraded",
+            Verdict::PredictedFailure => "predicted failure",
+            Verdict::Failed => "failed",
+        }
+    }
+}
+
 /// Latency percentiles of one operation, µs (upper bounds of the target's
 /// log2 buckets); [`NOT_REPORTED`] with no command yet.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

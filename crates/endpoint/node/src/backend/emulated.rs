@@ -23,12 +23,15 @@ use super::{Backend, BackendQueue, Completion, IoReq, Op, Tag};
 pub use crate::config::emulated::{
     EmulatedParams, DEFAULT_PROFILE, FRAGMENTED_OVERWRITE_PERMILLE, MAX_TIME_SCALE,
 };
+use crate::state::stats::LAT_BUCKETS;
 use hdrhistogram::Histogram;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use trellis_nvme::status::generic;
 use trellis_nvme::Status;
+use trellis_ssd::fault::FaultPlan;
 use trellis_ssd::Ssd;
 use trellis_units::IoDir;
 
@@ -81,7 +84,22 @@ struct Drive {
     name: String,
     /// Lateness of the queues already closed (merged in their Drop).
     lateness: Mutex<Histogram<u64>>,
+    /// The injected failure, on the age clock ([`Drive::age_ns`]).
+    fault: Option<FaultPlan>,
+    /// Drive age per wall ns, and the wall time of age 0 (the backend's start).
+    age_acceleration: f64,
+    born_ns: u64,
+    /// The fault made the drive stop answering (it never comes back).
+    silent: AtomicBool,
+    /// Reads by their service time on the drive (submit to model
+    /// completion), in `stats::lat_bucket`s: what the drive's own latency
+    /// log would say, without the target's queueing.
+    read_lat: [AtomicU64; LAT_BUCKETS],
 }
+
+/// Due time of a command a silent drive never completes (until shutdown
+/// drains the queue).
+const NEVER_NS: u64 = u64::MAX;
 
 impl Drive {
     /// Runs one read or write through the model at the current wall time;
@@ -92,6 +110,12 @@ impl Drive {
     fn schedule(&self, dir: IoDir, offset: u64, len: u32) -> (u64, Option<Status>) {
         let wall = crate::sys::now_ns();
         let mut m = self.model.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stretch = 1.0;
+        if let Some(f) = &self.fault {
+            let e = f.effect(&m.ssd.profile().wear, self.age_ns(wall));
+            m.ssd.set_rber_floor(e.rber_floor);
+            stretch = e.latency_factor;
+        }
         let model_now = ((wall as f64 / self.scale) as u64).max(m.last_ns);
         m.last_ns = model_now;
         let c = m.ssd.submit_checked(dir, offset, len, model_now);
@@ -103,8 +127,41 @@ impl Drive {
         } else {
             None
         };
-        let due = wall + (c.done_ns.saturating_sub(model_now) as f64 * self.scale) as u64;
-        (due, failed)
+        let service_ns = (c.done_ns.saturating_sub(model_now) as f64 * self.scale * stretch) as u64;
+        if dir == IoDir::Read {
+            self.read_lat[crate::state::stats::lat_bucket(service_ns)].fetch_add(1, Relaxed);
+        }
+        (wall + service_ns, failed)
+    }
+
+    /// The drive's age at wall time `wall_ns` (its life runs
+    /// `age_acceleration` times faster).
+    fn age_ns(&self, wall_ns: u64) -> u64 {
+        let a = wall_ns.saturating_sub(self.born_ns) as f64 * self.age_acceleration;
+        a.min(u64::MAX as f64) as u64
+    }
+
+    /// Whether the injected fault has made the drive stop answering by
+    /// `wall_ns`; latched, so the check is one relaxed load afterwards.
+    fn stopped_answering(&self, wall_ns: u64) -> bool {
+        if self.silent.load(Relaxed) {
+            return true;
+        }
+        let Some(f) = &self.fault else {
+            return false;
+        };
+        if self.age_ns(wall_ns) < f.fails_at_ns() {
+            return false;
+        }
+        if !self.silent.swap(true, Relaxed) {
+            tracing::warn!(
+                "emulated {}: the injected {:?} fault stops the drive answering (age {:.1} days)",
+                self.name,
+                f.kind,
+                self.age_ns(wall_ns) as f64 / 86_400e9
+            );
+        }
+        true
     }
 
     /// Whether the worn drive refuses every change of data.
@@ -180,7 +237,10 @@ impl EmulatedBackend {
     /// model moment those writes are on flash; computing them takes a few
     /// seconds of startup for a fragmented pm9a3-gen4.
     pub fn new(size_bytes: u64, p: EmulatedParams) -> anyhow::Result<EmulatedBackend> {
-        let ram = super::ram::RamBackend::new(size_bytes)?;
+        let ram = match &p.path {
+            Some(path) => super::ram::RamBackend::shared_file(path, size_bytes)?,
+            None => super::ram::RamBackend::new(size_bytes)?,
+        };
         let t0 = std::time::Instant::now();
         let name = p.profile.name.clone();
         let mut ssd = Ssd::new(p.profile);
@@ -199,6 +259,11 @@ impl EmulatedBackend {
                 scale: p.time_scale,
                 name,
                 lateness: Mutex::new(lateness),
+                fault: p.fault,
+                age_acceleration: p.age_acceleration,
+                born_ns: crate::sys::now_ns(),
+                silent: AtomicBool::new(false),
+                read_lat: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
             calibration: std::sync::OnceLock::new(),
         })
@@ -240,8 +305,21 @@ impl Backend for EmulatedBackend {
             lateness: Histogram::new_with_bounds(1, LATENESS_MAX_NS, 3)?,
         }))
     }
+    /// None once an injected fault silenced the drive: it answers no
+    /// health poll either.
     fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
+        if self.drive.stopped_answering(crate::sys::now_ns()) {
+            return None;
+        }
         Some(self.drive.smart())
+    }
+    fn health_clock_ns(&self, now_ns: u64) -> u64 {
+        self.drive.age_ns(now_ns)
+    }
+    fn drive_read_latency(&self) -> Option<[u64; LAT_BUCKETS]> {
+        Some(std::array::from_fn(|i| {
+            self.drive.read_lat[i].load(Relaxed)
+        }))
     }
     fn drive_wear(&self) -> Option<super::DriveWear> {
         let m = self
@@ -344,6 +422,11 @@ impl BackendQueue for EmulatedQueue {
         self.ram.zero_chunk_bytes()
     }
     unsafe fn submit(&mut self, req: &IoReq, tag: Tag) -> Option<Status> {
+        if self.drive.stopped_answering(crate::sys::now_ns()) {
+            // Nothing completes; shutdown's drain hands it back untouched.
+            self.push(NEVER_NS, tag, None, Some(generic::ABORTED_SQ_DELETION));
+            return None;
+        }
         let dir = match req.op {
             Op::Read => IoDir::Read,
             Op::Write => IoDir::Write,

@@ -136,6 +136,20 @@ pub trait Backend: Send + Sync {
     fn drive_smart(&self) -> Option<trellis_nvme::log::Smart> {
         None
     }
+    /// The clock the drive's failure predictor runs on, at wall time
+    /// `now_ns`: wall time, except for an emulated drive whose life runs
+    /// faster (`age_acceleration`).
+    fn health_clock_ns(&self, now_ns: u64) -> u64 {
+        now_ns
+    }
+    /// Reads by their service time on the drive itself, in
+    /// `state::stats::lat_bucket`s (lifetime counts), where the drive reports
+    /// it (the emulated model; on real drives a latency-monitor log page
+    /// would): the failure predictor then watches the drive, not the
+    /// target's queueing in front of it. None: it watches command latency.
+    fn drive_read_latency(&self) -> Option<[u64; crate::state::stats::LAT_BUCKETS]> {
+        None
+    }
     /// The drive's wear and GC figures for the extended health page
     /// (`trellis_nvme::health`), where the backend models them.
     fn drive_wear(&self) -> Option<DriveWear> {

@@ -1,5 +1,10 @@
 //! RAM backend: an anonymous private mapping, so untouched space costs no
 //! memory and reads back as zeroes; deallocation returns pages to the kernel.
+//!
+//! The emulated SSD with a `path` keeps its data in a shared mapping of that
+//! file instead ([`RamBackend::shared_file`]): what one process writes the
+//! next reads at once, so two targets on one machine can serve one drive (an
+//! HA pair's dual-ported drive); deallocation punches holes in the file.
 
 use super::{Backend, BackendQueue, IoReq, Op, Tag};
 use std::sync::Arc;
@@ -13,6 +18,8 @@ use trellis_nvme::Status;
 struct Region {
     ptr: *mut u8,
     len: usize,
+    /// The file behind a shared mapping (None: anonymous memory).
+    file: Option<std::fs::File>,
 }
 // SAFETY: the region is plain memory owned by this value for its whole life
 // (unmapped only in Drop); sharing the pointer across threads is sound, and
@@ -59,6 +66,52 @@ impl RamBackend {
             region: Arc::new(Region {
                 ptr: p as *mut u8,
                 len,
+                file: None,
+            }),
+        })
+    }
+
+    /// `size_bytes` of the file at `path` (created, or grown, to that size),
+    /// mapped shared: other processes mapping it see every write at once.
+    pub fn shared_file(path: &str, size_bytes: u64) -> anyhow::Result<RamBackend> {
+        use anyhow::Context;
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let len = usize::try_from(size_bytes)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("open {path} for the emulated drive's data"))?;
+        if file.metadata()?.len() < size_bytes {
+            file.set_len(size_bytes)
+                .with_context(|| format!("grow {path} to {size_bytes} bytes"))?;
+        }
+        // SAFETY: a new shared mapping of an open file at an address the
+        // kernel picks touches no existing memory; failure is checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        anyhow::ensure!(
+            p != libc::MAP_FAILED,
+            "mmap of {len} bytes of {path} failed: {}",
+            std::io::Error::last_os_error()
+        );
+        Ok(RamBackend {
+            region: Arc::new(Region {
+                ptr: p as *mut u8,
+                len,
+                file: Some(file),
             }),
         })
     }
@@ -114,13 +167,34 @@ impl RamQueue {
         let last_page = end / PAGE * PAGE;
         if last_page > first_page {
             std::ptr::write_bytes(base.add(off), 0, first_page - off);
-            libc::madvise(
-                base.add(first_page) as *mut _,
-                last_page - first_page,
-                libc::MADV_DONTNEED,
-            );
+            self.free_pages(first_page, last_page - first_page);
             std::ptr::write_bytes(base.add(last_page), 0, end - last_page);
         } else {
+            std::ptr::write_bytes(base.add(off), 0, len);
+        }
+    }
+}
+
+impl RamQueue {
+    /// Whole pages at `off` read back as zeroes from now on, their memory
+    /// given back: dropped from an anonymous mapping, punched out of a file
+    /// (cleared by hand where its file system cannot punch holes).
+    ///
+    /// # Safety
+    /// `[off, off + len)` is page-aligned and inside the mapping.
+    unsafe fn free_pages(&self, off: usize, len: usize) {
+        let base = self.region.ptr;
+        let Some(f) = &self.region.file else {
+            libc::madvise(base.add(off) as *mut _, len, libc::MADV_DONTNEED);
+            return;
+        };
+        use std::os::fd::AsRawFd;
+        let (Ok(o), Ok(l)) = (libc::off_t::try_from(off), libc::off_t::try_from(len)) else {
+            std::ptr::write_bytes(base.add(off), 0, len);
+            return;
+        };
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if libc::fallocate(f.as_raw_fd(), mode, o, l) != 0 {
             std::ptr::write_bytes(base.add(off), 0, len);
         }
     }

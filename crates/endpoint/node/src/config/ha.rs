@@ -32,6 +32,22 @@ pub enum StoreKind {
     Etcd,
 }
 
+/// When a drive's failure predictor (issue 33, `control::drive_health`)
+/// hands ownership to the other node: `drive_failover`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DriveFailover {
+    /// Never: the node serves whatever its drives say.
+    Off,
+    /// When a drive stops answering through this node (an I/O path
+    /// failure; the other node's path may still reach it).
+    #[default]
+    Failed,
+    /// Also when a drive is predicted to fail: the other node serves while
+    /// this one's path or drive is looked at.
+    Predicted,
+}
+
 impl StoreKind {
     pub fn name(self) -> &'static str {
         match self {
@@ -89,6 +105,10 @@ pub struct HaConfig {
     /// (`nvme-tcp`); true: required (start fails otherwise); false: off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_fence: Option<bool>,
+    /// Hand ownership over (as `trellis ctl drain` does) when a drive
+    /// stops answering (`failed`, the default), also when one is predicted
+    /// to fail (`predicted`), or never (`off`). docs/target.md, "Drive health".
+    pub drive_failover: DriveFailover,
 }
 
 impl Default for HaConfig {
@@ -109,6 +129,7 @@ impl Default for HaConfig {
             fence_ms: 3_500,
             op_timeout_ms: 1_000,
             device_fence: None,
+            drive_failover: DriveFailover::default(),
         }
     }
 }

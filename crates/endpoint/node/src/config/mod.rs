@@ -213,6 +213,25 @@ pub struct NamespaceConfig {
     /// docs/ssd-model.md, wear).
     #[serde(default)]
     pub wear_acceleration: Option<u32>,
+    /// Emulated backend only: an injected failure (issue 33): `degrade`
+    /// (reads need more and more read retries, then fail, then the drive
+    /// stops answering) or `silent` (it stops answering at the onset).
+    /// Default none. docs/target.md, "Drive health".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<String>,
+    /// Emulated backend only: the fault's onset, days of drive age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_onset_days: Option<f64>,
+    /// Emulated backend only: `degrade`'s length from the first read retry
+    /// to every read failing, days of drive age.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_ramp_days: Option<f64>,
+    /// Emulated backend only: the drive ages this many times faster than
+    /// wall time (≥ 1, default 1): its fault schedule and the failure
+    /// predictor watching it count drive time, so a test lives a drive's
+    /// last month in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_acceleration: Option<f64>,
     /// Namespace UUID (8-4-4-4-12 hex digits); default: derived from the
     /// node identity, subsystem NQN and NSID. Likewise `nguid` (32 hex
     /// digits) and `eui64` (16 hex digits); `-` and `:` separators allowed.
@@ -576,6 +595,10 @@ impl NamespaceConfig {
             precondition: None,
             time_scale: None,
             wear_acceleration: None,
+            fault: None,
+            fault_onset_days: None,
+            fault_ramp_days: None,
+            age_acceleration: None,
             uuid: None,
             nguid: None,
             eui64: None,
@@ -664,6 +687,9 @@ fn check_ns_size(n: &NamespaceConfig, id: u32, nqn: &str) -> anyhow::Result<()> 
         // The size is the remote namespace's (Identify, at open).
         (BackendKind::NvmeTcp, _) => return check_remote(n, &what),
         (_, None) => bail!("{what} needs a size (`size = \"1GiB\"`, or e.g. --ram 1G)"),
+        (BackendKind::Null | BackendKind::Ram, _) if n.path.is_some() => bail!(
+            "{what}: path applies only to file and emulated namespaces: remove it, or use backend = \"file\""
+        ),
         _ => {}
     }
     let Some(ByteSize(size)) = n.size else {

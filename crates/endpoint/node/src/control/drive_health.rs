@@ -24,6 +24,8 @@ pub const DRIVE_CHECK_INTERVAL_MS: u64 = 1_000;
 pub struct DriveWatch {
     last: HashMap<usize, u8>,
     predictors: HashMap<usize, Watched>,
+    /// The HA pair this node is in, for `[ha] drive_failover`.
+    ha: Option<std::sync::Arc<crate::control::ha::Ha>>,
 }
 
 /// One drive's predictor and the read-latency buckets of its last sample.
@@ -55,6 +57,15 @@ fn meaning(bits: u8) -> String {
 }
 
 impl DriveWatch {
+    /// A watch that hands ownership of `ha`'s pair over as its
+    /// `drive_failover` says (None: no HA pair).
+    pub fn new(ha: Option<std::sync::Arc<crate::control::ha::Ha>>) -> DriveWatch {
+        DriveWatch {
+            ha,
+            ..DriveWatch::default()
+        }
+    }
+
     /// One look at every namespace now; returns how many events were raised.
     pub fn check(&mut self, reg: &Registry) -> usize {
         reg.refresh_health();
@@ -68,10 +79,12 @@ impl DriveWatch {
         for sub in reg.subsystems() {
             for ns in &set.sub(sub.idx).namespaces {
                 let smart = ns.backend().drive_smart();
-                if let Some(s) = smart {
-                    self.predict(reg, &sub.nqn, ns, &s, now_ns);
-                }
-                let now = smart.map_or(0, |s| s.critical_warning);
+                let clock_ns = ns.backend().health_clock_ns(now_ns);
+                self.predict(reg, &sub.nqn, ns, smart.as_ref(), clock_ns);
+                // What hosts are told: the drive's own bits, and "reliability
+                // degraded" while the predictor expects it to fail.
+                let now =
+                    smart.map_or(0, |s| s.critical_warning) | reg.verdicts().warning_bits(ns.uid());
                 let was = self.last.insert(ns.uid(), now).unwrap_or(0);
                 if now == was {
                     continue;
@@ -106,34 +119,49 @@ impl DriveWatch {
         raised
     }
 
-    /// Feeds one sample to the namespace's predictor; publishes its verdict
-    /// and logs a change of it.
+    /// Feeds one sample to the namespace's predictor (`smart` None: the
+    /// drive did not answer its health poll, which counts only once it has
+    /// answered one); publishes its verdict, logs a change of it and acts.
     fn predict(
         &mut self,
         reg: &Registry,
         nqn: &str,
         ns: &crate::state::subsystem::Namespace,
-        s: &trellis_nvme::log::Smart,
+        smart: Option<&trellis_nvme::log::Smart>,
         now_ns: u64,
     ) {
+        let Some(s) = smart else {
+            if let Some(w) = self.predictors.get_mut(&ns.uid()) {
+                let tr = w.pred.observe(&trellis_health::Sample {
+                    now_ns,
+                    responded: false,
+                    ..Default::default()
+                });
+                self.publish(reg, nqn, ns, tr);
+            }
+            return;
+        };
         let w = self.predictors.entry(ns.uid()).or_insert_with(|| Watched {
             pred: trellis_health::DrivePredictor::new(Default::default()),
             reads: [0; crate::state::stats::LAT_BUCKETS],
             p99_us: 0.0,
         });
-        let now: Vec<u64> = ns.stats().latency[0]
-            .iter()
-            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-            .collect();
+        // The drive's own service times where it reports them, else the
+        // target's command latency (which includes its queueing).
+        let now: Vec<u64> = match ns.backend().drive_read_latency() {
+            Some(b) => b.to_vec(),
+            None => ns.stats().latency[0]
+                .iter()
+                .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+                .collect(),
+        };
         let mut delta = [0u64; crate::state::stats::LAT_BUCKETS];
         for (i, d) in delta.iter_mut().enumerate() {
             *d = now.get(i).copied().unwrap_or(0).saturating_sub(w.reads[i]);
             w.reads[i] = now.get(i).copied().unwrap_or(0);
         }
-        // No read since the last sample: the last interval's p99 stands.
-        if let Some(p) = p99_us(&delta) {
-            w.p99_us = p;
-        }
+        // No read since the last sample: no latency evidence (0).
+        w.p99_us = p99_us(&delta).unwrap_or(0.0);
         let sample = trellis_health::Sample {
             now_ns,
             responded: true,
@@ -145,14 +173,55 @@ impl DriveWatch {
             critical_warning: s.critical_warning,
         };
         let tr = w.pred.observe(&sample);
+        self.publish(reg, nqn, ns, tr);
+    }
+
+    /// Publishes the predictor's verdict (extended health page, `/metrics`,
+    /// the SMART page's warning bit); a transition is one log line and, in
+    /// an HA pair, may hand ownership over.
+    fn publish(
+        &self,
+        reg: &Registry,
+        nqn: &str,
+        ns: &crate::state::subsystem::Namespace,
+        tr: Option<trellis_health::Transition>,
+    ) {
+        let Some(w) = self.predictors.get(&ns.uid()) else {
+            return;
+        };
         let (v, horizon_h) = verdict(w.pred.state());
         reg.verdicts().set(ns.uid(), v, horizon_h);
-        if let Some(t) = tr {
-            if matches!(v, Verdict::Healthy) {
-                tracing::info!(subsystem = %nqn, nsid = ns.nsid(), cause = ?t.cause, "drive prediction: healthy again (was {:?})", t.from);
-            } else {
-                tracing::warn!(subsystem = %nqn, nsid = ns.nsid(), cause = ?t.cause, horizon_hours = horizon_h, "drive prediction: {:?} (was {:?})", t.to, t.from);
-            }
+        let Some(t) = tr else {
+            return;
+        };
+        if matches!(v, Verdict::Healthy) {
+            tracing::info!(subsystem = %nqn, nsid = ns.nsid(), cause = ?t.cause, "drive prediction: healthy again (was {:?})", t.from);
+            return;
+        }
+        tracing::warn!(subsystem = %nqn, nsid = ns.nsid(), cause = ?t.cause, horizon_hours = horizon_h, "drive prediction: {:?} (was {:?})", t.to, t.from);
+        self.fail_over(nqn, ns.nsid(), v, t.cause);
+    }
+
+    /// `[ha] drive_failover`: the owner hands the pair to the other node
+    /// when a drive stops answering (`failed`) or also when one is
+    /// predicted to fail (`predicted`). Once per transition, so two nodes
+    /// whose drives both look bad do not pass ownership back and forth.
+    fn fail_over(&self, nqn: &str, nsid: u32, v: Verdict, cause: trellis_health::Cause) {
+        use crate::config::ha::DriveFailover as F;
+        let Some(ha) = &self.ha else {
+            return;
+        };
+        let act = match ha.cfg.drive_failover {
+            F::Off => false,
+            F::Failed => v == Verdict::Failed,
+            F::Predicted => matches!(v, Verdict::Failed | Verdict::PredictedFailure),
+        };
+        if act
+            && ha.request_drain(&format!(
+                "drive failover: {nqn} nsid {nsid} {v:?} ({cause:?})"
+            ))
+        {
+            tracing::warn!(subsystem = %nqn, nsid, "drive prediction: {v:?}: handing the HA pair to the other node (drive_failover = {:?})", ha.cfg.drive_failover);
         }
     }
 }
@@ -174,8 +243,10 @@ fn verdict(s: trellis_health::HealthState) -> (Verdict, u32) {
     }
 }
 
-/// The p99 of one interval's read-latency bucket counts, µs (the upper
-/// bound of its bucket); None with no read in the interval.
+/// The p99 of one interval's read-latency bucket counts, µs; None with no
+/// read in the interval. Bucket i holds [2^(i-1), 2^i) µs (bucket 0 below
+/// 1 µs); the rank is placed within its bucket linearly, so a latency that
+/// grows 1.5× moves the estimate by about that, not by 0 or 2×.
 fn p99_us(delta: &[u64]) -> Option<f64> {
     let total: u64 = delta.iter().sum();
     if total == 0 {
@@ -183,11 +254,14 @@ fn p99_us(delta: &[u64]) -> Option<f64> {
     }
     let rank = (total * 99).div_ceil(100);
     let mut seen = 0;
-    for (i, n) in delta.iter().enumerate() {
-        seen += n;
-        if seen >= rank {
-            return Some((1u64 << i.min(40)) as f64);
+    for (i, &n) in delta.iter().enumerate() {
+        if seen + n >= rank {
+            let hi = (1u64 << i.min(40)) as f64;
+            let lo = if i == 0 { 0.0 } else { hi / 2.0 };
+            let within = (rank - seen) as f64 / n as f64;
+            return Some(lo + (hi - lo) * within);
         }
+        seen += n;
     }
     None
 }

@@ -123,11 +123,16 @@ fn register_drive_health(prom: &mut Prom, reg: &Registry) {
             unsafe_shutdowns
                 .get_or_create(&l)
                 .set(c.unsafe_shutdowns.min(i64::MAX as u64) as i64);
+            let predicted = reg.verdicts().warning_bits(ns.uid());
             if let Some((v, _)) = reg.verdicts().get(ns.uid()) {
                 prediction.get_or_create(&l).set(v as i64);
+                // A drive that stopped answering reports no page: the verdict's bit stands.
+                warning.get_or_create(&l).set(i64::from(predicted));
             }
             if let Some(d) = ns.backend().drive_smart() {
-                warning.get_or_create(&l).set(i64::from(d.critical_warning));
+                warning
+                    .get_or_create(&l)
+                    .set(i64::from(d.critical_warning | predicted));
                 used.get_or_create(&l).set(i64::from(d.percent_used));
                 spare
                     .get_or_create(&l)

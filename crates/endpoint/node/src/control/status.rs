@@ -86,7 +86,8 @@ pub fn namespaces_get(reg: &Registry) -> Value {
 /// Every namespace's drive health, as its SMART log reports it (issue 33):
 /// the drive's own figures where the backend has them (`source`:
 /// "drive"), else what the node knows ("node": no wear figures), the
-/// temperature, power-on hours and unsafe shutdowns.
+/// temperature, power-on hours and unsafe shutdowns, and the failure
+/// predictor's verdict (`prediction`: null when no predictor watches it).
 pub fn health_get(reg: &Registry) -> Value {
     let set = reg.ns().load();
     let mut rows = Vec::new();
@@ -99,11 +100,21 @@ pub fn health_get(reg: &Registry) -> Value {
                 .temperature_k()
                 .or(d.map(|d| d.temperature_k).filter(|&t| t != 0))
                 .unwrap_or_else(|| reg.node_temperature_k());
+            let (prediction, horizon_hours) = match reg.verdicts().get(ns.uid()) {
+                Some((v, h)) => (
+                    Some(v.name()),
+                    (h != trellis_nvme::health::NOT_REPORTED).then_some(h),
+                ),
+                None => (None, None),
+            };
             rows.push(json!({
                 "subsystem": sub.nqn,
                 "nsid": ns.nsid(),
                 "source": if d.is_some() { "drive" } else { "node" },
-                "critical_warning": d.map_or(0, |d| d.critical_warning),
+                "critical_warning": d.map_or(0, |d| d.critical_warning)
+                    | reg.verdicts().warning_bits(ns.uid()),
+                "prediction": prediction,
+                "horizon_hours": horizon_hours,
                 "percentage_used": d.map(|d| d.percent_used),
                 "available_spare_pct": d.map(|d| d.available_spare_pct),
                 "media_errors": d.map_or(0, |d| d.media_errors as u64)

@@ -833,6 +833,9 @@ mod calibrate_tests {
             profile: trellis_ssd::SsdProfile::pm9a3(),
             precondition: trellis_ssd::Precondition::Empty,
             time_scale: 1.0,
+            fault: None,
+            age_acceleration: 1.0,
+            path: None,
         };
         crate::backend::emulated::EmulatedBackend::new(64 << 20, p).unwrap()
     }

@@ -89,6 +89,16 @@ impl Verdicts {
     pub fn set(&self, uid: usize, v: trellis_nvme::health::Verdict, horizon_hours: u32) {
         crate::sys::lock(&self.0).insert(uid, (v, horizon_hours));
     }
+    /// The SMART critical warning bits the verdict adds to the drive's own:
+    /// bit 2, "reliability degraded", while it is predicted to fail or has
+    /// stopped answering (issue 33).
+    pub fn warning_bits(&self, uid: usize) -> u8 {
+        use trellis_nvme::health::Verdict as V;
+        match self.get(uid) {
+            Some((V::PredictedFailure | V::Failed, _)) => 0x04,
+            _ => 0,
+        }
+    }
     /// None: no predictor watches it.
     pub fn get(&self, uid: usize) -> Option<(trellis_nvme::health::Verdict, u32)> {
         crate::sys::lock(&self.0).get(&uid).copied()

@@ -297,3 +297,98 @@ fn a_worn_emulated_drive_reports_its_wear_in_smart_and_goes_read_only() {
 
 /// A block then retires after about three erases (rated 3,000 cycles).
 const WEAR_ACCELERATION_FOR_TEST: u32 = 1_000;
+
+/// Issue 33: the fault keys are checked together, each refusal naming the fix.
+#[test]
+fn fault_keys_are_checked_with_the_fix_in_the_message() {
+    let mut n = NamespaceConfig::sized(BackendKind::Emulated, 1 << 20);
+    n.fault = Some("degrade".into());
+    let e = EmulatedParams::from_config(&n).unwrap_err();
+    assert!(e.contains("fault_onset_days"), "{e}");
+    n.fault_onset_days = Some(9.0);
+    let e = EmulatedParams::from_config(&n).unwrap_err();
+    assert!(e.contains("fault_ramp_days"), "{e}");
+    for bad in [0.0, -1.0, f64::NAN, 1e9] {
+        n.fault_ramp_days = Some(bad);
+        let e = EmulatedParams::from_config(&n).unwrap_err();
+        assert!(
+            e.contains("fault_ramp_days") && e.contains("days"),
+            "{bad}: {e}"
+        );
+    }
+    n.fault_ramp_days = Some(27.0);
+    let p = EmulatedParams::from_config(&n).unwrap().unwrap();
+    let f = p.fault.unwrap();
+    assert_eq!(f.fails_at_ns(), 36 * 86_400_000_000_000);
+    n.fault = Some("slow".into());
+    let e = EmulatedParams::from_config(&n).unwrap_err();
+    assert!(
+        e.contains("\"slow\"") && e.contains("degrade or silent"),
+        "{e}"
+    );
+    n.fault = Some("silent".into());
+    let e = EmulatedParams::from_config(&n).unwrap_err();
+    assert!(e.contains("fault_ramp_days applies only"), "{e}");
+    n.fault = None;
+    let e = EmulatedParams::from_config(&n).unwrap_err();
+    assert!(e.contains("need fault"), "{e}");
+    n.fault_onset_days = None;
+    n.fault_ramp_days = None;
+    for bad in [0.5, f64::NAN, 1e7] {
+        n.age_acceleration = Some(bad);
+        let e = EmulatedParams::from_config(&n).unwrap_err();
+        assert!(
+            e.contains("age_acceleration") && e.contains("1 to"),
+            "{bad}: {e}"
+        );
+    }
+    let mut r = NamespaceConfig::sized(BackendKind::Ram, 1 << 20);
+    r.fault = Some("degrade".into());
+    let e = EmulatedParams::from_config(&r).unwrap_err();
+    assert!(
+        e.contains("fault applies only to backend = \"emulated\""),
+        "{e}"
+    );
+}
+
+/// With a `path`, two emulated drives over one file share their data (an
+/// HA pair's dual-ported drive), and a deallocated range reads zeroes
+/// through both.
+#[test]
+fn two_emulated_drives_over_one_file_share_their_data() {
+    let d = tempfile::tempdir().unwrap();
+    let mut p = params("femu", 1.0);
+    p.path = Some(d.path().join("drive.img").to_str().unwrap().into());
+    let a = EmulatedBackend::new(1 << 20, p.clone()).unwrap();
+    let b = EmulatedBackend::new(1 << 20, p).unwrap();
+    let (mut qa, mut qb) = (a.open_queue().unwrap(), b.open_queue().unwrap());
+    let mut data = vec![0xA7u8; 8192];
+    let io = |op, buf: *mut u8| IoReq {
+        op,
+        offset_bytes: 4096,
+        len_bytes: 8192,
+        buf,
+        fua: false,
+    };
+    let run = |q: &mut Box<dyn BackendQueue>, r: IoReq| {
+        // SAFETY: the buffer outlives the request, which is reaped below.
+        if let Some(st) = unsafe { q.submit(&r, test_tag(1)) } {
+            return st;
+        }
+        let mut out = Vec::new();
+        while out.is_empty() {
+            q.reap(&mut out);
+        }
+        out[0].status
+    };
+    assert!(run(&mut qa, io(Op::Write, data.as_mut_ptr())).is_success());
+    let mut back = vec![0u8; 8192];
+    assert!(run(&mut qb, io(Op::Read, back.as_mut_ptr())).is_success());
+    assert_eq!(back, data, "B reads what A wrote");
+    assert!(run(&mut qb, io(Op::Discard, std::ptr::null_mut())).is_success());
+    assert!(run(&mut qa, io(Op::Read, back.as_mut_ptr())).is_success());
+    assert!(
+        back.iter().all(|&x| x == 0),
+        "A reads the zeroes B deallocated"
+    );
+}

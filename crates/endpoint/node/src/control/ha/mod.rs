@@ -66,6 +66,8 @@ pub struct Ha {
     deadline_ns: AtomicU64,
     epoch: Instant,
     drain_requested: AtomicBool,
+    /// Why the pending drain was asked for (logged in the timeline).
+    drain_why: Mutex<String>,
     drains_done: AtomicU64,
     /// The last holder the lease thread saw (for `ha_get`).
     holder: Mutex<Option<String>>,
@@ -86,6 +88,7 @@ impl Ha {
             deadline_ns: AtomicU64::new(0),
             epoch: Instant::now(),
             drain_requested: AtomicBool::new(false),
+            drain_why: Mutex::new(String::new()),
             drains_done: AtomicU64::new(0),
             holder: Mutex::new(None),
             events: Mutex::new(VecDeque::new()),
@@ -241,8 +244,20 @@ impl Ha {
             "fence_ms": c.fence_ms,
             "device_fence": self.device_fence.load(SeqCst),
             "device_key": format!("{:#018x}", self.device_key()),
+            "drive_failover": c.drive_failover,
             "events": events,
         })
+    }
+
+    /// Asks the lease thread to hand ownership over (a drain), without
+    /// waiting: the drive watch's failover. False when not the owner.
+    pub fn request_drain(&self, why: &str) -> bool {
+        if !self.is_owner() {
+            return false;
+        }
+        *crate::sys::lock(&self.drain_why) = why.to_string();
+        self.drain_requested.store(true, SeqCst);
+        true
     }
 
     /// `ha_drain`: asks the lease thread to hand ownership over and waits
@@ -256,7 +271,7 @@ impl Ha {
             ));
         }
         let before = self.drains_done.load(SeqCst);
-        self.drain_requested.store(true, SeqCst);
+        self.request_drain("drain");
         let until = Instant::now() + max;
         while self.drains_done.load(SeqCst) == before {
             if Instant::now() >= until {
@@ -471,7 +486,8 @@ impl<'a> LeaseLoop<'a> {
         let next = sent + self.ha.cfg.keepalive();
         while Instant::now() < next && !shutdown.load(SeqCst) {
             if self.ha.drain_requested.swap(false, SeqCst) && self.ha.is_owner() {
-                self.hand_over("drain");
+                let why = std::mem::take(&mut *crate::sys::lock(&self.ha.drain_why));
+                self.hand_over(if why.is_empty() { "drain" } else { &why });
                 self.hold_until = Some(Instant::now() + self.ha.cfg.drain_hold());
                 self.ha.drains_done.fetch_add(1, SeqCst);
                 return;

@@ -377,8 +377,11 @@ impl Queue {
             .sub_ns()
             .namespaces
             .iter()
-            .filter_map(|ns| ns.backend().drive_smart())
-            .fold(0u8, |w, s| w | s.critical_warning);
+            .map(|ns| {
+                ns.backend().drive_smart().map_or(0, |s| s.critical_warning)
+                    | self.reg.verdicts().warning_bits(ns.uid())
+            })
+            .fold(0u8, |w, b| w | b);
         let bits = u32::from(warning & crate::state::aen::SMART_WARNINGS) & enabled;
         for b in (0..8).map(|i| 1u32 << i).filter(|b| bits & b != 0) {
             ctrl.raise_event(b);
@@ -420,6 +423,8 @@ impl Queue {
             if let Some(d) = ns.backend().drive_smart() {
                 crate::backend::file::drive::merge(&mut own, &d);
             }
+            // The failure predictor's verdict (issue 33): reliability degraded.
+            own.critical_warning |= self.reg.verdicts().warning_bits(ns.uid());
             let c = self.reg.health().counters(&ns.info().nguid);
             s.power_on_hours = s.power_on_hours.max(c.power_on_hours as u128);
             s.unsafe_shutdowns = s.unsafe_shutdowns.max(c.unsafe_shutdowns as u128);

@@ -46,7 +46,8 @@ fn of(reg: &Registry, ns: &Namespace) -> ExtHealth {
         } else {
             Source::Node
         },
-        critical_warning: smart.map_or(0, |d| d.critical_warning),
+        critical_warning: smart.map_or(0, |d| d.critical_warning)
+            | reg.verdicts().warning_bits(ns.uid()),
         percentage_used: smart.map_or(0, |d| d.percent_used),
         available_spare_pct: smart.map_or(100, |d| d.available_spare_pct),
         temperature_k: ns
