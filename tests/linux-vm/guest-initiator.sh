@@ -19,12 +19,15 @@
 #   CDC_PORT, NODE2_NQN  step cdc: a `trellis cdc` following this target and a second node
 #   HA_NQN, HA_PORT_A, HA_PORT_B  step ha: the HA pair run-interop.sh runs (a owns the lease)
 #   HA_FIO_SIZE [32M]  HA_FIO_TIMEOUT [150]  HA_CTRL_LOSS_TMO [5]  HA_RESUME_MAX [10] (s; step ha fails on a longer stall)
-#   CRASH_ROUNDS [20]  step crash-ext4: kill -9 rounds of the HA pair's owner under fsync'ed ext4 writes
+#   CRASH_ROUNDS [20]  step crash-ext4: kill -9 rounds of the HA pair's owner under fsync'ed ext4 writes;
+#                    then each node's smart-log must count at least its kill -9s as unsafe shutdowns
+#   WEAR_NQN [nqn.2026-11.io.trellis:wear]  WEAR_MIB [96]  step wear: smart-log of the emulated femu
+#                    drive (interop.toml) before and after WEAR_MIB MiB of O_DIRECT writes
 #   AUTH_NQN [nqn.2026-11.io.trellis:auth]  AUTH_SECRET, AUTH_CTRL_SECRET [the two in interop.toml]
 #                    step auth: DH-HMAC-CHAP against the subsystem that has this host's keys
 #   TLS_PORT  TLS_NQN [nqn.2026-11.io.trellis:tls]  TLS_NQN_384 [..:tls384]  TLS_KEY, TLS_KEY_384 [the two
 #                    in interop.toml]  step tls: NVMe/TCP TLS 1.3 with a PSK on the required listener
-#   STEPS ["discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect
+#   STEPS ["discover-io discover-8009 connect ana wear resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect
 #           digest-fio-4k digest-fio-128k denied-host auth tls disconnect-all"]  a subset runs only those steps
 #   KEEP_GOING [0]  1 = run all steps even after a failure
 #   SELFTEST [0]    1 = first configure the Linux kernel target (guest-nvmet.sh setup, must be added
@@ -53,6 +56,8 @@ HA_CTRL_LOSS_TMO=${HA_CTRL_LOSS_TMO:-5}
 HA_RESUME_MAX=${HA_RESUME_MAX:-10}
 HA_FIO_TIMEOUT=${HA_FIO_TIMEOUT:-150}
 CRASH_ROUNDS=${CRASH_ROUNDS:-20}
+WEAR_NQN=${WEAR_NQN:-nqn.2026-11.io.trellis:wear}
+WEAR_MIB=${WEAR_MIB:-96}
 AUTH_NQN=${AUTH_NQN:-nqn.2026-11.io.trellis:auth}
 AUTH_SECRET=${AUTH_SECRET:-DHHC-1:01:NR5My74p5ZqEnJGSMmuiPqAJFFgTb7QjxYtSk7OcR6NnZKX+:}
 AUTH_CTRL_SECRET=${AUTH_CTRL_SECRET:-DHHC-1:02:GdMihILgYzDrUyM1H1sKPffNn6d7ktv5X087UjJ3+e/U5vYU014/D09KPicROBVhTFn6dQ==:}
@@ -61,8 +66,9 @@ TLS_NQN=${TLS_NQN:-nqn.2026-11.io.trellis:tls}
 TLS_NQN_384=${TLS_NQN_384:-nqn.2026-11.io.trellis:tls384}
 TLS_KEY=${TLS_KEY:-NVMeTLSkey-1:01:Ggh0ZeTr4gtcM5ttLtzjFKTkCEGwn/dvDUPXq4L9i7yv4BH+:}
 TLS_KEY_384=${TLS_KEY_384:-NVMeTLSkey-1:02:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vcSEgBQ==:}
-STEPS=${STEPS:-"discover-io discover-8009 connect ana resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host auth tls disconnect-all"}
+STEPS=${STEPS:-"discover-io discover-8009 connect ana wear resv ns-change ns-resize disc-aen cdc ha crash-ext4 fio-4k fio-128k write-zeroes large-io ext4 digest-connect digest-fio-4k digest-fio-128k denied-host auth tls disconnect-all"}
 KEEP_GOING=${KEEP_GOING:-0}
+HA_KILLS_A=0; HA_KILLS_B=0   # kill -9 of HA nodes a and b asked for so far (steps ha, crash-ext4)
 HOSTNQN=$(cat /etc/nvme/hostnqn)
 HOSTID=$(cat /etc/nvme/hostid)
 MNT=/mnt/trellis
@@ -173,6 +179,24 @@ run_fio() { # NAME BS
   return 0
 }
 
+# SMART / Health log (02h, NSID FFFFFFFFh) of controller CTRL (nvmeN: one controller, so one
+# node), shown and kept in $W/smart; a real or nominal Composite Temperature, never 0 K (printed
+# as -273 C), and plausible: 1 to 99 C.
+smart_read() { # CTRL
+  show nvme smart-log /dev/$1 || why "nvme smart-log /dev/$1 failed" || return 1
+  cp $W/out $W/smart
+  grep -iE '^temperature[[:space:]]*:' $W/smart > $W/temp || why "smart-log shows no temperature" || return 1
+  ! grep -qE -- '-27[0-9]' $W/temp || why "smart-log temperature is 0 K: $(cat $W/temp)" || return 1
+  _tc=$(smart_field temperature)
+  [ "${_tc:-0}" -ge 1 ] && [ "$_tc" -le 99 ] || why "smart-log temperature is not plausible: $(cat $W/temp)" || return 1
+}
+# NAME -> the first number of that field in $W/smart (nvme-cli: "percentage_used : 26%",
+# "critical_warning : 0x9", "temperature : 35 C (308 Kelvin)"), hex as 0x..; empty if none
+smart_field() {
+  awk -F: -v k="$1" '{f = $1; gsub(/[[:space:]]/, "", f)}
+    f == k {v = $2; sub(/^[^-0-9]*/, "", v); if (match(v, /^-?(0x[0-9a-fA-F]+|[0-9]+)/)) print substr(v, 1, RLENGTH); exit}' $W/smart
+}
+
 # ------------------------------------------------------------------ steps
 step_discover_io() {
   show timeout 60 nvme discover -t tcp -a "$TARGET_ADDR" -s "$IO_PORT" || { kmsg; why "nvme discover on $IO_PORT failed"; return 1; }
@@ -189,10 +213,7 @@ step_connect() {
   show nvme id-ctrl /dev/$CTRL || why "nvme id-ctrl failed" || return 1
   grep -qE "^subnqn *: *$SUBNQN\$" $W/out || why "id-ctrl subnqn differs from $SUBNQN" || return 1
   show nvme id-ns /dev/$DEV || why "nvme id-ns failed" || return 1
-  show nvme smart-log /dev/$CTRL || why "nvme smart-log failed" || return 1
-  # A real or nominal Composite Temperature, never 0 K (printed as -273 C).
-  grep -iE '^temperature[[:space:]]*:' $W/out > $W/temp || why "smart-log shows no temperature" || return 1
-  ! grep -qE -- '-27[0-9]' $W/temp || why "smart-log temperature is 0 K: $(cat $W/temp)" || return 1
+  smart_read $CTRL || return 1
   # Trellis's extended health page (vendor LID C1h, docs/target.md "Drive health").
   show nvme get-log /dev/$CTRL --log-id=0xc1 --log-len=512 --namespace-id=1 || why "nvme get-log of the extended health page (C1h) failed" || return 1
   return 0
@@ -217,6 +238,50 @@ step_ana() {
     return 0
   done
   info "no per-path ana_state in sysfs (native multipath off): the log check above stands"
+}
+# Drive health of the emulated SSD (docs/target.md "Drive health", issue 33): WEAR_NQN's namespace
+# is a femu drive at wear_acceleration 100,000 (interop.toml), whose blocks retire at their first
+# erase. smart-log before and after WEAR_MIB MiB of O_DIRECT writes (fio, 1 MiB, over and over the
+# 64 MiB namespace): Percentage Used must rise, Available Spare fall, the drive stay writable
+# (critical warning bit 3 clear), the temperature be plausible.
+wear_off() { nvme disconnect -n "$WEAR_NQN" > /dev/null 2>&1; return 1; }
+wear_moved() { # CTRL USED SPARE: smart-log shows more than USED % used and less than SPARE % spare
+  nvme smart-log /dev/$1 > $W/smart 2>&1 || return 1
+  [ "$(smart_field percentage_used)" -gt "$2" ] 2>/dev/null && [ "$(smart_field available_spare)" -lt "$3" ] 2>/dev/null
+}
+step_wear() {
+  if [ "$SELFTEST" = 1 ]; then info "selftest: the Linux target has no emulated drive"; return 0; fi
+  show timeout 90 nvme connect -t tcp -a "$TARGET_ADDR" -s "$IO_PORT" -n "$WEAR_NQN" -i "$NR_IO_QUEUES" --ctrl-loss-tmo=0 ||
+    { kmsg; why "nvme connect -n $WEAR_NQN failed"; return 1; }
+  _s=$SUBNQN; SUBNQN=$WEAR_NQN
+  _wc=$(wait_for 30 find_ctrl); _wd=$(wait_for 30 find_ns); _rc=$?
+  SUBNQN=$_s
+  [ -n "$_wc" ] && [ $_rc = 0 ] || { why "no live controller and namespace for $WEAR_NQN"; wear_off; return 1; }
+  info "$WEAR_NQN: /dev/$_wd ($(( $(cat /sys/block/$_wd/size) / 2048 )) MiB) on /dev/$_wc"
+  smart_read $_wc || { wear_off; return 1; }
+  _u0=$(smart_field percentage_used); _a0=$(smart_field available_spare); _w0=$(smart_field critical_warning)
+  info "before: percentage_used ${_u0}%, available_spare ${_a0}%, critical_warning $_w0, temperature $(smart_field temperature) C"
+  [ -n "$_u0" ] && [ -n "$_a0" ] || { why "smart-log shows no percentage_used or available_spare"; wear_off; return 1; }
+  _t=$(now)
+  info "\$ fio --rw=write --bs=1M --iodepth=8 --ioengine=$FIO_ENGINE --direct=1 --io_size=${WEAR_MIB}M /dev/$_wd"
+  timeout 120 fio --name=wear --filename=/dev/$_wd --rw=write --bs=1M --iodepth=8 --ioengine="$FIO_ENGINE" \
+    --direct=1 --io_size="${WEAR_MIB}M" --numjobs=1 --output=$W/wear.txt > $W/wear.stdout 2>&1
+  _r=$?
+  cat $W/wear.stdout >> $W/wear.txt
+  grep -E 'err=|WRITE:|error' $W/wear.txt | sed 's/^ */  |   /'
+  [ $_r = 0 ] && grep -q 'err= *0' $W/wear.txt || { kmsg; why "fio: $WEAR_MIB MiB of writes to the emulated drive failed (exit $_r)"; wear_off; return 1; }
+  info "$WEAR_MIB MiB written in $(since $_t)s"
+  # The target re-reads the drive's health every second: after two periods the page has all of it.
+  sleep 2
+  wait_for 10 wear_moved $_wc "$_u0" "$_a0"
+  smart_read $_wc || { wear_off; return 1; }
+  _u1=$(smart_field percentage_used); _a1=$(smart_field available_spare); _w1=$(smart_field critical_warning)
+  info "after:  percentage_used ${_u1}%, available_spare ${_a1}%, critical_warning $_w1"
+  [ "${_u1:-0}" -gt "$_u0" ] || { why "percentage_used did not rise: ${_u0}% -> ${_u1}% after $WEAR_MIB MiB"; wear_off; return 1; }
+  [ "${_a1:-100}" -lt "$_a0" ] || { why "available_spare did not fall: ${_a0}% -> ${_a1}% after $WEAR_MIB MiB"; wear_off; return 1; }
+  [ $(( ${_w1:-0} & 8 )) = 0 ] || { why "the drive went read only (critical_warning $_w1): lower WEAR_MIB"; wear_off; return 1; }
+  show timeout 60 nvme disconnect -n "$WEAR_NQN" || why "nvme disconnect -n $WEAR_NQN failed" || return 1
+  NOTE="$WEAR_MIB MiB written: percentage used ${_u0} -> ${_u1} %, available spare ${_a0} -> ${_a1} %, temperature $(smart_field temperature) C"
 }
 # Persistent reservations (docs/target.md "Reservations") with nvme-cli through the kernel's
 # passthrough: ONCS bit 5 and RESCAP, register with PTPL, Report (EDS=1; EDS=0 refused with Host
@@ -703,7 +768,7 @@ step_ha() {
   ha_probe & _pp=$!
   sleep 3
   kill -0 $FIO_PID 2>/dev/null || { wait $FIO_PID; why "fio ended before the kill ($(tail -3 $W/ha-kill.stdout | tr '\n' ' '))"; return 1; }
-  _k=$(now); ha_request kill-owner
+  _k=$(now); ha_request kill-owner; HA_KILLS_A=$((HA_KILLS_A + 1))
   ha_wait 30 $HA_PORT_B optimized "after kill -9 of a" || { touch $W/probe.stop; wait $_pp; wait $FIO_PID; return 1; }
   _flip=$(since $_k)
   ha_fio_check ha-kill; _r=$?
@@ -768,6 +833,7 @@ crash_round() { # ROUND
   rm -f $W/crash.stop; crash_writer $1 & _wp=$!
   sleep 1
   _n0=$(wc -l < $W/crash.sums); _k=$(now); ha_request kill-owner
+  if [ $_kn = a ]; then HA_KILLS_A=$((HA_KILLS_A + 1)); else HA_KILLS_B=$((HA_KILLS_B + 1)); fi
   ha_wait 30 $_sp optimized "round $1, after kill -9 of $_kn" || { touch $W/crash.stop; wait $_wp; return 1; }
   _fl=$(since $_k)
   sleep 1; touch $W/crash.stop; wait $_wp
@@ -777,6 +843,23 @@ crash_round() { # ROUND
   info "round $1: kill -9 $_kn, other path optimized after $_fl s; $(( $(wc -l < $W/crash.sums) - _n0 )) files fsync'ed since the kill request; $(wc -l < $W/crash.sums) verified"
   ha_request start $_kn
   ha_back $_o
+}
+# Unsafe Shutdowns (docs/target.md "Drive health"): a node counts a kill -9 at its next start, in
+# its state directory, which run-interop.sh keeps across restarts (LOG_DIR/state-ha-a, -b). The
+# smart-log of each node's own controller (not the multipath head: one path, one node) must
+# count at least the kill -9s of that node asked for in this run (steps ha and crash-ext4).
+crash_unsafe() {
+  CRASH_UNSAFE=""
+  for _x in "a $HA_PORT_A $HA_KILLS_A" "b $HA_PORT_B $HA_KILLS_B"; do
+    set -- $_x
+    _hc=$(ha_ctrl $2) || why "no controller of $HA_NQN at port $2 (node $1)" || return 1
+    smart_read $_hc || return 1
+    _us=$(smart_field unsafe_shutdowns)
+    info "node $1 (/dev/$_hc): unsafe_shutdowns ${_us:-?}, kill -9 of $1 so far: $3"
+    [ "${_us:-0}" -ge "$3" ] || why "node $1 reports ${_us:-no} unsafe shutdowns after $3 kill -9" || return 1
+    CRASH_UNSAFE="$CRASH_UNSAFE $1 $_us (kill -9: $3)"
+  done
+  CRASH_UNSAFE=$(echo "$CRASH_UNSAFE" | sed 's/) /), /g')
 }
 step_crash_ext4() {
   if [ "$SELFTEST" = 1 ] || [ -z "${HA_PORT_A:-}" ]; then info "no HA pair in this run (HA_PORT_A unset)"; return 0; fi
@@ -799,9 +882,10 @@ step_crash_ext4() {
   show umount $MNT || why "umount failed" || return 1
   dmesg -c > $W/dmesg.crash 2>/dev/null; cat $W/dmesg.crash >> $W/dmesg.all
   grep -iE 'I/O error|Buffer I/O|EXT4-fs error' $W/dmesg.crash && { why "the kernel logged I/O or ext4 errors"; return 1; }
+  crash_unsafe || return 1
   show timeout 60 nvme disconnect -n "$HA_NQN" || why "nvme disconnect -n $HA_NQN failed" || return 1
   _max=$(echo $CRASH_FLIPS | tr ' ' '\n' | sort -n | tail -1)
-  NOTE="$CRASH_ROUNDS kill -9 rounds, $(wc -l < $W/crash.sums) fsync'ed files intact, e2fsck clean, failover <= ${_max}s"
+  NOTE="$CRASH_ROUNDS kill -9 rounds, $(wc -l < $W/crash.sums) fsync'ed files intact, e2fsck clean, failover <= ${_max}s, unsafe_shutdowns$CRASH_UNSAFE"
 }
 # Central discovery controller: run-interop.sh starts a second node and `trellis cdc` following
 # both nodes (CDC_PORT); one `nvme discover` there lists both nodes' subsystems.

@@ -103,8 +103,8 @@ stop_target() {
 # The CDC connects as the guest's host NQN (vm.sh's fixed one): the target allows only that host,
 # and a node's discovery log shows a host only the (subsystem, listener) pairs it may use. The CDC
 # reads it over plain TCP, so it sees nothing of step tls's two subsystems, where this host's only
-# credential is a TLS PSK (docs/security.md, "Who may connect"): the default subsystem and step
-# auth's, each on the two I/O listeners (plain and TLS): 4 entries.
+# credential is a TLS PSK (docs/security.md, "Who may connect"): the default subsystem, step
+# auth's and step wear's, each on the two I/O listeners (plain and TLS): 6 entries.
 CDC_PIDS=""; CDC_PORT=""; NODE2_NQN=nqn.2026-11.io.trellis:interop-node2
 CDC_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:5472656c-6c69-4073-8000-000000000001
 start_cdc() {
@@ -117,7 +117,7 @@ start_cdc() {
     --hostnqn "$CDC_HOSTNQN" --state-dir "$LOGDIR/state-cdc" > "$LOGDIR/cdc.log" 2>&1 < /dev/null &
   CDC_PIDS="$CDC_PIDS $!"
   until grep -q 'merged node="127.0.0.1:'"$n2"'" subsystems=1' "$LOGDIR/cdc.log" 2>/dev/null &&
-        grep -q 'merged node="127.0.0.1:'"$DISC_PORT"'" subsystems=4' "$LOGDIR/cdc.log"; do
+        grep -q 'merged node="127.0.0.1:'"$DISC_PORT"'" subsystems=6' "$LOGDIR/cdc.log"; do
     [ $n -lt 100 ] || return 1
     sleep 0.1; n=$((n + 1))
   done
