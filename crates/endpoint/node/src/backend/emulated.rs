@@ -23,7 +23,7 @@ use super::{Backend, BackendQueue, Completion, IoReq, Op, Tag};
 pub use crate::config::emulated::{
     EmulatedParams, DEFAULT_PROFILE, FRAGMENTED_OVERWRITE_PERMILLE, MAX_TIME_SCALE,
 };
-use crate::state::stats::LAT_BUCKETS;
+use crate::sys::latency::LAT_BUCKETS;
 use hdrhistogram::Histogram;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -129,7 +129,7 @@ impl Drive {
         };
         let service_ns = (c.done_ns.saturating_sub(model_now) as f64 * self.scale * stretch) as u64;
         if dir == IoDir::Read {
-            self.read_lat[crate::state::stats::lat_bucket(service_ns)].fetch_add(1, Relaxed);
+            self.read_lat[crate::sys::latency::lat_bucket(service_ns)].fetch_add(1, Relaxed);
         }
         (wall + service_ns, failed)
     }

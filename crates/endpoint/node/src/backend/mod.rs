@@ -143,11 +143,11 @@ pub trait Backend: Send + Sync {
         now_ns
     }
     /// Reads by their service time on the drive itself, in
-    /// `state::stats::lat_bucket`s (lifetime counts), where the drive reports
+    /// `sys::latency::lat_bucket`s (lifetime counts), where the drive reports
     /// it (the emulated model; on real drives a latency-monitor log page
     /// would): the failure predictor then watches the drive, not the
     /// target's queueing in front of it. None: it watches command latency.
-    fn drive_read_latency(&self) -> Option<[u64; crate::state::stats::LAT_BUCKETS]> {
+    fn drive_read_latency(&self) -> Option<[u64; crate::sys::latency::LAT_BUCKETS]> {
         None
     }
     /// The drive's wear and GC figures for the extended health page

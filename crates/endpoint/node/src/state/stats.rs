@@ -8,16 +8,7 @@ use std::sync::atomic::AtomicU64;
 #[repr(align(64))]
 pub struct PaddedCounter(pub AtomicU64);
 
-/// Latency histogram buckets: bucket i counts commands that took less than
-/// 2^i µs (the last one everything longer), from 1 µs to 2^25 µs ≈ 34 s.
-pub const LAT_BUCKETS: usize = 26;
-
-/// The bucket of a latency in ns: ⌈log2(µs)⌉, one instruction plus a clamp.
-#[inline]
-pub fn lat_bucket(ns: u64) -> usize {
-    let us = ns / 1000;
-    ((u64::BITS - us.leading_zeros()) as usize).min(LAT_BUCKETS - 1)
-}
+pub use crate::sys::latency::{lat_bucket, LAT_BUCKETS};
 
 /// Why a connection closed, in the classes `/metrics` counts
 /// (`trellis_connections_closed_total{reason}`).

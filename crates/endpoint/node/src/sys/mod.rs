@@ -3,6 +3,7 @@
 //! here imports another module of this crate except its own submodules.
 
 pub mod fault;
+pub mod latency;
 pub mod loglimit;
 pub mod ring;
 pub mod rlimit;
