@@ -184,9 +184,8 @@ fn smart_over_the_wire_shows_the_emulated_drives_wear() {
 #[test]
 fn a_drive_that_wears_out_raises_the_smart_event_and_goes_read_only() {
     use trellis_nvme::log::{lid, Smart, SMART_LEN};
-    use trellis_nvme::sqe::admin;
     use trellis_nvme::status::generic;
-    use trellis_nvme::{Cqe, Sgl, Sqe};
+    use trellis_nvme::Cqe;
     let t = trellis_node::Target::start(&{
         let mut ns = NamespaceConfig::sized(BackendKind::Emulated, 64 << 20);
         ns.profile = Some("femu".into());
@@ -197,14 +196,7 @@ fn a_drive_that_wears_out_raises_the_smart_event_and_goes_read_only() {
     })
     .unwrap();
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
-    let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
-    s.set_cdw(10, 0x0B);
-    s.set_cdw(11, 0x0D); // spare, reliability, read only
-    assert!(c.admin.cmd(s, &[], 0, 0).0.status.is_success());
-    let cid = c.admin.next_cid();
-    let mut aer = Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0);
-    aer.set_sgl(Sgl::transport(0));
-    c.admin.send_capsule(&aer, &[]);
+    let cid = await_smart_events(&mut c.admin);
     let data = vec![0x5A; 128 << 10];
     let blocks = (64u64 << 20) / 512;
     let (mut written, mut refused) = (0u64, None);
@@ -279,14 +271,7 @@ fn a_drive_that_wears_out_raises_the_smart_event_and_goes_read_only() {
     // A host that connects after the drive wore out and enables the events
     // hears of it at once.
     let mut late = controller(t.local_addrs[0], NQN, 0, Digests::default(), 0);
-    let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
-    s.set_cdw(10, 0x0B);
-    s.set_cdw(11, 0x0D);
-    assert!(late.admin.cmd(s, &[], 0, 0).0.status.is_success());
-    let cid = late.admin.next_cid();
-    let mut aer = Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0);
-    aer.set_sgl(Sgl::transport(0));
-    late.admin.send_capsule(&aer, &[]);
+    let cid = await_smart_events(&mut late.admin);
     let p = late.admin.recv().expect("the late host's AER completes");
     let cqe = Cqe::decode(&p.bytes[8..24]);
     assert_eq!((cqe.cid, cqe.dw0 & 0x7), (cid, 0x1), "{:#x}", cqe.dw0);
@@ -325,8 +310,7 @@ fn gauge(scrape: &str, family: &str) -> Option<i64> {
 fn a_degrading_drive_is_predicted_to_fail_before_its_errors_and_the_host_hears_of_it() {
     use std::time::{Duration, Instant};
     use trellis_nvme::log::{lid, Smart, SMART_LEN};
-    use trellis_nvme::sqe::admin;
-    use trellis_nvme::{Cqe, Sgl, Sqe};
+    use trellis_nvme::Cqe;
     const DAY: Duration = Duration::from_secs(1);
     let t = trellis_node::Target::start(&{
         let mut cfg = config(|n| {
@@ -342,14 +326,7 @@ fn a_degrading_drive_is_predicted_to_fail_before_its_errors_and_the_host_hears_o
     .unwrap();
     let born = Instant::now();
     let mut c = controller(t.local_addrs[0], NQN, 1, Digests::default(), 0);
-    let mut s = Sqe::new(admin::SET_FEATURES, 0, 0);
-    s.set_cdw(10, 0x0B);
-    s.set_cdw(11, 0x0D); // spare, reliability, read only
-    assert!(c.admin.cmd(s, &[], 0, 0).0.status.is_success());
-    let cid = c.admin.next_cid();
-    let mut aer = Sqe::new(admin::ASYNC_EVENT_REQUEST, cid, 0);
-    aer.set_sgl(Sgl::transport(0));
-    c.admin.send_capsule(&aer, &[]);
+    let cid = await_smart_events(&mut c.admin);
     let mut admin = std::mem::replace(
         &mut c.admin,
         Queue::open(t.local_addrs[0], Digests::default()),
@@ -430,4 +407,20 @@ fn a_degrading_drive_is_predicted_to_fail_before_its_errors_and_the_host_hears_o
     drop(admin);
     drop(c);
     t.stop().unwrap();
+}
+
+/// Enables the SMART / Health events (Set Features 0Bh: spare, reliability,
+/// read only) on `admin` and leaves an AER outstanding; its CID.
+fn await_smart_events(admin: &mut Queue) -> u16 {
+    use trellis_nvme::sqe::admin as op;
+    use trellis_nvme::{Sgl, Sqe};
+    let mut s = Sqe::new(op::SET_FEATURES, 0, 0);
+    s.set_cdw(10, 0x0B);
+    s.set_cdw(11, 0x0D);
+    assert!(admin.cmd(s, &[], 0, 0).0.status.is_success());
+    let cid = admin.next_cid();
+    let mut aer = Sqe::new(op::ASYNC_EVENT_REQUEST, cid, 0);
+    aer.set_sgl(Sgl::transport(0));
+    admin.send_capsule(&aer, &[]);
+    cid
 }
