@@ -73,9 +73,13 @@ def job_file(jobs, path):
             f.write("\n")
 
 
-def target_config(path, port, mode, scale, tenants, state_dir):
+def target_config(path, port, mode, scale, tenants, state_dir, reactors=1):
+    # Every reactor on CPU 1 (the host's on CPU 0): the drive, not the CPU,
+    # is what the tenants share; more reactors split its requests between
+    # them, which one Gimbal per namespace must not notice (issue 36).
+    cpus = ", ".join(["1"] * reactors)
     with open(path, "w") as f:
-        f.write(f'[target]\nreactors = 1\ncpus = [1]\nstate_dir = "{state_dir}"\n\n')
+        f.write(f'[target]\nreactors = {reactors}\ncpus = [{cpus}]\nstate_dir = "{state_dir}"\n\n')
         f.write(f'[[listener]]\naddr = "127.0.0.1:{port}"\n\n')
         f.write(f'[[subsystem]]\nnqn = "{NQN}"\n\n')
         f.write('[[subsystem.namespace]]\nbackend = "emulated"\n')
@@ -110,7 +114,8 @@ class Target:
         if write_config:
             write_config(cfg)
         else:
-            target_config(cfg, a.port, mode, a.time_scale, tenants, os.path.join(work, "state"))
+            target_config(cfg, a.port, mode, a.time_scale, tenants, os.path.join(work, "state"),
+                          getattr(a, "reactors", 1))
         self.proc = subprocess.Popen(
             [a.bin, "target", "-c", cfg, "--log", "info"],
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
@@ -145,6 +150,10 @@ def bench(a, jobs, work, tag, own_targets=False):
     (addr/nqn or replicas) and the runner's --addr/--nqn are not added."""
     jf = os.path.join(work, f"jobs-{tag}.toml")
     out = os.path.join(a.out, f"bench-{tag}.json")
+    if getattr(a, "reactors", 1) > 1:
+        # A queue pair per reactor for each tenant: the target hands
+        # connections out round-robin, so a tenant's I/O spans reactors.
+        jobs = [{**j, "queues": a.reactors} for j in jobs]
     job_file(jobs, jf)
     target = [] if own_targets else ["--addr", f"127.0.0.1:{a.port}", "--nqn", NQN]
     cmd = [a.bin, "bench", "--jobs", jf, *target,
@@ -282,6 +291,7 @@ def runner_args():
 def main():
     p = runner_args()
     p.add_argument("--quick", type=int, default=0)
+    p.add_argument("--reactors", type=int, default=1)
     p.add_argument("--weight", action="append", default=[])
     p.add_argument("--case", action="append", default=[], choices=CASES)
     a = p.parse_args()
@@ -292,7 +302,10 @@ def main():
             sys.exit(f"fairness: --weight {w!r}: use NAME=W with W a positive integer")
         weights[name] = int(val)
     here = os.path.dirname(os.path.abspath(__file__))
+    if not 1 <= a.reactors <= 8:
+        sys.exit(f"fairness: --reactors {a.reactors}: use 1 to 8")
     doc = {"profile": PROFILE, "time_scale": a.time_scale, "runtime_s": a.runtime,
+           "reactors": a.reactors,
            "quick": bool(a.quick), "cases": {}}
     with tempfile.TemporaryDirectory(prefix="trellis-fairness.") as work:
         for case in a.case or CASES:

@@ -12,6 +12,7 @@ pub mod controller;
 pub mod discovery;
 pub mod drain;
 pub mod fence;
+pub mod gimbal;
 pub mod health;
 pub mod identity;
 pub mod listeners;

@@ -59,8 +59,11 @@ pub struct Namespace {
     /// The drive's capacities when the backend knows them and QoS is on
     /// (`Backend::device_model`, measured at startup).
     pub(in crate::state) device_model: Option<trellis_qos::DeviceModel>,
-    /// Each reactor's published Gimbal state, for `/metrics`.
+    /// Its Gimbal scheduler's published state, for `/metrics`.
     pub(in crate::state) qos_board: crate::state::tenants::QosBoard,
+    /// Its one Gimbal scheduler (`qos = "gimbal"`), shared by every
+    /// reactor, built when the first reactor opens the namespace.
+    pub(in crate::state) gimbal: Mutex<Option<Arc<crate::state::gimbal::SharedGimbal>>>,
     /// The backend's `reads_zero()`, kept here so the I/O path makes no
     /// virtual call for it.
     pub(in crate::state) reads_zero: bool,
@@ -122,9 +125,24 @@ impl Namespace {
     pub fn device_model(&self) -> Option<trellis_qos::DeviceModel> {
         self.device_model
     }
-    /// Each reactor's published Gimbal state, for `/metrics`.
+    /// Its Gimbal scheduler's published state, for `/metrics`.
     pub fn qos_board(&self) -> &crate::state::tenants::QosBoard {
         &self.qos_board
+    }
+    /// Its one Gimbal scheduler, built by `build` on first use (cold: when a
+    /// reactor opens the namespace's queue); every reactor gets the same.
+    pub fn gimbal(
+        &self,
+        build: impl FnOnce() -> anyhow::Result<crate::state::gimbal::SharedGimbal>,
+    ) -> anyhow::Result<Arc<crate::state::gimbal::SharedGimbal>> {
+        let mut g = crate::sys::lock(&self.gimbal);
+        if let Some(g) = g.as_ref() {
+            return Ok(g.clone());
+        }
+        let made = Arc::new(build()?);
+        crate::sys::lock(&self.qos_board).push(made.published.clone());
+        *g = Some(made.clone());
+        Ok(made)
     }
     /// The backend's `reads_zero()`, without a virtual call.
     #[inline]
@@ -805,6 +823,7 @@ pub(crate) fn open_namespace(
         qos: n.qos,
         device_model,
         qos_board: Default::default(),
+        gimbal: Mutex::new(None),
         anagrpid: grpid,
         ana_idx,
         resv: Arc::new(resv),

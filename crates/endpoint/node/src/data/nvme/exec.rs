@@ -326,20 +326,7 @@ impl Ctx<'_> {
             });
             let q = q.and_then(|q| match ns.qos() {
                 crate::config::qos::QosMode::Off => Ok(NsQueue::Plain(q)),
-                crate::config::qos::QosMode::Gimbal => crate::data::qos::wrap(
-                    q,
-                    self.reg.qos(),
-                    crate::data::qos::NodeShare {
-                        tenants: self.reg.tenants(),
-                        board: Some(ns.qos_board()),
-                        fence: self.reg.fence().clone(),
-                        resv: ns.resv().clone(),
-                    },
-                    self.now_ns,
-                    ns.backend().time_scale(),
-                    ns.device_model().as_ref(),
-                )
-                .map(NsQueue::Gimbal),
+                crate::config::qos::QosMode::Gimbal => self.gimbal_queue(ns, q),
             });
             match q {
                 Ok(q) => self.queues[ns.uid()] = Some(q),
@@ -350,6 +337,48 @@ impl Ctx<'_> {
             }
         }
         self.queues[ns.uid()].as_mut()
+    }
+}
+
+thread_local! {
+    /// The id of the reactor this thread runs (0 elsewhere: tests, fuzzing).
+    static REACTOR_ID: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Names the reactor this thread runs (at its start), so a queue it opens
+/// knows its owner without threading the id through every context.
+pub fn set_reactor_id(id: usize) {
+    REACTOR_ID.with(|r| r.set(id));
+}
+
+/// The id of the reactor this thread runs.
+pub fn reactor_id() -> usize {
+    REACTOR_ID.with(|r| r.get())
+}
+
+impl Ctx<'_> {
+    /// `q` wrapped with namespace `ns`'s one Gimbal scheduler, which the
+    /// first reactor to open it builds (`Namespace::gimbal`).
+    #[cold]
+    fn gimbal_queue(&self, ns: &Namespace, q: Box<dyn BackendQueue>) -> anyhow::Result<NsQueue> {
+        let time_scale = ns.backend().time_scale();
+        let shared = ns.gimbal(|| {
+            crate::data::qos::build_shared(
+                self.reg.qos(),
+                self.reg.tenants(),
+                self.now_ns,
+                time_scale,
+                ns.device_model().as_ref(),
+                self.reg.limits().reactors,
+            )
+        })?;
+        let node = crate::data::qos::NodeShare {
+            fence: self.reg.fence().clone(),
+            resv: ns.resv().clone(),
+            reactor: reactor_id(),
+        };
+        let q = crate::data::qos::wrap(q, shared, node, time_scale);
+        Ok(NsQueue::Gimbal(q))
     }
 }
 

@@ -216,6 +216,7 @@ pub fn spawn(id: usize, cpu: Option<usize>, shared: Shared) -> std::io::Result<R
                     if let Some(cpu) = cpu {
                         pin_to_cpu(cpu);
                     }
+                    crate::data::nvme::exec::set_reactor_id(id);
                     Reactor::new(id, shared, rx, wake_fd, epfd, alive).run();
                 }));
                 if r.is_err() {
