@@ -23,4 +23,5 @@ pub mod suite;
 pub mod switch_run;
 pub mod takeover;
 pub mod verify;
+pub mod wakeup;
 pub mod worker;

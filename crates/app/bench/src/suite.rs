@@ -147,6 +147,9 @@ struct SuiteReport {
     target_cpu: usize,
     client_cpu: usize,
     rows: Vec<Row>,
+    /// The target idle, then woken (`wakeup`): idle CPU per reactor and
+    /// the first read after an idle gap against a warm one.
+    idle: Option<crate::wakeup::WakeupReport>,
 }
 
 /// `prefix` is how to invoke this same program's bench command (so the
@@ -169,6 +172,7 @@ pub fn run(a: &SuiteArgs, prefix: &[String]) -> Result<()> {
         }
         rows.push(median_row(runs.iter()));
     }
+    let idle = run_idle(a)?;
     let report = SuiteReport {
         smoke: a.smoke,
         reps,
@@ -177,6 +181,7 @@ pub fn run(a: &SuiteArgs, prefix: &[String]) -> Result<()> {
         target_cpu: a.target_cpu,
         client_cpu: a.client_cpu,
         rows,
+        idle,
     };
     let json = a.out.join("suite.json");
     std::fs::write(&json, serde_json::to_string_pretty(&report)?)?;
@@ -223,6 +228,39 @@ fn run_pair(
         stop_child(t);
     }
     row
+}
+
+/// Idle gap of the wake-up row (the "first read after 10 s idle"),
+/// and how many gaps; --smoke: one gap of 1 s.
+pub const IDLE_GAP_S: u64 = 10;
+pub const IDLE_GAPS: usize = 3;
+/// Back-to-back reads for the warm figure, before and after each gap.
+pub const IDLE_WARM_READS: usize = 2_000;
+
+/// The idle row against a freshly started target (none with an external
+/// target whose PID is unknown).
+fn run_idle(a: &SuiteArgs) -> Result<Option<crate::wakeup::WakeupReport>> {
+    let (gap, gaps) = match a.smoke {
+        true => (Duration::from_secs(1), 1),
+        false => (Duration::from_secs(IDLE_GAP_S), IDLE_GAPS),
+    };
+    let mut target = match a.target_cmd.trim() {
+        "" => None,
+        cmd => Some(spawn_pinned(cmd, a.target_cpu)?),
+    };
+    let Some(pid) = target.as_ref().map(|c| c.id()).or(a.target_pid) else {
+        return Ok(None);
+    };
+    eprintln!(
+        "suite: idle and wake-up ({gaps} gaps of {} s)",
+        gap.as_secs()
+    );
+    let r = wait_port(&a.addr, Duration::from_secs(30))
+        .and_then(|_| crate::wakeup::run(&a.addr, &a.nqn, pid, gap, gaps, IDLE_WARM_READS));
+    if let Some(t) = target.as_mut() {
+        stop_child(t);
+    }
+    r.map(Some)
 }
 
 /// The row whose Trellis IOPS is the median, with the median baseline run
@@ -372,6 +410,23 @@ fn markdown(r: &SuiteReport) -> String {
         ));
     }
     s.push_str("\nRatios are Trellis / raw TCP baseline with the same bytes per I/O and queue depth (IOPS ratio 1.0 = loopback speed; p50 ratio 1.0 = no added latency). Client idle % below 40 means the figure may be client-bound. Ranges list every pass: this VM switches between two performance regimes between processes.\n");
+    if let Some(i) = &r.idle {
+        let cpu: Vec<String> = i
+            .idle_cpu_pct_per_reactor
+            .iter()
+            .map(|c| format!("{c:.2}"))
+            .collect();
+        s.push_str(&format!(
+            "\nIdle and wake-up ({} gaps of {} s, 4 KiB QD1 reads): idle CPU per reactor {} %; warm read p50 {:.1} µs; first read after the gap {:.1} µs (median; each: {}), {:.2}x warm.\n",
+            i.gaps,
+            i.gap_s,
+            cpu.join(" / "),
+            i.warm_lat_us_p50,
+            i.wake_lat_us_median,
+            i.wake_lat_us.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(", "),
+            i.wake_over_warm
+        ));
+    }
     s
 }
 
